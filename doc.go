@@ -1,0 +1,32 @@
+// Package floodgate is the shared vocabulary of the floodgate rate limiter:
+// a [Limit] (a token rate and a burst), the [Result] of one decision, and the
+// [Store] interface that every bucket store implements.
+//
+// The packages below this one do the work:
+//
+//   - keyed: an in-memory, sharded, capacity-bounded map of token buckets,
+//     one per client key;
+//   - cpugate: a container-aware CPU gate that scales every limit down while
+//     the process is saturated and restores it after a cooldown;
+//   - tenant: tenants, tiers and per-method quotas from a validated config;
+//   - middleware: gRPC interceptors and a tap handle built on the above;
+//   - redisstore: a Redis-backed Store for limits shared by many instances.
+//
+// # The model
+//
+// A token bucket holds up to Burst tokens and gains Rate tokens per second.
+// Taking n tokens succeeds when the bucket holds at least n; otherwise the
+// call is rejected and nothing is taken. A full bucket therefore admits a
+// burst of Burst events at once and Rate events per second after that.
+//
+// The limit travels with every call: a store keeps only each bucket's state
+// (tokens and the time they were counted), never its limit. A configuration
+// reload or a change of the CPU gate's scale applies at the next call, with no
+// sweep over buckets. Lowering a limit caps a fuller bucket at the new burst at
+// once; raising it refills the bucket at the new rate, a natural ramp.
+//
+// # Zero values
+//
+// The zero [Limit] admits nothing. [Inf] admits everything and keeps no state.
+// The zero [Result] is a rejection with no retry hint.
+package floodgate

@@ -1,0 +1,132 @@
+package floodgate
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Never is the RetryAfter of a request that cannot succeed under its current
+// limit: it asks for more tokens than the burst, or the rate is zero and the
+// bucket is empty.
+const Never = time.Duration(1<<63 - 1)
+
+// ErrExceedsBurst is returned by waits for more tokens than the limit's burst.
+var ErrExceedsBurst = errors.New("floodgate: n exceeds the limit's burst")
+
+// ErrWouldExceedDeadline is returned by waits that cannot be served before the
+// context's deadline. The wait returns it at once instead of sleeping in vain.
+var ErrWouldExceedDeadline = errors.New("floodgate: wait would exceed the context deadline")
+
+// A Store holds token buckets by key and decides takes against them.
+//
+// TakeN takes n tokens from key's bucket under lim, atomically. It creates
+// the bucket full on first use. When the bucket holds fewer than n tokens,
+// nothing is taken and the Result says how long to wait. The limit travels
+// with each call; stores keep only bucket state. An error means the store
+// could not decide (a remote store unreachable, a context done); the Result
+// is then meaningless unless the store documents a fallback.
+//
+// Implementations are safe for concurrent use.
+type Store interface {
+	TakeN(ctx context.Context, key string, lim Limit, n int) (Result, error)
+}
+
+// Source names what decided a [Result].
+type Source uint8
+
+const (
+	// SourceMemory: an in-process bucket (the keyed store).
+	SourceMemory Source = iota
+	// SourceRedis: the shared bucket on Redis.
+	SourceRedis
+	// SourceCache: a local cache of a recent remote denial.
+	SourceCache
+	// SourceLease: tokens leased from the remote bucket ahead of time.
+	SourceLease
+	// SourceFallback: a local bucket standing in for an unreachable remote.
+	SourceFallback
+	// SourceFailOpen: the remote was unreachable and the policy admits.
+	SourceFailOpen
+	// SourceFailClosed: the remote was unreachable and the policy rejects.
+	SourceFailClosed
+)
+
+var sourceNames = [...]string{"memory", "redis", "cache", "lease", "fallback", "fail-open", "fail-closed"}
+
+// String returns the source's lower-case name, such as "redis".
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "unknown"
+}
+
+// Result is the outcome of one take.
+type Result struct {
+	// Allowed reports whether the tokens were taken.
+	Allowed bool
+	// Limit is the limit the decision was made under.
+	Limit Limit
+	// Remaining is the whole number of tokens left in the bucket after the
+	// call (never negative).
+	Remaining int
+	// RetryAfter is how long until the same take could succeed: 0 when
+	// allowed, [Never] when it cannot succeed under this limit.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again.
+	ResetAfter time.Duration
+	// Source says what decided.
+	Source Source
+}
+
+// Wait takes n tokens from key's bucket in store, sleeping between tries
+// while the bucket is short. It returns nil once the tokens are taken.
+//
+// It returns at once with [ErrExceedsBurst] when n exceeds the burst, with
+// [ErrWouldExceedDeadline] when the store's retry hint already passes ctx's
+// deadline, with ctx.Err() when ctx ends first, and with the store's error
+// when the store cannot decide. Wait works with any [Store] and so cannot
+// reserve tokens: under contention another caller may take them first, and
+// Wait tries again. Stores that can reserve (keyed.Map.WaitN) serve waiters
+// more fairly.
+func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error {
+	if !lim.IsInf() && n > lim.Burst {
+		return ErrExceedsBurst
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		res, err := store.TakeN(ctx, key, lim, n)
+		if err != nil {
+			return err
+		}
+		if res.Allowed {
+			return nil
+		}
+		d := res.RetryAfter
+		if d == Never {
+			return ErrExceedsBurst
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+			return ErrWouldExceedDeadline
+		}
+		if d <= 0 {
+			d = time.Millisecond
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
