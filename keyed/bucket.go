@@ -1,0 +1,133 @@
+package keyed
+
+import (
+	"math"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// unit is the number of fixed-point token units in one token. Tokens are
+// kept as integers so that concurrent takes add and subtract exactly; refill
+// rounds down, so a bucket loses less than 1e-9 token per refill and never
+// gains.
+const unit = 1_000_000_000
+
+// never is the fullAt of a bucket that will not refill (rate 0, not full).
+const never = math.MaxInt64
+
+// state is one bucket: 24 bytes, no pointers. Times are nanoseconds on the
+// Map's monotonic clock.
+type state struct {
+	tokens int64 // in units of 1e-9 token; negative while WaitN reservations are owed
+	last   int64 // when tokens was counted
+	fullAt int64 // when the bucket is full again under the last limit that touched it
+}
+
+// refill returns the bucket's tokens at now under lim, capped at the burst,
+// and the time they are counted at (never earlier than last: a caller that
+// read the clock before another caller took the shard lock must not move the
+// bucket's time backwards).
+func (s *state) refill(lim floodgate.Limit, now int64) (tokens, at int64) {
+	burst := int64(lim.Burst) * unit
+	tokens, at = s.tokens, s.last
+	if now > at {
+		if tokens < burst && lim.Rate > 0 {
+			add := float64(now-at) * lim.Rate
+			if add >= float64(burst-tokens) {
+				tokens = burst
+			} else {
+				tokens += int64(add)
+			}
+		}
+		at = now
+	}
+	if tokens > burst { // the limit was lowered since the last take
+		tokens = burst
+	}
+	return tokens, at
+}
+
+// fullState is a new bucket: full at now.
+func fullState(lim floodgate.Limit, now int64) state {
+	return state{tokens: int64(lim.Burst) * unit, last: now, fullAt: now}
+}
+
+// waitFor returns how long lim takes to add need units, rounded up so that
+// a retry after exactly that long succeeds, or never.
+func waitFor(lim floodgate.Limit, need int64) int64 {
+	if need <= 0 {
+		return 0
+	}
+	if !(lim.Rate > 0) {
+		return never
+	}
+	f := math.Ceil(float64(need) / lim.Rate)
+	if f >= float64(never) {
+		return never
+	}
+	ns := int64(f)
+	if float64(ns)*lim.Rate < float64(need) { // float rounding went the wrong way
+		ns++
+	}
+	return ns
+}
+
+func toDuration(ns int64) time.Duration {
+	if ns == never {
+		return floodgate.Never
+	}
+	return time.Duration(ns)
+}
+
+// take decides a take of n ≥ 1 tokens on s at now and updates s when it
+// succeeds. It writes nothing on rejection: refill is linear, so a bucket
+// that is left alone computes the same tokens later.
+func (s *state) take(lim floodgate.Limit, n int, now int64) floodgate.Result {
+	tokens, at := s.refill(lim, now)
+	res := floodgate.Result{Limit: lim}
+	burst := int64(lim.Burst) * unit
+	need := int64(n) * unit
+	switch {
+	case n <= lim.Burst && tokens >= need:
+		tokens -= need
+		res.Allowed = true
+		res.ResetAfter = toDuration(s.set(lim, tokens, at))
+	case n > lim.Burst:
+		res.RetryAfter = floodgate.Never
+		res.ResetAfter = toDuration(waitFor(lim, burst-tokens))
+	default:
+		res.RetryAfter = toDuration(waitFor(lim, need-tokens))
+		res.ResetAfter = toDuration(waitFor(lim, burst-tokens))
+	}
+	if tokens > 0 {
+		res.Remaining = int(tokens / unit)
+	}
+	return res
+}
+
+// set stores tokens counted at at and returns the time until the bucket is
+// full under lim, or never.
+func (s *state) set(lim floodgate.Limit, tokens, at int64) int64 {
+	reset := waitFor(lim, int64(lim.Burst)*unit-tokens)
+	s.tokens, s.last, s.fullAt = tokens, at, never
+	if reset != never {
+		s.fullAt = at + reset
+	}
+	return reset
+}
+
+// peek reports s at now under lim without changing it.
+func (s *state) peek(lim floodgate.Limit, now int64) floodgate.Result {
+	tokens, _ := s.refill(lim, now)
+	res := floodgate.Result{Allowed: true, Limit: lim}
+	if tokens > 0 {
+		res.Remaining = int(tokens / unit)
+	}
+	res.ResetAfter = toDuration(waitFor(lim, int64(lim.Burst)*unit-tokens))
+	return res
+}
+
+// full reports whether evicting s at now would change no future decision:
+// the bucket has refilled, so a new bucket would be identical.
+func (s *state) full(now int64) bool { return now >= s.fullAt }

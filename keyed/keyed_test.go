@@ -1,0 +1,249 @@
+package keyed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/google/go-cmp/cmp"
+)
+
+// t0 is an arbitrary start for tests that pass explicit times.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newMap(t testing.TB, opts ...Option) *Map {
+	t.Helper()
+	m, err := New(append([]Option{WithClock(ClockFunc(func() time.Time { return t0 }))}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	m.base = t0 // times in tests are offsets from t0
+	return m
+}
+
+func TestStateSize(t *testing.T) {
+	if got, max := unsafe.Sizeof(state{}), uintptr(48); got > max {
+		t.Errorf("sizeof(state) = %d, want ≤ %d", got, max)
+	}
+	if got, want := unsafe.Sizeof(slot{}), uintptr(32); got != want {
+		t.Errorf("sizeof(slot) = %d, want %d (two slots per cache line)", got, want)
+	}
+}
+
+type vectorFile struct {
+	Cases []struct {
+		Name  string
+		Limit vecLimit
+		Steps []struct {
+			AtUS         int64     `json:"at_us"`
+			N            int       `json:"n"`
+			Limit        *vecLimit `json:"limit"`
+			Allowed      bool      `json:"allowed"`
+			Remaining    int       `json:"remaining"`
+			RetryAfterUS int64     `json:"retry_after_us"`
+			ResetAfterUS int64     `json:"reset_after_us"`
+		}
+	}
+}
+
+type vecLimit struct {
+	Rate  float64
+	Burst int
+}
+
+// usCeil converts a duration to whole microseconds, rounded up, with -1 for
+// never: the form of the shared vectors.
+func usCeil(d time.Duration) int64 {
+	if d == floodgate.Never {
+		return -1
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// TestVectors runs the decisions every store must reproduce
+// (testdata/vectors/bucket.json, shared with redisstore).
+func TestVectors(t *testing.T) {
+	data, err := os.ReadFile("../testdata/vectors/bucket.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vf vectorFile
+	if err := json.Unmarshal(data, &vf); err != nil {
+		t.Fatal(err)
+	}
+	if len(vf.Cases) == 0 {
+		t.Fatal("no vectors")
+	}
+	for _, c := range vf.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			m := newMap(t)
+			lim := floodgate.Limit(c.Limit)
+			for i, s := range c.Steps {
+				if s.Limit != nil {
+					lim = floodgate.Limit(*s.Limit)
+				}
+				got := m.TakeAt("k", lim, s.N, t0.Add(time.Duration(s.AtUS)*time.Microsecond))
+				type view struct {
+					Allowed                  bool
+					Remaining                int
+					RetryAfterUS, ResetAfter int64
+				}
+				g := view{got.Allowed, got.Remaining, usCeil(got.RetryAfter), usCeil(got.ResetAfter)}
+				w := view{s.Allowed, s.Remaining, s.RetryAfterUS, s.ResetAfterUS}
+				if diff := cmp.Diff(w, g); diff != "" {
+					t.Errorf("step %d: TakeAt(at %dus, n %d) mismatch (-want +got):\n%s", i, s.AtUS, s.N, diff)
+				}
+			}
+		})
+	}
+}
+
+// TestTakeSteps walks buckets step by step, x/time/rate style: each step is
+// a time offset, a key, n, and the expected decision.
+func TestTakeSteps(t *testing.T) {
+	type step struct {
+		at      time.Duration
+		key     string
+		n       int
+		allowed bool
+		remain  int
+	}
+	cases := []struct {
+		name  string
+		lim   floodgate.Limit
+		steps []step
+	}{
+		{"keys are independent", floodgate.PerSecond(1, 1), []step{
+			{0, "a", 1, true, 0},
+			{0, "a", 1, false, 0},
+			{0, "b", 1, true, 0},
+			{0, "", 1, true, 0}, // the empty key is a key
+			{0, "", 1, false, 0},
+			{time.Second, "a", 1, true, 0},
+		}},
+		{"every 100ms", floodgate.Every(100*time.Millisecond, 2), []step{
+			{0, "k", 2, true, 0},
+			{99 * time.Millisecond, "k", 1, false, 0},
+			{100 * time.Millisecond, "k", 1, true, 0},
+			{time.Hour, "k", 2, true, 0},
+		}},
+		{"inf allows all", floodgate.Inf, []step{
+			{0, "k", 1 << 20, true, 0},
+			{0, "k", 1 << 20, true, 0},
+		}},
+		{"scaled to a fifth", floodgate.PerSecond(100, 10).Scale(0.2), []step{
+			{0, "k", 2, true, 0},
+			{0, "k", 1, false, 0},
+			{50 * time.Millisecond, "k", 1, true, 0},
+		}},
+		{"a scaled burst is at least one", floodgate.PerSecond(1, 2).Scale(0.1), []step{
+			{0, "k", 1, true, 0},
+			{time.Second, "k", 1, false, 0},
+			{10 * time.Second, "k", 1, true, 0},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMap(t)
+			for i, s := range c.steps {
+				got := m.TakeAt(s.key, c.lim, s.n, t0.Add(s.at))
+				if got.Allowed != s.allowed || got.Remaining != s.remain && !c.lim.IsInf() {
+					t.Errorf("step %d: TakeAt(%q, %v, %d, +%v) = allowed %v remaining %d, want %v %d",
+						i, s.key, c.lim, s.n, s.at, got.Allowed, got.Remaining, s.allowed, s.remain)
+				}
+			}
+		})
+	}
+}
+
+func TestTakeNErrors(t *testing.T) {
+	m := newMap(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		lim  floodgate.Limit
+		n    int
+		want error
+	}{
+		{floodgate.PerSecond(1, 1), -1, ErrNegativeN},
+		{floodgate.PerSecond(math.NaN(), 1), 1, floodgate.ErrInvalidLimit},
+		{floodgate.PerSecond(-1, 1), 1, floodgate.ErrInvalidLimit},
+		{floodgate.PerSecond(1, -1), 1, floodgate.ErrInvalidLimit},
+		{floodgate.PerSecond(1, floodgate.MaxBurst+1), 1, floodgate.ErrInvalidLimit},
+	} {
+		if _, err := m.TakeN(ctx, "k", c.lim, c.n); !errors.Is(err, c.want) {
+			t.Errorf("TakeN(%v, %d) error = %v, want %v", c.lim, c.n, err, c.want)
+		}
+	}
+	if m.Len() != 0 {
+		t.Errorf("Len() = %d after invalid takes, want 0", m.Len())
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	for _, opts := range [][]Option{
+		{WithCapacity(0)},
+		{WithCapacity(-5)},
+		{WithShards(3)},
+		{WithShards(2048)},
+		{WithShards(-2)},
+		{WithPressure(Pressure(7))},
+	} {
+		if _, err := New(opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("New(%d options) error = %v, want ErrInvalidOption", len(opts), err)
+		}
+	}
+}
+
+func TestPeekAndTokens(t *testing.T) {
+	m := newMap(t)
+	lim := floodgate.PerSecond(10, 10)
+	if got := m.Peek("k", lim); !got.Allowed || got.Remaining != 10 {
+		t.Errorf("Peek(untracked) = %+v, want a full bucket", got)
+	}
+	if m.Len() != 0 {
+		t.Errorf("Peek created a bucket: Len() = %d", m.Len())
+	}
+	m.TakeAt("k", lim, 4, t0)
+	if got, want := m.TokensAt("k", lim, t0.Add(50*time.Millisecond)), 6.5; got != want {
+		t.Errorf("TokensAt(+50ms) = %v, want %v", got, want)
+	}
+	if got := m.Peek("k", lim); got.Remaining != 6 || got.ResetAfter != 400*time.Millisecond {
+		t.Errorf("Peek = %+v, want remaining 6, reset 400ms", got)
+	}
+	if !m.Reset("k") || m.Reset("k") {
+		t.Error("Reset: want true then false")
+	}
+	if got := m.TokensAt("k", lim, t0); got != 10 {
+		t.Errorf("TokensAt after Reset = %v, want 10", got)
+	}
+}
+
+func TestZeroAllocs(t *testing.T) {
+	m, err := New(WithCapacity(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := floodgate.PerSecond(1e9, 1e6)
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = "client-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		m.TakeN(ctx, keys[i], lim, 1)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := m.TakeN(ctx, keys[i%len(keys)], lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("TakeN on an existing key: %v allocs/op, want 0", allocs)
+	}
+}

@@ -1,0 +1,113 @@
+package keyed
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultCapacity is the number of keys a Map tracks when no
+// [WithCapacity] option is given.
+const DefaultCapacity = 100_000
+
+// A Clock tells the time. Tests and simulations pass a fake one with
+// [WithClock]; the zero configuration reads the monotonic clock.
+type Clock interface {
+	Now() time.Time
+}
+
+// ClockFunc adapts a function to a [Clock].
+type ClockFunc func() time.Time
+
+// Now returns f().
+func (f ClockFunc) Now() time.Time { return f() }
+
+// Pressure says what a full Map does when a new key arrives and the
+// eviction scan finds no full bucket to drop.
+type Pressure uint8
+
+const (
+	// Protect never evicts a bucket that is not full: the new key is
+	// decided by its shard's shared overflow bucket instead, and
+	// [Stats].Overflowed counts it. A flood of made-up keys can then slow
+	// down new clients but never resets a drained client. The default.
+	Protect Pressure = iota
+	// Evict evicts the not-yet-full bucket closest to full, preferring
+	// buckets not used recently, and counts it in [Stats].EvictedNotFull.
+	// Every key gets a bucket of its own, at the price of handing the
+	// evicted client a fresh burst when it returns.
+	Evict
+)
+
+// An Eviction describes a bucket dropped to make room for a new key. The
+// Map keeps no key strings, so it names the bucket by its key's hash, as
+// [Map.Hash] computes it.
+type Eviction struct {
+	Hash uint64
+	// Full reports whether the bucket had refilled. Evicting a full bucket
+	// changes no decision; evicting one that was not full hands its client
+	// a fresh burst.
+	Full bool
+}
+
+// An Option configures a [Map].
+type Option func(*options)
+
+type options struct {
+	capacity int
+	shards   int
+	clock    Clock
+	onEvict  func(Eviction)
+	pressure Pressure
+}
+
+// WithCapacity sets the maximum number of keys the Map tracks, across all
+// shards; it bounds memory. It must be ≥ 1. A later call replaces an
+// earlier one. The default is [DefaultCapacity].
+func WithCapacity(n int) Option { return func(o *options) { o.capacity = n } }
+
+// WithShards sets the number of independently locked shards: a power of two
+// from 1 to 1024. More shards mean less lock contention. A later call
+// replaces an earlier one. The default is 64, or fewer for small capacities.
+func WithShards(n int) Option { return func(o *options) { o.shards = n } }
+
+// WithClock makes the Map read time from c instead of the monotonic clock:
+// for tests and simulations. A nil c restores the default. A later call
+// replaces an earlier one.
+func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
+
+// WithOnEvict registers f to be called after each eviction, on the
+// goroutine whose take caused it, after the shard lock is released (so f may
+// call the Map). f runs on the request path: keep it fast. A later call
+// replaces an earlier one; nil removes it.
+func WithOnEvict(f func(Eviction)) Option { return func(o *options) { o.onEvict = f } }
+
+// WithPressure sets what a full Map does when it finds no full bucket to
+// evict. The default is [Protect]. A later call replaces an earlier one.
+func WithPressure(p Pressure) Option { return func(o *options) { o.pressure = p } }
+
+// ErrInvalidOption is wrapped by every configuration error of [New].
+var ErrInvalidOption = errors.New("keyed: invalid option")
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{capacity: DefaultCapacity}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.capacity < 1 {
+		return o, fmt.Errorf("%w: capacity %d must be ≥ 1", ErrInvalidOption, o.capacity)
+	}
+	if o.shards == 0 {
+		o.shards = 64
+		for o.shards > 1 && o.shards*64 > o.capacity {
+			o.shards /= 2
+		}
+	}
+	if o.shards < 1 || o.shards > 1024 || o.shards&(o.shards-1) != 0 {
+		return o, fmt.Errorf("%w: shards %d must be a power of two from 1 to 1024", ErrInvalidOption, o.shards)
+	}
+	if o.pressure > Evict {
+		return o, fmt.Errorf("%w: unknown pressure policy %d", ErrInvalidOption, o.pressure)
+	}
+	return o, nil
+}
