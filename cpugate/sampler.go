@@ -1,0 +1,119 @@
+package cpugate
+
+import (
+	"errors"
+	"time"
+)
+
+// Source labels name the built-in samplers in [Reading.Source], in logs and in
+// metrics. They are short, fixed and safe to use as a metric label.
+const (
+	SourceCgroup2 = "cgroup2" // the cgroup v2 cpu controller: usage_usec against cpu.max and the cpuset
+	SourceCgroup1 = "cgroup1" // the cgroup v1 cpuacct and cpu controllers: usage against the CFS quota
+	SourceProcess = "process" // getrusage of this process against the CPUs it may run on
+	SourceHost    = "host"    // the whole machine's busy time, from /proc/stat or the OS equivalent
+)
+
+// Sentinel errors. Errors from this package wrap one of these, so callers can
+// test with errors.Is.
+var (
+	// ErrNoReading means a sampler has nothing new to report: the interval
+	// since its previous read was too short, a counter went backwards, or a
+	// read failed. The gate keeps its state and counts the failure; it never
+	// turns a missing reading into 0% or 100%.
+	ErrNoReading = errors.New("cpugate: no new reading")
+	// ErrNoCgroup means no usable cgroup cpu accounting was found for this
+	// process: not on Linux, no cgroup mounted, or the controller missing.
+	ErrNoCgroup = errors.New("cpugate: no cgroup cpu accounting")
+	// ErrMalformed means a kernel file did not have the expected format.
+	ErrMalformed = errors.New("cpugate: malformed file")
+	// ErrUnsupported means a sampler cannot work on this operating system.
+	ErrUnsupported = errors.New("cpugate: unsupported on this platform")
+	// ErrInvalidConfig is wrapped by every configuration error; the message
+	// names the offending field or option.
+	ErrInvalidConfig = errors.New("cpugate: invalid config")
+)
+
+// A Reading is one measurement of CPU use.
+//
+// CPU is the fraction of the CPU available to this process that was busy over
+// the interval since the sampler's previous reading: 0 is idle, 1 is all of
+// it. "Available" means the container's quota when there is one, else the
+// CPUs this process may run on; never GOMAXPROCS, which a user may set to
+// anything. Samplers report values above 1 (timer jitter, burst quota) as 1.
+//
+// SchedP99 is the guard signal: the 99th percentile of the time goroutines
+// waited to run during the interval, or 0 when unknown. Only [SchedGuard]
+// fills it.
+type Reading struct {
+	CPU      float64
+	SchedP99 time.Duration
+	// Source names the sampler that produced the reading, such as
+	// [SourceCgroup2].
+	Source string
+}
+
+// A Sampler measures CPU use. Each call to Sample returns the use over the
+// interval since the previous call (or since the sampler was made). An error
+// means there is no new reading; it is never a reading of 0 or 1.
+//
+// The gate calls Sample from one goroutine at a time. The samplers of this
+// package are not safe for concurrent use.
+type Sampler interface {
+	Sample() (Reading, error)
+}
+
+// SamplerFunc adapts a function to a [Sampler], for tests, scripted loads and
+// signals of your own.
+type SamplerFunc func() (Reading, error)
+
+// Sample returns f().
+func (f SamplerFunc) Sample() (Reading, error) { return f() }
+
+// limitsEvery is how often samplers re-read limits (quota, cpuset, affinity).
+// Orchestrators change them at run time (a resized pod, a moved container),
+// but rarely, and re-reading them costs more than a sample.
+const limitsEvery = 5 * time.Second
+
+// minInterval is the shortest interval a sampler turns into a reading. Below
+// it, counter granularity (1 µs, or a 10 ms tick for /proc/stat) dominates.
+const minInterval = time.Millisecond
+
+// fraction turns busy time over an interval into a fraction of budget CPUs,
+// reported within [0, 1].
+func fraction(busy, wall time.Duration, cpus float64) float64 {
+	f := busy.Seconds() / (wall.Seconds() * cpus)
+	switch {
+	case f < 0:
+		return 0
+	case f > 1:
+		return 1
+	}
+	return f
+}
+
+// NewSampler returns the best sampler available to this process and its
+// source label, for logs and metrics. It prefers, in order: the cgroup
+// (container) accounting of this process, its own CPU time (getrusage), and
+// the host's CPU time. The cgroup is best because a container's quota is the
+// budget the kernel enforces; process time is next because it sees only this
+// process but is exact; host time is the portable fallback.
+//
+// NewSampler reads files but starts nothing.
+func NewSampler() (s Sampler, source string, err error) {
+	if c, cerr := NewCgroupSampler(); cerr == nil {
+		return c, c.Source(), nil
+	} else {
+		err = cerr
+	}
+	if p, perr := NewProcessSampler(); perr == nil {
+		return p, SourceProcess, nil
+	} else {
+		err = errors.Join(err, perr)
+	}
+	h, herr := NewHostSampler()
+	if herr != nil {
+		return nil, "", errors.Join(err, herr)
+	}
+	return h, SourceHost, nil
+}
