@@ -1,0 +1,73 @@
+package tenant
+
+import "time"
+
+// Config is the declarative form of a tenant table: what a YAML or JSON
+// config file decodes to, and what a program may build directly and pass to
+// [Compile]. A Config is plain data; nothing is checked until it is compiled.
+//
+// The zero Config compiles to a table in which every caller is anonymous and
+// anonymous callers are admitted nothing.
+type Config struct {
+	// Tiers are the shared service levels, by name. Names use letters,
+	// digits, '.', '_' and '-', at most 64 bytes.
+	Tiers map[string]TierSpec
+	// Tenants are the known callers, by tenant ID (same alphabet as tier
+	// names, so an ID can sit inside a bucket key or a metric label).
+	Tenants map[string]TenantSpec
+	// Anonymous is the policy for callers without a known identity. Its
+	// Keys must be empty. When nil, anonymous callers are admitted nothing:
+	// a deployment that forgets the policy fails closed.
+	Anonymous *TenantSpec
+}
+
+// TierSpec is a tier: a default limit and per-method limits and costs that
+// every tenant of the tier inherits.
+type TierSpec struct {
+	// Default is the limit for every method no entry of Methods limits.
+	// A tier needs a Default or a Methods["*"] entry with a limit.
+	Default *LimitSpec
+	// Methods are per-method entries keyed by pattern: "/pkg.Svc/Method",
+	// "/pkg.Svc/*" or "*".
+	Methods map[string]MethodSpec
+}
+
+// TenantSpec is one tenant, or the anonymous policy.
+type TenantSpec struct {
+	// Tier names the tier the tenant inherits from. It may be empty when
+	// the tenant sets its own Default (or Methods["*"] limit).
+	Tier string
+	// Keys are the SHA-256 digests of the tenant's API keys, as 64 hex
+	// digits (either case). The keys themselves never appear in a config:
+	// see [HashKey] and the floodgate-keyhash command.
+	Keys []string
+	// Default overrides the tier's limits for every method this tenant's
+	// Methods do not limit; it shadows the tier's per-method limits too.
+	Default *LimitSpec
+	// Methods are per-method overrides keyed by pattern, as in [TierSpec].
+	Methods map[string]MethodSpec
+}
+
+// MethodSpec is the entry for one method pattern: a limit, a cost, or both.
+type MethodSpec struct {
+	// Limit, when set, is one bucket shared by every method the pattern
+	// covers: "/pkg.Svc/*" limits the service as a whole, not each method.
+	Limit *LimitSpec
+	// Cost is the number of tokens one call takes, ≥ 1; 0 means inherit
+	// (from a less specific entry, else 1). Costs resolve independently of
+	// limits, so an entry may set only a cost and keep the inherited bucket.
+	Cost int
+}
+
+// LimitSpec is a token bucket in config units: Rate tokens per Per, holding
+// at most Burst tokens.
+type LimitSpec struct {
+	// Rate is the number of tokens gained per Per: > 0, or +Inf for no
+	// limit at all.
+	Rate float64
+	// Burst is the bucket's capacity, 1 ≤ Burst ≤ floodgate.MaxBurst. It
+	// is ignored for an infinite Rate.
+	Burst int
+	// Per is the period Rate is counted over; 0 means one second.
+	Per time.Duration
+}

@@ -1,0 +1,276 @@
+package tenant
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A Registry holds the Table in force and replaces it when the config
+// changes. Readers call [Registry.Table] on every request: one atomic load.
+// A config that fails to load never replaces the table in force.
+//
+// Before the first successful [Registry.Load] or [Registry.Set], the table in
+// force treats every caller as anonymous and admits no one: a server whose
+// config never loaded fails closed.
+//
+// A Registry is safe for concurrent use. It starts no goroutine: polling
+// happens in [Registry.Watch], on the caller's goroutine.
+type Registry struct {
+	table atomic.Pointer[Table]
+	opts  options
+
+	// mu serializes reloads, so that a slow parse of older content cannot
+	// replace a table built from newer content, and guards loaded.
+	mu     sync.Mutex
+	loaded source
+}
+
+// source identifies the file content a table was built from.
+type source struct {
+	path string
+	sum  [32]byte
+}
+
+// An Option configures a Registry.
+type Option func(*options)
+
+type options struct {
+	interval time.Duration
+	logger   *slog.Logger
+	onReload func(path string, t *Table, err error)
+}
+
+// DefaultPollInterval is how often Watch checks the file unless
+// [WithPollInterval] says otherwise.
+const DefaultPollInterval = 2 * time.Second
+
+// WithPollInterval sets how often [Registry.Watch] checks the file; it must
+// be > 0. A repeated call replaces the earlier value.
+func WithPollInterval(d time.Duration) Option {
+	return func(o *options) { o.interval = d }
+}
+
+// WithLogger sets where [Registry.Watch] logs reloads (Info) and rejected
+// configs (Error); the default is slog.Default(), and nil turns logging
+// off. A repeated call replaces the earlier logger.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithOnReload sets a function called after every reload attempt, by
+// [Registry.Load] and [Registry.Watch]: with the new table and a nil error
+// on success, or with the table still in force and the error on failure.
+// It runs on the reloading goroutine, after the registry's lock is
+// released; it must not block for long. A repeated call replaces the
+// earlier function.
+func WithOnReload(f func(path string, t *Table, err error)) Option {
+	return func(o *options) { o.onReload = f }
+}
+
+// New returns a Registry holding the empty table (see [Registry]). It
+// returns an error for an invalid option.
+func New(opts ...Option) (*Registry, error) {
+	o := options{interval: DefaultPollInterval, logger: slog.Default()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.interval <= 0 {
+		return nil, errors.New("tenant: poll interval " + o.interval.String() + " must be > 0")
+	}
+	r := &Registry{opts: o}
+	r.table.Store(emptyTable)
+	return r, nil
+}
+
+// Table returns the table in force. It never returns nil.
+func (r *Registry) Table() *Table { return r.table.Load() }
+
+// Set puts t in force, for tables built with [Compile]. A nil t is ignored.
+func (r *Registry) Set(t *Table) {
+	if t == nil {
+		return
+	}
+	r.mu.Lock()
+	r.table.Store(t)
+	r.loaded = source{}
+	r.mu.Unlock()
+}
+
+// Load reads, parses and compiles the config at path and puts it in force.
+// On error the table in force stays and the error says why (a
+// [*ConfigError] for an invalid config). The file's name in messages is
+// path as given.
+func (r *Registry) Load(path string) error {
+	data, err := readConfig(path)
+	if err != nil {
+		r.report(path, err)
+		return err
+	}
+	_, err = r.apply(path, data, sha256.Sum256(data))
+	return err
+}
+
+// apply parses data and puts it in force unless it is what is in force
+// already; it reports the outcome.
+func (r *Registry) apply(path string, data []byte, sum [32]byte) (changed bool, err error) {
+	r.mu.Lock()
+	if r.loaded == (source{path, sum}) {
+		r.mu.Unlock()
+		return false, nil
+	}
+	t, err := Parse(path, data)
+	if err == nil {
+		r.table.Store(t)
+		r.loaded = source{path, sum}
+	}
+	r.mu.Unlock()
+	r.report(path, err)
+	return err == nil, err
+}
+
+func (r *Registry) report(path string, err error) {
+	if f := r.opts.onReload; f != nil {
+		f(path, r.Table(), err)
+	}
+}
+
+// readConfig reads a config file, refusing one too large to be a config
+// before reading it all.
+func readConfig(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
+	if len(data) > MaxConfigSize {
+		return nil, errors.New("tenant: " + path + ": config is larger than " + strconv.Itoa(MaxConfigSize) + " bytes")
+	}
+	return data, nil
+}
+
+// Watch polls the config at path and reloads it whenever its content
+// changes, until ctx is done; it returns ctx.Err(). It checks at once, then
+// every poll interval ([WithPollInterval]).
+//
+// Each poll stats the file and reads it only when its size or modification
+// time changed, or when the modification time is recent enough that a
+// same-size rewrite within the file system's timestamp granularity could
+// hide behind it; the content's SHA-256 then decides whether anything
+// changed. Content that fails to load is reported once (through
+// [WithOnReload] and the logger) and leaves the table in force; the next
+// change is tried again. Writers should replace the file atomically
+// (write a temporary file, then rename it over the config, as Kubernetes
+// does for mounted ConfigMaps): a half-written file that happens to be
+// valid would otherwise be loaded.
+func (r *Registry) Watch(ctx context.Context, path string) error {
+	w := r.watcher(path)
+	w.poll()
+	tick := time.NewTicker(r.opts.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			w.poll()
+		}
+	}
+}
+
+// racyWindow bounds how close to now a modification time must be for Watch
+// to distrust an unchanged stat (the "racily clean" problem git's index
+// has): coarse file system clocks can let a rewrite keep its size and time.
+const racyWindow = 3 * time.Second
+
+// watcher is one Watch loop's memory of the file.
+type watcher struct {
+	r    *Registry
+	path string
+	// stat is the size and time last seen; statOK whether there is one.
+	size   int64
+	mtime  time.Time
+	statOK bool
+	// tried is the last content tried, good or bad, so that a bad file is
+	// reported once rather than every poll.
+	tried   [32]byte
+	lastErr string
+}
+
+func (r *Registry) watcher(path string) *watcher {
+	w := &watcher{r: r, path: path}
+	r.mu.Lock()
+	if r.loaded.path == path {
+		w.tried = r.loaded.sum
+	}
+	r.mu.Unlock()
+	return w
+}
+
+// poll is one check of the file: the step Watch repeats.
+func (w *watcher) poll() {
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		w.statOK = false
+		w.fail(fmt.Errorf("tenant: %w", err))
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		w.fail(errors.New("tenant: " + w.path + ": not a regular file"))
+		return
+	}
+	same := w.statOK && fi.Size() == w.size && fi.ModTime().Equal(w.mtime)
+	if same && time.Since(fi.ModTime()).Abs() > racyWindow {
+		return
+	}
+	data, err := readConfig(w.path)
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	w.size, w.mtime, w.statOK = fi.Size(), fi.ModTime(), true
+	// The file is readable again: its next failure is news.
+	w.lastErr = ""
+	sum := sha256.Sum256(data)
+	if sum == w.tried {
+		return
+	}
+	w.tried = sum
+	changed, err := w.r.apply(w.path, data, sum)
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	if l := w.r.opts.logger; changed && l != nil {
+		l.Info("tenant: config loaded", "path", w.path, "tenants", len(w.r.Table().tenants))
+	}
+}
+
+// fail reports a problem unless it is the one reported last.
+func (w *watcher) fail(err error) {
+	msg := err.Error()
+	if msg == w.lastErr {
+		return
+	}
+	w.lastErr = msg
+	if l := w.r.opts.logger; l != nil {
+		l.Error("tenant: config rejected; the previous table stays in force", "path", w.path, "err", err)
+	}
+	// apply reports its own outcome; other failures are reported here.
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		w.r.report(w.path, err)
+	}
+}

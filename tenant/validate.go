@@ -1,0 +1,238 @@
+package tenant
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// skipKey stands in for a keys item that decoding already reported, so that
+// validation does not report it again.
+const skipKey = "\x00"
+
+const maxNameLen = 64
+
+// validate reports every problem in cfg that does not need resolution.
+func validate(cfg *Config, p *problems) {
+	for _, name := range sortedKeys(cfg.Tiers) {
+		path := namePath("tiers", name)
+		tier := cfg.Tiers[name]
+		checkName(p, path, name)
+		checkLevel(p, path, tier.Default, tier.Methods)
+		if !hasFallback(tier.Default, tier.Methods) {
+			p.add(path, `no default limit: set default or a methods["*"] limit`)
+		}
+	}
+	owners := map[[32]byte]string{}
+	for _, id := range sortedKeys(cfg.Tenants) {
+		path := namePath("tenants", id)
+		checkName(p, path, id)
+		checkTenant(p, cfg, path, cfg.Tenants[id], owners)
+	}
+	if a := cfg.Anonymous; a != nil {
+		if len(a.Keys) > 0 {
+			p.add("anonymous.keys", "not allowed: anonymous callers have no key")
+		}
+		checkTenant(p, cfg, "anonymous", TenantSpec{Tier: a.Tier, Default: a.Default, Methods: a.Methods}, owners)
+	}
+}
+
+func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map[[32]byte]string) {
+	if t.Tier != "" {
+		if _, ok := cfg.Tiers[t.Tier]; !ok {
+			p.add(fieldPath(path, "tier"), "unknown tier "+strconv.Quote(t.Tier))
+		}
+	} else if !hasFallback(t.Default, t.Methods) {
+		p.add(path, `no tier and no default limit: set tier, default or a methods["*"] limit`)
+	}
+	checkLevel(p, path, t.Default, t.Methods)
+	for i, k := range t.Keys {
+		if k == skipKey {
+			continue
+		}
+		kp := indexPath(fieldPath(path, "keys"), i)
+		d, ok := parseDigest(k)
+		if !ok {
+			// Never quote the value: it may well be the key itself.
+			p.add(kp, "not a SHA-256 hex digest (64 hex digits): store the hash of the key, never the key (go run ./cmd/floodgate-keyhash)")
+			continue
+		}
+		if first, dup := owners[d]; dup {
+			p.add(kp, "duplicate digest: already listed at "+first)
+			continue
+		}
+		owners[d] = kp
+	}
+}
+
+// hasFallback reports whether a level limits every method by itself.
+func hasFallback(def *LimitSpec, methods map[string]MethodSpec) bool {
+	return def != nil || methods["*"].Limit != nil
+}
+
+// checkLevel checks a tier's or tenant's default and methods.
+func checkLevel(p *problems, path string, def *LimitSpec, methods map[string]MethodSpec) {
+	if def != nil {
+		checkLimit(p, fieldPath(path, "default"), *def)
+	}
+	mpath := fieldPath(path, "methods")
+	for _, pat := range sortedKeys(methods) {
+		ep := quotedPath(mpath, pat)
+		m := methods[pat]
+		if !validPattern(pat) {
+			p.add(ep, `invalid method pattern: want "/package.Service/Method", "/package.Service/*" or "*"`)
+		}
+		if m.Limit == nil && m.Cost == 0 {
+			p.add(ep, "sets neither a limit nor a cost")
+		}
+		if m.Cost < 0 {
+			p.add(fieldPath(ep, "cost"), "must be ≥ 1")
+		}
+		if m.Limit != nil {
+			checkLimit(p, ep, *m.Limit)
+		}
+	}
+	if def != nil && methods["*"].Limit != nil {
+		p.add(quotedPath(mpath, "*"), "limit conflicts with default: set one of them")
+	}
+}
+
+// checkLimit checks one limit and, when its fields are sound, the compiled
+// floodgate.Limit as well.
+func checkLimit(p *problems, path string, l LimitSpec) {
+	n := len(p.errs)
+	rp, bp := fieldPath(path, "rate"), fieldPath(path, "burst")
+	// A field the source left out reads as zero; "required" says which.
+	missing := func(field string) bool { return p.lines != nil && !p.has(field) }
+	inf := math.IsInf(l.Rate, 1)
+	switch {
+	case inf:
+	case l.Rate > 0:
+	case l.Rate == 0 && missing(rp):
+		p.add(rp, "required")
+	default:
+		p.add(rp, "must be > 0")
+	}
+	if !inf {
+		switch {
+		case l.Burst == 0 && missing(bp):
+			p.add(bp, "required")
+		case l.Burst < 1:
+			p.add(bp, "must be ≥ 1")
+		case l.Burst > floodgate.MaxBurst:
+			p.add(bp, "must be ≤ "+strconv.Itoa(floodgate.MaxBurst))
+		}
+	}
+	if l.Per < 0 {
+		p.add(fieldPath(path, "per"), "must be > 0")
+	}
+	if len(p.errs) > n {
+		return
+	}
+	lim := toLimit(l)
+	if !inf && math.IsInf(lim.Rate, 1) {
+		p.add(rp, "too large for its period")
+		return
+	}
+	if err := lim.Validate(); err != nil {
+		p.add(path, strings.TrimPrefix(err.Error(), floodgate.ErrInvalidLimit.Error()+": "))
+	}
+}
+
+// toLimit converts a checked LimitSpec to tokens per second.
+func toLimit(l LimitSpec) floodgate.Limit {
+	if math.IsInf(l.Rate, 1) {
+		return floodgate.Inf
+	}
+	per := l.Per
+	if per == 0 {
+		per = time.Second
+	}
+	return floodgate.Limit{Rate: l.Rate / per.Seconds(), Burst: l.Burst}
+}
+
+// checkName checks a tier name or tenant ID: such names end up inside
+// bucket keys, log lines and metric labels, so they stay plain.
+func checkName(p *problems, path, name string) {
+	if !validName(name) {
+		p.add(path, "invalid name: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > maxNameLen || !isAlnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+// validPattern reports whether pat is "*", "/pkg.Svc/*" or "/pkg.Svc/Method".
+func validPattern(pat string) bool {
+	if pat == "*" {
+		return true
+	}
+	svc, method, ok := splitMethod(pat)
+	if !ok {
+		return false
+	}
+	return method == "*" || validMethodName(method) && validServiceName(svc[1:])
+}
+
+// splitMethod splits "/pkg.Svc/Method" into "/pkg.Svc" and "Method".
+func splitMethod(full string) (svc, method string, ok bool) {
+	if len(full) < 4 || full[0] != '/' {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(full, '/')
+	if i <= 1 || i == len(full)-1 {
+		return "", "", false
+	}
+	svc, method = full[:i], full[i+1:]
+	return svc, method, validServiceName(svc[1:])
+}
+
+func validServiceName(s string) bool {
+	if s == "" || s[0] == '.' || s[len(s)-1] == '.' || strings.Contains(s, "..") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+func validMethodName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
