@@ -86,7 +86,10 @@ type problems struct {
 	file string
 	// lines maps a field path to the line of its key; nil for Compile.
 	lines map[string]int
-	errs  []*FieldError
+	// broken marks fields decoding could not read: validation stays quiet
+	// about what follows from their absence.
+	broken map[string]bool
+	errs   []*FieldError
 }
 
 // add records a problem at field, on the line of the field or, failing

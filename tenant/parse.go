@@ -31,9 +31,9 @@ const MaxConfigSize = 4 << 20
 // the file, line and field.
 func Parse(name string, data []byte) (*Table, error) {
 	cfg, p := decode(name, data)
-	if err := p.err(); err != nil {
-		return nil, err
-	}
+	// Validation runs even when decoding found problems, so that one run
+	// reports everything; decoding left neutral values behind and marked
+	// broken fields, so nothing is reported twice.
 	return compile(cfg, p)
 }
 
@@ -42,7 +42,7 @@ func Parse(name string, data []byte) (*Table, error) {
 // usable for validation: a field with a problem holds a neutral value so
 // that one mistake yields one message.
 func decode(name string, data []byte) (*Config, *problems) {
-	p := &problems{file: name, lines: map[string]int{}}
+	p := &problems{file: name, lines: map[string]int{}, broken: map[string]bool{}}
 	cfg := &Config{}
 	if len(data) > MaxConfigSize {
 		p.addAt(0, "", "config is larger than "+strconv.Itoa(MaxConfigSize)+" bytes")
@@ -259,6 +259,9 @@ func (d *decoder) method(n *yaml.Node, path string) MethodSpec {
 		ms MethodSpec
 		l  LimitSpec
 	)
+	if !isNull(n) && !d.kind(n, path, yaml.MappingNode, "must be a mapping") {
+		return MethodSpec{Cost: 1}
+	}
 	hasLimit := false
 	d.fields(n, path, methodFields, func(name, path string, v *yaml.Node) {
 		if name == "cost" {
@@ -287,6 +290,10 @@ func (d *decoder) limit(n *yaml.Node, path string) *LimitSpec {
 	if isNull(n) {
 		return nil
 	}
+	if !d.kind(n, path, yaml.MappingNode, "must be a mapping") {
+		// A neutral limit, so the level does not also lack a fallback.
+		return &LimitSpec{Rate: 1, Burst: 1}
+	}
 	var l LimitSpec
 	d.fields(n, path, limitFields, func(name, path string, v *yaml.Node) {
 		d.limitField(&l, name, path, v)
@@ -312,13 +319,11 @@ func (d *decoder) limitField(l *LimitSpec, name, path string, v *yaml.Node) {
 		}
 		l.Burst = b
 	case "per":
-		s, ok := d.str(v, path)
-		if !ok {
-			l.Per = time.Second
-			return
-		}
-		per, err := time.ParseDuration(s)
-		if err != nil {
+		per, err := time.ParseDuration(v.Value)
+		if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!str" || err != nil {
+			if d.alias(v, path) {
+				return
+			}
 			d.p.add(path, "must be a duration such as 1s, 1m or 1h")
 			per = time.Second
 		}
@@ -400,6 +405,7 @@ func unknownField(name string) string {
 // exponential blow-ups, and a config gains nothing from them.
 func (d *decoder) alias(n *yaml.Node, path string) bool {
 	if n.Kind == yaml.AliasNode {
+		d.p.broken[path] = true
 		d.p.addAt(n.Line, path, "YAML aliases are not supported")
 		return true
 	}
@@ -411,6 +417,7 @@ func (d *decoder) kind(n *yaml.Node, path string, k yaml.Kind, msg string) bool 
 		return true
 	}
 	if !d.alias(n, path) {
+		d.p.broken[path] = true
 		d.p.add(path, msg)
 	}
 	return false
@@ -421,6 +428,7 @@ func (d *decoder) str(n *yaml.Node, path string) (string, bool) {
 		return n.Value, true
 	}
 	if !d.alias(n, path) {
+		d.p.broken[path] = true
 		d.p.add(path, "must be a string")
 	}
 	return "", false

@@ -171,6 +171,12 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 	// Tenants without overrides share their tier's rule set: a table of
 	// many tenants on few tiers costs memory per tier, not per tenant.
 	shared := map[string]*ruleSet{}
+	// Each tier is resolved on its own as well, as a tenant without
+	// overrides would see it, so that a tier's own inconsistencies are
+	// reported whether or not a tenant uses it yet.
+	for _, name := range sortedKeys(cfg.Tiers) {
+		shared[name] = resolve(p, cfg, namePath("tiers", name), TenantSpec{Tier: name})
+	}
 	for _, id := range sortedKeys(cfg.Tenants) {
 		spec := cfg.Tenants[id]
 		path := namePath("tenants", id)

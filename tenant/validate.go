@@ -23,7 +23,7 @@ func validate(cfg *Config, p *problems) {
 		tier := cfg.Tiers[name]
 		checkName(p, path, name)
 		checkLevel(p, path, tier.Default, tier.Methods)
-		if !hasFallback(tier.Default, tier.Methods) {
+		if !hasFallback(tier.Default, tier.Methods) && !brokenLevel(p, path) {
 			p.add(path, `no default limit: set default or a methods["*"] limit`)
 		}
 	}
@@ -43,10 +43,10 @@ func validate(cfg *Config, p *problems) {
 
 func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map[[32]byte]string) {
 	if t.Tier != "" {
-		if _, ok := cfg.Tiers[t.Tier]; !ok {
+		if _, ok := cfg.Tiers[t.Tier]; !ok && !p.broken["tiers"] {
 			p.add(fieldPath(path, "tier"), "unknown tier "+strconv.Quote(t.Tier))
 		}
-	} else if !hasFallback(t.Default, t.Methods) {
+	} else if !hasFallback(t.Default, t.Methods) && !brokenLevel(p, path) && !p.broken[fieldPath(path, "tier")] {
 		p.add(path, `no tier and no default limit: set tier, default or a methods["*"] limit`)
 	}
 	checkLevel(p, path, t.Default, t.Methods)
@@ -67,6 +67,12 @@ func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map
 		}
 		owners[d] = kp
 	}
+}
+
+// brokenLevel reports whether a level's default or methods could not be
+// decoded, in which case a missing fallback is no news.
+func brokenLevel(p *problems, path string) bool {
+	return p.broken[path] || p.broken[fieldPath(path, "default")] || p.broken[fieldPath(path, "methods")]
 }
 
 // hasFallback reports whether a level limits every method by itself.

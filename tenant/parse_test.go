@@ -1,0 +1,92 @@
+package tenant_test
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of invalid configs")
+
+const testdata = "../testdata/tenant"
+
+// configFiles lists the YAML and JSON files in a testdata directory.
+func configFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	var files []string
+	for _, pat := range []string{"*.yaml", "*.json"} {
+		m, err := filepath.Glob(filepath.Join(testdata, dir, pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	if len(files) == 0 {
+		t.Fatalf("no config files in %s/%s", testdata, dir)
+	}
+	return files
+}
+
+func TestParseValid(t *testing.T) {
+	for _, path := range configFiles(t, "valid") {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tbl, err := tenant.Parse(filepath.Base(path), data)
+			if err != nil {
+				t.Fatalf("Parse(%s) = %v, want no error", path, err)
+			}
+			if tbl == nil {
+				t.Fatalf("Parse(%s) = nil table and no error", path)
+			}
+		})
+	}
+}
+
+// TestParseInvalid checks every invalid fixture against its golden message:
+// the whole error text, every problem with file, line and field.
+func TestParseInvalid(t *testing.T) {
+	for _, path := range configFiles(t, "invalid") {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tbl, err := tenant.Parse(filepath.Base(path), data)
+			if err == nil {
+				t.Fatalf("Parse(%s) = %v, nil; want an error", path, tbl)
+			}
+			if tbl != nil {
+				t.Errorf("Parse(%s) returned a table with its error", path)
+			}
+			if !errors.Is(err, tenant.ErrInvalidConfig) {
+				t.Errorf("Parse(%s) error %v does not match ErrInvalidConfig", path, err)
+			}
+			var ce *tenant.ConfigError
+			if !errors.As(err, &ce) || len(ce.Errors) == 0 {
+				t.Fatalf("Parse(%s) error %T is not a non-empty *ConfigError", path, err)
+			}
+			golden := strings.TrimSuffix(path, filepath.Ext(path)) + filepath.Ext(path) + ".golden"
+			got := err.Error() + "\n"
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestParseInvalid -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("Parse(%s) error:\n%s\nwant:\n%s", path, got, want)
+			}
+		})
+	}
+}
