@@ -104,12 +104,12 @@ func TestPrecedence(t *testing.T) {
 			"d": {Default: lim(5), Methods: map[string]tenant.MethodSpec{"*": {Cost: 3}}},
 		},
 		Tenants: map[string]tenant.TenantSpec{
-			"x": {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/N": {Limit: lim(5)}}},
-			"y": {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/*": {Limit: lim(6)}, "*": {Limit: lim(7)}}},
-			"z": {Tier: "t", Default: lim(8), Methods: map[string]tenant.MethodSpec{"/a.S/M": {Limit: lim(9)}}},
-			"w": {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/M": {Cost: 4}}},
-			"v": {Tier: "d", Methods: map[string]tenant.MethodSpec{"/b.S/*": {Limit: lim(10), Cost: 5}}},
-			"u": {Methods: map[string]tenant.MethodSpec{"*": {Limit: lim(11)}}}, // no tier
+			"x":     {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/N": {Limit: lim(5)}}},
+			"y":     {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/*": {Limit: lim(6)}, "*": {Limit: lim(7)}}},
+			"z":     {Tier: "t", Default: lim(8), Methods: map[string]tenant.MethodSpec{"/a.S/M": {Limit: lim(9)}}},
+			"w":     {Tier: "t", Methods: map[string]tenant.MethodSpec{"/a.S/M": {Cost: 4}}},
+			"v":     {Tier: "d", Methods: map[string]tenant.MethodSpec{"/b.S/*": {Limit: lim(10), Cost: 5}}},
+			"u":     {Methods: map[string]tenant.MethodSpec{"*": {Limit: lim(11)}}}, // no tier
 			"plain": {Tier: "t"},
 		},
 	}
