@@ -324,7 +324,7 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 	case c.State == Ramping && !warm && now.Sub(c.LastRamp) >= a.RampEvery:
 		c.Level += a.RampStep
 		c.LastRamp = now
-		if c.Level >= 1 {
+		if c.Level >= 1-1e-9 { // sums of RampStep may fall short of 1 by rounding
 			c.State, c.Since, c.Level, c.Recovered = Open, now, 1, now
 		}
 	case c.State == Ramping && warm:
