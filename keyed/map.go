@@ -82,9 +82,9 @@ func New(opts ...Option) (*Map, error) {
 	return m, nil
 }
 
-// Hash returns the hash that the Map stores for key, as reported in an
-// [Eviction].
-func (m *Map) Hash(key string) uint64 { return maphash.String(m.seed, key) }
+// Hash returns the 62-bit hash that the Map stores for key, as reported in
+// an [Eviction].
+func (m *Map) Hash(key string) uint64 { return maphash.String(m.seed, key) & hashMask }
 
 func (m *Map) shardOf(h uint64) *shard {
 	if m.shift == 64 {
@@ -170,8 +170,7 @@ func (m *Map) take(key string, lim floodgate.Limit, n int, now int64) floodgate.
 			s.mu.Unlock()
 			return floodgate.Result{Limit: lim, Remaining: lim.Burst, RetryAfter: floodgate.Never}
 		}
-		st, evicted, ev.Full = m.insert(s, h, lim, now)
-		ev.Hash = h
+		st, evicted, ev = m.insert(s, h, lim, now)
 	}
 	res := st.take(lim, n, now)
 	if res.Allowed {
@@ -188,24 +187,23 @@ func (m *Map) take(key string, lim floodgate.Limit, n int, now int64) floodgate.
 
 // insert makes room for h in s, whose lock is held, and returns its new
 // state, or the shard's overflow bucket when there is no room.
-func (m *Map) insert(s *shard, h uint64, lim floodgate.Limit, now int64) (st *state, evicted, full bool) {
+func (m *Map) insert(s *shard, h uint64, lim floodgate.Limit, now int64) (st *state, evicted bool, ev Eviction) {
 	if m.count.Add(1) > m.capacity {
-		evicted, full = s.tab.evict(now, m.evictNF)
+		evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
+		m.count.Add(-1)
 		if !evicted {
-			m.count.Add(-1)
 			s.stats.Overflowed++
 			if !s.ovInit {
 				s.overflow, s.ovInit = fullState(lim, now), true
 			}
-			return &s.overflow, false, false
+			return &s.overflow, false, ev
 		}
-		m.count.Add(-1)
 		s.stats.Evictions++
-		if !full {
+		if !ev.Full {
 			s.stats.EvictedNotFull++
 		}
 	}
-	return s.tab.insert(h, fullState(lim, now)), evicted, full
+	return s.tab.insert(h, fullState(lim, now)), evicted, ev
 }
 
 // Peek reports key's bucket under lim now without taking anything or

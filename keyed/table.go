@@ -121,15 +121,15 @@ func (t *table) removeAt(i uint64) {
 	t.slots[i] = slot{}
 }
 
-// evict removes one bucket to make room and reports whether it did and
-// whether the bucket was full. It prefers, in order: a full bucket not used
+// evict removes one bucket to make room and reports whether it did, the
+// 62-bit hash it held, and whether the bucket was full. It prefers, in order: a full bucket not used
 // since the hand last passed it; a full bucket used since; and, only when
 // notFull is allowed, the not-yet-full bucket closest to full, preferring
 // unused ones. Evicting a full bucket changes no decision: a new bucket
 // starts full too.
-func (t *table) evict(now int64, notFull bool) (ok, full bool) {
+func (t *table) evict(now int64, notFull bool) (ok bool, hash uint64, full bool) {
 	if t.n == 0 {
-		return false, false
+		return false, 0, false
 	}
 	var (
 		fullRef   = ^uint64(0)
@@ -152,8 +152,9 @@ func (t *table) evict(now int64, notFull bool) (ok, full bool) {
 		if s.st.full(now) {
 			if idle {
 				t.hand = i + 1
+				hash = s.meta & hashMask
 				t.removeAt(i)
-				return true, true
+				return true, hash, true
 			}
 			if fullRef == ^uint64(0) {
 				fullRef = i
@@ -167,11 +168,13 @@ func (t *table) evict(now int64, notFull bool) (ok, full bool) {
 	t.hand = i
 	switch {
 	case fullRef != ^uint64(0):
+		hash = t.slots[fullRef].meta & hashMask
 		t.removeAt(fullRef)
-		return true, true
+		return true, hash, true
 	case best != ^uint64(0):
+		hash = t.slots[best].meta & hashMask
 		t.removeAt(best)
-		return true, false
+		return true, hash, false
 	}
-	return false, false
+	return false, 0, false
 }

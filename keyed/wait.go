@@ -43,7 +43,12 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	s.stats.Takes++
 	st := s.tab.find(h, true)
 	if st == nil {
-		st, _, _ = m.insert(s, h, lim, now)
+		var evicted bool
+		var ev Eviction
+		st, evicted, ev = m.insert(s, h, lim, now)
+		if evicted && m.onEvict != nil {
+			defer m.onEvict(ev) // after the unlock below
+		}
 		if st != &s.overflow {
 			// A new bucket is full and n ≤ burst: no wait.
 			st.take(lim, n, now)

@@ -1,0 +1,171 @@
+package keyed
+
+import (
+	"hash/maphash"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestCapacityBound: ten times the capacity in distinct keys never holds
+// more than the capacity.
+func TestCapacityBound(t *testing.T) {
+	for _, p := range []Pressure{Protect, Evict} {
+		m := newMap(t, WithCapacity(1000), WithShards(8), WithPressure(p))
+		lim := floodgate.PerSecond(1000, 10)
+		for i := 0; i < 10_000; i++ {
+			// Each key drains a little, then time passes: half the old
+			// buckets are full again when new keys arrive.
+			m.TakeAt(strconv.Itoa(i), lim, 1, t0.Add(time.Duration(i)*100*time.Microsecond))
+			if n := m.Len(); n > 1000 {
+				t.Fatalf("pressure %d: Len() = %d after %d keys, want ≤ 1000", p, n, i+1)
+			}
+		}
+		if n := m.Len(); n != 1000 {
+			t.Errorf("pressure %d: Len() = %d, want 1000 (a full map stays full)", p, n)
+		}
+		if st := m.Stats(); st.Evictions == 0 {
+			t.Errorf("pressure %d: no evictions after 10× capacity: %+v", p, st)
+		}
+	}
+}
+
+// keysInShard returns n keys that m places in shard 0.
+func keysInShard(m *Map, n int) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := "k" + strconv.Itoa(i)
+		if m.shardOf(maphash.String(m.seed, k)) == &m.shards[0] {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// TestUnevenShards: a total capacity of N holds N keys even when they all
+// land in one shard.
+func TestUnevenShards(t *testing.T) {
+	m := newMap(t, WithCapacity(256), WithShards(16))
+	lim := floodgate.PerSecond(1, 5)
+	keys := keysInShard(m, 256)
+	for _, k := range keys {
+		m.TakeAt(k, lim, 1, t0)
+	}
+	if got := m.Len(); got != 256 {
+		t.Fatalf("Len() = %d, want 256", got)
+	}
+	for _, k := range keys {
+		if got := m.TokensAt(k, lim, t0); got != 4 {
+			t.Fatalf("TokensAt(%s) = %v, want 4: the bucket was lost", k, got)
+		}
+	}
+	if st := m.Stats(); st.Evictions+st.Overflowed != 0 {
+		t.Errorf("Stats = %+v, want no evictions and no overflow", st)
+	}
+}
+
+// TestFloodProtectsActiveKeys: a client that drained its bucket cannot get
+// a fresh burst by making the Map forget it with made-up keys.
+func TestFloodProtectsActiveKeys(t *testing.T) {
+	m := newMap(t, WithCapacity(100), WithShards(4))
+	lim := floodgate.PerSecond(1, 10) // slow refill: drained buckets stay drained
+	if r := m.TakeAt("victim", lim, 10, t0); !r.Allowed {
+		t.Fatal("drain rejected")
+	}
+	for i := 0; i < 10_000; i++ {
+		at := t0.Add(time.Duration(i) * time.Millisecond) // 10 s in all
+		m.TakeAt("made-up-"+strconv.Itoa(i), lim, 1, at)
+	}
+	at := t0.Add(5 * time.Second)
+	if got := m.TokensAt("victim", lim, at); got != 5 {
+		t.Errorf("victim's tokens after the flood = %v, want 5 (no amnesty)", got)
+	}
+	st := m.Stats()
+	if st.EvictedNotFull != 0 {
+		t.Errorf("EvictedNotFull = %d under Protect, want 0", st.EvictedNotFull)
+	}
+	if st.Overflowed == 0 {
+		t.Errorf("Overflowed = 0, want the flood counted: %+v", st)
+	}
+	if m.Len() > 100 {
+		t.Errorf("Len() = %d, want ≤ 100", m.Len())
+	}
+}
+
+// TestOverflowIsShared: new keys that find no room share their shard's
+// overflow bucket, so cycling made-up keys buys no extra admissions.
+func TestOverflowIsShared(t *testing.T) {
+	m := newMap(t, WithCapacity(1), WithShards(1))
+	lim := floodgate.PerSecond(1, 3)
+	m.TakeAt("resident", lim, 1, t0) // not full: protected
+	admitted := 0
+	for i := 0; i < 100; i++ {
+		if m.TakeAt("new-"+strconv.Itoa(i), lim, 1, t0).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Errorf("admitted %d of 100 overflow takes, want the overflow burst of 3", admitted)
+	}
+}
+
+// TestEvictAccounting checks the counters and the callback under Evict.
+func TestEvictAccounting(t *testing.T) {
+	var got []Eviction
+	m := newMap(t, WithCapacity(2), WithShards(1), WithPressure(Evict),
+		WithOnEvict(func(e Eviction) { got = append(got, e) }))
+	lim := floodgate.PerSecond(1, 2)
+	m.TakeAt("a", lim, 1, t0)                  // a: 1 token, full at +1s
+	m.TakeAt("b", lim, 2, t0)                  // b: 0 tokens, full at +2s
+	m.TakeAt("c", lim, 1, t0.Add(time.Second)) // a is full again: evicted harmlessly
+	m.TakeAt("d", lim, 1, t0.Add(time.Second)) // b, c not full: b is closest to... c? see below
+	want := []Eviction{{Hash: m.Hash("a"), Full: true}}
+	if len(got) < 1 || !cmp.Equal(got[0], want[0]) {
+		t.Fatalf("first eviction = %+v, want %+v", got, want)
+	}
+	if len(got) != 2 || got[1].Full {
+		t.Fatalf("evictions = %+v, want a second, not-full eviction", got)
+	}
+	// b is full at +2s and c at +2s too; either is a valid victim, but the
+	// evicted one must now start full.
+	st := m.Stats()
+	if diff := cmp.Diff(Stats{Takes: 4, Allowed: 4, Evictions: 2, EvictedNotFull: 1}, st); diff != "" {
+		t.Errorf("Stats mismatch (-want +got):\n%s", diff)
+	}
+	if m.Len() != 2 {
+		t.Errorf("Len() = %d, want 2", m.Len())
+	}
+}
+
+// TestEvictPrefersIdle: under pressure, a full bucket not used since the
+// last scan goes before a full bucket in use.
+func TestEvictPrefersIdle(t *testing.T) {
+	m := newMap(t, WithCapacity(3), WithShards(1))
+	lim := floodgate.PerSecond(100, 1)
+	for _, k := range []string{"x", "y", "z"} {
+		m.TakeAt(k, lim, 1, t0)
+	}
+	at := t0.Add(time.Second) // all full again
+	m.TakeAt("new1", lim, 1, at)
+	// The scan cleared every reference bit and evicted one; now touch two
+	// of the remaining residents and add a key: the untouched one goes.
+	var resident []string
+	for _, k := range []string{"x", "y", "z"} {
+		if m.shards[0].tab.find(m.Hash(k), false) != nil {
+			resident = append(resident, k)
+		}
+	}
+	if len(resident) != 2 {
+		t.Fatalf("residents after one eviction = %v, want 2", resident)
+	}
+	at = at.Add(time.Second)
+	m.TakeAt(resident[0], lim, 1, at.Add(-500*time.Millisecond)) // used, full again by at
+	m.TakeAt("new1", lim, 1, at.Add(-500*time.Millisecond))
+	m.TakeAt("new2", lim, 1, at)
+	if m.shards[0].tab.find(m.Hash(resident[1]), false) != nil {
+		t.Errorf("idle %q survived while a used bucket was evicted", resident[1])
+	}
+}

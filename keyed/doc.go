@@ -1,0 +1,57 @@
+// Package keyed is an in-memory store of token buckets, one per key (a
+// client IP, an API key, a tenant, a route), for a bounded number of keys.
+// [Map] implements [floodgate.Store].
+//
+// # The model
+//
+// Each key has a token bucket: it starts full, holds at most the limit's
+// burst and refills at the limit's rate, lazily, from the time elapsed since
+// its last take. The limit travels with every call and is not stored, so a
+// new limit (a config reload, the CPU gate's scale) applies at the next take:
+// a lowered limit caps a fuller bucket at once, a raised one refills it
+// gradually. Tokens are fixed-point integers in units of 1e-9 token, so
+// concurrent takes are exact: over any window the admitted count never
+// exceeds burst + rate·elapsed, and refill rounds down, never up.
+//
+// # Storage and memory
+//
+// The Map is split into a power-of-two number of shards, each behind its own
+// mutex and chosen by the key's seeded hash (hash/maphash). A shard is a
+// compact open-addressing table whose 32-byte slots hold 62 bits of the
+// key's hash and the bucket state (24 bytes: tokens, last take, time it is
+// full again), so a take on a known key costs one hash, one lock and about
+// one cache miss, and allocates nothing. No key bytes are stored; see [Map]
+// for the collision bound.
+//
+// The capacity bounds the keys tracked across all shards, whichever shards
+// they fall in. When a new key arrives at capacity, its shard evicts a bucket
+// that has refilled, preferring one not used since the eviction scan last
+// passed (CLOCK, a cheap approximation of least-recently-used). Evicting a
+// full bucket changes no decision: the key would start full anyway. A bucket
+// that has not refilled is never evicted under the default [Protect] policy,
+// so a flood of made-up keys cannot hand a drained client a fresh burst;
+// such new keys share their shard's overflow bucket instead, and
+// [Stats].Overflowed tells the operator to raise the capacity. [Evict]
+// trades that guarantee for a bucket per key.
+//
+// # Time
+//
+// [Map.TakeN] reads the clock once, as a monotonic offset from the Map's
+// creation (cheaper than time.Now). [Map.TakeAt] takes the time from the
+// caller. A time earlier than a bucket's last take counts as that take's
+// time, so concurrent callers that read the clock before taking the lock
+// never move a bucket backwards. [WithClock] substitutes a fake clock.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Eviction callbacks run after the
+// shard lock is released. Nothing runs in the background: idle buckets cost
+// only their slot until evicted or reset.
+//
+// # Edge cases
+//
+// A take of n ≤ 0 tokens reports the bucket without changing it. A take of
+// more than the burst is rejected with RetryAfter [floodgate.Never] and
+// creates nothing. [floodgate.Inf] admits everything and keeps no state. The
+// empty key is an ordinary key.
+package keyed
