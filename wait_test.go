@@ -1,0 +1,65 @@
+package floodgate_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
+)
+
+// failing is a Store that cannot decide.
+type failing struct{}
+
+var errDown = errors.New("store down")
+
+func (failing) TakeN(context.Context, string, floodgate.Limit, int) (floodgate.Result, error) {
+	return floodgate.Result{}, errDown
+}
+
+func TestWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := keyed.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		lim := floodgate.PerSecond(4, 1)
+		start := time.Now()
+		for i := 0; i < 3; i++ {
+			if err := floodgate.Wait(ctx, m, "k", lim, 1); err != nil {
+				t.Fatalf("Wait %d: %v", i, err)
+			}
+		}
+		if got, want := time.Since(start), 500*time.Millisecond; got != want {
+			t.Errorf("three waits at 4/s, burst 1, took %v, want %v", got, want)
+		}
+
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if err := floodgate.Wait(short, m, "k", lim, 1); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+			t.Errorf("Wait with 100ms left for a 250ms refill = %v, want ErrWouldExceedDeadline", err)
+		}
+		if err := floodgate.Wait(ctx, m, "k", lim, 2); !errors.Is(err, floodgate.ErrExceedsBurst) {
+			t.Errorf("Wait(n > burst) = %v, want ErrExceedsBurst", err)
+		}
+		if err := floodgate.Wait(ctx, failing{}, "k", lim, 1); !errors.Is(err, errDown) {
+			t.Errorf("Wait on a failing store = %v, want its error", err)
+		}
+		if err := floodgate.Wait(ctx, failing{}, "k", floodgate.Inf, 1<<40); !errors.Is(err, errDown) {
+			t.Errorf("Wait(Inf) on a failing store = %v, want its error", err)
+		}
+
+		cctx, ccancel := context.WithCancel(ctx)
+		errc := make(chan error)
+		go func() { errc <- floodgate.Wait(cctx, m, "k", lim, 1) }()
+		synctest.Wait()
+		ccancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("Wait after cancel = %v, want context.Canceled", err)
+		}
+	})
+}
