@@ -1,0 +1,37 @@
+# floodgate: build, test and benchmark entry points.
+#
+#   make test   install what the tests need (redis-server), then go vet and
+#               go test -race over every package of both modules
+#   make bench  the side-by-side benchmarks against peer libraries
+
+GO        ?= go
+TESTFLAGS ?= -race -count=1 -timeout 12m
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: test deps vet unit bench fuzz generate
+
+test: deps vet unit
+
+# Tests start their own redis-server processes on free loopback ports; they
+# need the binaries, not a running service.
+deps:
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
+		echo "installing redis-server (needed by the redisstore tests)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is still missing" >&2; exit 1; }
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+unit:
+	$(GO) test $(TESTFLAGS) ./...
+	cd bench && $(GO) test $(TESTFLAGS) ./...
+
+bench:
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 90m ./... | tee bench-results.txt
+
+# A short run of every fuzz target, beyond the seed corpus that make test runs.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzTake -fuzztime 30s ./keyed
