@@ -1,0 +1,194 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// A Policy says how the store decides while Redis cannot: when a call fails,
+// misses its deadline, or the breaker is open.
+type Policy uint8
+
+const (
+	// Local decides with an in-process bucket at the limit divided by the
+	// local divisor (see [WithLocalDivisor]): each instance admits its share.
+	// Results carry [floodgate.SourceFallback]. The default.
+	Local Policy = iota
+	// Open admits every request ([floodgate.SourceFailOpen]).
+	Open
+	// Closed rejects every request ([floodgate.SourceFailClosed]) with a
+	// RetryAfter of the time until the breaker tries Redis again.
+	Closed
+)
+
+// String returns the policy's lower-case name.
+func (p Policy) String() string {
+	switch p {
+	case Local:
+		return "local"
+	case Open:
+		return "open"
+	case Closed:
+		return "closed"
+	}
+	return "unknown"
+}
+
+// An Option configures a [Store]. Options apply in order to a copy of the
+// defaults; a repeated option replaces the earlier one's value.
+type Option func(*options)
+
+type options struct {
+	prefix       string
+	name         string
+	clock        func() time.Time
+	deadline     time.Duration
+	policy       Policy
+	divisor      float64
+	fallback     floodgate.Store
+	failures     int
+	cooldown     time.Duration
+	batch        int
+	cacheSize    int
+	leaseTime    time.Duration
+	leaseKeys    int
+	onError      func(error)
+	reloadPeriod time.Duration
+}
+
+func defaults() options {
+	return options{
+		prefix:       "floodgate",
+		name:         "b",
+		deadline:     50 * time.Millisecond,
+		policy:       Local,
+		divisor:      1,
+		failures:     5,
+		cooldown:     time.Second,
+		reloadPeriod: time.Second,
+	}
+}
+
+// WithPrefix sets the first part of every key, "floodgate" by default. The
+// prefix must be non-empty and must not contain '{' or '}', which would move
+// the Cluster hash tag.
+func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
+
+// WithName sets the limit id, the last part of every key, "b" by default.
+// Stores that share a Redis and a prefix but apply different limits to the
+// same subjects need different names. The same rules as for the prefix apply.
+func WithName(name string) Option { return func(o *options) { o.name = name } }
+
+// WithClientClock makes the store send the time from now (as µs since the
+// Unix epoch) instead of reading Redis TIME in the script: for servers or
+// proxies that refuse TIME in scripts, and for tests with a controlled clock.
+// Every client must then keep its clock in sync; a client whose clock runs
+// behind cannot move a bucket's time backwards, it only refills less. A nil
+// now means time.Now. Without this option the store uses the server's clock.
+func WithClientClock(now func() time.Time) Option {
+	return func(o *options) {
+		if now == nil {
+			now = time.Now
+		}
+		o.clock = now
+	}
+}
+
+// WithDeadline bounds each decision's time on Redis, 50 ms by default. When
+// it passes, the failure policy decides. The caller's context may end a
+// decision earlier; the decision then returns the context's error.
+func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
+
+// WithFailurePolicy sets what decides while Redis cannot: [Local] (the
+// default), [Open] or [Closed].
+func WithFailurePolicy(p Policy) Option { return func(o *options) { o.policy = p } }
+
+// WithLocalDivisor sets the divisor of the [Local] policy, 1 by default: the
+// local bucket runs at the limit scaled by 1/divisor (rate and burst, the
+// burst never below 1). Set it to the expected number of instances sharing
+// the limit so that together they stay near the limit while Redis is away.
+// It must be finite and at least 1.
+func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divisor = divisor } }
+
+// WithFallback sets the store that decides under the [Local] policy, a
+// keyed.Map of default capacity by default. It receives the scaled limit.
+func WithFallback(s floodgate.Store) Option { return func(o *options) { o.fallback = s } }
+
+// WithBreaker configures the circuit breaker: after failures consecutive
+// failed decisions it opens, and decisions go straight to the failure policy
+// for cooldown; then one decision probes Redis (half-open) and closes the
+// breaker on success or reopens it for another cooldown on failure. The
+// defaults are 5 failures and 1 s. failures must be ≥ 1 and cooldown > 0.
+func WithBreaker(failures int, cooldown time.Duration) Option {
+	return func(o *options) { o.failures, o.cooldown = failures, cooldown }
+}
+
+// WithBatching coalesces concurrent decisions into one round trip of at most
+// max decisions: decisions on a standalone server, or on one Cluster slot,
+// become a single script call; the rest are pipelined. Accounting stays
+// exact; only latency changes. max = 0 (the default) turns batching off:
+// every decision is its own call.
+func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
+
+// WithDenyCache keeps up to size recently denied buckets in process and
+// denies requests on them without a round trip while the bucket cannot yet
+// hold the requested tokens. A cached denial never admits and never denies
+// a request Redis would admit, except that a Refund, Reset or raised limit
+// elsewhere is seen only once the entry expires (at the denied request's
+// retry-after). size = 0 (the default) turns it off.
+func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
+
+// WithLeases lets hot buckets (two decisions on one key within d) take up to
+// rate×d tokens from Redis at once and spend them locally for d. Over any
+// window of length t, all instances together admit at most
+// burst + rate×(t+d): the bound grows by rate×d. Tokens unused when a lease
+// expires are lost, which under-admits. At most keys leases are tracked.
+// d = 0 (the default) turns leases off.
+func WithLeases(d time.Duration, keys int) Option {
+	return func(o *options) { o.leaseTime, o.leaseKeys = d, keys }
+}
+
+// WithOnError sets a function called with every error from Redis that made
+// the failure policy decide: for logging and metrics. It runs on the
+// decision's goroutine and must be fast. The error text is Redis's; it never
+// reaches a Result or a returned error.
+func WithOnError(f func(error)) Option { return func(o *options) { o.onError = f } }
+
+func (o *options) validate() error {
+	for _, f := range []struct{ field, v string }{{"prefix", o.prefix}, {"name", o.name}} {
+		if f.v == "" {
+			return fmt.Errorf("redisstore: %s is empty", f.field)
+		}
+		if strings.ContainsAny(f.v, "{}") {
+			return fmt.Errorf("redisstore: %s %q contains '{' or '}'", f.field, f.v)
+		}
+	}
+	switch {
+	case o.deadline <= 0:
+		return fmt.Errorf("redisstore: deadline %v is not positive", o.deadline)
+	case o.policy > Closed:
+		return fmt.Errorf("redisstore: unknown failure policy %d", o.policy)
+	case math.IsNaN(o.divisor) || math.IsInf(o.divisor, 0) || o.divisor < 1:
+		return fmt.Errorf("redisstore: local divisor %v is not a finite number ≥ 1", o.divisor)
+	case o.failures < 1:
+		return fmt.Errorf("redisstore: breaker failures %d is below 1", o.failures)
+	case o.cooldown <= 0:
+		return fmt.Errorf("redisstore: breaker cooldown %v is not positive", o.cooldown)
+	case o.batch < 0:
+		return fmt.Errorf("redisstore: batch size %d is negative", o.batch)
+	case o.cacheSize < 0:
+		return fmt.Errorf("redisstore: deny cache size %d is negative", o.cacheSize)
+	case o.leaseTime < 0:
+		return fmt.Errorf("redisstore: lease time %v is negative", o.leaseTime)
+	case o.leaseTime > 0 && o.leaseKeys < 1:
+		return fmt.Errorf("redisstore: lease keys %d is below 1", o.leaseKeys)
+	}
+	return nil
+}
+
+var errNilClient = errors.New("redisstore: client is nil")

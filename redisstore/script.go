@@ -1,0 +1,234 @@
+package redisstore
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/redis/go-redis/v9"
+)
+
+// bucketLua decides one or more bucket operations atomically. A batch of
+// decisions on keys of one Cluster slot (or on a standalone server) runs as
+// one call; a lone decision is a batch of one.
+//
+// KEYS[i] is the i-th bucket. ARGV[1] is the time in µs, or -1 to read the
+// server's TIME. Then five arguments per decision: rate (tokens per second,
+// which is also micro-tokens per µs), burst (tokens), n (tokens), mode and
+// min. Modes: 0 takes n, 1 peeks, 2 refunds n, 3 leases: takes as many whole
+// tokens as the bucket holds, at most n and at least min.
+//
+// State is the string "<micro-tokens> <µs>", integers below 2^53 so that Lua's
+// doubles hold them exactly (burst ≤ 2^33 tokens = 8.6e15 micro-tokens). A
+// missing bucket is full. Refill rounds down. Time never moves backwards:
+// a bucket counted at a later time than now keeps its time. Only takes,
+// leases and refunds write, always with a TTL: the time until the bucket is
+// full again, at least 1 ms (after which a missing key means the same thing),
+// at most ARGV[2] ms.
+//
+// The reply has three integers per decision: allowed (0 or 1), the bucket's
+// micro-tokens after the decision, and the whole tokens taken.
+const bucketLua = `
+local now = tonumber(ARGV[1])
+local maxttl = tonumber(ARGV[2])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local out = {}
+for i = 1, #KEYS do
+  local a = 2 + (i - 1) * 5
+  local rate = tonumber(ARGV[a + 1])
+  local burst = tonumber(ARGV[a + 2]) * 1000000
+  local n = tonumber(ARGV[a + 3]) * 1000000
+  local mode = ARGV[a + 4]
+  local key = KEYS[i]
+  local tokens, at = burst, now
+  local exists = false
+  local v = redis.call('GET', key)
+  if v then
+    exists = true
+    local sp = string.find(v, ' ', 1, true)
+    tokens = tonumber(string.sub(v, 1, sp - 1))
+    at = tonumber(string.sub(v, sp + 1))
+    if now > at then
+      if tokens < burst and rate > 0 then
+        local add = (now - at) * rate
+        if add >= burst - tokens then
+          tokens = burst
+        else
+          tokens = tokens + math.floor(add)
+        end
+      end
+      at = now
+    end
+    if tokens > burst then
+      tokens = burst
+    end
+  end
+  local allowed, taken, write = 0, 0, false
+  if mode == '0' then
+    if n <= burst and tokens >= n then
+      tokens = tokens - n
+      allowed, taken, write = 1, n, true
+    end
+  elseif mode == '1' then
+    allowed = 1
+  elseif mode == '2' then
+    allowed = 1
+    if exists and n > 0 then
+      tokens = tokens + n
+      if tokens >= burst then
+        tokens = burst
+        redis.call('DEL', key)
+      else
+        write = true
+      end
+    end
+  else
+    local give = math.floor(tokens / 1000000) * 1000000
+    if give > n then
+      give = n
+    end
+    if give >= tonumber(ARGV[a + 5]) * 1000000 and give > 0 then
+      tokens = tokens - give
+      allowed, taken, write = 1, give, true
+    end
+  end
+  if write then
+    local ttl = maxttl
+    if rate > 0 then
+      ttl = math.ceil((burst - tokens) / rate / 1000)
+      if ttl < 1 then
+        ttl = 1
+      elseif ttl > maxttl then
+        ttl = maxttl
+      end
+    end
+    redis.call('SET', key, string.format('%.0f %.0f', tokens, at), 'PX', ttl)
+  end
+  out[#out + 1] = allowed
+  out[#out + 1] = tokens
+  out[#out + 1] = taken / 1000000
+end
+return out
+`
+
+// maxTTL bounds every key's TTL. Only buckets that refill slower than one
+// burst in maxTTL (including rate 0) ever reach it; they forget their state
+// after maxTTL and start full again.
+const maxTTL = 400 * 24 * time.Hour
+
+var maxTTLArg = strconv.FormatInt(maxTTL.Milliseconds(), 10)
+
+var bucketScript = redis.NewScript(bucketLua)
+
+const (
+	modeTake   = 0
+	modePeek   = 1
+	modeRefund = 2
+	modeLease  = 3
+)
+
+// op is one decision on its way to Redis.
+type op struct {
+	key  string
+	lim  floodgate.Limit
+	n    int
+	mode int
+	min  int // leases only
+}
+
+// reply is the script's answer for one op.
+type reply struct {
+	allowed bool
+	tokens  int64 // micro-tokens after the decision
+	taken   int64 // whole tokens taken
+}
+
+// appendArgs appends op's five script arguments.
+func (o *op) appendArgs(args []any) []any {
+	return append(args, o.lim.Rate, o.lim.Burst, o.n, o.mode, o.min)
+}
+
+// isNoScript reports whether err says the script is not in the server's
+// cache (after SCRIPT FLUSH, a restart or a failover).
+func isNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// evalOps runs ops as one script call on c, falling back from EVALSHA to EVAL
+// when the server does not know the script. All keys must share a slot on a
+// Cluster.
+func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int64, error) {
+	keys := make([]string, len(ops))
+	args := make([]any, 0, 2+5*len(ops))
+	args = append(args, now, maxTTLArg)
+	for i, o := range ops {
+		keys[i] = o.key
+		args = o.appendArgs(args)
+	}
+	cmd := c.EvalSha(ctx, bucketScript.Hash(), keys, args...)
+	if isNoScript(cmd.Err()) {
+		cmd = c.Eval(ctx, bucketLua, keys, args...)
+	}
+	return cmd.Int64Slice()
+}
+
+// parse reads the i-th reply out of vals.
+func parse(vals []int64, i int) (reply, bool) {
+	if len(vals) < 3*(i+1) {
+		return reply{}, false
+	}
+	v := vals[3*i:]
+	return reply{allowed: v[0] == 1, tokens: v[1], taken: v[2]}, true
+}
+
+// unit converts micro-tokens to the 1e-9 token units of the duration math:
+// the nanosecond arithmetic below is then the same as the keyed store's.
+const unit = 1000
+
+// waitFor returns how long lim takes to add need units of 1e-9 token, in
+// ns, rounded up so that a retry after exactly that long succeeds, or Never.
+func waitFor(lim floodgate.Limit, need int64) time.Duration {
+	if need <= 0 {
+		return 0
+	}
+	if !(lim.Rate > 0) {
+		return floodgate.Never
+	}
+	f := math.Ceil(float64(need) / lim.Rate)
+	if f >= float64(floodgate.Never) {
+		return floodgate.Never
+	}
+	ns := int64(f)
+	if float64(ns)*lim.Rate < float64(need) {
+		ns++
+	}
+	return time.Duration(ns)
+}
+
+// result turns a reply into a Result under the op's limit.
+func (o *op) result(r reply) floodgate.Result {
+	res := floodgate.Result{Allowed: r.allowed, Limit: o.lim, Source: floodgate.SourceRedis}
+	tokens := r.tokens * unit
+	burst := int64(o.lim.Burst) * 1e9
+	if tokens > 0 {
+		res.Remaining = int(r.tokens / 1e6)
+	}
+	res.ResetAfter = waitFor(o.lim, burst-tokens)
+	if !r.allowed {
+		if o.n > o.lim.Burst {
+			res.RetryAfter = floodgate.Never
+		} else {
+			need := int64(o.n) * 1e9
+			if o.mode == modeLease {
+				need = int64(o.min) * 1e9
+			}
+			res.RetryAfter = waitFor(o.lim, need-tokens)
+		}
+	}
+	return res
+}

@@ -1,0 +1,425 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNegativeN is returned by takes and refunds of a negative count.
+var ErrNegativeN = errors.New("redisstore: n is negative")
+
+// ErrUnavailable is wrapped by the errors of Peek, Refund and Reset when
+// Redis cannot answer within the deadline. The error's text never includes
+// Redis's; errors.Unwrap returns the cause for logs.
+var ErrUnavailable = errors.New("redisstore: redis unavailable")
+
+type unavailableError struct{ cause error }
+
+func (e *unavailableError) Error() string        { return ErrUnavailable.Error() }
+func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }
+func (e *unavailableError) Unwrap() error        { return e.cause }
+
+// A Store is a [floodgate.Store] whose buckets live on Redis, so that one
+// limit holds across every process that shares the Redis. Each decision is
+// one atomic script call (or part of one, when batched); the store keeps no
+// bucket state in process except what the optional deny cache, leases and
+// the Local fallback hold.
+//
+// Decisions never fail because Redis does: when a call errors or misses its
+// deadline, or the breaker is open, the failure policy decides, and the
+// Result's Source says so. TakeN returns an error only for an invalid limit,
+// a negative n, or a done context.
+//
+// A Store is safe for concurrent use. It starts no goroutine of its own
+// except, with batching on or with a client that ignores context deadlines,
+// short-lived ones that end with the calls they serve; it needs no Close.
+type Store struct {
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless client is one
+	opts    options
+
+	keyHead, keyTail string
+	guard            bool // the client ignores context deadlines
+	fallback         floodgate.Store
+	br               breaker
+	batch            *batcher
+	cache            *denyCache
+	leases           *leaseTable
+	lastReload       atomic.Int64
+
+	counts [7]atomic.Uint64 // by floodgate.Source
+	errs   atomic.Uint64
+}
+
+var _ floodgate.Store = (*Store)(nil)
+
+// New returns a Store deciding on client, a *redis.Client, *redis.ClusterClient
+// or *redis.Ring (anything that runs scripts and pipelines).
+//
+// Every call carries a context bounded by the store's deadline. go-redis
+// honours that deadline only when the client was made with
+// ContextTimeoutEnabled: true; set it, and MaxRetries: -1 so that a failed
+// call falls back at once instead of retrying inside the deadline. With
+// ContextTimeoutEnabled false on a known client type (or an unknown client
+// type), each call runs on its own goroutine and the decision stops waiting
+// at the deadline, which costs a goroutine per decision.
+func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, errNilClient
+	}
+	o := defaults()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		client:  client,
+		opts:    o,
+		keyHead: o.prefix + ":{",
+		keyTail: "}:" + o.name,
+		guard:   true,
+	}
+	switch c := client.(type) {
+	case *redis.Client:
+		s.guard = !c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		s.guard = !c.Options().ContextTimeoutEnabled
+		s.cluster = c
+	case *redis.Ring:
+		s.guard = !c.Options().ContextTimeoutEnabled
+	}
+	s.br.init(o.failures, o.cooldown)
+	if o.policy == Local {
+		s.fallback = o.fallback
+		if s.fallback == nil {
+			m, err := keyed.New()
+			if err != nil {
+				return nil, fmt.Errorf("redisstore: local fallback: %w", err)
+			}
+			s.fallback = m
+		}
+	}
+	if o.batch > 0 {
+		s.batch = newBatcher(s, o.batch)
+	}
+	if o.cacheSize > 0 {
+		s.cache = newDenyCache(o.cacheSize)
+	}
+	if o.leaseTime > 0 {
+		s.leases = newLeaseTable(o.leaseTime, o.leaseKeys)
+	}
+	return s, nil
+}
+
+// Key returns the Redis key of subject's bucket:
+// <prefix>:{<escaped subject>}:<name>. Escaping replaces '%', '{' and '}' by
+// %25, %7B and %7D, so that the braces around the subject are the key's
+// Cluster hash tag whatever the subject holds.
+func (s *Store) Key(subject string) string {
+	if strings.ContainsAny(subject, "%{}") {
+		subject = escaper.Replace(subject)
+	}
+	return s.keyHead + subject + s.keyTail
+}
+
+var escaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// now returns the time argument of the script: µs since the epoch from the
+// client clock, or -1 for the server's TIME.
+func (s *Store) now() int64 {
+	if s.opts.clock != nil {
+		return s.opts.clock().UnixMicro()
+	}
+	return -1
+}
+
+// local returns the time in ns for the in-process cache and leases: the
+// client clock when one is set, so that tests control it, else monotonic.
+func (s *Store) local() int64 {
+	if s.opts.clock != nil {
+		return s.opts.clock().UnixNano()
+	}
+	return int64(time.Since(monoBase))
+}
+
+var monoBase = time.Now()
+
+func check(lim floodgate.Limit, n int) error {
+	if n < 0 {
+		return ErrNegativeN
+	}
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
+	}
+	return nil
+}
+
+// TakeN takes n tokens from key's bucket under lim, atomically on Redis,
+// with the semantics of the keyed store:
+//
+//   - a bucket seen for the first time (or expired, which happens only once
+//     it is full) is full;
+//   - n > lim.Burst is rejected with RetryAfter [floodgate.Never] and writes
+//     nothing;
+//   - a rejected take writes nothing; RetryAfter is the time until n tokens
+//     are there (Never at rate 0);
+//   - n = 0 reports the bucket without writing;
+//   - [floodgate.Inf] is allowed without a call, with Remaining = lim.Burst.
+//
+// When Redis cannot decide in time, the failure policy does. The error is
+// non-nil only for a negative n, an invalid limit or a done ctx.
+func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
+	if err := check(lim, n); err != nil {
+		return floodgate.Result{}, err
+	}
+	if lim.IsInf() {
+		s.counts[floodgate.SourceRedis].Add(1)
+		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return floodgate.Result{}, err
+	}
+	if n > 0 && n <= lim.Burst {
+		if s.cache != nil {
+			if res, ok := s.cache.lookup(key, lim, n, s.local()); ok {
+				s.counts[floodgate.SourceCache].Add(1)
+				return res, nil
+			}
+		}
+		if s.leases != nil {
+			return s.takeLeased(ctx, key, lim, n)
+		}
+	}
+	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
+	if n == 0 {
+		o.mode = modePeek
+	}
+	sent := s.local()
+	r, err := s.call(ctx, &o)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return floodgate.Result{}, cerr
+		}
+		return s.fail(ctx, &o, key)
+	}
+	s.counts[floodgate.SourceRedis].Add(1)
+	res := o.result(r)
+	if s.cache != nil && !r.allowed && n > 0 && n <= lim.Burst {
+		s.cache.insert(key, lim, r.tokens*unit, sent, res.RetryAfter)
+	}
+	return res, nil
+}
+
+// errBreakerOpen stands for the failed call the breaker spares.
+var errBreakerOpen = errors.New("redisstore: breaker open")
+
+// call runs o on Redis under the breaker and the deadline.
+func (s *Store) call(ctx context.Context, o *op) (reply, error) {
+	probe, ok := s.br.allow(time.Now())
+	if !ok {
+		return reply{}, errBreakerOpen
+	}
+	var r reply
+	var err error
+	if s.batch != nil {
+		r, err = s.batch.do(ctx, o)
+	} else {
+		r, err = s.single(ctx, o)
+	}
+	switch {
+	case err == nil:
+		s.br.success(probe)
+	case ctx.Err() != nil:
+		// The caller gave up: that says nothing about Redis.
+		s.br.abandon(probe)
+	default:
+		s.br.failure(probe, time.Now())
+		s.failed(err)
+	}
+	return r, err
+}
+
+// single runs o as its own script call within the deadline.
+func (s *Store) single(ctx context.Context, o *op) (reply, error) {
+	dctx, cancel := context.WithTimeout(ctx, s.opts.deadline)
+	defer cancel()
+	if !s.guard {
+		return s.run(dctx, o)
+	}
+	type answer struct {
+		r   reply
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		r, err := s.run(dctx, o)
+		ch <- answer{r, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.r, a.err
+	case <-dctx.Done():
+		return reply{}, dctx.Err()
+	}
+}
+
+func (s *Store) run(ctx context.Context, o *op) (reply, error) {
+	vals, err := evalOps(ctx, s.client, s.now(), []*op{o})
+	if err != nil {
+		return reply{}, err
+	}
+	r, ok := parse(vals, 0)
+	if !ok {
+		return reply{}, errShortReply
+	}
+	return r, nil
+}
+
+var errShortReply = errors.New("redisstore: short script reply")
+
+// failed records a Redis failure: counts it, reports it, and on a Cluster
+// asks for a topology reload (at most once per reload period), since a
+// failed node or a moved slot is the likeliest cause.
+func (s *Store) failed(err error) {
+	s.errs.Add(1)
+	if s.cluster != nil {
+		now := time.Now().UnixNano()
+		last := s.lastReload.Load()
+		if now-last >= int64(s.opts.reloadPeriod) && s.lastReload.CompareAndSwap(last, now) {
+			s.cluster.ReloadState(context.Background())
+		}
+	}
+	if s.opts.onError != nil && err != errBreakerOpen {
+		s.opts.onError(err)
+	}
+}
+
+// fail decides o by the failure policy.
+func (s *Store) fail(ctx context.Context, o *op, subject string) (floodgate.Result, error) {
+	switch s.opts.policy {
+	case Open:
+		s.counts[floodgate.SourceFailOpen].Add(1)
+		return floodgate.Result{Allowed: true, Limit: o.lim, Source: floodgate.SourceFailOpen}, nil
+	case Closed:
+		s.counts[floodgate.SourceFailClosed].Add(1)
+		return floodgate.Result{Limit: o.lim, RetryAfter: s.br.retryAfter(time.Now()), Source: floodgate.SourceFailClosed}, nil
+	}
+	n := o.n
+	if o.mode == modeLease {
+		n = o.min
+	}
+	lim := o.lim.Scale(1 / s.opts.divisor)
+	res, err := s.fallback.TakeN(ctx, subject, lim, n)
+	if err != nil {
+		return floodgate.Result{}, err
+	}
+	res.Source = floodgate.SourceFallback
+	s.counts[floodgate.SourceFallback].Add(1)
+	return res, nil
+}
+
+// Peek reports key's bucket under lim without taking from it: Remaining,
+// ResetAfter, and Allowed = true, as TakeN with n = 0 does. Unlike TakeN it
+// asks Redis only (no cache, lease or fallback) and returns an error
+// wrapping [ErrUnavailable] when Redis cannot answer.
+func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floodgate.Result, error) {
+	if err := check(lim, 0); err != nil {
+		return floodgate.Result{}, err
+	}
+	if lim.IsInf() {
+		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
+	}
+	o := op{key: s.Key(key), lim: lim, mode: modePeek}
+	r, err := s.call(ctx, &o)
+	if err != nil {
+		return floodgate.Result{}, s.unavailable(ctx, err)
+	}
+	return o.result(r), nil
+}
+
+// Refund returns n tokens to key's bucket under lim, never above its burst:
+// for work that was admitted but not done. A missing bucket is full and
+// stays missing. It returns an error wrapping [ErrUnavailable] when Redis
+// cannot answer; tokens taken by the fallback are not refunded.
+func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n int) error {
+	if err := check(lim, n); err != nil {
+		return err
+	}
+	if lim.IsInf() || n == 0 {
+		return nil
+	}
+	if s.cache != nil {
+		s.cache.remove(key)
+	}
+	o := op{key: s.Key(key), lim: lim, n: n, mode: modeRefund}
+	if _, err := s.call(ctx, &o); err != nil {
+		return s.unavailable(ctx, err)
+	}
+	return nil
+}
+
+// Reset deletes key's bucket, which makes it full, and drops what the deny
+// cache and leases hold for key in this process. It returns an error
+// wrapping [ErrUnavailable] when Redis cannot answer.
+func (s *Store) Reset(ctx context.Context, key string) error {
+	if s.cache != nil {
+		s.cache.remove(key)
+	}
+	if s.leases != nil {
+		s.leases.remove(key)
+	}
+	if _, ok := s.br.allow(time.Now()); !ok {
+		return &unavailableError{errBreakerOpen}
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.opts.deadline)
+	defer cancel()
+	if err := s.client.Del(dctx, s.Key(key)).Err(); err != nil {
+		return s.unavailable(ctx, err)
+	}
+	return nil
+}
+
+func (s *Store) unavailable(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return &unavailableError{err}
+}
+
+// Stats counts a Store's decisions by source since New.
+type Stats struct {
+	Redis, Cache, Lease, Fallback, FailOpen, FailClosed uint64
+	// Errors counts Redis calls that failed or missed the deadline (not
+	// those the open breaker spared).
+	Errors uint64
+	// Trips counts transitions of the breaker to open.
+	Trips uint64
+	// Open reports whether the breaker is open (or half-open) now.
+	Open bool
+}
+
+// Stats returns the store's counters. It is safe to call concurrently with
+// decisions.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Redis:      s.counts[floodgate.SourceRedis].Load(),
+		Cache:      s.counts[floodgate.SourceCache].Load(),
+		Lease:      s.counts[floodgate.SourceLease].Load(),
+		Fallback:   s.counts[floodgate.SourceFallback].Load(),
+		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
+		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
+		Errors:     s.errs.Load(),
+		Trips:      s.br.trips.Load(),
+		Open:       s.br.isOpen(),
+	}
+}
