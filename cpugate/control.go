@@ -143,6 +143,7 @@ func (f Fixed) Validate() error {
 // Step returns the Control after reading r at time now.
 func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 	f = f.withDefaults()
+	c.Cooldown = f.Cooldown
 	if r.CPU >= f.Threshold || (f.SchedP99 > 0 && r.SchedP99 >= f.SchedP99) {
 		if c.State != Shedding {
 			c.State, c.Since = Shedding, now
