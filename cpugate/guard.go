@@ -53,33 +53,37 @@ func (g *SchedGuard) Sample() (Reading, error) {
 }
 
 // p99 reads the histogram and returns the 99th percentile of the counts
-// added since the previous call, as the upper bound of the bucket holding
-// it, or 0 when nothing was scheduled.
+// added since the previous call, or 0 when nothing was scheduled.
 func (g *SchedGuard) p99() time.Duration {
 	if g.prev == nil {
 		return 0
 	}
 	metrics.Read(g.sample[:])
-	h := g.sample[0].Value.Float64Histogram()
+	cur := g.sample[0].Value.Float64Histogram().Counts
+	p := p99Delta(g.buckets, g.prev, cur)
+	copy(g.prev, cur)
+	return time.Duration(p * float64(time.Second))
+}
+
+// p99Delta returns the 99th percentile of the histogram cur minus prev, as
+// the upper bound of the bucket holding it (an upper bound errs toward
+// caution), or 0 for an empty difference.
+func p99Delta(buckets []float64, prev, cur []uint64) float64 {
 	var total uint64
-	for i, c := range h.Counts {
-		total += c - g.prev[i]
+	for i, c := range cur {
+		total += c - prev[i]
 	}
 	if total == 0 {
 		return 0
 	}
 	rank := uint64(math.Ceil(0.99 * float64(total)))
 	var seen uint64
-	var p float64
-	for i, c := range h.Counts {
-		seen += c - g.prev[i]
-		if seen >= rank {
-			p = upperBound(g.buckets, i)
-			break
+	for i, c := range cur {
+		if seen += c - prev[i]; seen >= rank {
+			return upperBound(buckets, i)
 		}
 	}
-	copy(g.prev, h.Counts)
-	return time.Duration(p * float64(time.Second))
+	return 0 // unreachable: seen reaches total
 }
 
 // upperBound returns the upper bound of bucket i, or its lower bound for the

@@ -1,0 +1,168 @@
+package cpugate
+
+import (
+	"errors"
+	"math"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// burn keeps one CPU busy for d, so live samplers have something to see. It
+// spins rather than sleeps: the point is to use CPU.
+func burn(d time.Duration) {
+	x := 1.0
+	for start := time.Now(); time.Since(start) < d; {
+		for range 1000 {
+			x = math.Sqrt(x + 1)
+		}
+	}
+	runtime.KeepAlive(x)
+}
+
+func sane(t *testing.T, name string, r Reading, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: Sample() error = %v", name, err)
+	}
+	if !(r.CPU >= 0 && r.CPU <= 1) {
+		t.Errorf("%s: Sample().CPU = %v, want within [0, 1]", name, r.CPU)
+	}
+	t.Logf("%s: %+v", name, r)
+}
+
+// TestNewSamplerLive runs the chosen sampler on this machine: it must name
+// itself and read twice with sane values.
+func TestNewSamplerLive(t *testing.T) {
+	s, source, err := NewSampler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("NewSampler chose %q (%T)", source, s)
+	for range 2 {
+		burn(30 * time.Millisecond)
+		r, err := s.Sample()
+		sane(t, source, r, err)
+		if r.Source != source {
+			t.Errorf("Reading.Source = %q, want %q", r.Source, source)
+		}
+	}
+	if c, ok := s.(*CgroupSampler); ok {
+		if b := c.Budget(); !(b > 0 && b <= float64(affinityCPUs())) {
+			t.Errorf("Budget() = %v, want within (0, %d]", b, affinityCPUs())
+		}
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestCgroupSamplerLive(t *testing.T) {
+	s, err := NewCgroupSampler()
+	if errors.Is(err, ErrNoCgroup) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	burn(30 * time.Millisecond)
+	r, err := s.Sample()
+	sane(t, s.Source(), r, err)
+	t.Logf("budget %v CPUs", s.Budget())
+}
+
+func TestProcessSamplerLive(t *testing.T) {
+	s, err := NewProcessSampler()
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.CPUs(), affinityCPUs(); got != want || got < 1 {
+		t.Errorf("CPUs() = %d, want the affinity count %d", got, want)
+	}
+	burn(50 * time.Millisecond)
+	r, err := s.Sample()
+	sane(t, SourceProcess, r, err)
+	// One goroutine spun for the whole interval: at least a good part of
+	// one CPU, whatever else the machine does.
+	if min := 0.3 / float64(s.CPUs()); r.CPU < min {
+		t.Errorf("CPU = %v after spinning one CPU, want at least %v", r.CPU, min)
+	}
+}
+
+func TestHostSamplerLive(t *testing.T) {
+	s, err := NewHostSampler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn(50 * time.Millisecond) // /proc/stat moves in 10 ms ticks
+	r, err := s.Sample()
+	sane(t, SourceHost, r, err)
+}
+
+func TestSchedGuardLive(t *testing.T) {
+	inner := SamplerFunc(func() (Reading, error) { return Reading{CPU: 0.5, Source: "inner"}, nil })
+	g := NewSchedGuard(inner)
+	done := make(chan struct{})
+	for range 4 * runtime.GOMAXPROCS(0) {
+		go func() { burn(20 * time.Millisecond); done <- struct{}{} }()
+	}
+	for range 4 * runtime.GOMAXPROCS(0) {
+		<-done
+	}
+	r, err := g.Sample()
+	if err != nil || r.CPU != 0.5 || r.Source != "inner" {
+		t.Errorf("Sample() = %+v, %v, want the inner reading", r, err)
+	}
+	// More runnable goroutines than Ps for 20 ms: some waited.
+	if r.SchedP99 <= 0 {
+		t.Errorf("SchedP99 = %v after oversubscribing the scheduler, want > 0", r.SchedP99)
+	}
+	t.Logf("sched p99 %v", r.SchedP99)
+
+	failing := NewSchedGuard(SamplerFunc(func() (Reading, error) { return Reading{}, ErrNoReading }))
+	if _, err := failing.Sample(); !errors.Is(err, ErrNoReading) {
+		t.Errorf("Sample() with a failing inner sampler: error = %v, want ErrNoReading", err)
+	}
+}
+
+func TestP99Delta(t *testing.T) {
+	buckets := []float64{math.Inf(-1), 0.001, 0.002, 0.004, math.Inf(1)}
+	tests := []struct {
+		name      string
+		prev, cur []uint64
+		want      float64
+	}{
+		{"nothing new", []uint64{5, 5, 5, 5}, []uint64{5, 5, 5, 5}, 0},
+		{"all fast", []uint64{0, 0, 0, 0}, []uint64{0, 100, 0, 0}, 0.002},
+		{"1% slow is the p99", []uint64{0, 0, 0, 0}, []uint64{0, 99, 0, 1}, 0.002},
+		{"2% slow", []uint64{0, 0, 0, 0}, []uint64{0, 98, 0, 2}, 0.004},
+		{"only the delta counts", []uint64{0, 0, 0, 1000}, []uint64{0, 100, 0, 1000}, 0.002},
+		{"open last bucket reports its lower bound", []uint64{0, 0, 0, 0}, []uint64{0, 0, 0, 3}, 0.004},
+	}
+	for _, tt := range tests {
+		if got := p99Delta(buckets, tt.prev, tt.cur); got != tt.want {
+			t.Errorf("%s: p99Delta() = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestFraction(t *testing.T) {
+	tests := []struct {
+		busy, wall time.Duration
+		cpus, want float64
+	}{
+		{time.Second, time.Second, 2, 0.5},
+		{3 * time.Second, time.Second, 2, 1}, // reported as 1
+		{-time.Second, time.Second, 2, 0},    // never negative
+		{150 * time.Millisecond, time.Second, 0.5, 0.3},
+	}
+	for _, tt := range tests {
+		if got := fraction(tt.busy, tt.wall, tt.cpus); math.Abs(got-tt.want) > 1e-12 {
+			t.Errorf("fraction(%v, %v, %v) = %v, want %v", tt.busy, tt.wall, tt.cpus, got, tt.want)
+		}
+	}
+}
