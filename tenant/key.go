@@ -21,10 +21,10 @@ var ErrMalformedKey = errors.New("tenant: malformed API key: want 1 to 256 print
 // hundred nanoseconds for a typical key), which is why [Table.TenantByDigest]
 // exists for callers that can hash once and look up many times.
 func Digest(key string) [32]byte {
-	if len(key) <= MaxKeyLen {
-		// Converting a string of more than 32 bytes to []byte allocates;
-		// a copy into a stack buffer does not, and costs less than the
-		// hash.
+	if len(key) > 32 && len(key) <= MaxKeyLen {
+		// Converting a string of more than 32 bytes to []byte allocates
+		// (shorter ones use a buffer on the stack); a copy into a stack
+		// buffer does not, and costs less than the hash.
 		var buf [MaxKeyLen]byte
 		n := copy(buf[:], key)
 		return sha256.Sum256(buf[:n])
