@@ -163,15 +163,16 @@ func exists(fsys fs.FS, name string) bool {
 // readBudget returns the CPUs this cgroup may use: the smallest quota among
 // it and its ancestors, bounded by the size of its cpuset (a quota of 8 CPUs
 // on a 2-CPU cpuset is 2 CPUs). Missing files mean no limit at that level;
-// malformed ones are errors. affinity supplies the CPU count when no cpuset
-// file is readable.
-func readBudget(fsys fs.FS, p cgroupPaths, affinity func() int) (float64, error) {
+// malformed ones are errors. read returns a file's content (fs.ReadFile in
+// tests, the sampler's kept-open files in production); affinity supplies the
+// CPU count when no cpuset file is readable.
+func readBudget(read func(name string) ([]byte, error), p cgroupPaths, affinity func() int) (float64, error) {
 	budget := math.Inf(1)
 	for _, d := range p.quotaDirs {
 		var cpus float64
 		var limited bool
 		if p.version == 2 {
-			b, err := fs.ReadFile(fsys, path.Join(d, "cpu.max"))
+			b, err := read(path.Join(d, "cpu.max"))
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			} else if err != nil {
@@ -181,13 +182,13 @@ func readBudget(fsys fs.FS, p cgroupPaths, affinity func() int) (float64, error)
 				return 0, err
 			}
 		} else {
-			q, err := fs.ReadFile(fsys, path.Join(d, "cpu.cfs_quota_us"))
+			q, err := read(path.Join(d, "cpu.cfs_quota_us"))
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			} else if err != nil {
 				return 0, err
 			}
-			per, err := fs.ReadFile(fsys, path.Join(d, "cpu.cfs_period_us"))
+			per, err := read(path.Join(d, "cpu.cfs_period_us"))
 			if err != nil {
 				return 0, err
 			}
@@ -201,7 +202,7 @@ func readBudget(fsys fs.FS, p cgroupPaths, affinity func() int) (float64, error)
 	}
 	n := 0
 	for _, f := range p.cpusets {
-		b, err := fs.ReadFile(fsys, f)
+		b, err := read(f)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		} else if err != nil {
@@ -225,8 +226,9 @@ func readBudget(fsys fs.FS, p cgroupPaths, affinity func() int) (float64, error)
 // It supports cgroup v2 (cpu.stat usage_usec, cpu.max,
 // cpuset.cpus.effective) and v1 (cpuacct.usage, cpu.cfs_quota_us and
 // cpu.cfs_period_us, cpuset.cpus). The usage counter file stays open and is
-// re-read in place, with no allocation; the limits are re-read every few
-// seconds, because orchestrators resize containers while they run.
+// re-read in place, with no allocation, and so do the limit files, which are
+// re-read every few seconds because orchestrators resize containers while
+// they run.
 //
 // Usage counts every process in the cgroup, not only this one: in a
 // container that is the right measure, since they share the quota.
@@ -234,16 +236,59 @@ func readBudget(fsys fs.FS, p cgroupPaths, affinity func() int) (float64, error)
 // A CgroupSampler is not safe for concurrent use. Close releases the open
 // file.
 type CgroupSampler struct {
-	root     string
-	fsys     fs.FS
 	paths    cgroupPaths
 	source   string
-	usage    *os.File
-	buf      [512]byte
+	usage    kept
+	limits   map[string]*kept // by path; read only every limitsEvery
+	readFn   func(string) ([]byte, error)
 	budget   float64
 	limitsAt time.Time
 	last     time.Duration // cumulative usage at lastAt
 	lastAt   time.Time
+}
+
+// A kept file stays open and is re-read from offset 0: a pread costs a
+// fraction of an open, a read and a close, and allocates nothing. After a
+// failed read it is closed and reopened on the next call, in case the
+// kernel replaced it (a controller disabled and enabled again).
+type kept struct {
+	name string // OS path
+	f    *os.File
+	buf  []byte
+}
+
+func (k *kept) read() ([]byte, error) {
+	if k.f == nil {
+		f, err := os.Open(k.name)
+		if err != nil {
+			return nil, err
+		}
+		k.f = f
+		if k.buf == nil {
+			k.buf = make([]byte, 512)
+		}
+	}
+	for {
+		n, err := k.f.ReadAt(k.buf, 0)
+		if err != nil && err != io.EOF {
+			k.close()
+			return nil, err
+		}
+		if n < len(k.buf) {
+			return k.buf[:n], nil
+		}
+		// Filled the buffer: the file may be longer (a long cpu list).
+		k.buf = make([]byte, 2*len(k.buf))
+	}
+}
+
+func (k *kept) close() error {
+	if k.f == nil {
+		return nil
+	}
+	err := k.f.Close()
+	k.f = nil
+	return err
 }
 
 // NewCgroupSampler finds this process's cgroup through /proc/self/cgroup and
@@ -258,16 +303,30 @@ func NewCgroupSampler() (*CgroupSampler, error) {
 // newCgroupSampler reads the cgroup files under root, so tests can point it
 // at a fixture tree.
 func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
-	fsys := os.DirFS(root)
-	p, err := findCgroup(fsys)
+	p, err := findCgroup(os.DirFS(root))
 	if err != nil {
 		return nil, err
 	}
-	c := &CgroupSampler{root: root, fsys: fsys, paths: p, source: SourceCgroup1}
+	osPath := func(name string) string { return filepath.Join(root, filepath.FromSlash(name)) }
+	c := &CgroupSampler{
+		paths:  p,
+		source: SourceCgroup1,
+		usage:  kept{name: osPath(p.usage)},
+		limits: make(map[string]*kept),
+	}
 	if p.version == 2 {
 		c.source = SourceCgroup2
 	}
-	if c.budget, err = readBudget(fsys, p, affinityCPUs); err != nil {
+	c.readFn = func(name string) ([]byte, error) {
+		k := c.limits[name]
+		if k == nil {
+			k = &kept{name: osPath(name)}
+			c.limits[name] = k
+		}
+		return k.read()
+	}
+	if c.budget, err = readBudget(c.readFn, p, affinityCPUs); err != nil {
+		c.Close()
 		return nil, err
 	}
 	c.limitsAt = now
@@ -302,7 +361,7 @@ func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
 		return Reading{Source: c.source}, err
 	}
 	if now.Sub(c.limitsAt) >= limitsEvery {
-		if b, err := readBudget(c.fsys, c.paths, affinityCPUs); err == nil {
+		if b, err := readBudget(c.readFn, c.paths, affinityCPUs); err == nil {
 			c.budget = b
 		}
 		c.limitsAt = now
@@ -319,44 +378,32 @@ func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
 	return Reading{CPU: fraction(busy, wall, c.budget), Source: c.source}, nil
 }
 
-// readUsage returns the cgroup's cumulative CPU time. The file is opened
-// once and re-read at offset 0; after a failure it is reopened on the next
-// call, in case the kernel replaced it.
+// readUsage returns the cgroup's cumulative CPU time.
 func (c *CgroupSampler) readUsage() (time.Duration, error) {
-	if c.usage == nil {
-		f, err := os.Open(filepath.Join(c.root, filepath.FromSlash(c.paths.usage)))
-		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrNoReading, err)
-		}
-		c.usage = f
-	}
-	n, err := c.usage.ReadAt(c.buf[:], 0)
-	if err != nil && err != io.EOF {
-		c.usage.Close()
-		c.usage = nil
+	b, err := c.usage.read()
+	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrNoReading, err)
 	}
 	if c.paths.version == 2 {
-		us, err := parseCPUStat(c.buf[:n])
+		us, err := parseCPUStat(b)
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrNoReading, err)
 		}
 		return time.Duration(us) * time.Microsecond, nil
 	}
-	ns, err := parseCounter("cpuacct.usage", c.buf[:n])
+	ns, err := parseCounter("cpuacct.usage", b)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrNoReading, err)
 	}
 	return time.Duration(ns), nil
 }
 
-// Close closes the usage file. It is idempotent; a closed sampler reopens
-// the file if sampled again.
+// Close closes the files the sampler keeps open. It is idempotent; a closed
+// sampler reopens them if sampled again.
 func (c *CgroupSampler) Close() error {
-	if c.usage == nil {
-		return nil
+	errs := []error{c.usage.close()}
+	for _, k := range c.limits {
+		errs = append(errs, k.close())
 	}
-	err := c.usage.Close()
-	c.usage = nil
-	return err
+	return errors.Join(errs...)
 }

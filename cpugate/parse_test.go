@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,7 +217,7 @@ func TestFindCgroup(t *testing.T) {
 			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(cgroupPaths{})); diff != "" {
 				t.Errorf("findCgroup() mismatch (-want +got):\n%s", diff)
 			}
-			budget, err := readBudget(fsys, got, func() int { return 64 })
+			budget, err := readBudget(readFS(fsys), got, func() int { return 64 })
 			if err != nil || budget != tt.budget {
 				t.Errorf("readBudget() = %v, %v, want %v, nil", budget, err, tt.budget)
 			}
@@ -230,12 +231,16 @@ func TestReadBudgetMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readBudget(fsys, p, func() int { return 2 }); !errors.Is(err, ErrMalformed) {
+	if _, err := readBudget(readFS(fsys), p, func() int { return 2 }); !errors.Is(err, ErrMalformed) {
 		t.Errorf("readBudget(malformed) error = %v, want ErrMalformed", err)
 	}
 	if _, err := newCgroupSampler(filepath.Join(fixtures, "malformed"), time.Now()); !errors.Is(err, ErrMalformed) {
 		t.Errorf("newCgroupSampler(malformed) error = %v, want ErrMalformed", err)
 	}
+}
+
+func readFS(fsys fs.FS) func(string) ([]byte, error) {
+	return func(name string) ([]byte, error) { return fs.ReadFile(fsys, name) }
 }
 
 // copyTree copies a fixture tree to a temporary directory, so a test can
@@ -376,5 +381,24 @@ func TestCgroupSamplerV1(t *testing.T) {
 	s.Close() // drop the open file, as if the kernel had removed the cgroup
 	if _, err := s.SampleAt(t0.Add(time.Second)); !errors.Is(err, ErrNoReading) {
 		t.Errorf("SampleAt(missing file) error = %v, want ErrNoReading", err)
+	}
+}
+
+func TestKeptFile(t *testing.T) {
+	name := filepath.Join(t.TempDir(), "cpuset.cpus")
+	long := strings.Repeat("0-1,", 300) + "2\n" // longer than the first buffer
+	if err := os.WriteFile(name, []byte(long), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := kept{name: name}
+	defer k.close()
+	for range 2 { // the second read reuses the open file and the grown buffer
+		b, err := k.read()
+		if err != nil || string(b) != long {
+			t.Fatalf("read() = %d bytes, %v, want the whole %d-byte file", len(b), err, len(long))
+		}
+	}
+	if _, err := (&kept{name: name + ".missing"}).read(); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("read(missing) error = %v, want fs.ErrNotExist", err)
 	}
 }
