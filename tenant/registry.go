@@ -108,7 +108,8 @@ func (r *Registry) Set(t *Table) {
 // Load reads, parses and compiles the config at path and puts it in force.
 // On error the table in force stays and the error says why (a
 // [*ConfigError] for an invalid config). The file's name in messages is
-// path as given.
+// path as given. Loading the content already in force from the same path
+// does nothing and reports nothing.
 func (r *Registry) Load(path string) error {
 	data, err := readConfig(path)
 	if err != nil {
