@@ -231,11 +231,12 @@ func (d *decoder) keys(n *yaml.Node, path string) []string {
 		d.p.lines[ip] = item.Line
 		if item.Kind != yaml.ScalarNode || item.ShortTag() != "!!str" {
 			if !d.alias(item, ip) {
+				d.p.broken[ip] = true
 				d.p.add(ip, "must be a string: a SHA-256 hex digest")
 			}
 			// Keep the index stable so later messages point at the
 			// right item.
-			keys = append(keys, skipKey)
+			keys = append(keys, "")
 			continue
 		}
 		keys = append(keys, item.Value)

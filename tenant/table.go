@@ -192,8 +192,9 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 		}
 		tn := &Tenant{id: id, tier: spec.Tier, rules: rs}
 		for _, k := range spec.Keys {
-			d, _ := parseDigest(k) // validated
-			t.byDigest[d] = tn
+			if d, ok := parseDigest(k); ok { // always, after validation
+				t.byDigest[d] = tn
+			}
 		}
 		t.byID[id] = tn
 		t.tenants = append(t.tenants, tn)

@@ -10,10 +10,6 @@ import (
 	"github.com/floodgate-go/floodgate"
 )
 
-// skipKey stands in for a keys item that decoding already reported, so that
-// validation does not report it again.
-const skipKey = "\x00"
-
 const maxNameLen = 64
 
 // validate reports every problem in cfg that does not need resolution.
@@ -51,10 +47,10 @@ func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map
 	}
 	checkLevel(p, path, t.Default, t.Methods)
 	for i, k := range t.Keys {
-		if k == skipKey {
-			continue
-		}
 		kp := indexPath(fieldPath(path, "keys"), i)
+		if p.broken[kp] {
+			continue // decoding reported it
+		}
 		d, ok := parseDigest(k)
 		if !ok {
 			// Never quote the value: it may well be the key itself.
