@@ -72,6 +72,8 @@ type Gate struct {
 
 	running atomic.Bool
 
+	sampleMu sync.Mutex // serializes sampler calls: samplers are not concurrent-safe
+
 	mu      sync.Mutex // guards below; never held while calling out
 	ctl     Control
 	snap    Snapshot
@@ -213,7 +215,9 @@ func (g *Gate) Run(ctx context.Context) error {
 // nothing else. Use it to drive the gate from a loop of your own, or with a
 // scripted [SamplerFunc] and explicit times in tests.
 func (g *Gate) SampleAt(now time.Time) error {
+	g.sampleMu.Lock()
 	r, err := g.sampler.Sample()
+	g.sampleMu.Unlock()
 	if err != nil {
 		g.fail(err, now)
 		return err
