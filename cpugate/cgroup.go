@@ -327,7 +327,10 @@ func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
 	}
 	if c.budget, err = readBudget(c.readFn, p, affinityCPUs); err != nil {
 		c.Close()
-		return nil, err
+		if errors.Is(err, ErrMalformed) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: reading limits: %w", ErrNoCgroup, err)
 	}
 	c.limitsAt = now
 	u, err := c.readUsage()

@@ -42,7 +42,8 @@ type Control struct {
 	// Level is the scale while Shedding or Ramping. In Open the scale is 1
 	// whatever Level holds; use [Control.Scale].
 	Level float64
-	// LastHot is the time of the last hot sample: the cooldown runs from it.
+	// LastHot is the time of the last hot reading (for [Adaptive], also of
+	// the last warm one while Shedding): the cooldown runs from it.
 	LastHot time.Time
 	// LastCut is the time of the last multiplicative cut ([Adaptive]).
 	LastCut time.Time
@@ -292,7 +293,9 @@ func (a Adaptive) Validate() error {
 // Step returns the Control after reading r at time now.
 func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 	a = a.withDefaults()
-	if c.Cooldown == 0 || (!c.LastHot.IsZero() && now.Sub(c.LastHot) >= a.Calm) {
+	// Reset only outside Shedding, so a long doubled cooldown is never cut
+	// short while it is being waited out.
+	if c.Cooldown == 0 || (c.State != Shedding && !c.LastHot.IsZero() && now.Sub(c.LastHot) >= a.Calm) {
 		c.Cooldown = a.Cooldown
 	}
 	hot := r.CPU >= a.Enter || (a.SchedP99 > 0 && r.SchedP99 >= a.SchedP99)

@@ -42,9 +42,9 @@
 // [Adaptive] searches for the level the server can carry: it enters at 80%
 // and recovers only below 65% (hysteresis), cuts the scale by half and then
 // by a quarter at most once a second down to a floor of 0.2, waits out a
-// cooldown from the last reading at or above 65%, and ramps back by 5 points every
-// 500 ms. Re-entering soon after recovering doubles the cooldown (capped), and
-// a calm minute resets it. Under sustained overload it settles with the CPU
+// cooldown from the last reading at or above 65%, and ramps back by 5
+// points every 500 ms. Re-entering soon after recovering doubles the
+// cooldown (capped), and a calm minute resets it. Under sustained overload it settles with the CPU
 // between the two marks instead of oscillating. [Fixed] is the default; the
 // project's benchmarks decide when Adaptive becomes it.
 //
