@@ -52,9 +52,11 @@ type Snapshot struct {
 }
 
 // A Gate turns CPU readings into one scale that every limit is multiplied
-// by. It samples only when driven: by [Gate.Run], the caller's loop, or by
-// [Gate.SampleAt] and [Gate.Observe] for tests and custom loops. Nothing runs
-// in the background on its own.
+// by, in (0, 1]: 1 means full limits. The scale changes only when a reading
+// is observed, as its [Policy] decides; a failed sample changes nothing but
+// the failure count. The gate samples only when driven: by [Gate.Run], the
+// caller's loop, or by [Gate.SampleAt] and [Gate.Observe] for tests and
+// custom loops. Nothing runs in the background on its own.
 //
 // [Gate.Scale], [Gate.State] and [Gate.Apply] are one atomic load each and
 // safe to call from any number of goroutines; they are meant for the request

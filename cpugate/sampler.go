@@ -117,3 +117,13 @@ func NewSampler() (s Sampler, source string, err error) {
 	}
 	return h, SourceHost, nil
 }
+
+var (
+	_ Sampler = SamplerFunc(nil)
+	_ Sampler = (*CgroupSampler)(nil)
+	_ Sampler = (*ProcessSampler)(nil)
+	_ Sampler = (*HostSampler)(nil)
+	_ Sampler = (*SchedGuard)(nil)
+	_ Policy  = Fixed{}
+	_ Policy  = Adaptive{}
+)
