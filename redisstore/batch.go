@@ -146,8 +146,8 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 
 func groupArgs(ops []*op, idx []int, now int64) ([]string, []any) {
 	keys := make([]string, len(idx))
-	args := make([]any, 0, 2+5*len(idx))
-	args = append(args, now, maxTTLArg)
+	args := make([]any, 0, 3+5*len(idx))
+	args = appendHead(args, now)
 	for i, j := range idx {
 		keys[i] = ops[j].key
 		args = ops[j].appendArgs(args)

@@ -15,7 +15,8 @@ import (
 // one call; a lone decision is a batch of one.
 //
 // KEYS[i] is the i-th bucket. ARGV[1] is the time in µs, or -1 to read the
-// server's TIME. Then five arguments per decision: rate (tokens per second,
+// server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms added to
+// every TTL (see clockSlack). Then five arguments per decision: rate (tokens per second,
 // which is also micro-tokens per µs), burst (tokens), n (tokens), mode and
 // min. Modes: 0 takes n, 1 peeks, 2 refunds n, 3 leases: takes as many whole
 // tokens as the bucket holds, at most n and at least min.
@@ -25,21 +26,23 @@ import (
 // missing bucket is full. Refill rounds down. Time never moves backwards:
 // a bucket counted at a later time than now keeps its time. Only takes,
 // leases and refunds write, always with a TTL: the time until the bucket is
-// full again, at least 1 ms (after which a missing key means the same thing),
-// at most ARGV[2] ms.
+// full again plus ARGV[3], at least 1 ms and at most ARGV[2] ms. Once a
+// bucket is full, a missing key means the same thing, so the TTL may run
+// late but must not run early.
 //
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
 // micro-tokens after the decision, and the whole tokens taken.
 const bucketLua = `
 local now = tonumber(ARGV[1])
 local maxttl = tonumber(ARGV[2])
+local slack = tonumber(ARGV[3])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local out = {}
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 5
+  local a = 3 + (i - 1) * 5
   local rate = tonumber(ARGV[a + 1])
   local burst = tonumber(ARGV[a + 2]) * 1000000
   local n = tonumber(ARGV[a + 3]) * 1000000
@@ -100,7 +103,7 @@ for i = 1, #KEYS do
   if write then
     local ttl = maxttl
     if rate > 0 then
-      ttl = math.ceil((burst - tokens) / rate / 1000)
+      ttl = math.ceil((burst - tokens) / rate / 1000) + slack
       if ttl < 1 then
         ttl = 1
       elseif ttl > maxttl then
@@ -122,6 +125,15 @@ return out
 const maxTTL = 400 * 24 * time.Hour
 
 var maxTTLArg = strconv.FormatInt(maxTTL.Milliseconds(), 10)
+
+// clockSlack is added to TTLs in client-clock mode. Keys expire on Redis's
+// clock, but buckets refill on the clients': a client clock δ behind Redis's
+// would see a key vanish δ before its bucket is full, and a fresh full
+// bucket would over-admit. The slack absorbs skews up to 1 s; lingering
+// full buckets cost only memory.
+const clockSlack = time.Second
+
+var slackArgs = [2]string{"0", strconv.FormatInt(clockSlack.Milliseconds(), 10)}
 
 var bucketScript = redis.NewScript(bucketLua)
 
@@ -164,8 +176,8 @@ func isNoScript(err error) bool {
 // Cluster.
 func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int64, error) {
 	keys := make([]string, len(ops))
-	args := make([]any, 0, 2+5*len(ops))
-	args = append(args, now, maxTTLArg)
+	args := make([]any, 0, 3+5*len(ops))
+	args = appendHead(args, now)
 	for i, o := range ops {
 		keys[i] = o.key
 		args = o.appendArgs(args)
@@ -175,6 +187,16 @@ func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int
 		cmd = c.Eval(ctx, bucketLua, keys, args...)
 	}
 	return cmd.Int64Slice()
+}
+
+// appendHead appends the script's first arguments: the time, the longest
+// TTL, and the TTL slack (none on the server's clock).
+func appendHead(args []any, now int64) []any {
+	slack := slackArgs[0]
+	if now >= 0 {
+		slack = slackArgs[1]
+	}
+	return append(args, now, maxTTLArg, slack)
 }
 
 // parse reads the i-th reply out of vals.

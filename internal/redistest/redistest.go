@@ -191,14 +191,32 @@ func (s *Server) Kill() {
 	<-exited
 }
 
-// Stop sends SIGSTOP: the server keeps its sockets open but answers nothing,
-// like a hung host.
+// Stop sends SIGSTOP and waits until the process is stopped: the server
+// keeps its sockets open but answers nothing, like a hung host.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && !s.stopped {
 		s.cmd.Process.Signal(syscall.SIGSTOP)
 		s.stopped = true
+		waitState(s.cmd.Process.Pid, 'T')
+	}
+}
+
+// waitState waits up to a second for /proc to show pid in state: a signal
+// is delivered asynchronously, and a running server may answer a few more
+// commands after kill(2) returns.
+func waitState(pid int, state byte) {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return // not Linux, or gone
+		}
+		// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == state {
+			return
+		}
 	}
 }
 

@@ -1,0 +1,195 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/redistest"
+	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// margin is what a decision may take beyond the store's deadline: timer and
+// scheduling slack on two shared cores under the race detector.
+const margin = 25 * time.Millisecond
+
+// TestRedisFailure puts a store under load, kills (SIGKILL) or hangs
+// (SIGSTOP) its Redis, then restarts or resumes it. Every decision must
+// return within the deadline plus the margin, decisions made while Redis is
+// away must follow the policy, the breaker must open, and Redis must decide
+// again after recovery.
+func TestRedisFailure(t *testing.T) {
+	policies := []redisstore.Policy{redisstore.Local, redisstore.Open, redisstore.Closed}
+	i := 0
+	for _, fault := range []string{"kill", "stop"} {
+		for _, p := range policies {
+			batched := i%2 == 1
+			i++
+			t.Run(fmt.Sprintf("%s/%v/batched=%v", fault, p, batched), func(t *testing.T) {
+				srv := redistest.Start(t)
+				c := newClient(t, srv.Addr)
+				failureRun(t, srv, c, fault, p, batched)
+			})
+		}
+	}
+}
+
+// TestRedisFailureIgnoredDeadline is the hang with a client that ignores
+// context deadlines (ContextTimeoutEnabled false, go-redis's default): the
+// store still returns within its deadline.
+func TestRedisFailureIgnoredDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() {
+		srv.Cont()
+		c.Close()
+	})
+	failureRun(t, srv, c, "stop", redisstore.Local, false)
+}
+
+func failureRun(t *testing.T, srv *redistest.Server, c redis.UniversalClient, fault string, p redisstore.Policy, batched bool) {
+	const deadline = 30 * time.Millisecond
+	const cooldown = 200 * time.Millisecond
+	opts := []redisstore.Option{
+		redisstore.WithDeadline(deadline),
+		redisstore.WithBreaker(3, cooldown),
+		redisstore.WithFailurePolicy(p),
+		redisstore.WithLocalDivisor(2),
+	}
+	if batched {
+		opts = append(opts, redisstore.WithBatching(32))
+	}
+	s := newStore(t, c, opts...)
+	lim := floodgate.PerSecond(200, 20)
+	local := lim.Scale(0.5)
+
+	var phase atomic.Int32 // 0 healthy, 1 Redis away, 2 recovered
+	var slowest atomic.Int64
+	var redisAfter, awayDecisions atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("k%d", g%4)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ph := phase.Load()
+				t0 := time.Now()
+				res, err := s.TakeN(context.Background(), key, lim, 1)
+				d := time.Since(t0)
+				for {
+					old := slowest.Load()
+					if int64(d) <= old || slowest.CompareAndSwap(old, int64(d)) {
+						break
+					}
+				}
+				if err != nil {
+					t.Errorf("TakeN error %v", err)
+					return
+				}
+				if ph == 1 && phase.Load() != 1 {
+					ph = 0 // Redis came back during the call
+				}
+				switch ph {
+				case 1:
+					awayDecisions.Add(1)
+					ok := false
+					switch p {
+					case redisstore.Local:
+						ok = res.Source == floodgate.SourceFallback && res.Limit == local
+					case redisstore.Open:
+						ok = res.Source == floodgate.SourceFailOpen && res.Allowed
+					case redisstore.Closed:
+						ok = res.Source == floodgate.SourceFailClosed && !res.Allowed && res.RetryAfter > 0
+					}
+					if !ok {
+						t.Errorf("with Redis away, policy %v decided %+v", p, res)
+						return
+					}
+				case 2:
+					if res.Source == floodgate.SourceRedis {
+						redisAfter.Add(1)
+					}
+				}
+				if res.Source != floodgate.SourceRedis || !res.Allowed {
+					time.Sleep(200 * time.Microsecond) // keep the load bounded
+				}
+			}
+		}()
+	}
+	var lag atomic.Int64 // the worst oversleep of a 1 ms sleep: scheduler stalls
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			t0 := time.Now()
+			time.Sleep(time.Millisecond)
+			if d := int64(time.Since(t0) - time.Millisecond); d > lag.Load() {
+				lag.Store(d)
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if got := s.Stats().Redis; got == 0 {
+		t.Errorf("no Redis decisions before the fault")
+	}
+	switch fault {
+	case "kill":
+		srv.Kill()
+	case "stop":
+		srv.Stop()
+	}
+	phase.Store(1)
+	time.Sleep(700 * time.Millisecond)
+	st := s.Stats()
+	if !st.Open || st.Trips == 0 {
+		t.Errorf("with Redis away for 700ms, breaker open %v after %d trips, want open", st.Open, st.Trips)
+	}
+	phase.Store(0) // the recovery itself is racy: check nothing during it
+	switch fault {
+	case "kill":
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	case "stop":
+		srv.Cont()
+	}
+	phase.Store(2)
+	for end := time.Now().Add(3 * time.Second); redisAfter.Load() < 10 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if redisAfter.Load() < 10 {
+		t.Errorf("Redis decided %d times within 3s of recovery, want ≥ 10", redisAfter.Load())
+	}
+	if s.Stats().Open {
+		t.Errorf("breaker still open after recovery")
+	}
+	if awayDecisions.Load() == 0 {
+		t.Errorf("no decisions while Redis was away")
+	}
+	// A stall of the whole process (two shared cores, other processes busy)
+	// delays decisions whatever the store does: it is measured and allowed.
+	stall := time.Duration(lag.Load())
+	if got := time.Duration(slowest.Load()); got > deadline+margin+stall {
+		t.Errorf("slowest decision took %v, want ≤ deadline %v + %v (+ %v scheduler stall)", got, deadline, margin, stall)
+	}
+	t.Logf("slowest decision %v (worst scheduler stall %v); stats %+v", time.Duration(slowest.Load()), stall, s.Stats())
+}

@@ -1,0 +1,512 @@
+package redisstore_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/redistest"
+	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestNewValidates(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, tc := range []struct {
+		name string
+		opt  redisstore.Option
+		want string
+	}{
+		{"empty prefix", redisstore.WithPrefix(""), "prefix"},
+		{"brace in prefix", redisstore.WithPrefix("a{b"), "prefix"},
+		{"brace in name", redisstore.WithName("x}"), "name"},
+		{"zero deadline", redisstore.WithDeadline(0), "deadline"},
+		{"policy", redisstore.WithFailurePolicy(9), "policy"},
+		{"divisor", redisstore.WithLocalDivisor(0.5), "divisor"},
+		{"breaker failures", redisstore.WithBreaker(0, time.Second), "failures"},
+		{"breaker cooldown", redisstore.WithBreaker(3, 0), "cooldown"},
+		{"batch", redisstore.WithBatching(-1), "batch"},
+		{"cache", redisstore.WithDenyCache(-1), "cache"},
+		{"lease keys", redisstore.WithLeases(time.Second, 0), "lease"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := redisstore.New(c, tc.opt)
+			if err == nil || !strings.HasPrefix(err.Error(), "redisstore: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New(%s) error = %v, want a redisstore error naming %q", tc.name, err, tc.want)
+			}
+		})
+	}
+	if _, err := redisstore.New(nil); err == nil {
+		t.Error("New(nil) succeeded")
+	}
+	if _, err := redisstore.New(c); err != nil {
+		t.Errorf("New() with defaults: %v", err)
+	}
+}
+
+func TestKeyLayout(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	s, err := redisstore.New(c, redisstore.WithPrefix("rl"), redisstore.WithName("push"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subject, want := range map[string]string{
+		"user:42":  "rl:{user:42}:push",
+		"":         "rl:{}:push",
+		"a}{b":     "rl:{a%7D%7Bb}:push",
+		"{x}":      "rl:{%7Bx%7D}:push",
+		"100%":     "rl:{100%25}:push",
+		"%7B":      "rl:{%257B}:push",
+		"tenant/é": "rl:{tenant/é}:push",
+	} {
+		if got := s.Key(subject); got != want {
+			t.Errorf("Key(%q) = %q, want %q", subject, got, want)
+		}
+	}
+}
+
+// TestTTLInvariants checks that every key the store writes has an expiry no
+// longer than the time until its bucket is full (plus rounding and, on a
+// client clock, the skew slack of 1 s).
+func TestTTLInvariants(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	limits := []floodgate.Limit{
+		floodgate.PerSecond(10, 5), floodgate.PerSecond(0, 3), floodgate.PerSecond(1e6, 1000),
+		floodgate.PerSecond(0.001, 2), floodgate.PerSecond(5000, 1),
+	}
+	for i := range 200 {
+		lim := limits[i%len(limits)]
+		key := string(rune('a' + i%7))
+		res, err := s.TakeN(bg, key, lim, 1+i%3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%5 == 0 {
+			s.Refund(bg, key, lim, 1)
+		}
+		clock.Advance(time.Duration(i%4) * 300 * time.Microsecond)
+		if res.Allowed {
+			pttl, err := c.PTTL(bg, s.Key(key)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl == -1 { // -2 (gone) happens with 1 ms TTLs
+				t.Fatalf("after TakeN(%v) the key has PTTL %v", lim, pttl)
+			}
+			if res.ResetAfter != floodgate.Never && pttl > res.ResetAfter+time.Second+time.Millisecond {
+				t.Fatalf("after TakeN(%v) PTTL %v exceeds ResetAfter %v", lim, pttl, res.ResetAfter)
+			}
+		}
+	}
+	var cursor uint64
+	seen := 0
+	for {
+		keys, next, err := c.Scan(bg, cursor, s.Key("*"), 100).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			seen++
+			if pttl := c.PTTL(bg, k).Val(); pttl == -1 {
+				t.Errorf("key %s has no expiry", k)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	if seen == 0 {
+		t.Error("no keys written")
+	}
+}
+
+func TestPeekRefundReset(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	lim := floodgate.PerSecond(1, 10)
+	if res, err := s.TakeN(bg, "k", lim, 7); err != nil || !res.Allowed || res.Remaining != 3 {
+		t.Fatalf("TakeN(7) = %+v, %v, want allowed, 3 left", res, err)
+	}
+	res, err := s.Peek(bg, "k", lim)
+	if err != nil || res.Remaining != 3 || res.ResetAfter != 7*time.Second {
+		t.Fatalf("Peek = %+v, %v, want 3 left, full in 7s", res, err)
+	}
+	if err := s.Refund(bg, "k", lim, 2); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := s.Peek(bg, "k", lim); res.Remaining != 5 {
+		t.Fatalf("Peek after Refund(2) = %+v, want 5 left", res)
+	}
+	if err := s.Refund(bg, "k", lim, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(bg, s.Key("k")).Val(); n != 0 {
+		t.Errorf("a refund to full left the key")
+	}
+	s.TakeN(bg, "k", lim, 10)
+	if err := s.Reset(bg, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := s.Peek(bg, "k", lim); res.Remaining != 10 {
+		t.Fatalf("Peek after Reset = %+v, want full", res)
+	}
+	if err := s.Refund(bg, "k", lim, -1); err != redisstore.ErrNegativeN {
+		t.Errorf("Refund(-1) = %v, want ErrNegativeN", err)
+	}
+}
+
+// TestServerClock runs on Redis TIME: a drained bucket refills in real time.
+func TestServerClock(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	s := newStore(t, c)
+	lim := floodgate.PerSecond(1000, 10)
+	res, err := s.TakeN(bg, "k", lim, 10)
+	if err != nil || !res.Allowed {
+		t.Fatalf("TakeN(10) = %+v, %v", res, err)
+	}
+	res, _ = s.TakeN(bg, "k", lim, 10)
+	if res.Allowed || res.RetryAfter <= 0 || res.RetryAfter > 10*time.Millisecond {
+		t.Fatalf("second TakeN(10) = %+v, want a denial with a retry within 10ms", res)
+	}
+	if err := floodgate.Wait(bg, s, "k", lim, 10); err != nil {
+		t.Fatalf("Wait = %v", err)
+	}
+}
+
+// TestConcurrentClients hammers one key from several clients (each with its
+// own connections) for about a second and checks that admissions stay
+// within burst + rate·t, and that batching changes nothing about that.
+func TestConcurrentClients(t *testing.T) {
+	srv := sharedServer(t)
+	for _, batched := range []bool{false, true} {
+		name := "single"
+		if batched {
+			name = "batched"
+		}
+		t.Run(name, func(t *testing.T) {
+			lim := floodgate.PerSecond(500, 50)
+			pfx := prefix(t)
+			var admitted, denied atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			stop := start.Add(time.Second)
+			for range 4 {
+				c := newClient(t, srv.Addr)
+				opts := []redisstore.Option{redisstore.WithPrefix(pfx), redisstore.WithDeadline(5 * time.Second)}
+				if batched {
+					opts = append(opts, redisstore.WithBatching(64))
+				}
+				s, err := redisstore.New(c, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(stop) {
+							res, err := s.TakeN(bg, "hot", lim, 1)
+							if err != nil || res.Source != floodgate.SourceRedis {
+								t.Errorf("TakeN = %+v, %v", res, err)
+								return
+							}
+							if res.Allowed {
+								admitted.Add(1)
+							} else {
+								denied.Add(1)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			bound := float64(lim.Burst) + lim.Rate*elapsed.Seconds()
+			if got := float64(admitted.Load()); got > bound {
+				t.Errorf("admitted %v in %v, more than burst + rate·t = %v", got, elapsed, bound)
+			}
+			if denied.Load() == 0 {
+				t.Errorf("no denials: the load did not reach the limit")
+			}
+			t.Logf("admitted %d, denied %d in %v (bound %.0f)", admitted.Load(), denied.Load(), elapsed, bound)
+		})
+	}
+}
+
+// TestBatchedExact fires many concurrent takes at one fixed instant: exactly
+// burst of them succeed, whatever the batching.
+func TestBatchedExact(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithBatching(16))
+	lim := floodgate.PerSecond(1, 100)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				key := "k" + string(rune('a'+(g+i)%3))
+				res, err := s.TakeN(bg, key, lim, 1)
+				if err != nil || res.Source != floodgate.SourceRedis {
+					t.Errorf("TakeN = %+v, %v", res, err)
+					return
+				}
+				if res.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got, want := admitted.Load(), int64(3*lim.Burst); got != want {
+		t.Errorf("admitted %d of 500 takes on 3 buckets of %d, want %d", got, lim.Burst, want)
+	}
+}
+
+// TestScriptFlushUnderLoad flushes the script cache repeatedly while
+// decisions run, per request and batched: none may fail.
+func TestScriptFlushUnderLoad(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	var errs atomic.Int64
+	onErr := redisstore.WithOnError(func(error) { errs.Add(1) })
+	single := newStore(t, c, onErr)
+	batched := newStore(t, c, onErr, redisstore.WithBatching(32))
+	lim := floodgate.PerSecond(1e6, 1000)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var decisions atomic.Int64
+	for g := range 8 {
+		s := single
+		if g%2 == 1 {
+			s = batched
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				res, err := s.TakeN(bg, "k"+string(rune('a'+i%5)), lim, 1)
+				if err != nil || res.Source != floodgate.SourceRedis {
+					t.Errorf("TakeN = %+v, %v", res, err)
+					return
+				}
+				decisions.Add(1)
+			}
+		}()
+	}
+	for range 20 {
+		time.Sleep(20 * time.Millisecond)
+		if err := c.ScriptFlush(bg).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if errs.Load() != 0 {
+		t.Errorf("%d errors under SCRIPT FLUSH", errs.Load())
+	}
+	if decisions.Load() == 0 {
+		t.Error("no decisions")
+	}
+}
+
+func TestDenyCache(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithDenyCache(2))
+	lim := floodgate.PerSecond(10, 5)
+	s.TakeN(bg, "k", lim, 5)
+	res, _ := s.TakeN(bg, "k", lim, 2)
+	if res.Allowed || res.Source != floodgate.SourceRedis || res.RetryAfter != 200*time.Millisecond {
+		t.Fatalf("TakeN(2) on an empty bucket = %+v, want a Redis denial, retry 200ms", res)
+	}
+	clock.Advance(50 * time.Millisecond)
+	res, _ = s.TakeN(bg, "k", lim, 2)
+	if res.Allowed || res.Source != floodgate.SourceCache || res.RetryAfter != 150*time.Millisecond {
+		t.Fatalf("TakeN(2) 50ms later = %+v, want a cached denial, retry 150ms", res)
+	}
+	clock.Advance(60 * time.Millisecond) // 1.1 tokens: 1 fits, so Redis decides
+	res, _ = s.TakeN(bg, "k", lim, 1)
+	if !res.Allowed || res.Source != floodgate.SourceRedis {
+		t.Fatalf("TakeN(1) with 1.1 tokens = %+v, want allowed by Redis", res)
+	}
+	// Bounded: more denied keys than the size still work.
+	for _, k := range []string{"x", "y", "z"} {
+		s.TakeN(bg, k, lim, 5)
+		s.TakeN(bg, k, lim, 5)
+	}
+	st := s.Stats()
+	if st.Cache != 1 {
+		t.Errorf("Stats().Cache = %d, want 1", st.Cache)
+	}
+}
+
+func TestLeases(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithLeases(100*time.Millisecond, 10))
+	lim := floodgate.PerSecond(100, 50) // a lease is 100/s × 100ms = 10 tokens
+	var sources [8]int
+	for range 12 {
+		res, err := s.TakeN(bg, "hot", lim, 1)
+		if err != nil || !res.Allowed {
+			t.Fatalf("TakeN = %+v, %v", res, err)
+		}
+		sources[res.Source]++
+	}
+	// 1st: plain take; 2nd: hot, leases 1+10; 3rd..12th: spend the 10.
+	if sources[floodgate.SourceRedis] != 2 || sources[floodgate.SourceLease] != 10 {
+		t.Errorf("sources = redis %d, lease %d, want 2 and 10", sources[floodgate.SourceRedis], sources[floodgate.SourceLease])
+	}
+	if res, _ := s.Peek(bg, "hot", lim); res.Remaining != 50-12 {
+		t.Errorf("shared bucket has %d left, want %d", res.Remaining, 50-12)
+	}
+	// An expired lease is not spent.
+	s.TakeN(bg, "hot", lim, 1) // leases 10 more
+	clock.Advance(101 * time.Millisecond)
+	if res, _ := s.TakeN(bg, "hot", lim, 1); res.Source == floodgate.SourceLease {
+		t.Errorf("TakeN after the lease expired = %+v, want not from the lease", res)
+	}
+}
+
+// TestLeaseBound checks the documented bound under concurrency from several
+// stores on real time: admitted ≤ burst + rate·(t + lease time).
+func TestLeaseBound(t *testing.T) {
+	srv := sharedServer(t)
+	pfx := prefix(t)
+	lim := floodgate.PerSecond(1000, 20)
+	lease := 20 * time.Millisecond
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(700 * time.Millisecond)
+	for range 3 {
+		s, err := redisstore.New(newClient(t, srv.Addr), redisstore.WithPrefix(pfx), redisstore.WithLeases(lease, 100), redisstore.WithDeadline(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					if res, _ := s.TakeN(bg, "hot", lim, 1); res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := float64(lim.Burst) + lim.Rate*(elapsed+lease).Seconds()
+	if got := float64(admitted.Load()); got > bound {
+		t.Errorf("admitted %v in %v, more than burst + rate·(t+lease) = %v", got, elapsed, bound)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 cl.Addrs,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+	})
+	t.Cleanup(func() { c.Close() })
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	onErr := redisstore.WithOnError(func(err error) {
+		errs.Add(1)
+		firstErr.CompareAndSwap(nil, err)
+	})
+	lim := floodgate.PerSecond(1, 3)
+	for _, batched := range []bool{false, true} {
+		opts := []redisstore.Option{onErr, redisstore.WithDeadline(time.Second)}
+		if batched {
+			opts = append(opts, redisstore.WithBatching(64))
+		}
+		s := newStore(t, c, opts...)
+		var wg sync.WaitGroup
+		var admitted atomic.Int64
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					key := fmt.Sprintf("user%03d", (g*50+i)%200)
+					res, err := s.TakeN(bg, key, lim, 1)
+					if err != nil || res.Source != floodgate.SourceRedis {
+						t.Errorf("TakeN(%q) = %+v, %v", key, res, err)
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// 200 keys × burst 3 = 600 tokens, 800 takes within well under a second.
+		if got := admitted.Load(); got < 600 || got > 600+200 {
+			t.Errorf("batched=%v: admitted %d, want about 600", batched, got)
+		}
+		perNode := map[string]int{}
+		for i := range 200 {
+			key := s.Key(fmt.Sprintf("user%03d", i))
+			if c.Exists(bg, key).Val() != 1 {
+				t.Errorf("key %s missing", key)
+			}
+			node, err := c.MasterForKey(bg, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			perNode[node.Options().Addr]++
+		}
+		if len(perNode) != 3 {
+			t.Errorf("keys on %d nodes, want 3: %v", len(perNode), perNode)
+		}
+	}
+	if errs.Load() != 0 {
+		t.Errorf("%d Redis errors, first: %v", errs.Load(), firstErr.Load())
+	}
+}
+
+func TestUnavailableErrors(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	s := newStore(t, c, redisstore.WithDeadline(20*time.Millisecond))
+	srv.Kill()
+	lim := floodgate.PerSecond(1, 1)
+	if _, err := s.Peek(bg, "k", lim); !errors.Is(err, redisstore.ErrUnavailable) || err.Error() != "redisstore: redis unavailable" {
+		t.Errorf("Peek with Redis down = %v, want ErrUnavailable with a fixed text", err)
+	}
+	if err := s.Refund(bg, "k", lim, 1); !errors.Is(err, redisstore.ErrUnavailable) {
+		t.Errorf("Refund with Redis down = %v, want ErrUnavailable", err)
+	}
+	if err := s.Reset(bg, "k"); !errors.Is(err, redisstore.ErrUnavailable) {
+		t.Errorf("Reset with Redis down = %v, want ErrUnavailable", err)
+	}
+}
