@@ -234,7 +234,7 @@ func readBudget(read func(name string) ([]byte, error), p cgroupPaths, affinity 
 // container that is the right measure, since they share the quota.
 //
 // A CgroupSampler is not safe for concurrent use. Close releases the open
-// file.
+// files.
 type CgroupSampler struct {
 	paths    cgroupPaths
 	source   string
