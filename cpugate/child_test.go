@@ -93,12 +93,14 @@ func TestCgroupChildHelper(t *testing.T) {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewCgroupSampler()
+	// Both measures cover the same interval, from start to end, so the
+	// readings differ only by the instants between the two counters' reads.
+	start := time.Now()
+	s, err := newCgroupSampler("/", start)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	start := time.Now()
 	own0, err := processCPUTime()
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +110,8 @@ func TestCgroupChildHelper(t *testing.T) {
 		wg.Go(func() { burn(400 * time.Millisecond) })
 	}
 	wg.Wait()
-	r, err := s.Sample()
+	end := time.Now()
+	r, err := s.SampleAt(end)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +119,6 @@ func TestCgroupChildHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := fraction(own1-own0, time.Since(start), s.Budget())
+	own := fraction(own1-own0, end.Sub(start), s.Budget())
 	fmt.Printf("cgroup-child budget=%g cpu=%g own=%g source=%s\n", s.Budget(), r.CPU, own, r.Source)
 }

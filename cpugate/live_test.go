@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// burn keeps one CPU busy for d, so live samplers have something to see. It
-// spins rather than sleeps: the point is to use CPU.
+// burn keeps one CPU busy for d of wall time, so live samplers have
+// something to see. It spins rather than sleeps: the point is to use CPU.
 func burn(d time.Duration) {
 	x := 1.0
 	for start := time.Now(); time.Since(start) < d; {
@@ -18,6 +18,22 @@ func burn(d time.Duration) {
 		}
 	}
 	runtime.KeepAlive(x)
+}
+
+// burnCPU spins until this process has used d more CPU time. On a shared
+// machine that may take longer than d; the CPU time is what is certain.
+func burnCPU(t *testing.T, d time.Duration) {
+	t.Helper()
+	start, err := processCPUTime()
+	if err != nil {
+		t.Skip(err)
+	}
+	for {
+		burn(time.Millisecond)
+		if now, _ := processCPUTime(); now-start >= d {
+			return
+		}
+	}
 }
 
 func sane(t *testing.T, name string, r Reading, err error) {
@@ -73,7 +89,8 @@ func TestCgroupSamplerLive(t *testing.T) {
 }
 
 func TestProcessSamplerLive(t *testing.T) {
-	s, err := NewProcessSampler()
+	start := time.Now()
+	s, err := newProcessSampler(start)
 	if errors.Is(err, ErrUnsupported) {
 		t.Skip(err)
 	}
@@ -83,13 +100,17 @@ func TestProcessSamplerLive(t *testing.T) {
 	if got, want := s.CPUs(), affinityCPUs(); got != want || got < 1 {
 		t.Errorf("CPUs() = %d, want the affinity count %d", got, want)
 	}
-	burn(50 * time.Millisecond)
-	r, err := s.Sample()
+	const spin = 30 * time.Millisecond
+	burnCPU(t, spin)
+	end := time.Now()
+	r, err := s.SampleAt(end)
 	sane(t, SourceProcess, r, err)
-	// One goroutine spun for the whole interval: at least a good part of
-	// one CPU, whatever else the machine does.
-	if min := 0.3 / float64(s.CPUs()); r.CPU < min {
-		t.Errorf("CPU = %v after spinning one CPU, want at least %v", r.CPU, min)
+	// However little of the machine this test got, it spent spin of CPU
+	// time: the reading times the wall time and the CPUs must cover it.
+	seen := time.Duration(r.CPU * float64(end.Sub(start)) * float64(s.CPUs()))
+	if seen < spin {
+		t.Errorf("reading %v over %v on %d CPUs is %v of CPU time, want at least the %v spun",
+			r.CPU, end.Sub(start), s.CPUs(), seen, spin)
 	}
 }
 
