@@ -247,6 +247,8 @@ func (g *Gate) Observe(r Reading, now time.Time) {
 	recovered := g.failing
 	g.failing = false
 	snap := *s
+	// Published under mu, so that concurrent Observes publish in the order
+	// they stepped and the atomics never go back to an older decision.
 	g.scale.Store(math.Float64bits(snap.Scale))
 	g.state.Store(uint32(snap.State))
 	g.mu.Unlock()
