@@ -1,0 +1,126 @@
+package middleware
+
+import (
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// digestCache remembers the SHA-256 digests of API keys that belonged to a
+// tenant when first seen, so that a known key costs a map lookup instead of
+// a SHA-256 on every call. It holds digests, not tenants: each call still
+// looks the digest up in the table in force, so a reload that revokes a key
+// takes effect at once. Unknown and malformed keys are never cached, so
+// a caller rotating made-up keys cannot fill it; it is bounded anyway, and a
+// full shard starts over.
+type digestCache struct {
+	seed   maphash.Seed
+	shards [digestShards]digestShard
+}
+
+const (
+	digestShards   = 16
+	digestShardCap = 512
+)
+
+type digestShard struct {
+	mu sync.RWMutex
+	m  map[string][32]byte
+	_  [40]byte // keep shards' locks on separate cache lines
+}
+
+func newDigestCache() *digestCache {
+	c := &digestCache{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string][32]byte)
+	}
+	return c
+}
+
+func (c *digestCache) shard(key string) *digestShard {
+	return &c.shards[maphash.String(c.seed, key)&(digestShards-1)]
+}
+
+// lookup resolves key from the cache alone: a key not cached is anonymous.
+func (c *digestCache) lookup(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	s := c.shard(key)
+	s.mu.RLock()
+	d, ok := s.m[key]
+	s.mu.RUnlock()
+	if !ok {
+		return t.Anonymous(), false
+	}
+	return t.TenantByDigest(d)
+}
+
+// resolve resolves key through the cache, hashing it on a miss.
+func (c *digestCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	s := c.shard(key)
+	s.mu.RLock()
+	d, ok := s.m[key]
+	s.mu.RUnlock()
+	if ok {
+		return t.TenantByDigest(d)
+	}
+	ten, found := t.TenantByKey(key)
+	if !found {
+		return ten, false
+	}
+	d = tenant.Digest(key)
+	s.mu.Lock()
+	if len(s.m) >= digestShardCap {
+		clear(s.m)
+	}
+	// A copy, so the cache does not pin the request's header buffers.
+	s.m[strings.Clone(key)] = d
+	s.mu.Unlock()
+	return ten, true
+}
+
+// penalties remembers, per bucket subject, until when the interceptor told
+// the caller to wait: the tap handle's notion of a caller "over its share".
+// It is a fixed table of one atomic word per slot (24 bits of the subject's
+// hash, 40 bits of milliseconds since the Limiter's epoch), so noting and
+// checking cost one hash and one atomic operation and memory never grows.
+// Two subjects that share a slot overwrite each other; a tag mismatch
+// reads as no penalty. The tap handle therefore errs towards admitting,
+// and the interceptor behind it still decides exactly.
+type penalties struct {
+	seed  maphash.Seed
+	slots [penaltySlots]atomic.Uint64
+}
+
+const (
+	penaltySlots = 4096
+	penaltyBits  = 40
+	penaltyMask  = 1<<penaltyBits - 1
+)
+
+func newPenalties() *penalties { return &penalties{seed: maphash.MakeSeed()} }
+
+func (p *penalties) note(subject string, until time.Duration) {
+	h := maphash.String(p.seed, subject)
+	ms := uint64((until + time.Millisecond - 1) / time.Millisecond)
+	if until < 0 {
+		return
+	}
+	if ms > penaltyMask {
+		ms = penaltyMask
+	}
+	p.slots[h&(penaltySlots-1)].Store(h>>penaltyBits<<penaltyBits | ms)
+}
+
+// left returns how long the subject's penalty still runs at now, ≤ 0 when
+// it has none.
+func (p *penalties) left(subject string, now time.Duration) time.Duration {
+	h := maphash.String(p.seed, subject)
+	v := p.slots[h&(penaltySlots-1)].Load()
+	if v == 0 || v>>penaltyBits != h>>penaltyBits {
+		return 0
+	}
+	return time.Duration(v&penaltyMask)*time.Millisecond - now
+}

@@ -1,0 +1,174 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// Errors of the client interceptors. They are gRPC status errors, so the
+// code reaches whoever handles the call's error, and errors.Is matches them.
+var (
+	// ErrUpstreamLimited: the upstream's bucket is empty and the call fails
+	// fast (WithFailFast), or the wait would outlast the call's deadline.
+	ErrUpstreamLimited = status.Error(codes.ResourceExhausted, "middleware: upstream rate limit exceeded")
+	// ErrUpstreamCost: the call costs more than the upstream limit's burst;
+	// it can never be sent.
+	ErrUpstreamCost = status.Error(codes.ResourceExhausted, "middleware: call costs more than the upstream burst")
+	// ErrUpstreamStore: the store could not decide.
+	ErrUpstreamStore = status.Error(codes.Unavailable, "middleware: upstream rate limiter unavailable")
+)
+
+// A ClientOption configures the client interceptors.
+type ClientOption func(*clientOptions)
+
+type clientOptions struct {
+	key      func(ctx context.Context, method string) string
+	cost     int
+	failFast bool
+	errs     []string
+}
+
+// WithUpstreamKey makes every call share the bucket key, such as
+// "fcm:project-42": the usual case, one quota for the whole upstream.
+// The default key is the call's full method name: one bucket per method.
+// A repeated call, or WithUpstreamKeyFunc, replaces it.
+func WithUpstreamKey(key string) ClientOption {
+	return func(o *clientOptions) { o.key = func(context.Context, string) string { return key } }
+}
+
+// WithUpstreamKeyFunc derives the bucket key from the call, for upstreams
+// with per-account or per-route quotas. It replaces WithUpstreamKey; nil
+// restores the default.
+func WithUpstreamKeyFunc(f func(ctx context.Context, method string) string) ClientOption {
+	return func(o *clientOptions) { o.key = f }
+}
+
+// WithUpstreamCost sets the tokens each call takes, ≥ 1; the default is 1.
+// A repeated call replaces it.
+func WithUpstreamCost(n int) ClientOption {
+	return func(o *clientOptions) {
+		if n < 1 {
+			o.errs = append(o.errs, "WithUpstreamCost: must be ≥ 1")
+		}
+		o.cost = n
+	}
+}
+
+// WithFailFast sets whether a call that finds the bucket empty fails at
+// once with ErrUpstreamLimited instead of waiting for tokens. The default
+// is to wait, bounded by the call's context. A repeated call replaces it.
+func WithFailFast(on bool) ClientOption { return func(o *clientOptions) { o.failFast = on } }
+
+type upstream struct {
+	store floodgate.Store
+	lim   floodgate.Limit
+	o     clientOptions
+}
+
+func newUpstream(store floodgate.Store, lim floodgate.Limit, opts []ClientOption) (*upstream, error) {
+	o := clientOptions{cost: 1}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if store == nil {
+		o.errs = append(o.errs, "nil store")
+	}
+	if err := lim.Validate(); err != nil {
+		o.errs = append(o.errs, "invalid limit")
+	}
+	if len(o.errs) > 0 {
+		msg := ErrInvalidOption.Error() + ":"
+		for _, e := range o.errs {
+			msg += " " + e + ";"
+		}
+		return nil, errors.New(msg[:len(msg)-1])
+	}
+	return &upstream{store: store, lim: lim, o: o}, nil
+}
+
+// reserver is implemented by stores that can reserve tokens for waiters,
+// such as keyed.Map: they serve waiters in order.
+type reserver interface {
+	WaitN(ctx context.Context, key string, lim floodgate.Limit, n int) error
+}
+
+func (u *upstream) acquire(ctx context.Context, method string) error {
+	key := method
+	if u.o.key != nil {
+		key = u.o.key(ctx, method)
+	}
+	if u.o.failFast {
+		res, err := u.store.TakeN(ctx, key, u.lim, u.o.cost)
+		switch {
+		case err != nil:
+			return ErrUpstreamStore
+		case res.Allowed:
+			return nil
+		case res.RetryAfter == floodgate.Never:
+			return ErrUpstreamCost
+		}
+		return ErrUpstreamLimited
+	}
+	var err error
+	if r, ok := u.store.(reserver); ok {
+		err = r.WaitN(ctx, key, u.lim, u.o.cost)
+	} else {
+		err = floodgate.Wait(ctx, u.store, key, u.lim, u.o.cost)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, floodgate.ErrWouldExceedDeadline):
+		return ErrUpstreamLimited
+	case errors.Is(err, floodgate.ErrExceedsBurst):
+		return ErrUpstreamCost
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return status.FromContextError(err).Err()
+	}
+	return ErrUpstreamStore
+}
+
+// UnaryClientInterceptor returns a client interceptor that takes tokens
+// from store under lim before each call to a rate-limited upstream: it waits
+// for them, bounded by the call's context, or with WithFailFast fails at
+// once. A call that cannot get its tokens is not sent. It returns an error
+// wrapping ErrInvalidOption for a nil store, an invalid limit or an invalid
+// option.
+//
+// With a store shared by many processes (redisstore), all of them together
+// stay within lim.
+func UnaryClientInterceptor(store floodgate.Store, lim floodgate.Limit, opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
+	u, err := newUpstream(store, lim, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := u.acquire(ctx, method); err != nil {
+			return err
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil
+}
+
+// StreamClientInterceptor is UnaryClientInterceptor for streams: each
+// stream takes its tokens once, before it is opened.
+func StreamClientInterceptor(store floodgate.Store, lim floodgate.Limit, opts ...ClientOption) (grpc.StreamClientInterceptor, error) {
+	u, err := newUpstream(store, lim, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if err := u.acquire(ctx, method); err != nil {
+			return nil, err
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}, nil
+}

@@ -1,0 +1,116 @@
+// Package middleware admits gRPC calls per tenant and sheds load under CPU
+// saturation: a Limiter with unary and stream server interceptors, a tap
+// handle for the cheapest early rejection, and client interceptors that keep
+// calls to a rate-limited upstream within its quota.
+//
+// # The request path
+//
+// A call meets the Limiter twice at most:
+//
+//	conn reader ─► TapHandle: constant work, no I/O. Exempt method? CPU gate
+//	               shedding at its floor and the caller inside a retry delay
+//	               the interceptor gave it? → reject before the body is read.
+//	handler g. ─►  interceptor: identity ─► tenant and method rule ─►
+//	               limit × gate scale ─► store.TakeN(key, limit, cost)
+//	               admitted → handler, with the Decision in the context
+//	               rejected → status and trailer; the handler never runs
+//
+// The Limiter joins three parts built elsewhere: a floodgate.Store holding
+// the buckets (keyed in memory, redisstore across instances), the tenant
+// table (tenant.Registry, or Static for a fixed table) and, optionally,
+// a cpugate.Gate whose scale multiplies every limit while the CPU is
+// saturated. Each tenant has one bucket per rule (a rule is the method
+// pattern that supplied the limit), so a tenant's cheap and expensive
+// methods do not drain each other; anonymous callers have the same buckets
+// per client address. An admitted call allocates one object: its context,
+// which carries the Decision and the bucket key's bytes.
+//
+// # Identity and trust
+//
+// A caller is, in order of precedence: the tenant a KeyFunc names; the
+// tenant a verified TLS client certificate names (by default its common
+// name); the tenant an API key belongs to (x-api-key, or authorization:
+// Bearer); else an anonymous caller keyed by its address. Every identity
+// must be known to the tenant table: an unknown tenant ID, an unknown or
+// malformed API key is anonymous, keyed by address, so a caller who makes
+// keys up shares one bucket with itself instead of getting a fresh one per
+// key. API keys are compared by SHA-256 digest (see tenant.Digest); digests
+// of known keys are cached, unknown keys never.
+//
+// The address is the connection's peer, with IPv4-mapped IPv6 addresses
+// unmapped and IPv6 addresses aggregated to their /64 (WithAddressBits).
+// x-forwarded-for and x-real-ip are read only when the peer is a trusted
+// proxy (WithTrustedProxies), right to left, skipping trusted hops; the
+// first untrusted address is the client. Headers from anyone else are
+// ignored, so a client cannot pick its own bucket by spoofing them.
+//
+// Hostile metadata never causes a rejection: an oversized, repeated, non-ASCII
+// or malformed header is ignored and the caller is treated as anonymous.
+// A connection without an IP address (a Unix socket, an in-memory pipe)
+// makes an anonymous caller share the bucket "a:-" with all such callers.
+//
+// # Rejections and what clients do with them
+//
+// A caller over its quota gets RESOURCE_EXHAUSTED; a caller rejected while
+// the CPU gate sheds load gets UNAVAILABLE (WithCodes changes both). The
+// status carries details a client can decode with status.FromError and
+// Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED or OVERLOADED,
+// domain from WithDomain), errdetails.RetryInfo with the wait until the
+// caller's tokens return, and errdetails.QuotaFailure for quota rejections.
+// Messages are short and static: never a key, an address, a method or a
+// store's error text.
+//
+// The trailer grpc-retry-pushback-ms repeats the wait in milliseconds,
+// never 0, or -1 (do not retry) when the wait outlasts the call's deadline
+// or WithMaxPushback. grpc-go's retry (a retryPolicy in the client's service
+// config, see testdata/middleware/service_config.json) honours it only on a
+// Trailers-Only response, that is when the server sent no header metadata
+// before failing: the interceptors never set header metadata on a rejection,
+// and must run before any interceptor that does. Waits are rounded up onto
+// a fixed grid (1 ms to 1 s, 10 ms to 10 s, then seconds) so that each
+// status is built once and shared: a rejection costs no proto marshalling.
+//
+// The tap handle sends the overload status with its details but cannot send
+// metadata, so clients back off by their policy's exponential backoff.
+//
+// # Composing with go-grpc-middleware
+//
+// The Limiter implements go-grpc-middleware/v2's ratelimit.Limiter
+// (Limiter.Limit), so its ratelimit interceptors accept it, at the price of
+// their fixed RESOURCE_EXHAUSTED status without details. Limiter.Selector
+// returns a selector.Matcher that matches every method but the exemptions,
+// to wrap other interceptors. Place UnaryServerInterceptor after recovery
+// and logging (so that rejections are logged) but before anything that
+// sends or sets header metadata.
+//
+// # Exemptions
+//
+// gRPC health checks, server reflection and ORCA load reports are exempt by
+// default (DefaultExemptions, WithExemptions): limiting them would make an
+// overloaded server look dead to its load balancer. Exempt calls take no
+// tokens and their contexts carry no Decision.
+//
+// # Dry run
+//
+// WithDryRun makes the Limiter decide, take tokens, count and report as
+// usual, but admit every call: the Decision, the Event and Stats say what
+// would have been rejected. Roll out a new quota in dry run first.
+//
+// # Observing
+//
+// Stats counts decisions by reason; WithObserver reports each decision as
+// an Event labelled by reason, tier and method, never by key, so a metrics
+// adapter cannot blow up its cardinality.
+//
+// # Outbound
+//
+// UnaryClientInterceptor and StreamClientInterceptor take tokens from any
+// floodgate.Store before calling an upstream that limits its callers: they
+// wait, bounded by the call's context, or fail fast, and never send a call
+// that would be rejected. With a shared store (redisstore), a fleet of
+// workers stays within one quota together.
+//
+// The floodgatetest package drives a real interceptor chain over an
+// in-memory connection with a fake clock and scripted CPU readings, to test
+// a quota config in go test.
+package middleware

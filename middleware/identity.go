@@ -1,0 +1,244 @@
+package middleware
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"reflect"
+	"strings"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// Bounds on what the identity parsers look at. Hostile metadata is never a
+// reason to reject: past these bounds a header is ignored and the caller is
+// anonymous, keyed by its address.
+const (
+	// maxHops is the most x-forwarded-for entries walked, right to left.
+	maxHops = 16
+	// maxForwardedLen bounds one x-forwarded-for or x-real-ip value.
+	maxForwardedLen = 2048
+	// maxAuthLen bounds an API key header value: "Bearer " and a key of at
+	// most tenant.MaxKeyLen bytes.
+	maxAuthLen = len("Bearer ") + tenant.MaxKeyLen
+)
+
+// incomingKey is the context key under which grpc-go stores a server call's
+// incoming metadata. metadata.ValueFromIncomingContext copies the values it
+// returns and, for a missing key, scans every entry with strings.EqualFold;
+// on the request path that is an allocation per header present and a scan
+// per header absent. Reading the map grpc-go stored costs one context lookup
+// and one map access. The key's type is unexported, so it is recovered once,
+// by reflection, and checked against metadata.NewIncomingContext; if grpc-go
+// ever stores metadata differently the check fails and the middleware uses
+// the public, copying accessor instead.
+var incomingKey = findIncomingKey()
+
+func findIncomingKey() any {
+	md := metadata.MD{"floodgate-probe": {"1"}}
+	ctx := metadata.NewIncomingContext(context.Background(), md)
+	rv := reflect.ValueOf(ctx)
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := rv.Elem().FieldByName("key")
+	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
+		return nil
+	}
+	t := f.Elem().Type()
+	if !t.Comparable() {
+		return nil
+	}
+	key := reflect.New(t).Elem().Interface()
+	got, ok := ctx.Value(key).(metadata.MD)
+	if !ok || reflect.ValueOf(got).Pointer() != reflect.ValueOf(md).Pointer() {
+		return nil
+	}
+	return key
+}
+
+// header is a read-only view of a call's incoming metadata.
+type header struct {
+	md  metadata.MD
+	ctx context.Context // set when md could not be read directly
+}
+
+func incoming(ctx context.Context) header {
+	if incomingKey != nil {
+		md, _ := ctx.Value(incomingKey).(metadata.MD)
+		return header{md: md}
+	}
+	return header{ctx: ctx}
+}
+
+// get returns the values of a lower-case key. They must not be modified.
+func (h header) get(key string) []string {
+	if h.ctx != nil {
+		return metadata.ValueFromIncomingContext(h.ctx, key)
+	}
+	return h.md[key]
+}
+
+// peerAddr returns the immediate peer's IP address, unmapped, or the zero
+// Addr when the connection has none (a Unix socket, an in-memory pipe).
+func peerAddr(ctx context.Context) (netip.Addr, *peer.Peer) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p == nil {
+		return netip.Addr{}, nil
+	}
+	var a netip.Addr
+	switch addr := p.Addr.(type) {
+	case *net.TCPAddr:
+		a, _ = netip.AddrFromSlice(addr.IP)
+	case *net.UDPAddr:
+		a, _ = netip.AddrFromSlice(addr.IP)
+	}
+	return a.Unmap(), p
+}
+
+// clientAddr resolves the client's address: the peer's, unless the peer is
+// a trusted proxy, in which case the forwarding headers are read.
+func (l *Limiter) clientAddr(ctx context.Context, h header) netip.Addr {
+	a, _ := peerAddr(ctx)
+	return l.forwarded(a, h)
+}
+
+func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {
+	if !a.IsValid() || !l.isTrusted(a) {
+		return a
+	}
+	if xff := h.get("x-forwarded-for"); len(xff) > 0 {
+		return walkForwarded(a, xff, l.isTrusted)
+	}
+	if rip := h.get("x-real-ip"); len(rip) == 1 {
+		if c, ok := parseHop(rip[0]); ok {
+			return c
+		}
+	}
+	return a
+}
+
+func (l *Limiter) isTrusted(a netip.Addr) bool {
+	for _, p := range l.o.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// walkForwarded walks x-forwarded-for values right to left, starting from
+// the trusted peer: each hop that is itself trusted passes the question on
+// to the hop before it, and the first untrusted hop is the client. A
+// malformed hop, an oversized value or more than maxHops trusted hops stop
+// the walk at the last trusted address reached: what lies beyond it cannot
+// be believed. Several header lines count as one list, in order.
+func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
+	last := peer
+	hops := 0
+	for i := len(values) - 1; i >= 0; i-- {
+		rest := values[i]
+		if len(rest) > maxForwardedLen {
+			return last
+		}
+		for {
+			j := strings.LastIndexByte(rest, ',')
+			c, ok := parseHop(rest[j+1:])
+			if !ok {
+				return last
+			}
+			if !trusted(c) {
+				return c
+			}
+			last = c
+			if hops++; hops >= maxHops {
+				return last
+			}
+			if j < 0 {
+				break
+			}
+			rest = rest[:j]
+		}
+	}
+	return last
+}
+
+// parseHop parses one forwarding entry: an address, optionally with a port
+// ("1.2.3.4:80", "[::1]:80"), surrounded by optional spaces. Zones are
+// refused: they name an interface of the proxy, not a client.
+func parseHop(s string) (netip.Addr, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" || len(s) > len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535") || strings.IndexByte(s, '%') >= 0 {
+		return netip.Addr{}, false
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// aggregate masks an address to the configured prefix length.
+func (l *Limiter) aggregate(a netip.Addr) netip.Addr {
+	if !a.IsValid() {
+		return a
+	}
+	bits := l.o.v6Bits
+	if a.Is4() {
+		bits = l.o.v4Bits
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return a
+	}
+	return p.Addr()
+}
+
+// apiKey returns the API key the call presents, or "" when it presents none
+// usable: only the first configured header present counts, it must have one
+// value, and the value must be of a plausible size. Whether the key is
+// well-formed is the tenant table's business (tenant.Table.TenantByKey).
+func (l *Limiter) apiKey(h header) string {
+	for _, name := range l.o.keyHeaders {
+		vals := h.get(name)
+		if len(vals) == 0 {
+			continue
+		}
+		if len(vals) != 1 || len(vals[0]) > maxAuthLen {
+			return ""
+		}
+		if name == "authorization" {
+			return bearer(vals[0])
+		}
+		return vals[0]
+	}
+	return ""
+}
+
+// bearer returns the token of an "authorization: Bearer <token>" value, or
+// "" for any other scheme.
+func bearer(v string) string {
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return ""
+	}
+	return strings.TrimLeft(v[len(scheme):], " ")
+}
+
+// tlsTenant returns the tenant ID a verified client certificate names.
+func (l *Limiter) tlsTenant(p *peer.Peer) (string, bool) {
+	if l.o.tlsIdentity == nil || p == nil || p.AuthInfo == nil {
+		return "", false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	return l.o.tlsIdentity(info.State.VerifiedChains[0][0])
+}

@@ -1,0 +1,365 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// Tables supplies the tenant table in force; *tenant.Registry implements it.
+// Table is called once per decision and must be cheap and never return nil.
+type Tables interface {
+	Table() *tenant.Table
+}
+
+// Static returns Tables that always supply t, for a table built once with
+// tenant.Compile or tenant.Parse.
+func Static(t *tenant.Table) Tables { return staticTables{t} }
+
+type staticTables struct{ t *tenant.Table }
+
+func (s staticTables) Table() *tenant.Table { return s.t }
+
+// Reason says why a decision went the way it did.
+type Reason uint8
+
+const (
+	// ReasonAdmitted: the caller's bucket held the call's cost.
+	ReasonAdmitted Reason = iota
+	// ReasonExempt: the method is exempt; nothing was taken.
+	ReasonExempt
+	// ReasonQuota: the caller is over its quota at full limits.
+	ReasonQuota
+	// ReasonOverload: the caller is over its quota while the CPU gate scales
+	// limits down, or the tap handle turned it away at the gate's floor.
+	ReasonOverload
+	// ReasonStoreError: the store could not decide.
+	ReasonStoreError
+)
+
+var reasonNames = [...]string{"admitted", "exempt", "quota", "overload", "store_error"}
+
+// String returns the reason's lower-case name, such as "quota", fit for a
+// metric label.
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// A Decision is the outcome of admitting one call (or one stream), as the
+// interceptors leave it in the context for later interceptors and the
+// handler: see FromContext.
+type Decision struct {
+	// Allowed reports whether the limiter admits the call. In dry-run mode a
+	// call with Allowed false still runs; DryRun says so.
+	Allowed bool
+	// Reason says why.
+	Reason Reason
+	// DryRun reports whether the Limiter is in dry-run mode.
+	DryRun bool
+	// Tenant is the caller's tenant ID, or "" for an anonymous caller.
+	Tenant string
+	// Tier is the tenant's tier, or "".
+	Tier string
+	// Rule is the rule the call was held to, with its unscaled limit.
+	Rule tenant.Rule
+	// Result is the store's answer; Result.Limit is the rule's limit as
+	// scaled by the CPU gate. It is the zero Result after a store error.
+	Result floodgate.Result
+}
+
+// An Event reports one decision to the observer (WithObserver). It carries
+// only bounded labels: never a key, an address or a tenant ID.
+type Event struct {
+	// Method is the full method name, "/pkg.Svc/Method".
+	Method string
+	// Tier is the caller's tier, "" when anonymous or unknown (the tap
+	// handle does not resolve tiers).
+	Tier string
+	// Reason is the decision's reason.
+	Reason Reason
+	// Allowed reports whether the limiter admitted the call; in dry-run mode
+	// the call runs either way.
+	Allowed bool
+	// DryRun reports dry-run mode.
+	DryRun bool
+	// Tap reports a decision of the tap handle.
+	Tap bool
+}
+
+// Stats are the Limiter's counters since it was made.
+type Stats struct {
+	// Admitted counts calls admitted under quota (store errors admitted
+	// under the default fail-open policy are counted in StoreErrors).
+	Admitted uint64
+	// Exempt counts calls to exempt methods.
+	Exempt uint64
+	// Quota and Overload count rejections by reason, dry-run ones included.
+	Quota, Overload uint64
+	// StoreErrors counts decisions the store could not make.
+	StoreErrors uint64
+	// DryRun counts calls admitted only because of dry-run mode.
+	DryRun uint64
+	// Tap counts the tap handle's rejections; they are not in Overload.
+	Tap uint64
+}
+
+type counters struct {
+	admitted, exempt, quota, overload, storeErr, dryRun, tap atomic.Uint64
+}
+
+// A Limiter admits or rejects gRPC calls: it resolves each call's caller to
+// a tenant (or an anonymous address), looks up the method's rule, scales
+// its limit by the CPU gate and takes the rule's cost from the caller's
+// bucket in the store. Build one with New; it is safe for concurrent use
+// and holds no goroutine. The zero Limiter is not usable.
+//
+// A caller's bucket key is "t:<tenant ID>:<rule ID>" for a tenant and
+// "a:<address prefix>:<rule ID>" for an anonymous caller ("a:-:<rule ID>"
+// when the connection has no IP address), so methods under different rules
+// use different buckets and all anonymous callers from one address share
+// theirs. Limiters with different configs must not share a store.
+type Limiter struct {
+	store  floodgate.Store
+	tables Tables
+	o      options
+	rej    *rejecter
+	keys   *digestCache
+	pen    *penalties
+	epoch  time.Time
+	c      counters
+}
+
+// New returns a Limiter taking tokens from store under the tables' rules.
+// It returns an error wrapping ErrInvalidOption when store or tables is nil,
+// when tables supplies no table, or when an option is invalid.
+func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error) {
+	o := defaults()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if store == nil {
+		o.fail("New: nil store")
+	}
+	if tables == nil {
+		o.fail("New: nil tables")
+	} else if tables.Table() == nil {
+		o.fail("New: tables supply no table")
+	}
+	if len(o.errs) > 0 {
+		return nil, errors.New(ErrInvalidOption.Error() + ": " + strings.Join(o.errs, "; "))
+	}
+	l := &Limiter{
+		store:  store,
+		tables: tables,
+		o:      o,
+		keys:   newDigestCache(),
+		pen:    newPenalties(),
+		epoch:  o.now(),
+	}
+	l.rej = newRejecter(&l.o)
+	return l, nil
+}
+
+// Stats returns the Limiter's counters. Each is read atomically; together
+// they are not a consistent snapshot.
+func (l *Limiter) Stats() Stats {
+	return Stats{
+		Admitted:    l.c.admitted.Load(),
+		Exempt:      l.c.exempt.Load(),
+		Quota:       l.c.quota.Load(),
+		Overload:    l.c.overload.Load(),
+		StoreErrors: l.c.storeErr.Load(),
+		DryRun:      l.c.dryRun.Load(),
+		Tap:         l.c.tap.Load(),
+	}
+}
+
+// Exempt reports whether fullMethod is exempt from limiting.
+func (l *Limiter) Exempt(fullMethod string) bool {
+	for _, p := range l.o.exempt {
+		if strings.HasPrefix(fullMethod, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyBufLen holds the longest common key: "t:", a 64-byte tenant ID, ':'
+// and an 8-byte rule ID.
+const keyBufLen = 80
+
+// decisionCtx carries a call's decision and its bucket key. It is the only
+// allocation of an admitted call: the context, the decision and the bytes of
+// the key share one object.
+type decisionCtx struct {
+	context.Context
+	d       Decision
+	key     string // aliases buf; buf is never written after key is made
+	subject int    // len of the key's subject prefix ("t:id" or "a:addr")
+	buf     [keyBufLen]byte
+}
+
+type decisionKey struct{}
+
+func (c *decisionCtx) Value(key any) any {
+	if key == (decisionKey{}) {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
+// FromContext returns the decision the Limiter's interceptors made for the
+// call whose context ctx is (or derives from), and whether there is one.
+// Exempt calls carry none.
+func FromContext(ctx context.Context) (Decision, bool) {
+	d, ok := ctx.Value(decisionKey{}).(*Decision)
+	if !ok {
+		return Decision{}, false
+	}
+	return *d, true
+}
+
+// resolve finds the caller's tenant and writes the bucket subject into buf:
+// "t:<id>" for a known tenant, "a:<address>" for anyone else.
+// useKeyFunc is false in the tap handle, which must not call user code that
+// may expect the interceptor chain's context; sha is false there too, so
+// that only API keys already seen resolve (a cache hit, not a SHA-256).
+func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte, inTap bool) (*tenant.Tenant, bool, []byte) {
+	addr, p := peerAddr(ctx)
+	var (
+		ten      *tenant.Tenant
+		found    bool
+		resolved bool
+	)
+	if l.o.keyFunc != nil && !inTap {
+		if id, ok := l.o.keyFunc(ctx, methodOf(ctx)); ok {
+			ten, found = table.TenantByID(id)
+			resolved = true
+		}
+	}
+	if !resolved {
+		if id, ok := l.tlsTenant(p); ok {
+			ten, found = table.TenantByID(id)
+			resolved = true
+		}
+	}
+	if !resolved {
+		if key := l.apiKey(h); key != "" {
+			if inTap {
+				ten, found = l.keys.lookup(table, key)
+			} else {
+				ten, found = l.keys.resolve(table, key)
+			}
+			resolved = found
+		}
+	}
+	if found {
+		buf = append(buf, "t:"...)
+		return ten, true, append(buf, ten.ID()...)
+	}
+	if !resolved || ten == nil {
+		ten = table.Anonymous()
+	}
+	buf = append(buf, "a:"...)
+	a := l.aggregate(l.forwarded(addr, h))
+	if !a.IsValid() {
+		return ten, false, append(buf, '-')
+	}
+	return ten, false, appendAddr(buf, a)
+}
+
+func appendAddr(b []byte, a netip.Addr) []byte { return a.AppendTo(b) }
+
+// methodOf returns the method of a server call's context, for KeyFuncs.
+func methodOf(ctx context.Context) string {
+	m, _ := grpc.Method(ctx)
+	return m
+}
+
+// admit decides one call to method and returns its decision context, with
+// the rejection to return when the call must not run.
+func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error) {
+	dc := &decisionCtx{Context: ctx}
+	h := incoming(ctx)
+	table := l.tables.Table()
+	ten, found, b := l.resolve(ctx, h, table, dc.buf[:0], false)
+	dc.subject = len(b)
+	rule := ten.Rule(method)
+	b = append(b, ':')
+	b = append(b, rule.ID...)
+	// b aliases dc.buf (or, for an unusually long key, a fresh array) and
+	// is not written again, so the string may share its bytes.
+	dc.key = unsafe.String(unsafe.SliceData(b), len(b))
+
+	d := &dc.d
+	d.Rule = rule
+	d.DryRun = l.o.dryRun
+	if found {
+		d.Tenant = ten.ID()
+	}
+	d.Tier = ten.Tier()
+	return dc, l.take(ctx, d, dc.key, dc.key[:dc.subject], method)
+}
+
+// take takes the rule's cost from key's bucket and records the decision in
+// d; subject is the key's subject, for the tap handle's penalties.
+func (l *Limiter) take(ctx context.Context, d *Decision, key, subject string, method string) error {
+	scale := l.o.gate.Scale()
+	lim := d.Rule.Limit
+	if scale < 1 {
+		lim = lim.Scale(scale)
+	}
+	res, err := l.store.TakeN(ctx, key, lim, d.Rule.Cost)
+	switch {
+	case err != nil:
+		d.Result = floodgate.Result{}
+		d.Allowed = !l.o.failClosed
+		d.Reason = ReasonStoreError
+		l.c.storeErr.Add(1)
+	case res.Allowed:
+		d.Result = res
+		d.Allowed = true
+		d.Reason = ReasonAdmitted
+		l.c.admitted.Add(1)
+	default:
+		d.Result = res
+		d.Allowed = false
+		if scale < 1 {
+			d.Reason = ReasonOverload
+			l.c.overload.Add(1)
+		} else {
+			d.Reason = ReasonQuota
+			l.c.quota.Add(1)
+		}
+	}
+	if !d.Allowed && d.DryRun {
+		l.c.dryRun.Add(1)
+	}
+	if l.o.observer != nil {
+		l.o.observer(Event{Method: method, Tier: d.Tier, Reason: d.Reason, Allowed: d.Allowed, DryRun: d.DryRun})
+	}
+	if d.Allowed || d.DryRun {
+		return nil
+	}
+	if d.Reason != ReasonStoreError && res.RetryAfter > 0 {
+		l.pen.note(subject, l.sinceEpoch()+res.RetryAfter)
+	}
+	return l.rej.reject(ctx, d.Reason, res.RetryAfter)
+}
+
+// sinceEpoch returns the Limiter clock's time since the Limiter was made.
+func (l *Limiter) sinceEpoch() time.Duration { return l.o.now().Sub(l.epoch) }

@@ -1,0 +1,291 @@
+package middleware
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"net/netip"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+)
+
+// ErrInvalidOption is wrapped by every configuration error of New and of the
+// client interceptors; the message names the option.
+var ErrInvalidOption = errors.New("middleware: invalid option")
+
+// Defaults of the options.
+const (
+	// DefaultIPv4Bits keys anonymous IPv4 callers by their whole address.
+	DefaultIPv4Bits = 32
+	// DefaultIPv6Bits keys anonymous IPv6 callers by their /64: one host
+	// usually owns a whole /64, so a finer key would hand it 2⁶⁴ buckets.
+	DefaultIPv6Bits = 64
+	// DefaultMaxPushback caps the retry delay a rejection asks for; a longer
+	// wait is signalled as "do not retry" (pushback -1).
+	DefaultMaxPushback = 30 * time.Second
+	// DefaultDomain is the ErrorInfo domain of rejections.
+	DefaultDomain = "floodgate.dev"
+	// MaxPushbackLimit is the largest WithMaxPushback accepts.
+	MaxPushbackLimit = time.Hour
+)
+
+// DefaultExemptions returns the method prefixes exempt from limiting unless
+// WithExemptions says otherwise: gRPC health checks, server reflection (both
+// versions) and ORCA load reports. Limiting them would make an overloaded
+// server look dead to its load balancer, or hide it from its operators.
+func DefaultExemptions() []string {
+	return []string{
+		"/grpc.health.v1.Health/",
+		"/grpc.reflection.",
+		"/xds.service.orca.v3.",
+	}
+}
+
+// A KeyFunc names the tenant of a call from its context, for identities
+// the middleware does not read itself (a JWT subject checked by an earlier
+// interceptor, a header set by a trusted gateway). It returns ok false to
+// fall through to TLS, API key and address. An ID the table does not know is
+// treated as anonymous, keyed by the client address: a KeyFunc cannot hand a
+// caller a fresh bucket by naming a made-up tenant.
+type KeyFunc func(ctx context.Context, fullMethod string) (tenantID string, ok bool)
+
+// A TLSIdentityFunc maps a verified client certificate to a tenant ID.
+type TLSIdentityFunc func(leaf *x509.Certificate) (tenantID string, ok bool)
+
+// CommonName is the default TLSIdentityFunc: the certificate subject's
+// common name, when it has one.
+func CommonName(leaf *x509.Certificate) (string, bool) {
+	cn := leaf.Subject.CommonName
+	return cn, cn != ""
+}
+
+// An Option configures a Limiter.
+type Option func(*options)
+
+type options struct {
+	gate        *cpugate.Gate
+	trusted     []netip.Prefix
+	v4Bits      int
+	v6Bits      int
+	keyHeaders  []string
+	tlsIdentity TLSIdentityFunc
+	keyFunc     KeyFunc
+	quotaCode   codes.Code
+	overCode    codes.Code
+	details     bool
+	maxPushback time.Duration
+	domain      string
+	rateHeaders bool
+	dryRun      bool
+	exempt      []string
+	observer    func(Event)
+	perMessage  bool
+	tapFloor    float64
+	failClosed  bool
+	now         func() time.Time
+	errs        []string
+}
+
+func defaults() options {
+	return options{
+		v4Bits:      DefaultIPv4Bits,
+		v6Bits:      DefaultIPv6Bits,
+		keyHeaders:  []string{"x-api-key", "authorization"},
+		tlsIdentity: CommonName,
+		quotaCode:   codes.ResourceExhausted,
+		overCode:    codes.Unavailable,
+		details:     true,
+		maxPushback: DefaultMaxPushback,
+		domain:      DefaultDomain,
+		exempt:      DefaultExemptions(),
+		tapFloor:    cpugate.DefaultFactor,
+		now:         time.Now,
+	}
+}
+
+func (o *options) fail(msg string) { o.errs = append(o.errs, msg) }
+
+// WithGate scales every limit by g's scale, so that all tenants shed load
+// together while the CPU is saturated, and lets the tap handle reject early
+// at the gate's floor. A nil g, the default, scales nothing. A repeated call
+// replaces the gate.
+func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
+
+// WithTrustedProxies adds the networks whose x-forwarded-for and x-real-ip
+// headers are believed. Only when the immediate peer is in one of them is
+// x-forwarded-for read, right to left, skipping further trusted hops; the
+// first untrusted address is the client. Repeated calls add to the list;
+// the default is empty: headers are never believed.
+func WithTrustedProxies(prefixes ...netip.Prefix) Option {
+	return func(o *options) {
+		for _, p := range prefixes {
+			if !p.IsValid() {
+				o.fail("WithTrustedProxies: invalid prefix")
+				continue
+			}
+			o.trusted = append(o.trusted, p.Masked())
+		}
+	}
+}
+
+// WithAddressBits sets how anonymous callers' addresses are aggregated:
+// an IPv4 caller is keyed by its first v4 bits (1–32, default 32), an IPv6
+// caller by its first v6 bits (1–128, default 64). A repeated call replaces
+// both values.
+func WithAddressBits(v4, v6 int) Option {
+	return func(o *options) {
+		if v4 < 1 || v4 > 32 {
+			o.fail("WithAddressBits: v4 must be in [1, 32]")
+		}
+		if v6 < 1 || v6 > 128 {
+			o.fail("WithAddressBits: v6 must be in [1, 128]")
+		}
+		o.v4Bits, o.v6Bits = v4, v6
+	}
+}
+
+// WithAPIKeyHeaders sets the metadata keys an API key is read from, in
+// order; the first present wins. The value of "authorization" must be
+// "Bearer <key>"; other keys carry the key as is. Names must be lower-case,
+// as gRPC metadata keys are. The default is x-api-key, then authorization.
+// A repeated call replaces the list; no names turns API keys off.
+func WithAPIKeyHeaders(names ...string) Option {
+	return func(o *options) {
+		for _, n := range names {
+			if n == "" || n != strings.ToLower(n) || strings.HasSuffix(n, "-bin") || strings.HasPrefix(n, "grpc-") {
+				o.fail("WithAPIKeyHeaders: names must be non-empty, lower-case, not binary and not reserved")
+			}
+		}
+		o.keyHeaders = append([]string(nil), names...)
+	}
+}
+
+// WithTLSIdentity sets how a verified client certificate names its tenant.
+// The default is CommonName; nil ignores client certificates. Only
+// certificates the server verified (tls.ConnectionState.VerifiedChains)
+// count. A repeated call replaces the function.
+func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tlsIdentity = f } }
+
+// WithKeyFunc sets a hook consulted before TLS identities and API keys.
+// The default is none. A repeated call replaces the hook.
+func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
+
+// WithCodes sets the status codes of rejections: quota for a caller over its
+// quota (default RESOURCE_EXHAUSTED), overload for a rejection while the CPU
+// gate sheds load, a failed store under WithFailClosed, or the tap handle
+// (default UNAVAILABLE). Neither may be OK. A repeated call replaces both.
+func WithCodes(quota, overload codes.Code) Option {
+	return func(o *options) {
+		if quota == codes.OK || overload == codes.OK || quota > codes.Unauthenticated || overload > codes.Unauthenticated {
+			o.fail("WithCodes: codes must be valid and not OK")
+		}
+		o.quotaCode, o.overCode = quota, overload
+	}
+}
+
+// WithDetails sets whether rejections carry status details (ErrorInfo,
+// RetryInfo, and QuotaFailure for quota rejections). The default is true;
+// without details a rejection is a prebuilt status and costs less. A
+// repeated call replaces the setting.
+func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
+
+// WithMaxPushback caps the retry delay a rejection asks for, in (0, 1h].
+// A wait beyond it (or beyond the caller's deadline) is sent as pushback -1:
+// do not retry. The default is DefaultMaxPushback. A repeated call replaces
+// the cap.
+func WithMaxPushback(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 || d > MaxPushbackLimit {
+			o.fail("WithMaxPushback: must be in (0, 1h]")
+		}
+		o.maxPushback = d
+	}
+}
+
+// WithDomain sets the ErrorInfo domain of rejections, typically the
+// service's name. It must not be empty. A repeated call replaces it.
+func WithDomain(domain string) Option {
+	return func(o *options) {
+		if domain == "" {
+			o.fail("WithDomain: must not be empty")
+		}
+		o.domain = domain
+	}
+}
+
+// WithRateLimitHeaders sets whether accepted unary calls and streams carry
+// header metadata ratelimit-limit (the burst), ratelimit-remaining and
+// ratelimit-reset (seconds until the bucket is full). It costs a few
+// allocations per call and is off by default. Rejections never carry header
+// metadata whatever this says. A repeated call replaces the setting.
+func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHeaders = on } }
+
+// WithDryRun sets whether the Limiter only decides and reports: every call
+// is admitted, and the decision (in the context, the Event and Stats) says
+// what would have happened. Tokens are still taken. The tap handle rejects
+// nothing in dry-run mode. A repeated call replaces the setting.
+func WithDryRun(on bool) Option { return func(o *options) { o.dryRun = on } }
+
+// WithExemptions sets the full-method prefixes that are never limited, such
+// as "/grpc.health.v1.Health/" or "/pkg.Svc/Method". Exempt calls take no
+// tokens and carry no decision. A repeated call replaces the list, so pass
+// DefaultExemptions() along to keep the defaults.
+func WithExemptions(prefixes ...string) Option {
+	return func(o *options) {
+		for _, p := range prefixes {
+			if !strings.HasPrefix(p, "/") {
+				o.fail("WithExemptions: prefixes must start with '/'")
+			}
+		}
+		o.exempt = append([]string(nil), prefixes...)
+	}
+}
+
+// WithObserver sets a function called once per decision, on the request
+// path, after the decision is made: keep it fast and do not block. A
+// repeated call replaces it; nil removes it.
+func WithObserver(f func(Event)) Option { return func(o *options) { o.observer = f } }
+
+// WithPerMessage sets whether each message a client sends on an admitted
+// stream also takes the method's cost from the caller's bucket. A message
+// over quota ends the stream: RecvMsg returns the rejection. The default is
+// false: streams are admitted once, at their start. A repeated call replaces
+// the setting.
+func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = on } }
+
+// WithTapFloor sets the gate scale, in (0, 1], at or below which the tap
+// handle rejects callers still inside a retry delay the interceptor gave
+// them. Set it to the policy's floor (cpugate.Fixed.Factor,
+// cpugate.Adaptive.Floor); the default is cpugate.DefaultFactor. A repeated
+// call replaces it.
+func WithTapFloor(f float64) Option {
+	return func(o *options) {
+		if !(f > 0 && f <= 1) {
+			o.fail("WithTapFloor: must be in (0, 1]")
+		}
+		o.tapFloor = f
+	}
+}
+
+// WithFailClosed sets what happens when the store cannot decide (a Redis
+// store unreachable without a fallback): false, the default, admits the
+// call; true rejects it with the overload code. Either way the Event and
+// Stats count a store error. A repeated call replaces the setting.
+func WithFailClosed(on bool) Option { return func(o *options) { o.failClosed = on } }
+
+// WithClock sets the clock of the Limiter's own timing: the retry windows
+// the tap handle remembers and the caller's deadline check. It does not
+// change the store's clock. nil restores time.Now. For tests and
+// simulations; a repeated call replaces it.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) {
+		if now == nil {
+			now = time.Now
+		}
+		o.now = now
+	}
+}

@@ -1,0 +1,205 @@
+package middleware
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// PushbackKey is the trailer through which a rejection tells grpc-go's
+// retrying client how many milliseconds to wait before its next attempt,
+// or -1 not to retry (gRFC A6).
+const PushbackKey = "grpc-retry-pushback-ms"
+
+// ErrorInfo reasons of rejections, in the domain set by WithDomain.
+const (
+	ReasonRateLimited = "RATE_LIMITED"
+	ReasonOverloaded  = "OVERLOADED"
+	ReasonUnavailable = "LIMITER_UNAVAILABLE"
+)
+
+// Rejection messages: short and static, so that they never carry a key, an
+// address, a method or a backend's error text, and cost nothing to build.
+const (
+	msgQuota    = "rate limit exceeded"
+	msgOverload = "server overloaded"
+	msgStore    = "rate limiter unavailable"
+)
+
+type kind uint8
+
+const (
+	kindQuota kind = iota
+	kindOverload
+	kindStore
+	nKinds
+)
+
+// Retry delays are rounded up onto a fixed grid, so that each rejection
+// status with its details is built once and then shared: milliseconds up
+// to 1 s, 10 ms up to 10 s, seconds up to MaxPushbackLimit. Rounding up
+// never asks a client to come back before its tokens have.
+const (
+	gridFine   = 1000
+	gridMedium = gridFine + (10_000-1_000)/10
+	gridSize   = gridMedium + int((MaxPushbackLimit-10*time.Second)/time.Second)
+)
+
+func gridIndex(d time.Duration) (int, time.Duration) {
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	switch {
+	case ms < 1:
+		return 0, time.Millisecond
+	case ms <= 1_000:
+		return int(ms) - 1, ms * time.Millisecond
+	case ms <= 10_000:
+		r := (ms + 9) / 10
+		return gridFine + int(r-100) - 1, r * 10 * time.Millisecond
+	default:
+		r := (ms + 999) / 1000
+		return gridMedium + int(r-10) - 1, r * time.Second
+	}
+}
+
+type entry struct {
+	err error
+	md  metadata.MD
+}
+
+// abortMD tells a retrying client not to retry: the wait exceeds its
+// deadline or the cap.
+var abortMD = metadata.MD{PushbackKey: {"-1"}}
+
+type rejecter struct {
+	o     *options
+	plain [nKinds]error // no details
+	never [nKinds]error // details without RetryInfo: no retry can succeed
+	grid  [nKinds - 1][]atomic.Pointer[entry]
+}
+
+func newRejecter(o *options) *rejecter {
+	r := &rejecter{o: o}
+	for k := range nKinds {
+		r.plain[k] = status.New(r.code(k), message(k)).Err()
+		r.never[k] = r.build(k, 0)
+	}
+	for k := range r.grid {
+		r.grid[k] = make([]atomic.Pointer[entry], gridSize)
+	}
+	return r
+}
+
+func (r *rejecter) code(k kind) codes.Code {
+	if k == kindQuota {
+		return r.o.quotaCode
+	}
+	return r.o.overCode
+}
+
+func message(k kind) string {
+	switch k {
+	case kindQuota:
+		return msgQuota
+	case kindOverload:
+		return msgOverload
+	}
+	return msgStore
+}
+
+func reasonOf(k kind) string {
+	switch k {
+	case kindQuota:
+		return ReasonRateLimited
+	case kindOverload:
+		return ReasonOverloaded
+	}
+	return ReasonUnavailable
+}
+
+// build returns the rejection error of kind k with a retry delay of d, or
+// without RetryInfo for d == 0.
+func (r *rejecter) build(k kind, d time.Duration) error {
+	if !r.o.details {
+		return r.plain[k]
+	}
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}}
+	if d > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
+	}
+	if k == kindQuota {
+		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     "client",
+			Description: "the caller's request quota is exhausted",
+		}}})
+	}
+	st, err := status.New(r.code(k), message(k)).WithDetails(details...)
+	if err != nil {
+		return r.plain[k]
+	}
+	return st.Err()
+}
+
+// lookup returns the shared entry for a rejection of kind k (quota or
+// overload) with a retry delay of d ≤ MaxPushbackLimit.
+func (r *rejecter) lookup(k kind, d time.Duration) *entry {
+	i, rounded := gridIndex(d)
+	slot := &r.grid[k][i]
+	if e := slot.Load(); e != nil {
+		return e
+	}
+	e := &entry{
+		err: r.build(k, rounded),
+		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(rounded/time.Millisecond), 10)}},
+	}
+	// Racing builders make equal entries; whichever is stored last wins.
+	slot.Store(e)
+	return e
+}
+
+// reject returns the error for a rejection and sets its pushback trailer
+// on ctx's call, never header metadata, so the response stays
+// Trailers-Only and grpc-go's retry honours the pushback.
+func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duration) error {
+	var k kind
+	switch reason {
+	case ReasonQuota:
+		k = kindQuota
+	case ReasonOverload:
+		k = kindOverload
+	default:
+		return r.plain[kindStore]
+	}
+	if retry <= 0 || retry == floodgate.Never || retry > r.o.maxPushback {
+		_ = grpc.SetTrailer(ctx, abortMD)
+		return r.never[k]
+	}
+	e := r.lookup(k, retry)
+	md := e.md
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < retry {
+		md = abortMD
+	}
+	// SetTrailer fails only outside a gRPC call (a direct call in a test);
+	// the status is the rejection either way.
+	_ = grpc.SetTrailer(ctx, md)
+	return e.err
+}
+
+// tapError returns the tap handle's rejection for a caller who may retry
+// after d. The tap cannot send metadata, so there is no pushback trailer.
+func (r *rejecter) tapError(d time.Duration) error {
+	if d <= 0 || d > r.o.maxPushback {
+		return r.never[kindOverload]
+	}
+	return r.lookup(kindOverload, d).err
+}

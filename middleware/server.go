@@ -1,0 +1,164 @@
+package middleware
+
+import (
+	"context"
+	"strconv"
+	"unsafe"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+)
+
+var _ ratelimit.Limiter = (*Limiter)(nil)
+
+// UnaryServerInterceptor returns an interceptor that admits each unary call
+// or rejects it before the handler runs. An admitted call's context carries
+// its Decision (FromContext). Install it first in the chain, or at least
+// before anything that sets header metadata, so that a rejection is a
+// Trailers-Only response whose pushback grpc-go's retry honours.
+func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if l.Exempt(info.FullMethod) {
+			l.c.exempt.Add(1)
+			return handler(ctx, req)
+		}
+		dc, err := l.admit(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		if l.o.rateHeaders {
+			_ = grpc.SetHeader(ctx, rateHeaders(&dc.d))
+		}
+		return handler(dc, req)
+	}
+}
+
+// StreamServerInterceptor returns an interceptor that admits each stream at
+// its start, taking the method's cost once, or rejects it before the
+// handler runs. With WithPerMessage, every message the client sends takes
+// the cost again and a message over quota ends the stream. The stream's
+// context carries the Decision of its start.
+func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if l.Exempt(info.FullMethod) {
+			l.c.exempt.Add(1)
+			return handler(srv, ss)
+		}
+		dc, err := l.admit(ss.Context(), info.FullMethod)
+		if err != nil {
+			return err
+		}
+		if l.o.rateHeaders {
+			_ = ss.SetHeader(rateHeaders(&dc.d))
+		}
+		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, method: info.FullMethod})
+	}
+}
+
+// stream is an admitted server stream: its context carries the decision,
+// and with WithPerMessage each received message is limited.
+type stream struct {
+	grpc.ServerStream
+	l      *Limiter
+	dc     *decisionCtx
+	method string
+}
+
+func (s *stream) Context() context.Context { return s.dc }
+
+func (s *stream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil || !s.l.o.perMessage {
+		return err
+	}
+	// The decision in the context stays the stream's start; a message's
+	// decision is reported to the observer and counted.
+	d := s.dc.d
+	return s.l.take(s.dc.Context, &d, s.dc.key, s.dc.key[:s.dc.subject], s.method)
+}
+
+func rateHeaders(d *Decision) metadata.MD {
+	r := d.Result
+	reset := (r.ResetAfter + 999_999_999) / 1_000_000_000
+	return metadata.MD{
+		"ratelimit-limit":     {strconv.Itoa(r.Limit.Burst)},
+		"ratelimit-remaining": {strconv.Itoa(r.Remaining)},
+		"ratelimit-reset":     {strconv.FormatInt(int64(reset), 10)},
+	}
+}
+
+// TapHandle is a tap.ServerInHandle, installed with grpc.InTapHandle, that
+// rejects the cheapest way gRPC offers: when a stream's headers arrive,
+// before a goroutine is started for it or its request is read.
+//
+// It runs on the connection's reader under the transport's lock, so it does
+// constant work and no I/O, and rejects only in the worst case: the CPU gate
+// is shedding at or below its floor (WithTapFloor) and the caller is over its
+// share. A caller is over its share while a retry delay the interceptor gave
+// it has not yet run out: the interceptor remembers, per bucket subject (a
+// tenant, or an anonymous address), until when it told the caller to wait,
+// in a fixed table of atomic words. The tap resolves the subject from the
+// connection's address, the forwarding headers of trusted proxies, a TLS
+// client certificate and API keys it has already seen; it does not call a
+// KeyFunc, so callers identified only by a KeyFunc are left to the
+// interceptor. Everything else passes to the interceptor, which decides
+// exactly.
+//
+// A rejection carries the overload status with its details; the tap cannot
+// send metadata, so it has no pushback trailer and clients back off by
+// their retry policy instead. Tap rejections are counted in Stats.Tap and
+// reported to the observer, since stats handlers never see them.
+func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
+	g := l.o.gate
+	if g == nil || l.o.dryRun || g.State() != cpugate.Shedding || g.Scale() > l.o.tapFloor {
+		return ctx, nil
+	}
+	if l.Exempt(info.FullMethodName) {
+		return ctx, nil
+	}
+	var buf [keyBufLen]byte
+	_, _, subject := l.resolve(ctx, header{md: info.Header}, l.tables.Table(), buf[:0], true)
+	// The subject is hashed, not kept, so it may alias the stack buffer.
+	left := l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), l.sinceEpoch())
+	if left <= 0 {
+		return ctx, nil
+	}
+	l.c.tap.Add(1)
+	if l.o.observer != nil {
+		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
+	}
+	return ctx, l.rej.tapError(left)
+}
+
+// Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
+// can serve its ratelimit interceptors. It decides the call whose server
+// context ctx is, finding the method with grpc.Method, and sets the
+// pushback trailer on a rejection. Through that interceptor every rejection
+// becomes RESOURCE_EXHAUSTED with the interceptor's own message and without
+// details, and the decision is not left in the handler's context: prefer
+// UnaryServerInterceptor unless the chain must use the ratelimit package.
+func (l *Limiter) Limit(ctx context.Context) error {
+	method := methodOf(ctx)
+	if l.Exempt(method) {
+		l.c.exempt.Add(1)
+		return nil
+	}
+	_, err := l.admit(ctx, method)
+	return err
+}
+
+// Selector returns a go-grpc-middleware selector.Matcher that matches the
+// methods the Limiter limits and not its exemptions, so that
+// selector.UnaryServerInterceptor(i, l.Selector()) runs i only for limited
+// calls: use it around the ratelimit package's interceptors, or around other
+// interceptors that should skip health checks and reflection too.
+func (l *Limiter) Selector() selector.Matcher {
+	return selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return !l.Exempt(c.FullMethod())
+	})
+}
