@@ -1,0 +1,545 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+var anon = call{addr: "203.0.113.7:5000"}
+
+func TestAdmitsWithinQuota(t *testing.T) {
+	f := newFixture(t)
+	c := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+	for i := range 5 {
+		ran, d, ts, err := unary(f.l, c, methodGet)
+		if err != nil || !ran {
+			t.Fatalf("call %d: ran %v, err %v; want the handler to run", i, ran, err)
+		}
+		if got, want := d.Tenant, "acme"; got != want {
+			t.Errorf("Decision.Tenant = %q, want %q", got, want)
+		}
+		if got, want := d.Tier, "gold"; got != want {
+			t.Errorf("Decision.Tier = %q, want %q", got, want)
+		}
+		if !d.Allowed || d.Reason != middleware.ReasonAdmitted {
+			t.Errorf("Decision = %+v, want admitted", d)
+		}
+		if got, want := d.Result.Remaining, 4-i; got != want {
+			t.Errorf("call %d: Remaining = %d, want %d", i, got, want)
+		}
+		if ts.headerCalls != 0 || ts.trailer != nil {
+			t.Errorf("accepted call set metadata: header %v, trailer %v", ts.header, ts.trailer)
+		}
+	}
+}
+
+func TestRejectsOverQuota(t *testing.T) {
+	f := newFixture(t)
+	for range 2 {
+		if ran, _, _, err := unary(f.l, anon, methodGet); !ran || err != nil {
+			t.Fatalf("burst call: ran %v, err %v", ran, err)
+		}
+	}
+	ran, _, ts, err := unary(f.l, anon, methodGet)
+	if ran {
+		t.Fatal("handler ran on a rejected call")
+	}
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		t.Fatalf("err = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if got, want := st.Message(), "rate limit exceeded"; got != want {
+		t.Errorf("message = %q, want %q", got, want)
+	}
+	if ts.headerCalls != 0 || len(ts.header) != 0 {
+		t.Errorf("rejection set header metadata %v", ts.header)
+	}
+	// Anonymous 1/s with an empty bucket: the next token is 1 s away.
+	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"1000"}; !cmp.Equal(got, want) {
+		t.Errorf("pushback trailer = %q, want %q", got, want)
+	}
+	var info *errdetails.ErrorInfo
+	var retry *errdetails.RetryInfo
+	var quota *errdetails.QuotaFailure
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			info = d
+		case *errdetails.RetryInfo:
+			retry = d
+		case *errdetails.QuotaFailure:
+			quota = d
+		default:
+			t.Errorf("unexpected detail %T", d)
+		}
+	}
+	if info == nil || info.Reason != middleware.ReasonRateLimited || info.Domain != middleware.DefaultDomain {
+		t.Errorf("ErrorInfo = %v, want reason %s domain %s", info, middleware.ReasonRateLimited, middleware.DefaultDomain)
+	}
+	if retry == nil || retry.RetryDelay.AsDuration() != time.Second {
+		t.Errorf("RetryInfo = %v, want 1s", retry)
+	}
+	if quota == nil || len(quota.Violations) != 1 {
+		t.Errorf("QuotaFailure = %v, want one violation", quota)
+	}
+	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 2, Quota: 1}); got != want {
+		t.Errorf("Stats() = %+v, want %+v", got, want)
+	}
+
+	// Once the token is back the caller is admitted again.
+	f.clock.Advance(time.Second)
+	if ran, _, _, err := unary(f.l, anon, methodGet); !ran || err != nil {
+		t.Errorf("after the wait: ran %v, err %v; want admitted", ran, err)
+	}
+}
+
+func TestRulesUseSeparateBuckets(t *testing.T) {
+	f := newFixture(t)
+	c := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+	if ran, _, _, _ := unary(f.l, c, methodPut); !ran {
+		t.Fatal("first Put rejected")
+	}
+	if ran, _, _, _ := unary(f.l, c, methodPut); ran {
+		t.Fatal("second Put admitted, want its burst of 1 spent")
+	}
+	ran, d, _, _ := unary(f.l, c, methodGet)
+	if !ran {
+		t.Fatal("Get rejected after Put drained its own bucket")
+	}
+	if d.Rule.ID == "" || d.Rule.Pattern != "default" {
+		t.Errorf("Get's rule = %+v, want the default", d.Rule)
+	}
+	// Tenants do not share buckets either.
+	if ran, _, _, _ := unary(f.l, call{addr: "203.0.113.7:5000", md: apiKeyMD(globexKey)}, methodPut); !ran {
+		t.Error("globex's Put rejected after acme drained acme's")
+	}
+}
+
+func TestPushback(t *testing.T) {
+	zeroAnon, err := tenant.Compile(&tenant.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		opts     []middleware.Option
+		tables   middleware.Tables
+		deadline time.Duration
+		want     string
+	}{
+		{name: "wait", want: "1000"},
+		{name: "deadline too short", deadline: 100 * time.Millisecond, want: "-1"},
+		{name: "deadline long enough", deadline: time.Minute, want: "1000"},
+		{name: "over the cap", opts: []middleware.Option{middleware.WithMaxPushback(500 * time.Millisecond)}, want: "-1"},
+		{name: "never", tables: middleware.Static(zeroAnon), want: "-1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.opts...)
+			l := f.l
+			if tc.tables != nil {
+				var err error
+				if l, err = middleware.New(f.store, tc.tables, tc.opts...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var trailer metadata.MD
+			for range 3 {
+				ctx, ts := anon.context(methodGet)
+				if tc.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+					defer cancel()
+				}
+				_, err := l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop)
+				if err != nil {
+					trailer = ts.trailer
+					break
+				}
+			}
+			if got := trailer.Get(middleware.PushbackKey); !cmp.Equal(got, []string{tc.want}) {
+				t.Errorf("pushback = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPushbackNeverZero(t *testing.T) {
+	// A fast bucket: 1000/s leaves waits of 1 ms or less, which must round
+	// up, never down to 0 ("retry at once").
+	tbl, err := tenant.Compile(&tenant.Config{Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 3000, Burst: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t)
+	l, err := middleware.New(f.store, middleware.Static(tbl), middleware.WithClock(f.clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary(l, anon, methodGet)
+	_, _, ts, err := unary(l, anon, methodGet)
+	if err == nil {
+		t.Fatal("second call admitted")
+	}
+	ms, _ := strconv.Atoi(ts.trailer.Get(middleware.PushbackKey)[0])
+	if ms < 1 {
+		t.Errorf("pushback = %d ms, want ≥ 1", ms)
+	}
+}
+
+// scriptedGate returns a Fixed gate driven by explicit readings.
+func scriptedGate(t *testing.T) (*cpugate.Gate, func(cpu float64, at time.Time)) {
+	t.Helper()
+	var next float64
+	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
+		return cpugate.Reading{CPU: next, Source: "script"}, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, func(cpu float64, at time.Time) {
+		next = cpu
+		if err := g.SampleAt(at); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestOverloadUnderGate(t *testing.T) {
+	g, sample := scriptedGate(t)
+	f := newFixture(t, middleware.WithGate(g))
+	c := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+	sample(0.95, f.clock.Now())
+	if got := g.Scale(); got != cpugate.DefaultFactor {
+		t.Fatalf("gate scale = %v, want %v", got, cpugate.DefaultFactor)
+	}
+	// gold is 10/s burst 5; at 0.2 it is 2/s burst 1.
+	ran, d, _, _ := unary(f.l, c, methodGet)
+	if !ran {
+		t.Fatal("first call rejected")
+	}
+	if got, want := d.Result.Limit, floodgate.PerSecond(2, 1); got != want {
+		t.Errorf("scaled limit = %v, want %v", got, want)
+	}
+	ran, _, ts, err := unary(f.l, c, methodGet)
+	if ran || status.Code(err) != codes.Unavailable {
+		t.Fatalf("second call: ran %v, err %v; want UNAVAILABLE", ran, err)
+	}
+	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"500"}; !cmp.Equal(got, want) {
+		t.Errorf("pushback = %q, want %q", got, want)
+	}
+	st, _ := status.FromError(err)
+	for _, det := range st.Details() {
+		if info, ok := det.(*errdetails.ErrorInfo); ok && info.Reason != middleware.ReasonOverloaded {
+			t.Errorf("ErrorInfo.Reason = %q, want %q", info.Reason, middleware.ReasonOverloaded)
+		}
+		if _, ok := det.(*errdetails.QuotaFailure); ok {
+			t.Error("overload rejection carries QuotaFailure")
+		}
+	}
+	if got := f.l.Stats().Overload; got != 1 {
+		t.Errorf("Stats().Overload = %d, want 1", got)
+	}
+}
+
+func TestExempt(t *testing.T) {
+	f := newFixture(t)
+	for _, m := range []string{"/grpc.health.v1.Health/Check", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics"} {
+		for range 5 {
+			ran, _, _, err := unary(f.l, anon, m)
+			if !ran || err != nil {
+				t.Fatalf("%s: ran %v, err %v; want exempt", m, ran, err)
+			}
+		}
+	}
+	if _, ok := middleware.FromContext(context.Background()); ok {
+		t.Error("FromContext on a bare context reports a decision")
+	}
+	if got, want := f.l.Stats(), (middleware.Stats{Exempt: 15}); got != want {
+		t.Errorf("Stats() = %+v, want %+v", got, want)
+	}
+	custom := newFixture(t, middleware.WithExemptions("/inventory.v1.Inventory/"))
+	for range 5 {
+		if ran, _, _, _ := unary(custom.l, anon, methodGet); !ran {
+			t.Fatal("custom exemption not honoured")
+		}
+	}
+	if ran, _, _, _ := unary(custom.l, anon, "/grpc.health.v1.Health/Check"); !ran {
+		t.Fatal("health check rejected with budget left")
+	}
+}
+
+func TestDryRun(t *testing.T) {
+	var events []middleware.Event
+	f := newFixture(t, middleware.WithDryRun(true), middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))
+	var last middleware.Decision
+	for i := range 4 {
+		ran, d, ts, err := unary(f.l, anon, methodGet)
+		if !ran || err != nil {
+			t.Fatalf("call %d: ran %v, err %v; dry run must admit", i, ran, err)
+		}
+		if ts.trailer != nil {
+			t.Errorf("dry-run call %d set trailer %v", i, ts.trailer)
+		}
+		last = d
+	}
+	if last.Allowed || !last.DryRun || last.Reason != middleware.ReasonQuota {
+		t.Errorf("last decision = %+v, want a dry-run quota rejection", last)
+	}
+	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 2, Quota: 2, DryRun: 2}); got != want {
+		t.Errorf("Stats() = %+v, want %+v", got, want)
+	}
+	want := []middleware.Event{
+		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
+	}
+	if diff := cmp.Diff(want, events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+type failingStore struct{}
+
+func (failingStore) TakeN(context.Context, string, floodgate.Limit, int) (floodgate.Result, error) {
+	return floodgate.Result{}, errors.New("redis: connection refused 10.1.2.3:6379")
+}
+
+func TestStoreError(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		l, err := middleware.New(failingStore{}, middleware.Static(testTable(t)), middleware.WithFailClosed(closed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran, _, _, err := unary(l, anon, methodGet)
+		if ran == closed {
+			t.Errorf("fail closed %v: handler ran %v", closed, ran)
+		}
+		if closed {
+			st, _ := status.FromError(err)
+			if st.Code() != codes.Unavailable || st.Message() != "rate limiter unavailable" {
+				t.Errorf("fail closed: err = %v, want UNAVAILABLE without the store's text", err)
+			}
+		}
+		if got := l.Stats().StoreErrors; got != 1 {
+			t.Errorf("StoreErrors = %d, want 1", got)
+		}
+	}
+}
+
+func TestCodesAndPlainStatus(t *testing.T) {
+	f := newFixture(t, middleware.WithCodes(codes.Unavailable, codes.ResourceExhausted), middleware.WithDetails(false), middleware.WithDomain("inventory.example.com"))
+	var err error
+	for range 3 {
+		_, _, _, err = unary(f.l, anon, methodGet)
+	}
+	st, _ := status.FromError(err)
+	if st.Code() != codes.Unavailable || len(st.Details()) != 0 {
+		t.Errorf("err = %v with %d details, want UNAVAILABLE without details", err, len(st.Details()))
+	}
+}
+
+func TestRateLimitHeaders(t *testing.T) {
+	f := newFixture(t, middleware.WithRateLimitHeaders(true))
+	_, _, ts, _ := unary(f.l, anon, methodGet)
+	want := metadata.MD{"ratelimit-limit": {"2"}, "ratelimit-remaining": {"1"}, "ratelimit-reset": {"1"}}
+	if diff := cmp.Diff(want, ts.header); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+	unary(f.l, anon, methodGet)
+	_, _, ts, err := unary(f.l, anon, methodGet)
+	if err == nil || len(ts.header) != 0 {
+		t.Errorf("rejection: err %v, header %v; want no header metadata", err, ts.header)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	store := failingStore{}
+	tables := middleware.Static(testTable(t))
+	for _, tc := range []struct {
+		name   string
+		store  floodgate.Store
+		tables middleware.Tables
+		opts   []middleware.Option
+	}{
+		{name: "nil store", tables: tables},
+		{name: "nil tables", store: store},
+		{name: "no table", store: store, tables: middleware.Static(nil)},
+		{name: "v4 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(0, 64)}},
+		{name: "v6 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(32, 129)}},
+		{name: "OK code", store: store, tables: tables, opts: []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}},
+		{name: "pushback cap", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}},
+		{name: "domain", store: store, tables: tables, opts: []middleware.Option{middleware.WithDomain("")}},
+		{name: "tap floor", store: store, tables: tables, opts: []middleware.Option{middleware.WithTapFloor(0)}},
+		{name: "header case", store: store, tables: tables, opts: []middleware.Option{middleware.WithAPIKeyHeaders("X-Api-Key")}},
+		{name: "exemption", store: store, tables: tables, opts: []middleware.Option{middleware.WithExemptions("grpc.health")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := middleware.New(tc.store, tc.tables, tc.opts...)
+			if l != nil || err == nil || !errors.Is(err, middleware.ErrInvalidOption) && err.Error()[:len(middleware.ErrInvalidOption.Error())] != middleware.ErrInvalidOption.Error() {
+				t.Errorf("New() = %v, %v; want an invalid-option error", l, err)
+			}
+		})
+	}
+}
+
+func TestObserverLabels(t *testing.T) {
+	var events []middleware.Event
+	f := newFixture(t, middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))
+	c := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+	unary(f.l, c, methodPut)
+	unary(f.l, c, methodPut)
+	want := []middleware.Event{
+		{Method: methodPut, Tier: "gold", Reason: middleware.ReasonAdmitted, Allowed: true},
+		{Method: methodPut, Tier: "gold", Reason: middleware.ReasonQuota},
+	}
+	if diff := cmp.Diff(want, events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// serverStream is a fake grpc.ServerStream delivering n messages.
+type serverStream struct {
+	grpc.ServerStream
+	ctx     context.Context
+	n       int
+	trailer metadata.MD
+}
+
+func (s *serverStream) Context() context.Context        { return s.ctx }
+func (s *serverStream) SetHeader(md metadata.MD) error  { return nil }
+func (s *serverStream) SetTrailer(md metadata.MD)       { s.trailer = metadata.Join(s.trailer, md) }
+func (s *serverStream) RecvMsg(any) error {
+	if s.n == 0 {
+		return errors.New("EOF")
+	}
+	s.n--
+	return nil
+}
+
+func TestStreamInterceptor(t *testing.T) {
+	for _, perMessage := range []bool{false, true} {
+		f := newFixture(t, middleware.WithPerMessage(perMessage))
+		info := &grpc.StreamServerInfo{FullMethod: methodGet, IsClientStream: true}
+		var recvErr error
+		var got middleware.Decision
+		handler := func(_ any, ss grpc.ServerStream) error {
+			got, _ = middleware.FromContext(ss.Context())
+			for {
+				if recvErr = ss.RecvMsg(nil); recvErr != nil {
+					return recvErr
+				}
+			}
+		}
+		ctx, _ := anon.context(methodGet)
+		_ = f.l.StreamServerInterceptor()(nil, &serverStream{ctx: ctx, n: 3}, info, handler)
+		if !got.Allowed {
+			t.Errorf("per message %v: stream start not admitted: %+v", perMessage, got)
+		}
+		// Burst 2: the start takes one token; per message, the second
+		// message finds the bucket empty.
+		if code := status.Code(recvErr); perMessage != (code == codes.ResourceExhausted) {
+			t.Errorf("per message %v: RecvMsg error %v", perMessage, recvErr)
+		}
+		// A stream opened with the bucket empty is rejected at its start.
+		ran := false
+		err := f.l.StreamServerInterceptor()(nil, &serverStream{ctx: ctx}, info, func(any, grpc.ServerStream) error { ran = true; return nil })
+		if perMessage && (ran || status.Code(err) != codes.ResourceExhausted) {
+			t.Errorf("stream on an empty bucket: ran %v, err %v", ran, err)
+		}
+	}
+}
+
+func TestLimitImplementsRatelimit(t *testing.T) {
+	f := newFixture(t)
+	ctx, ts := anon.context(methodGet)
+	for range 2 {
+		if err := f.l.Limit(ctx); err != nil {
+			t.Fatalf("Limit() = %v within the burst", err)
+		}
+	}
+	if err := f.l.Limit(ctx); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("Limit() = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if ts.trailer.Get(middleware.PushbackKey) == nil {
+		t.Error("Limit() rejection set no pushback trailer")
+	}
+	hctx, _ := anon.context("/grpc.health.v1.Health/Check")
+	for range 5 {
+		if err := f.l.Limit(hctx); err != nil {
+			t.Fatalf("Limit() on an exempt method = %v", err)
+		}
+	}
+}
+
+func TestTapHandle(t *testing.T) {
+	g, sample := scriptedGate(t)
+	var events []middleware.Event
+	f := newFixture(t, middleware.WithGate(g), middleware.WithObserver(func(e middleware.Event) {
+		if e.Tap {
+			events = append(events, e)
+		}
+	}))
+	tapCall := func(c call, method string) error {
+		ctx, _ := c.context(method)
+		_, err := f.l.TapHandle(ctx, &tap.Info{FullMethodName: method, Header: c.md})
+		return err
+	}
+	acme := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+
+	// Open gate: the tap admits everyone, even a caller just rejected.
+	for range 6 {
+		unary(f.l, acme, methodGet)
+	}
+	if err := tapCall(acme, methodGet); err != nil {
+		t.Fatalf("open gate: tap rejected: %v", err)
+	}
+
+	// At the floor: a caller inside its retry delay is turned away at the
+	// tap, with the overload status and details; others pass.
+	sample(0.95, f.clock.Now())
+	if _, _, _, err := unary(f.l, acme, methodGet); status.Code(err) != codes.Unavailable {
+		t.Fatalf("interceptor at the floor: %v, want UNAVAILABLE", err)
+	}
+	err := tapCall(acme, methodGet)
+	st, _ := status.FromError(err)
+	if st.Code() != codes.Unavailable || len(st.Details()) == 0 {
+		t.Errorf("tap at the floor: %v, want UNAVAILABLE with details", err)
+	}
+	if err := tapCall(call{addr: "203.0.113.7:5000", md: apiKeyMD(globexKey)}, methodGet); err != nil {
+		t.Errorf("tap rejected globex, which was never told to wait: %v", err)
+	}
+	if err := tapCall(anon, methodGet); err != nil {
+		t.Errorf("tap rejected an anonymous caller never told to wait: %v", err)
+	}
+	if err := tapCall(acme, "/grpc.health.v1.Health/Check"); err != nil {
+		t.Errorf("tap rejected an exempt method: %v", err)
+	}
+	// The retry delay runs out: the tap lets the caller through again.
+	f.clock.Advance(time.Second)
+	if err := tapCall(acme, methodGet); err != nil {
+		t.Errorf("tap after the retry delay: %v", err)
+	}
+	if got := f.l.Stats().Tap; got != 1 {
+		t.Errorf("Stats().Tap = %d, want 1", got)
+	}
+	if diff := cmp.Diff([]middleware.Event{{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}}, events); diff != "" {
+		t.Errorf("tap events (-want +got):\n%s", diff)
+	}
+}
