@@ -422,9 +422,9 @@ type serverStream struct {
 	trailer metadata.MD
 }
 
-func (s *serverStream) Context() context.Context        { return s.ctx }
-func (s *serverStream) SetHeader(md metadata.MD) error  { return nil }
-func (s *serverStream) SetTrailer(md metadata.MD)       { s.trailer = metadata.Join(s.trailer, md) }
+func (s *serverStream) Context() context.Context       { return s.ctx }
+func (s *serverStream) SetHeader(md metadata.MD) error { return nil }
+func (s *serverStream) SetTrailer(md metadata.MD)      { s.trailer = metadata.Join(s.trailer, md) }
 func (s *serverStream) RecvMsg(any) error {
 	if s.n == 0 {
 		return errors.New("EOF")
