@@ -1,0 +1,28 @@
+package middleware
+
+import (
+	"context"
+	"net/netip"
+)
+
+// Subject returns the bucket subject the interceptor would use for a call
+// with context ctx: "t:<tenant>" or "a:<address>".
+func Subject(l *Limiter, ctx context.Context) string {
+	var buf [keyBufLen]byte
+	_, _, b := l.resolve(ctx, incoming(ctx), l.tables.Table(), buf[:0], false)
+	return string(b)
+}
+
+var (
+	WalkForwarded = walkForwarded
+	ParseHop      = parseHop
+	Bearer        = bearer
+	GridIndex     = gridIndex
+)
+
+// Trusted reports whether a is a trusted proxy of l.
+func Trusted(l *Limiter) func(netip.Addr) bool { return l.isTrusted }
+
+// DirectMetadata reports whether the middleware reads grpc-go's incoming
+// metadata without copying it.
+func DirectMetadata() bool { return incomingKey != nil }
