@@ -347,8 +347,9 @@ func (d *decoder) fields(n *yaml.Node, path string, known []string, fn func(name
 				return
 			}
 		}
-		if !isIdent(key) || len(key) > 40 {
-			// The name itself may be a pasted secret: do not echo it.
+		if !isIdent(key) || len(key) > 40 || strings.ContainsAny(key, "0123456789") {
+			// The name itself may be a pasted secret (field names are
+			// short words; keys are long and hold digits): do not echo it.
 			d.p.addAt(d.p.lines[kpath], path, unknownField(key)+" (name not shown)")
 			return
 		}

@@ -87,6 +87,10 @@ func TestParseInvalid(t *testing.T) {
 			if got != string(want) {
 				t.Errorf("Parse(%s) error:\n%s\nwant:\n%s", path, got, want)
 			}
+			// The fixtures' plain-text keys must never be echoed.
+			if strings.Contains(got, "demo-plaintext-key") {
+				t.Errorf("Parse(%s) error quotes a plain-text key:\n%s", path, got)
+			}
 		})
 	}
 }
