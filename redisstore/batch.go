@@ -3,14 +3,16 @@ package redisstore
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // batcher coalesces concurrent decisions. A caller queues its op; when no
-// flush is running it starts one, a goroutine that sends everything queued
-// as one round trip, hands out the replies, and loops until the queue is
-// empty, then ends. Callers wait for their reply or their deadline,
+// flush is running it sends the queue itself as one round trip (with a
+// client that ignores deadlines, from a new goroutine) and hands out the
+// replies; if more ops queued meanwhile, a flusher goroutine sends them,
+// batch after batch, and ends when the queue is empty. Callers wait for their reply or their deadline,
 // whichever comes first: a caller that stops waiting leaves its op in the
 // batch (Redis may still apply it, which under-admits, never over-admits).
 //
@@ -23,11 +25,17 @@ type batcher struct {
 	mu      sync.Mutex
 	queue   []*pending
 	spare   []*pending
-	running bool
+	running int // batches being sent, at most maxInFlight
 }
+
+// maxInFlight batches may be on the wire at once: with one, Redis idles
+// while the client encodes, decodes and wakes callers; with a few, it stays
+// busy and batches stay large.
+const maxInFlight = 2
 
 type pending struct {
 	op   *op
+	due  time.Time // when the caller stops waiting: queued + the budget
 	done chan result1
 }
 
@@ -40,60 +48,129 @@ var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan re
 
 func newBatcher(s *Store, max int) *batcher { return &batcher{s: s, max: max} }
 
+// do queues o and waits for its reply. With a client that honours
+// deadlines, senders answer every op by its due time (see send), so callers
+// wait without a timer of their own: timers cost more CPU than anything else
+// on this path. With a client that ignores them, each caller keeps a timer.
 func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
-	dctx, cancel := context.WithTimeout(ctx, b.s.opts.deadline)
-	defer cancel()
 	p := pendingPool.Get().(*pending)
 	p.op = o
+	p.due = time.Now().Add(b.s.budget)
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
-	start := !b.running
-	b.running = true
+	lead := b.running < maxInFlight
+	if lead {
+		b.running++
+	}
 	b.mu.Unlock()
-	if start {
-		go b.flush()
+	if lead {
+		if b.s.guard {
+			// The client may block past the deadline: flush elsewhere.
+			go b.flush()
+		} else {
+			// Send the first batch (ours) from this goroutine, which saves
+			// two goroutine switches when there is no contention; hand any
+			// later batches to a flusher.
+			if b.sendNext() {
+				b.mu.Lock()
+				more := len(b.queue) > 0
+				if !more {
+					b.running--
+				}
+				b.mu.Unlock()
+				if more {
+					go b.flush()
+				}
+			}
+		}
+	}
+	done := ctx.Done()
+	var timer <-chan time.Time
+	if b.s.guard {
+		t := time.NewTimer(b.s.budget)
+		defer t.Stop()
+		timer = t.C
 	}
 	select {
 	case a := <-p.done:
-		p.op = nil
-		pendingPool.Put(p)
-		return a.r, a.err
-	case <-dctx.Done():
-		// p stays with the flusher, which sends to its buffered channel;
-		// it is not returned to the pool.
-		return reply{}, dctx.Err()
+		return b.release(p, a)
+	case <-done:
+	case <-timer:
+	}
+	select {
+	case a := <-p.done: // the reply came with the end of the wait
+		return b.release(p, a)
+	default:
+	}
+	// p stays with its sender, which answers on the buffered channel; it
+	// is not returned to the pool.
+	if err := ctx.Err(); err != nil {
+		return reply{}, err
+	}
+	return reply{}, context.DeadlineExceeded
+}
+
+func (b *batcher) release(p *pending, a result1) (reply, error) {
+	p.op = nil
+	pendingPool.Put(p)
+	return a.r, a.err
+}
+
+// flush sends batches until the queue is empty.
+func (b *batcher) flush() {
+	for b.sendNext() {
 	}
 }
 
-func (b *batcher) flush() {
-	for {
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.running = false
-			b.mu.Unlock()
+// sendNext sends the queued ops, at most max of them, and reports whether
+// there were any; with none it ends this sender's turn.
+func (b *batcher) sendNext() bool {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.running--
+		b.mu.Unlock()
+		return false
+	}
+	batch := b.queue
+	if len(batch) > b.max {
+		b.queue = append([]*pending(nil), batch[b.max:]...)
+		batch = batch[:b.max]
+	} else {
+		b.queue, b.spare = b.spare, nil
+	}
+	b.mu.Unlock()
+
+	b.send(batch)
+
+	clear(batch)
+	b.mu.Lock()
+	if cap(batch) > cap(b.spare) {
+		b.spare = batch[:0]
+	}
+	b.mu.Unlock()
+	return true
+}
+
+// send runs one batch and answers every op in it by the op's due time:
+// ops already due are answered at once with a deadline error, the rest are
+// sent with the earliest due time as the deadline.
+func (b *batcher) send(batch []*pending) {
+	start := time.Now()
+	if !start.Before(batch[0].due) { // the oldest op is due: drop the due ones
+		live := make([]*pending, 0, len(batch))
+		for _, p := range batch {
+			if start.Before(p.due) {
+				live = append(live, p)
+			} else {
+				p.done <- result1{err: context.DeadlineExceeded}
+			}
+		}
+		if len(live) == 0 {
 			return
 		}
-		batch := b.queue
-		if len(batch) > b.max {
-			b.queue = append([]*pending(nil), batch[b.max:]...)
-			batch = batch[:b.max]
-		} else {
-			b.queue, b.spare = b.spare, nil
-		}
-		b.mu.Unlock()
-
-		b.send(batch)
-
-		clear(batch)
-		b.mu.Lock()
-		b.spare = batch[:0]
-		b.mu.Unlock()
+		batch = live
 	}
-}
-
-// send runs one batch within one deadline and answers every op in it.
-func (b *batcher) send(batch []*pending) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.s.opts.deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), batch[0].due)
 	defer cancel()
 	now := b.s.now()
 	ops := make([]*op, len(batch))

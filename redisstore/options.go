@@ -99,8 +99,9 @@ func WithClientClock(now func() time.Time) Option {
 	}
 }
 
-// WithDeadline bounds each decision's time on Redis, 50 ms by default. When
-// it passes, the failure policy decides. The caller's context may end a
+// WithDeadline bounds each decision's time, 50 ms by default. Redis gets the
+// deadline less a reserve of a tenth (at most 2 ms) in which the failure
+// policy decides when Redis has not answered. The caller's context may end a
 // decision earlier; the decision then returns the context's error.
 func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
 

@@ -47,7 +47,8 @@ type Store struct {
 	opts    options
 
 	keyHead, keyTail string
-	guard            bool // the client ignores context deadlines
+	guard            bool          // the client ignores context deadlines
+	budget           time.Duration // Redis's share of the deadline
 	fallback         floodgate.Store
 	br               breaker
 	batch            *batcher
@@ -88,6 +89,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		keyHead: o.prefix + ":{",
 		keyTail: "}:" + o.name,
 		guard:   true,
+		budget:  o.deadline - min(o.deadline/10, 2*time.Millisecond),
 	}
 	switch c := client.(type) {
 	case *redis.Client:
@@ -204,7 +206,10 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 	if n == 0 {
 		o.mode = modePeek
 	}
-	sent := s.local()
+	var sent int64
+	if s.cache != nil {
+		sent = s.local()
+	}
 	r, err := s.call(ctx, &o)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -251,7 +256,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 
 // single runs o as its own script call within the deadline.
 func (s *Store) single(ctx context.Context, o *op) (reply, error) {
-	dctx, cancel := context.WithTimeout(ctx, s.opts.deadline)
+	dctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	if !s.guard {
 		return s.run(dctx, o)
@@ -381,7 +386,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	if _, ok := s.br.allow(time.Now()); !ok {
 		return &unavailableError{errBreakerOpen}
 	}
-	dctx, cancel := context.WithTimeout(ctx, s.opts.deadline)
+	dctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	if err := s.client.Del(dctx, s.Key(key)).Err(); err != nil {
 		return s.unavailable(ctx, err)
