@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -444,6 +445,13 @@ func TestCluster(t *testing.T) {
 	})
 	lim := floodgate.PerSecond(1, 3)
 	for _, batched := range []bool{false, true} {
+		// Flushed script caches: the batched run meets NOSCRIPT inside
+		// pipelines on every node.
+		if err := c.ForEachMaster(bg, func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
 		opts := []redisstore.Option{onErr, redisstore.WithDeadline(time.Second)}
 		if batched {
 			opts = append(opts, redisstore.WithBatching(64))

@@ -1,0 +1,104 @@
+// Package redisstore is a [floodgate.Store] whose token buckets live on
+// Redis, so that one limit holds across every process that shares the Redis:
+// a fleet of gRPC servers enforcing a tenant's quota, or workers pushing
+// notifications to a provider that throttles above its rate.
+//
+// A [Store] decides each take with one atomic Lua script and the semantics
+// of the in-memory keyed store (both reproduce testdata/vectors/bucket.json).
+// When Redis is slow or down, a failure policy decides instead, and every
+// [floodgate.Result] says which source decided.
+//
+// # Key layout and Cluster
+//
+// Each bucket is one key, <prefix>:{<subject>}:<name>, where the subject is
+// the key given to TakeN with '%', '{' and '}' escaped (%25, %7B, %7D). The
+// braces make the subject the key's hash tag: every call touches one key in
+// one slot, so the store works on Redis Cluster without CROSSSLOT errors, and
+// a subject cannot choose its slot by holding braces. The prefix ("floodgate"
+// by default, [WithPrefix]) and the name ("b", [WithName]) tell stores apart
+// that share a Redis. The store accepts a *redis.Client, *redis.ClusterClient
+// or *redis.Ring; on a Cluster, a failed call also triggers a topology reload
+// (at most once a second).
+//
+// # The script
+//
+// The script keeps each bucket as its tokens and the time they were counted,
+// in integer micro-tokens and microseconds (held exactly by Lua's doubles up
+// to floodgate.MaxBurst). It refills lazily and rounds down, caps a bucket at
+// the current burst, and never moves a bucket's time backwards. It writes
+// only when tokens are taken (or refunded), with SET … PX and a TTL of the
+// time until the bucket is full again (at least 1 ms): an expired key and a
+// full bucket mean the same thing, and no key is left without an expiry.
+// Buckets that refill slower than one burst per 400 days (rate 0 included)
+// forget their state after 400 days. A rejected take writes nothing.
+//
+// The store runs the script with EVALSHA and falls back to EVAL when the
+// server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover), in
+// pipelines too; no decision fails on a flushed script cache.
+//
+// # Time source
+//
+// By default the script reads Redis TIME, so that every client shares one
+// clock. [WithClientClock] sends the client's time instead, for servers or
+// proxies that refuse TIME in scripts and for tests with a controlled clock.
+// A client whose clock runs behind cannot move a bucket back; it only
+// refills less. In that mode TTLs carry 1 s of slack, so that a key does not
+// expire on Redis's clock before its bucket is full on the clients'.
+//
+// # Failure policy and breaker
+//
+// Each decision has a deadline (50 ms by default, [WithDeadline]); Redis
+// gets the deadline less a small reserve. When a call fails or misses it,
+// the policy decides ([WithFailurePolicy]):
+//
+//   - [Local] (the default): an in-process keyed bucket at the limit divided
+//     by [WithLocalDivisor] (set it to the expected number of instances);
+//     Source is floodgate.SourceFallback;
+//   - [Open]: admit, floodgate.SourceFailOpen;
+//   - [Closed]: reject with a retry hint, floodgate.SourceFailClosed.
+//
+// A circuit breaker ([WithBreaker]) opens after consecutive failures; while
+// it is open, decisions skip Redis and go to the policy at once. After a
+// cooldown one decision probes Redis: its success closes the breaker.
+//
+// go-redis honours the store's deadline only on a client made with
+// ContextTimeoutEnabled: true; give it MaxRetries: -1 too, so that a failed
+// call falls back at once instead of retrying. With ContextTimeoutEnabled
+// false the store still returns by the deadline, by running each call on a
+// goroutine of its own, which costs more.
+//
+// TakeN returns an error only for a negative n, an invalid limit or a done
+// context, never for Redis's trouble; Peek, Refund and Reset return errors
+// wrapping [ErrUnavailable], whose text never includes Redis's (use
+// [WithOnError] to log the causes).
+//
+// # Batching, deny cache and leases
+//
+// [WithBatching] coalesces concurrent decisions: decisions queued while a
+// round trip is on the wire go together in the next one, as one script call
+// on a standalone server or per Cluster slot, pipelined otherwise. Each
+// decision is still applied on its own and in order, so accounting is
+// exact; only latency changes. Under concurrency it multiplies throughput.
+//
+// [WithDenyCache] remembers up to a given number of denied buckets in
+// process, with the tokens Redis counted and the time the request was sent.
+// Until the denied request's retry-after, a request that cannot fit under
+// that count plus the refill since is denied locally (floodgate.SourceCache).
+// The bound is conservative: a cached denial is one Redis would also give,
+// except that a Refund, a Reset or a raised limit elsewhere is seen only
+// when the entry expires.
+//
+// [WithLeases] serves hot keys (two decisions within the lease time d) from
+// tokens leased in advance: one atomic take of the request's tokens plus up
+// to rate×d more, spent locally (floodgate.SourceLease) until d after the
+// request was sent, then dropped. Every leased token was taken from the
+// shared bucket, so over any window of length t all instances together
+// admit at most burst + rate×(t+d): leases add at most rate×d to the
+// bound. Unspent tokens are lost, which under-admits.
+//
+// # Concurrency and zero value
+//
+// A Store is safe for concurrent use and must be made with [New]; the zero
+// Store is not usable. It starts no goroutine of its own beyond short-lived
+// ones serving in-flight batched (or guarded) calls, and needs no Close.
+package redisstore
