@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The demo end to end, short and small: a server on loopback behind the
+// middleware, the test profile's callers, the table, the summary and the
+// chart. With a calm CPU the noisy tenant is shed by its quota; with a hot
+// one by the gate. Either way the steady tenants and the anonymous callers
+// are never shed. The CPU is scripted, so the machine's own load cannot turn
+// the gate on or off, and the assertions count outcomes, never time them.
+func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		cpu          float64
+		shedBy, not  outcome
+		wantShedding bool
+	}{
+		{name: "calm CPU", cpu: 0.1, shedBy: outcomeQuota, not: outcomeOverload},
+		// Before the gate's first reading, the noisy tenant is shed by its
+		// quota: both reasons may appear.
+		{name: "hot CPU", cpu: 0.95, shedBy: outcomeOverload, not: outcomeOverload, wantShedding: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			chart := filepath.Join(t.TempDir(), "chart.png")
+			sum, err := runDemo(context.Background(), demoConfig{
+				ConfigPath:  testdata(t, "test-tenants.yaml"),
+				ProfilePath: testdata(t, "test-profile.yaml"),
+				Duration:    2 * time.Second,
+				Cost:        100 * time.Microsecond,
+				Capacity:    100,
+				Policy:      "adaptive",
+				Seed:        1,
+				Every:       time.Second,
+				Out:         chart,
+				Stdout:      &out,
+				tick:        250 * time.Millisecond,
+				sampler:     scriptedCPU(tc.cpu),
+				burner:      testBurner(),
+			})
+			if err != nil {
+				t.Fatalf("runDemo = %v\n%s", err, out.String())
+			}
+			t.Logf("output:\n%s", out.String())
+
+			var noisy *callerTotal
+			for i := range sum.Callers {
+				c := &sum.Callers[i]
+				if c.Ramp {
+					noisy = c
+					continue
+				}
+				if c.Counts.By[outcomeOK] == 0 {
+					t.Errorf("%s: no call admitted", c.Name)
+				}
+				if shed := c.Counts.Shed(); shed != 0 {
+					t.Errorf("%s: %d calls shed, want none", c.Name, shed)
+				}
+				if got, want := c.Counts.By[outcomeOK], c.Counts.Sent(); got != want {
+					t.Errorf("%s: %d of %d calls served, want all (counts %+v)", c.Name, got, want, c.Counts)
+				}
+			}
+			if noisy == nil {
+				t.Fatal("no ramp caller in the summary")
+			}
+			if noisy.Counts.By[tc.shedBy] == 0 {
+				t.Errorf("noisy: no call shed by %v (counts %+v)", tc.shedBy, noisy.Counts)
+			}
+			if tc.not != tc.shedBy && noisy.Counts.By[tc.not] != 0 {
+				t.Errorf("noisy: %d calls shed by %v, want none with this CPU", noisy.Counts.By[tc.not], tc.not)
+			}
+			if noisy.Counts.By[outcomeOK] == 0 {
+				t.Error("noisy: no call admitted; its quota should still let some through")
+			}
+			if got := sum.Shedding > 0; got != tc.wantShedding {
+				t.Errorf("gate shed load for %v, want shedding %v", sum.Shedding, tc.wantShedding)
+			}
+			if sum.Server == nil || sum.Server.Admitted == 0 {
+				t.Errorf("server stats %+v, want admitted calls", sum.Server)
+			}
+
+			for _, want := range []string{"caller", "noisy", "anonymous", "summary:", "chart: " + chart} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q", want)
+				}
+			}
+			png, err := os.ReadFile(chart)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
+				t.Errorf("%s is not a PNG", chart)
+			}
+		})
+	}
+}
+
+func TestRunRejectsBadInvocations(t *testing.T) {
+	for _, args := range [][]string{
+		{"frobnicate"},
+		{"-duration", "0"},
+		{"-config", "no-such-file.yaml", "-capacity", "1"},
+		{"serve", "extra"},
+		{"load", "-capacity", "-1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
+			t.Errorf("run(%q) = nil, want an error", args)
+		}
+	}
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/middleware"
+)
+
+// A point is one sampling interval of a run, as the chart plots it. Rates
+// are per second over the interval; CPU and Scale are NaN when the load
+// generator cannot see the server's gate (the load subcommand).
+type point struct {
+	T         time.Duration // end of the interval, from the start
+	Dt        time.Duration // the interval's length
+	Factor    float64       // the ramp's multiple of the capacity
+	Target    float64       // the load the ramp asked for
+	Offered   float64       // arrivals
+	Goodput   float64       // admitted and served
+	Quota     float64       // shed over quota
+	Overload  float64       // shed by the CPU gate
+	Late      float64       // failed with DEADLINE_EXCEEDED
+	Errors    float64       // other errors and dropped arrivals
+	SteadyOK  float64       // goodput of the steady (non-ramp) callers
+	SteadyOff float64       // offered by the steady callers
+	P50, P99  time.Duration // of calls admitted in the interval
+	CPU       float64       // the gate's smoothed CPU reading, 0–1
+	Scale     float64       // the gate's scale
+	SchedP99  time.Duration // the gate's latest scheduling-latency reading
+	State     cpugate.State
+}
+
+// window is what the monitor accumulated for one caller since its last print.
+type window struct {
+	c counts
+	h Histogram
+}
+
+// monitor samples the generator's statistics and the gate every tick, keeps
+// the points for the chart and prints the live table every few ticks.
+type monitor struct {
+	gen    *generator
+	gate   *cpugate.Gate // nil when the server is elsewhere
+	out    io.Writer
+	live   bool // redraw the table in place (a terminal)
+	every  int  // ticks between prints
+	points []point
+
+	ticks   int
+	pending []window // per caller, since the last print
+	drawn   int      // lines of the last table, to redraw over
+}
+
+func newMonitor(gen *generator, gate *cpugate.Gate, out io.Writer, live bool, every int) *monitor {
+	return &monitor{gen: gen, gate: gate, out: out, live: live, every: max(every, 1), pending: make([]window, len(gen.callers))}
+}
+
+// sample closes the interval ending at offset t, of length dt.
+func (m *monitor) sample(t, dt time.Duration) {
+	secs := dt.Seconds()
+	p := point{T: t, Dt: dt, Factor: m.gen.factorAt(t), Target: m.gen.offeredAt(t), CPU: math.NaN(), Scale: math.NaN()}
+	var all Histogram
+	for i, c := range m.gen.callers {
+		w, h := c.stats.roll()
+		m.pending[i].c.add(w)
+		m.pending[i].h.Merge(&h)
+		all.Merge(&h)
+		p.Offered += float64(w.Offered) / secs
+		p.Goodput += float64(w.By[outcomeOK]) / secs
+		p.Quota += float64(w.By[outcomeQuota]) / secs
+		p.Overload += float64(w.By[outcomeOverload]) / secs
+		p.Late += float64(w.By[outcomeDeadline]) / secs
+		p.Errors += float64(w.By[outcomeError]+w.By[outcomeDropped]) / secs
+		if !c.spec.Ramp {
+			p.SteadyOK += float64(w.By[outcomeOK]) / secs
+			p.SteadyOff += float64(w.Offered) / secs
+		}
+	}
+	p.P50, p.P99 = all.Quantile(0.50), all.Quantile(0.99)
+	if m.gate != nil {
+		s := m.gate.Snapshot()
+		p.CPU, p.Scale, p.State, p.SchedP99 = s.Smoothed, s.Scale, s.State, s.SchedP99
+	}
+	m.points = append(m.points, p)
+	m.ticks++
+	if m.ticks%m.every == 0 {
+		m.print(m.points[len(m.points)-m.every:])
+	}
+}
+
+// print writes the table for the intervals pts, over the pending windows.
+func (m *monitor) print(pts []point) {
+	var b strings.Builder
+	last := pts[len(pts)-1]
+	span := (last.T - m.prevT(pts)).Seconds()
+	var offered, good, shed, failed float64
+	for _, p := range pts {
+		offered += p.Offered
+		good += p.Goodput
+		shed += p.Quota + p.Overload
+		failed += p.Late + p.Errors
+	}
+	n := float64(len(pts))
+	fmt.Fprintf(&b, "%5.0fs/%.0fs  load %.2f× capacity  offered %5.0f/s  goodput %5.0f/s  shed %5.0f/s  failed %4.0f/s",
+		last.T.Seconds(), m.gen.length.Seconds(), last.Factor, offered/n, good/n, shed/n, failed/n)
+	if !math.IsNaN(last.Scale) {
+		fmt.Fprintf(&b, "  gate %s ×%.2f  cpu %3.0f%%", last.State, last.Scale, 100*last.CPU)
+		if last.SchedP99 > 0 {
+			fmt.Fprintf(&b, "  sched p99 %s", fmtLatency(last.SchedP99, 1))
+		}
+	}
+	b.WriteString("\n")
+	b.WriteString(tableHeader)
+	for i, c := range m.gen.callers {
+		w := &m.pending[i]
+		writeRow(&b, c.spec.Name, w.c, &w.h, span)
+		m.pending[i] = window{}
+	}
+	text := b.String()
+	if m.live && m.drawn > 0 {
+		// Move up over the previous table and clear to the end of the screen.
+		fmt.Fprintf(m.out, "\x1b[%dA\x1b[J", m.drawn)
+	}
+	io.WriteString(m.out, text)
+	m.drawn = strings.Count(text, "\n")
+}
+
+// prevT is the end of the interval before pts, 0 at the start.
+func (m *monitor) prevT(pts []point) time.Duration {
+	i := len(m.points) - len(pts) - 1
+	if i < 0 {
+		return 0
+	}
+	return m.points[i].T
+}
+
+const tableHeader = "  caller       offered/s    ok/s  quota/s  overload/s  late/s  error/s  retries/s      p50      p99\n"
+
+// writeRow writes one caller's line of the live table: rates over span
+// seconds, latencies of its admitted calls.
+func writeRow(b *strings.Builder, name string, c counts, h *Histogram, span float64) {
+	rate := func(v uint64) float64 { return float64(v) / span }
+	retries := c.Attempts - min(c.Attempts, c.Sent())
+	fmt.Fprintf(b, "  %-12s %9.1f %7.1f %8.1f %11.1f %7.1f %8.1f %10.1f %8s %8s\n",
+		name, rate(c.Offered), rate(c.By[outcomeOK]), rate(c.By[outcomeQuota]), rate(c.By[outcomeOverload]),
+		rate(c.By[outcomeDeadline]), rate(c.By[outcomeError]+c.By[outcomeDropped]), rate(retries), fmtLatency(h.Quantile(0.50), h.Count()), fmtLatency(h.Quantile(0.99), h.Count()))
+}
+
+// fmtLatency formats a latency compactly, or "-" without samples.
+func fmtLatency(d time.Duration, n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+	case d < 100*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond))
+	}
+}
+
+// callerTotal is one caller's line of the summary.
+type callerTotal struct {
+	Name   string
+	Ramp   bool
+	Counts counts
+	Lat    Histogram
+}
+
+// summary is the outcome of a run.
+type summary struct {
+	Length    time.Duration
+	Capacity  float64
+	Ramp      ramp
+	Callers   []callerTotal
+	Peak      float64 // best one-interval goodput
+	Overload  float64 // mean goodput over the intervals at ≥ 2× capacity, 0 if none
+	Shedding  time.Duration
+	MinScale  float64 // NaN without a gate
+	Server    *middleware.Stats
+	ChartPath string
+}
+
+// summarize builds the summary of a finished run.
+func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
+	s := &summary{Length: gen.length, Capacity: gen.capacity, Ramp: gen.prof.Ramp, MinScale: math.NaN()}
+	for _, c := range gen.callers {
+		cnt, h := c.stats.totals()
+		s.Callers = append(s.Callers, callerTotal{Name: c.spec.Name, Ramp: c.spec.Ramp, Counts: cnt, Lat: h})
+	}
+	var sum float64
+	var n int
+	for _, p := range pts {
+		s.Peak = max(s.Peak, p.Goodput)
+		if p.Factor >= 2 {
+			sum += p.Goodput
+			n++
+		}
+		if !math.IsNaN(p.Scale) {
+			if math.IsNaN(s.MinScale) || p.Scale < s.MinScale {
+				s.MinScale = p.Scale
+			}
+			if p.State != cpugate.Open {
+				s.Shedding += p.Dt
+			}
+		}
+	}
+	if n > 0 {
+		s.Overload = sum / float64(n)
+	}
+	if lim != nil {
+		st := lim.Stats()
+		s.Server = &st
+	}
+	return s
+}
+
+// write prints the summary table.
+func (s *summary) write(w io.Writer) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nsummary: %.0fs, offered load %g× → %g× → %g× of a capacity of %.0f calls/s\n",
+		s.Length.Seconds(), s.Ramp.From, s.Ramp.To, s.Ramp.From, s.Capacity)
+	b.WriteString("  caller           offered        ok    quota  overload    late   error    ok%      p50      p99\n")
+	var all callerTotal
+	all.Name = "all"
+	row := func(c *callerTotal) {
+		okPct := 0.0
+		if c.Counts.Offered > 0 {
+			okPct = 100 * float64(c.Counts.By[outcomeOK]) / float64(c.Counts.Offered)
+		}
+		name := c.Name
+		if c.Ramp {
+			name += " (ramp)"
+		}
+		fmt.Fprintf(&b, "  %-16s %8d %9d %8d %9d %7d %7d %6.1f %8s %8s\n",
+			name, c.Counts.Offered, c.Counts.By[outcomeOK], c.Counts.By[outcomeQuota], c.Counts.By[outcomeOverload],
+			c.Counts.By[outcomeDeadline], c.Counts.By[outcomeError]+c.Counts.By[outcomeDropped], okPct,
+			fmtLatency(c.Lat.Quantile(0.50), c.Lat.Count()), fmtLatency(c.Lat.Quantile(0.99), c.Lat.Count()))
+	}
+	for i := range s.Callers {
+		c := &s.Callers[i]
+		row(c)
+		all.Counts.add(c.Counts)
+		all.Lat.Merge(&c.Lat)
+	}
+	row(&all)
+	fmt.Fprintf(&b, "goodput: peak %.0f/s", s.Peak)
+	if s.Overload > 0 && s.Peak > 0 {
+		fmt.Fprintf(&b, "; %.0f/s on average while offered ≥ 2× capacity (%.0f%% of peak)", s.Overload, 100*s.Overload/s.Peak)
+	}
+	b.WriteString("\n")
+	if !math.IsNaN(s.MinScale) {
+		fmt.Fprintf(&b, "gate: shed load for %.0fs of %.0fs, lowest scale %.2f\n", s.Shedding.Seconds(), s.Length.Seconds(), s.MinScale)
+	}
+	if st := s.Server; st != nil {
+		fmt.Fprintf(&b, "server: admitted %d, over quota %d, overload %d, tap handle %d, exempt %d\n",
+			st.Admitted, st.Quota, st.Overload, st.Tap, st.Exempt)
+	}
+	if s.ChartPath != "" {
+		fmt.Fprintf(&b, "chart: %s\n", s.ChartPath)
+	}
+	io.WriteString(w, b.String())
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// serverConfig configures the example server. The zero value of a field
+// takes the default in its comment.
+type serverConfig struct {
+	// Addr is the address to listen on. Default 127.0.0.1:50051; port 0
+	// picks a free port.
+	Addr string
+	// ConfigPath is the tenant config (YAML, or JSON by extension).
+	// Required.
+	ConfigPath string
+	// Watch reloads the tenant config when the file changes.
+	Watch bool
+	// Cost is the CPU time one Allocate spends. Default 2ms; negative
+	// means none.
+	Cost time.Duration
+	// SKUs is the catalogue's size. Default 1000.
+	SKUs int
+	// Units is each SKU's initial stock. Default 1e12: a demo never runs
+	// out.
+	Units int64
+	// Policy is the CPU gate's policy: "adaptive" (default) or "fixed".
+	Policy string
+	// Sampler chooses the CPU sampler: "auto" (default: the best available,
+	// cpugate.NewSampler), "cgroup", "process" or "host".
+	Sampler string
+	// SchedP99, when positive, also counts a reading hot when the 99th
+	// percentile of goroutine scheduling latency reaches it: the guard that
+	// sees saturation CPU use misses, such as busy neighbours on the host.
+	SchedP99 time.Duration
+	// Logger receives the gate's transitions and config reloads. Nil logs
+	// nothing.
+	Logger *slog.Logger
+
+	// sampler, when set, replaces Sampler: tests script the CPU with it.
+	sampler cpugate.Sampler
+	// gateInterval is the gate's sampling interval. Default
+	// cpugate.DefaultInterval.
+	gateInterval time.Duration
+	// burner, when set, skips the calibration (tests share one).
+	burner *burner
+}
+
+const (
+	defaultAddr  = "127.0.0.1:50051"
+	defaultCost  = 2 * time.Millisecond
+	defaultSKUs  = 1000
+	defaultUnits = 1_000_000_000_000
+)
+
+func (c *serverConfig) setDefaults() {
+	if c.Addr == "" {
+		c.Addr = defaultAddr
+	}
+	if c.Cost == 0 {
+		c.Cost = defaultCost
+	}
+	c.Cost = max(c.Cost, 0)
+	if c.SKUs == 0 {
+		c.SKUs = defaultSKUs
+	}
+	if c.Units == 0 {
+		c.Units = defaultUnits
+	}
+	if c.Policy == "" {
+		c.Policy = "adaptive"
+	}
+	if c.Sampler == "" {
+		c.Sampler = "auto"
+	}
+	if c.gateInterval == 0 {
+		c.gateInterval = cpugate.DefaultInterval
+	}
+}
+
+// server is the example inventory server: the service behind floodgate's
+// admission control, with a CPU gate, health checks and reflection.
+type server struct {
+	cfg     serverConfig
+	lis     net.Listener
+	grpc    *grpc.Server
+	health  *health.Server
+	inv     *inventory
+	gate    *cpugate.Gate
+	reg     *tenant.Registry
+	limiter *middleware.Limiter
+	store   *keyed.Map
+	source  string  // the CPU sampler's label
+	budget  float64 // CPUs the sampler measures use against
+	skus    []string
+}
+
+// newServer builds the server and listens on cfg.Addr. It serves nothing
+// until run.
+func newServer(cfg serverConfig) (*server, error) {
+	cfg.setDefaults()
+	if cfg.ConfigPath == "" {
+		return nil, errors.New("no tenant config")
+	}
+	if cfg.SKUs < 1 || cfg.Units < 1 {
+		return nil, errors.New("the catalogue needs at least one SKU and one unit")
+	}
+	s := &server{cfg: cfg, skus: skuNames(cfg.SKUs)}
+
+	var err error
+	s.reg, err = tenant.New(tenant.WithLogger(cfg.Logger))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.reg.Load(cfg.ConfigPath); err != nil {
+		return nil, err
+	}
+	if s.store, err = keyed.New(); err != nil {
+		return nil, err
+	}
+
+	sampler := cfg.sampler
+	if sampler == nil {
+		if sampler, s.source, s.budget, err = newSampler(cfg.Sampler); err != nil {
+			return nil, err
+		}
+		// The guard adds the scheduling latency to every reading, so the
+		// table shows it whether or not the policy acts on it.
+		sampler = cpugate.NewSchedGuard(sampler)
+	} else {
+		s.source, s.budget = "scripted", float64(runtime.NumCPU())
+	}
+	policy, floor, err := newPolicy(cfg.Policy, cfg.SchedP99)
+	if err != nil {
+		return nil, err
+	}
+	if s.gate, err = cpugate.New(sampler,
+		cpugate.WithPolicy(policy),
+		cpugate.WithInterval(cfg.gateInterval),
+		cpugate.WithLogger(cfg.Logger),
+	); err != nil {
+		return nil, err
+	}
+	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, floor); err != nil {
+		return nil, err
+	}
+
+	b := cfg.burner
+	if b == nil {
+		b = calibrate()
+	}
+	s.inv = newInventory(s.skus, cfg.Units, cfg.Cost, b)
+	s.grpc = grpc.NewServer(admission(s.limiter)...)
+	inventoryv1.RegisterInventoryServer(s.grpc, s.inv)
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(inventoryv1.Inventory_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+
+	if s.lis, err = net.Listen("tcp", cfg.Addr); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// addr returns the address the server listens on.
+func (s *server) addr() string { return s.lis.Addr().String() }
+
+// run serves until ctx is done, then stops gracefully: health checks turn
+// NOT_SERVING, watch streams end, calls in flight get up to grace to finish,
+// and the gate's and the config watcher's loops end. It returns the error
+// that stopped serving early, or nil after a stop through ctx.
+func (s *server) run(ctx context.Context, grace time.Duration) error {
+	loops, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.gate.Run(loops) })
+	if s.cfg.Watch {
+		wg.Go(func() { _ = s.reg.Watch(loops, s.cfg.ConfigPath) })
+	}
+	served := make(chan error, 1)
+	wg.Go(func() { served <- s.grpc.Serve(s.lis) })
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		err = fmt.Errorf("serve: %w", err)
+	}
+	s.stop(grace)
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// stop drains the server: GracefulStop waits for calls in flight, and Stop
+// cuts them off once grace has passed.
+func (s *server) stop(grace time.Duration) {
+	s.health.Shutdown()
+	s.inv.stop()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		s.grpc.Stop()
+		<-done
+	}
+}
+
+// newSampler returns the named CPU sampler, its source label and the CPUs it
+// measures use against.
+func newSampler(name string) (cpugate.Sampler, string, float64, error) {
+	switch name {
+	case "auto":
+		s, source, err := cpugate.NewSampler()
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return s, source, samplerBudget(s), nil
+	case "cgroup":
+		s, err := cpugate.NewCgroupSampler()
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return s, s.Source(), s.Budget(), nil
+	case "process":
+		s, err := cpugate.NewProcessSampler()
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return s, cpugate.SourceProcess, float64(s.CPUs()), nil
+	case "host":
+		s, err := cpugate.NewHostSampler()
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return s, cpugate.SourceHost, float64(runtime.NumCPU()), nil
+	}
+	return nil, "", 0, fmt.Errorf("unknown sampler %q: want auto, cgroup, process or host", name)
+}
+
+// samplerBudget is the CPU budget a sampler measures against.
+func samplerBudget(s cpugate.Sampler) float64 {
+	switch s := s.(type) {
+	case *cpugate.CgroupSampler:
+		return s.Budget()
+	case *cpugate.ProcessSampler:
+		return float64(s.CPUs())
+	}
+	return float64(runtime.NumCPU())
+}
+
+// newPolicy returns the named gate policy, with the scheduling-latency guard
+// at sched (0: off), and its floor, the scale at which the tap handle starts
+// rejecting.
+func newPolicy(name string, sched time.Duration) (cpugate.Policy, float64, error) {
+	switch name {
+	case "adaptive":
+		return cpugate.Adaptive{SchedP99: sched}, cpugate.DefaultFactor, nil
+	case "fixed":
+		return cpugate.Fixed{SchedP99: sched}, cpugate.DefaultFactor, nil
+	}
+	return nil, 0, fmt.Errorf("unknown policy %q: want adaptive or fixed", name)
+}

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/middleware"
+	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+)
+
+// scriptedCPU is a sampler that always reads cpu.
+func scriptedCPU(cpu float64) cpugate.Sampler {
+	return cpugate.SamplerFunc(func() (cpugate.Reading, error) {
+		return cpugate.Reading{CPU: cpu, Source: "scripted"}, nil
+	})
+}
+
+// startServer runs a server on a free loopback port, with the test tenants,
+// ten SKUs of the given units each and a calm CPU, until the test ends.
+func startServer(t *testing.T, units int64) (*server, context.CancelFunc) {
+	t.Helper()
+	srv, err := newServer(serverConfig{
+		Addr:         "127.0.0.1:0",
+		ConfigPath:   testdata(t, "test-tenants.yaml"),
+		Cost:         50 * time.Microsecond,
+		SKUs:         10,
+		Units:        units,
+		sampler:      scriptedCPU(0.1),
+		gateInterval: 20 * time.Millisecond,
+		burner:       testBurner(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.run(ctx, 5*time.Second) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run() = %v, want nil after a stop", err)
+		}
+	})
+	return srv, cancel
+}
+
+// dial returns a client connection to srv without a retry policy, so the
+// tests see every rejection.
+func dial(t *testing.T, srv *server) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(srv.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func withKey(key string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), apiKeyHeader, key)
+}
+
+func TestInventoryCalls(t *testing.T) {
+	srv, _ := startServer(t, 5)
+	client := inventoryv1.NewInventoryClient(dial(t, srv))
+	ctx := withKey("demo-key-ops") // unlimited
+
+	res, err := client.Allocate(ctx, &inventoryv1.AllocateRequest{Sku: "sku-00003", Quantity: 2})
+	if err != nil {
+		t.Fatalf("Allocate = %v", err)
+	}
+	want := &inventoryv1.AllocateResponse{
+		AllocationId: "sku-00003-1",
+		Level:        &inventoryv1.StockLevel{Sku: "sku-00003", Available: 3, Allocated: 2, Version: 1},
+	}
+	if diff := cmp.Diff(want, res, protocmp.Transform()); diff != "" {
+		t.Errorf("Allocate (-want +got):\n%s", diff)
+	}
+
+	got, err := client.GetStock(ctx, &inventoryv1.GetStockRequest{Sku: "sku-00003"})
+	if err != nil {
+		t.Fatalf("GetStock = %v", err)
+	}
+	if diff := cmp.Diff(want.Level, got.GetLevel(), protocmp.Transform()); diff != "" {
+		t.Errorf("GetStock (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct {
+		name string
+		req  *inventoryv1.AllocateRequest
+		want codes.Code
+	}{
+		{"more than available", &inventoryv1.AllocateRequest{Sku: "sku-00003", Quantity: 4}, codes.FailedPrecondition},
+		{"unknown sku", &inventoryv1.AllocateRequest{Sku: "sku-99999", Quantity: 1}, codes.NotFound},
+		{"empty sku", &inventoryv1.AllocateRequest{Quantity: 1}, codes.InvalidArgument},
+		{"zero quantity", &inventoryv1.AllocateRequest{Sku: "sku-00003"}, codes.InvalidArgument},
+	} {
+		if _, err := client.Allocate(ctx, tc.req); status.Code(err) != tc.want {
+			t.Errorf("Allocate(%s) = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if _, err := client.GetStock(ctx, &inventoryv1.GetStockRequest{Sku: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetStock(unknown) = %v, want NotFound", err)
+	}
+}
+
+func TestWatchStock(t *testing.T) {
+	srv, _ := startServer(t, 5)
+	client := inventoryv1.NewInventoryClient(dial(t, srv))
+	ctx, cancel := context.WithCancel(withKey("demo-key-ops"))
+	defer cancel()
+
+	stream, err := client.WatchStock(ctx, &inventoryv1.WatchStockRequest{Sku: "sku-00001", MinIntervalMs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("first Recv = %v", err)
+	}
+	if got, want := first.GetVersion(), uint64(0); got != want {
+		t.Errorf("first update version = %d, want %d", got, want)
+	}
+	if _, err := client.Allocate(ctx, &inventoryv1.AllocateRequest{Sku: "sku-00001", Quantity: 1}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("second Recv = %v", err)
+	}
+	want := &inventoryv1.StockLevel{Sku: "sku-00001", Available: 4, Allocated: 1, Version: 1}
+	if diff := cmp.Diff(want, next, protocmp.Transform()); diff != "" {
+		t.Errorf("update after Allocate (-want +got):\n%s", diff)
+	}
+}
+
+func TestShutdownEndsWatchers(t *testing.T) {
+	srv, stop := startServer(t, 5)
+	client := inventoryv1.NewInventoryClient(dial(t, srv))
+	stream, err := client.WatchStock(withKey("demo-key-ops"), &inventoryv1.WatchStockRequest{Sku: "sku-00002"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	stop() // the cleanup then waits for run to return
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("Recv after shutdown = %v, want Unavailable", err)
+	}
+}
+
+func TestHealthAndReflection(t *testing.T) {
+	srv, _ := startServer(t, 5)
+	conn := dial(t, srv)
+	// No API key: health checks and reflection are exempt from limiting,
+	// whatever the anonymous quota.
+	health := healthpb.NewHealthClient(conn)
+	for _, svc := range []string{"", "inventory.v1.Inventory"} {
+		res, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil {
+			t.Fatalf("Check(%q) = %v", svc, err)
+		}
+		if got, want := res.GetStatus(), healthpb.HealthCheckResponse_SERVING; got != want {
+			t.Errorf("Check(%q) = %v, want %v", svc, got, want)
+		}
+	}
+
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	var names []string
+	for _, s := range res.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"inventory.v1.Inventory", "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, want %s among them", names, want)
+		}
+	}
+}
+
+// The server rejects a tenant over its quota with the middleware's signals,
+// which the load generator classifies as quota shedding.
+func TestQuotaRejection(t *testing.T) {
+	srv, _ := startServer(t, 5)
+	client := inventoryv1.NewInventoryClient(dial(t, srv))
+	// The noisy tenant's bucket holds 10 (test-tenants.yaml): 40 calls in a
+	// row cannot all pass, however slow the machine.
+	var rejected error
+	var trailer metadata.MD
+	for range 40 {
+		var tr metadata.MD
+		_, err := client.GetStock(withKey("demo-key-noisy"), &inventoryv1.GetStockRequest{Sku: "sku-00000"}, grpc.Trailer(&tr))
+		if err != nil {
+			rejected, trailer = err, tr
+			break
+		}
+	}
+	if rejected == nil {
+		t.Fatal("40 calls over a burst of 10: none rejected")
+	}
+	if got, want := classify(rejected), outcomeQuota; got != want {
+		t.Errorf("classify(%v) = %v, want %v", rejected, got, want)
+	}
+	var info *errdetails.ErrorInfo
+	for _, d := range status.Convert(rejected).Details() {
+		if i, ok := d.(*errdetails.ErrorInfo); ok {
+			info = i
+		}
+	}
+	if info == nil || info.GetReason() != middleware.ReasonRateLimited {
+		t.Errorf("rejection details %v, want an ErrorInfo with reason %s", status.Convert(rejected).Details(), middleware.ReasonRateLimited)
+	}
+	if len(trailer.Get(middleware.PushbackKey)) != 1 {
+		t.Errorf("trailer %v, want one %s", trailer, middleware.PushbackKey)
+	}
+}
+
+func TestProbeCost(t *testing.T) {
+	srv, _ := startServer(t, 1e9)
+	perCall, err := probeCost(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perCall <= 0 || perCall > time.Second {
+		t.Errorf("probeCost = %v, want a positive cost below a second", perCall)
+	}
+	// The unlimited tenant was never limited while probing.
+	if st := srv.limiter.Stats(); st.Quota+st.Overload+st.Tap != 0 {
+		t.Errorf("limiter stats %+v after probing, want no rejection", st)
+	}
+}
