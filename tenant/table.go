@@ -47,17 +47,18 @@ func (t *Tenant) IsAnonymous() bool { return t.anon }
 // grpc.UnaryServerInfo.FullMethod). Every method has a rule: a method no
 // pattern names gets the tenant's fallback. Rule does not allocate.
 func (t *Tenant) Rule(fullMethod string) Rule {
-	// Services first: most calls go to a service the config names with a
-	// wildcard or not at all, and those cost one map lookup; only methods
-	// of a service with exact entries pay a second, small one.
+	// Exact methods first, then the service: a miss in a small map costs
+	// little, and in interleaved runs this order measured as fast as a
+	// service-first index for service and fallback lookups, and faster for
+	// exact ones.
 	rs := t.rules
-	if len(rs.services) > 0 {
+	if r, ok := rs.exact[fullMethod]; ok {
+		return *r
+	}
+	if len(rs.service) > 0 {
 		if i := strings.LastIndexByte(fullMethod, '/'); i > 0 {
-			if s, ok := rs.services[fullMethod[:i]]; ok {
-				if r, ok := s.methods[fullMethod[i+1:]]; ok {
-					return r
-				}
-				return s.rule
+			if r, ok := rs.service[fullMethod[:i]]; ok {
+				return *r
 			}
 		}
 	}
@@ -86,19 +87,13 @@ type Rule struct {
 }
 
 // ruleSet is the resolved rules of one tenant. Tenants without overrides
-// share their tier's set.
-//
-// Maps hold values, not pointers: in a large table the lookups are bound by
-// cache misses, and every pointer is one more.
+// share their tier's set. The maps hold pointers: keeping each slot small
+// keeps a small map's scan within a few cache lines, which measured faster
+// than holding 64-byte rules inline.
 type ruleSet struct {
-	services map[string]serviceRules // by "/pkg.Svc", for services any pattern names
-	fallback Rule                    // for methods of other services
-}
-
-// serviceRules are the rules for the methods of one service.
-type serviceRules struct {
-	methods map[string]Rule // by method name, for exact patterns
-	rule    Rule            // for the service's other methods
+	exact    map[string]*Rule // by full method
+	service  map[string]*Rule // by "/pkg.Svc", for "/pkg.Svc/*" patterns
+	fallback Rule
 }
 
 // TenantByKey returns the tenant an API key belongs to and true, or the
@@ -238,16 +233,14 @@ func resolve(p *problems, cfg *Config, path string, spec TenantSpec) *ruleSet {
 		tier := cfg.Tiers[spec.Tier]
 		levels = append(levels, level{namePath("tiers", spec.Tier), tier.Default, tier.Methods})
 	}
-	// Every service a pattern names, with the methods named exactly.
-	services := map[string]map[string]bool{}
+	exact, services := map[string]bool{}, map[string]bool{}
 	for _, l := range levels {
 		for pat := range l.methods {
 			if svc, m, ok := splitMethod(pat); ok {
-				if services[svc] == nil {
-					services[svc] = map[string]bool{}
-				}
-				if m != "*" {
-					services[svc][m] = true
+				if m == "*" {
+					services[svc] = true
+				} else {
+					exact[pat] = true
 				}
 			}
 		}
@@ -262,17 +255,19 @@ func resolve(p *problems, cfg *Config, path string, spec TenantSpec) *ruleSet {
 		ids[r.ID] = r.Pattern
 		return r
 	}
+	if len(exact) > 0 {
+		rs.exact = make(map[string]*Rule, len(exact))
+		for _, pat := range sortedKeys(exact) {
+			svc, _, _ := splitMethod(pat)
+			r := rule(pat, svc+"/*", "*")
+			rs.exact[pat] = &r
+		}
+	}
 	if len(services) > 0 {
-		rs.services = make(map[string]serviceRules, len(services))
+		rs.service = make(map[string]*Rule, len(services))
 		for _, svc := range sortedKeys(services) {
-			sr := serviceRules{rule: rule(svc+"/*", "*")}
-			if methods := services[svc]; len(methods) > 0 {
-				sr.methods = make(map[string]Rule, len(methods))
-				for _, m := range sortedKeys(methods) {
-					sr.methods[m] = rule(svc+"/"+m, svc+"/*", "*")
-				}
-			}
-			rs.services[svc] = sr
+			r := rule(svc+"/*", "*")
+			rs.service[svc] = &r
 		}
 	}
 	rs.fallback = rule("*")
