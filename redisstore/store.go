@@ -259,7 +259,7 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 	dctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	if !s.guard {
-		return s.run(dctx, o)
+		return s.run(dctx, o) // no closure: this is the hot path
 	}
 	type answer struct {
 		r   reply
@@ -275,6 +275,23 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 		return a.r, a.err
 	case <-dctx.Done():
 		return reply{}, dctx.Err()
+	}
+}
+
+// bounded runs f, on a goroutine of its own when the client may ignore
+// ctx's deadline, and returns by that deadline. f must not write anything
+// its caller reads: it may outlive the call.
+func (s *Store) bounded(ctx context.Context, f func(context.Context) error) error {
+	if !s.guard {
+		return f(ctx)
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- f(ctx) }()
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -383,15 +400,24 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	if s.leases != nil {
 		s.leases.remove(key)
 	}
-	if _, ok := s.br.allow(time.Now()); !ok {
+	probe, ok := s.br.allow(time.Now())
+	if !ok {
 		return &unavailableError{errBreakerOpen}
 	}
 	dctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
-	if err := s.client.Del(dctx, s.Key(key)).Err(); err != nil {
-		return s.unavailable(ctx, err)
+	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
+	switch {
+	case err == nil:
+		s.br.success(probe)
+		return nil
+	case ctx.Err() != nil:
+		s.br.abandon(probe)
+	default:
+		s.br.failure(probe, time.Now())
+		s.failed(err)
 	}
-	return nil
+	return s.unavailable(ctx, err)
 }
 
 func (s *Store) unavailable(ctx context.Context, err error) error {
