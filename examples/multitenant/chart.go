@@ -37,7 +37,12 @@ var (
 // rate on top, the gate's CPU reading and scale in the middle (when the gate
 // was visible), the admitted calls' latency below.
 func writeChart(path, title string, pts []point) error {
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	ms := func(d time.Duration) float64 {
+		if d == noLatency {
+			return math.NaN()
+		}
+		return float64(d) / float64(time.Millisecond)
+	}
 	panels := []*plot.Plot{
 		panel(title, "calls/s", pts, []chartSeries{
 			{"offered", gray, dashed, func(p point) float64 { return p.Offered }},

@@ -27,12 +27,15 @@ type point struct {
 	Errors    float64       // other errors and dropped arrivals
 	SteadyOK  float64       // goodput of the steady (non-ramp) callers
 	SteadyOff float64       // offered by the steady callers
-	P50, P99  time.Duration // of calls admitted in the interval
+	P50, P99  time.Duration // of calls admitted in the interval, noLatency without any
 	CPU       float64       // the gate's smoothed CPU reading, 0–1
 	Scale     float64       // the gate's scale
 	SchedP99  time.Duration // the gate's latest scheduling-latency reading
 	State     cpugate.State
 }
+
+// noLatency marks an interval without admitted calls: nothing to plot.
+const noLatency = time.Duration(-1)
 
 // window is what the monitor accumulated for one caller since its last print.
 type window struct {
@@ -80,7 +83,10 @@ func (m *monitor) sample(t, dt time.Duration) {
 			p.SteadyOff += float64(w.Offered) / secs
 		}
 	}
-	p.P50, p.P99 = all.Quantile(0.50), all.Quantile(0.99)
+	p.P50, p.P99 = noLatency, noLatency
+	if all.Count() > 0 {
+		p.P50, p.P99 = all.Quantile(0.50), all.Quantile(0.99)
+	}
 	if m.gate != nil {
 		s := m.gate.Snapshot()
 		p.CPU, p.Scale, p.State, p.SchedP99 = s.Smoothed, s.Scale, s.State, s.SchedP99

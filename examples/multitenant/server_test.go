@@ -242,17 +242,21 @@ func TestQuotaRejection(t *testing.T) {
 	}
 }
 
-func TestProbeCost(t *testing.T) {
+func TestProbeCapacity(t *testing.T) {
 	srv, _ := startServer(t, 1e9)
-	perCall, err := probeCost(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0])
+	p, err := probeCapacity(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0], 2, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if perCall <= 0 || perCall > time.Second {
-		t.Errorf("probeCost = %v, want a positive cost below a second", perCall)
+	if p.Capacity <= 0 || p.Callers != 2 {
+		t.Errorf("probeCapacity = %+v, want a positive capacity from 2 callers", p)
 	}
 	// The unlimited tenant was never limited while probing.
 	if st := srv.limiter.Stats(); st.Quota+st.Overload+st.Tap != 0 {
 		t.Errorf("limiter stats %+v after probing, want no rejection", st)
+	}
+	// A tenant with a quota is limited: the probe reports the rejection.
+	if _, err := probeCapacity(context.Background(), srv.addr(), "demo-key-noisy", srv.skus[0], 2, 300*time.Millisecond); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("probeCapacity with a limited key = %v, want ResourceExhausted", err)
 	}
 }
