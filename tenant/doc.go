@@ -68,7 +68,8 @@
 //
 //	tenants.yaml:14: tiers.free.methods["/x.Y/Z"].rate: must be > 0
 //
-// A full example (testdata/tenant/valid/tenants.yaml in the repository):
+// A full example, abridged from testdata/tenant/valid/tenants.yaml in the
+// repository:
 //
 //	tiers:
 //	  free:
