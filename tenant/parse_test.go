@@ -94,3 +94,36 @@ func TestParseInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestDocExample keeps the config example in the package documentation
+// valid.
+func TestDocExample(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(string(src), "\n") {
+		if line == "//\ttiers:" {
+			in = true
+		}
+		if in {
+			rest, ok := strings.CutPrefix(line, "//\t")
+			if !ok {
+				break
+			}
+			b.WriteString(rest + "\n")
+		}
+	}
+	if b.Len() == 0 {
+		t.Fatal("no config example found in doc.go")
+	}
+	tbl, err := tenant.Parse("doc.go example", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(tbl.Tenants()); got != 2 {
+		t.Errorf("doc example has %d tenants, want 2", got)
+	}
+}
