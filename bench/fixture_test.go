@@ -157,14 +157,23 @@ func runImpl[S store](b *testing.B, im impl[S], sz size, parallel bool) {
 	}
 }
 
+// loopSerial also reports cpu-ns/op, the loop thread's CPU time per take:
+// unlike ns/op, it leaves out the time other processes hold the CPU, so it
+// stays comparable on a shared machine.
 func loopSerial[S store](b *testing.B, s S, stream []string) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	mask := len(stream) - 1
 	i, rejected := 0, 0
+	cpu0, ok := threadCPU()
 	for b.Loop() {
 		if !s.take(stream[i&mask]) {
 			rejected++
 		}
 		i++
+	}
+	if cpu1, ok1 := threadCPU(); ok && ok1 {
+		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 	if rejected > 0 {
 		b.Fatalf("%d of %d takes rejected: the limit ran dry", rejected, b.N)
@@ -172,12 +181,14 @@ func loopSerial[S store](b *testing.B, s S, stream []string) {
 }
 
 // loopParallel gives each goroutine its own offset into the stream, so they
-// take from different keys at any moment.
+// take from different keys at any moment. It also reports cpu-ns/op, the
+// process's CPU time per take (lock spinning included).
 func loopParallel[S store](b *testing.B, s S, stream []string) {
 	mask := len(stream) - 1
 	procs := runtime.GOMAXPROCS(0)
 	var next, rejected atomic.Int64
 	b.ResetTimer()
+	cpu0, ok := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		g := int(next.Add(1) - 1)
 		i, n := g*len(stream)/procs, int64(0)
@@ -190,6 +201,9 @@ func loopParallel[S store](b *testing.B, s S, stream []string) {
 		rejected.Add(n)
 	})
 	b.StopTimer()
+	if cpu1, ok1 := processCPU(); ok && ok1 {
+		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
+	}
 	if n := rejected.Load(); n > 0 {
 		b.Fatalf("%d of %d takes rejected: the limit ran dry", n, b.N)
 	}
