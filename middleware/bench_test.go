@@ -15,7 +15,10 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-var sink any
+var (
+	sink    any
+	sinkRes floodgate.Result
+)
 
 func noop(ctx context.Context, req any) (any, error) { return req, nil }
 
@@ -68,9 +71,11 @@ func benchLimiter(b *testing.B, opts ...middleware.Option) *middleware.Limiter {
 func BenchmarkHandler(b *testing.B) {
 	ctx := benchCtx(apiKeyMD("open-key-0123456789"))
 	b.ReportAllocs()
-	for b.Loop() {
-		sink, _ = noop(ctx, nil)
-	}
+	reportCPU(b, func() {
+		for b.Loop() {
+			sink, _ = noop(ctx, nil)
+		}
+	})
 }
 
 // BenchmarkAccepted is the accepted path, by identity.
@@ -92,9 +97,11 @@ func BenchmarkAccepted(b *testing.B) {
 				b.Fatalf("fixture rejects: %v", err)
 			}
 			b.ReportAllocs()
-			for b.Loop() {
-				sink, _ = icpt(ctx, nil, info, noop)
-			}
+			reportCPU(b, func() {
+				for b.Loop() {
+					sink, _ = icpt(ctx, nil, info, noop)
+				}
+			})
 		})
 	}
 }
@@ -111,12 +118,14 @@ func BenchmarkAcceptedParallel(b *testing.B) {
 			&peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 0, byte(i>>8), byte(i)), Port: 1}}), nopStream{})
 	}
 	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		i := 0
-		for pb.Next() {
-			sink, _ = icpt(ctxs[i&1023], nil, info, noop)
-			i++
-		}
+	reportCPU(b, func() {
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				sink, _ = icpt(ctxs[i&1023], nil, info, noop)
+				i++
+			}
+		})
 	})
 }
 
@@ -139,9 +148,11 @@ func BenchmarkRejected(b *testing.B) {
 				b.Fatal("fixture admits")
 			}
 			b.ReportAllocs()
-			for b.Loop() {
-				sink, _ = icpt(ctx, nil, info, handler)
-			}
+			reportCPU(b, func() {
+				for b.Loop() {
+					sink, _ = icpt(ctx, nil, info, handler)
+				}
+			})
 		})
 	}
 }
@@ -152,9 +163,11 @@ func BenchmarkTapOpen(b *testing.B) {
 	l := benchLimiter(b)
 	ctx := benchCtx(nil)
 	b.ReportAllocs()
-	for b.Loop() {
-		sink, _ = l.TapHandle(ctx, nil)
-	}
+	reportCPU(b, func() {
+		for b.Loop() {
+			sink, _ = l.TapHandle(ctx, nil)
+		}
+	})
 }
 
 var _ floodgate.Store = (*keyed.Map)(nil)
@@ -169,7 +182,10 @@ func BenchmarkStoreTake(b *testing.B) {
 	lim := floodgate.PerSecond(1e9, 1e9)
 	ctx := context.Background()
 	b.ReportAllocs()
-	for b.Loop() {
-		sink, _ = store.TakeN(ctx, "t:open:0123abcd", lim, 1)
-	}
+	reportCPU(b, func() {
+		for b.Loop() {
+			res, _ := store.TakeN(ctx, "t:open:0123abcd", lim, 1)
+			sinkRes = res
+		}
+	})
 }

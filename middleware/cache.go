@@ -24,19 +24,23 @@ type digestCache struct {
 
 const (
 	digestShards   = 16
-	digestShardCap = 512
+	digestShardCap = 256
 )
 
+// A digestShard is copied on write: lookups are one atomic load and one map
+// access, with no lock to contend for. Writes are rare (a known key seen for
+// the first time) and copy at most digestShardCap entries.
 type digestShard struct {
-	mu sync.RWMutex
-	m  map[string][32]byte
-	_  [40]byte // keep shards' locks on separate cache lines
+	m  atomic.Pointer[map[string][32]byte]
+	mu sync.Mutex // serializes writers
+	_  [48]byte   // keep shards on separate cache lines
 }
 
 func newDigestCache() *digestCache {
 	c := &digestCache{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][32]byte)
+		m := map[string][32]byte{}
+		c.shards[i].m.Store(&m)
 	}
 	return c
 }
@@ -47,10 +51,7 @@ func (c *digestCache) shard(key string) *digestShard {
 
 // lookup resolves key from the cache alone: a key not cached is anonymous.
 func (c *digestCache) lookup(t *tenant.Table, key string) (*tenant.Tenant, bool) {
-	s := c.shard(key)
-	s.mu.RLock()
-	d, ok := s.m[key]
-	s.mu.RUnlock()
+	d, ok := (*c.shard(key).m.Load())[key]
 	if !ok {
 		return t.Anonymous(), false
 	}
@@ -60,23 +61,28 @@ func (c *digestCache) lookup(t *tenant.Table, key string) (*tenant.Tenant, bool)
 // resolve resolves key through the cache, hashing it on a miss.
 func (c *digestCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 	s := c.shard(key)
-	s.mu.RLock()
-	d, ok := s.m[key]
-	s.mu.RUnlock()
-	if ok {
+	if d, ok := (*s.m.Load())[key]; ok {
 		return t.TenantByDigest(d)
 	}
 	ten, found := t.TenantByKey(key)
 	if !found {
 		return ten, false
 	}
-	d = tenant.Digest(key)
+	d := tenant.Digest(key)
 	s.mu.Lock()
-	if len(s.m) >= digestShardCap {
-		clear(s.m)
+	old := *s.m.Load()
+	var m map[string][32]byte
+	if len(old) >= digestShardCap {
+		m = make(map[string][32]byte, 1) // full: start over
+	} else {
+		m = make(map[string][32]byte, len(old)+1)
+		for k, v := range old {
+			m[k] = v
+		}
 	}
 	// A copy, so the cache does not pin the request's header buffers.
-	s.m[strings.Clone(key)] = d
+	m[strings.Clone(key)] = d
+	s.m.Store(&m)
 	s.mu.Unlock()
 	return ten, true
 }

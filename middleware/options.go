@@ -87,6 +87,7 @@ type options struct {
 	tapFloor    float64
 	failClosed  bool
 	now         func() time.Time
+	clockSet    bool
 	errs        []string
 }
 
@@ -278,14 +279,16 @@ func WithTapFloor(f float64) Option {
 func WithFailClosed(on bool) Option { return func(o *options) { o.failClosed = on } }
 
 // WithClock sets the clock of the Limiter's own timing: the retry windows
-// the tap handle remembers and the caller's deadline check. It does not
-// change the store's clock. nil restores time.Now. For tests and
-// simulations; a repeated call replaces it.
+// the tap handle remembers. It changes neither the store's clock (give the
+// store the same clock in simulations) nor the deadline check, which
+// compares with the real deadline of the call. nil restores the default,
+// the monotonic clock. For tests and simulations; a repeated call replaces
+// it.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) {
+		o.now, o.clockSet = now, now != nil
 		if now == nil {
-			now = time.Now
+			o.now = time.Now
 		}
-		o.now = now
 	}
 }

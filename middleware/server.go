@@ -25,7 +25,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if l.Exempt(info.FullMethod) {
-			l.c.exempt.Add(1)
+			l.c.add(cExempt)
 			return handler(ctx, req)
 		}
 		dc, err := l.admit(ctx, info.FullMethod)
@@ -47,7 +47,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if l.Exempt(info.FullMethod) {
-			l.c.exempt.Add(1)
+			l.c.add(cExempt)
 			return handler(srv, ss)
 		}
 		dc, err := l.admit(ss.Context(), info.FullMethod)
@@ -128,7 +128,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if left <= 0 {
 		return ctx, nil
 	}
-	l.c.tap.Add(1)
+	l.c.add(cTap)
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
@@ -145,7 +145,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 func (l *Limiter) Limit(ctx context.Context) error {
 	method := methodOf(ctx)
 	if l.Exempt(method) {
-		l.c.exempt.Add(1)
+		l.c.add(cExempt)
 		return nil
 	}
 	_, err := l.admit(ctx, method)
