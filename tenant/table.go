@@ -169,8 +169,9 @@ const defaultPattern = "default"
 
 func compile(cfg *Config, p *problems) (*Table, error) {
 	validate(cfg, p)
-	if err := p.err(); err != nil {
-		return nil, err
+	if len(p.errs) > 0 {
+		checkSound(cfg, p)
+		return nil, p.err()
 	}
 	t := &Table{
 		byDigest: map[[32]byte]*Tenant{},
@@ -216,6 +217,56 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// checkSound resolves the parts of an invalid config that are sound by
+// themselves (no problem under their path or their tier's), so that the
+// problems only resolution finds, such as a cost above a burst, are
+// reported in the same run as the rest.
+func checkSound(cfg *Config, p *problems) {
+	faulty := map[string]bool{}
+	mark := func(path string) {
+		for _, fe := range p.errs {
+			if f := fe.Field; f == path || strings.HasPrefix(f, path+".") || strings.HasPrefix(f, path+"[") {
+				faulty[path] = true
+				return
+			}
+		}
+	}
+	for name := range cfg.Tiers {
+		mark(namePath("tiers", name))
+	}
+	for id := range cfg.Tenants {
+		mark(namePath("tenants", id))
+	}
+	mark("anonymous")
+	// sound reports whether an entity and its tier can be resolved.
+	sound := func(path string, spec TenantSpec) bool {
+		if faulty[path] {
+			return false
+		}
+		if spec.Tier == "" {
+			return true
+		}
+		tp := namePath("tiers", spec.Tier)
+		_, ok := cfg.Tiers[spec.Tier]
+		return ok && !faulty[tp]
+	}
+	for _, name := range sortedKeys(cfg.Tiers) {
+		if path := namePath("tiers", name); sound(path, TenantSpec{}) {
+			resolve(p, cfg, path, TenantSpec{Tier: name})
+		}
+	}
+	for _, id := range sortedKeys(cfg.Tenants) {
+		spec, path := cfg.Tenants[id], namePath("tenants", id)
+		// Tenants without overrides resolve as their tier did.
+		if (spec.Default != nil || len(spec.Methods) > 0) && sound(path, spec) {
+			resolve(p, cfg, path, spec)
+		}
+	}
+	if a := cfg.Anonymous; a != nil && sound("anonymous", *a) {
+		resolve(p, cfg, "anonymous", *a)
+	}
 }
 
 // level is one layer of the precedence: a tenant's own entries or its
