@@ -31,10 +31,11 @@
 // tenant a verified TLS client certificate names (by default its common
 // name); the tenant an API key belongs to (x-api-key, or authorization:
 // Bearer); else an anonymous caller keyed by its address. Every identity
-// must be known to the tenant table: an unknown tenant ID, an unknown or
-// malformed API key is anonymous, keyed by address, so a caller who makes
-// keys up shares one bucket with itself instead of getting a fresh one per
-// key. API keys are compared by SHA-256 digest (see tenant.Digest); digests
+// must be known to the tenant table: a KeyFunc's unknown tenant ID, an
+// unknown or malformed API key is anonymous, keyed by address, so a caller
+// who makes keys up shares one bucket with itself instead of getting a
+// fresh one per key. A certificate naming no known tenant (a mesh workload
+// identity) passes the question on to the API key. API keys are compared by SHA-256 digest (see tenant.Digest); digests
 // of known keys are cached, unknown keys never.
 //
 // The address is the connection's peer, with IPv4-mapped IPv6 addresses

@@ -271,3 +271,15 @@ func FuzzSubject(f *testing.F) {
 		}
 	})
 }
+
+func TestUnknownCertificateFallsThroughToAPIKey(t *testing.T) {
+	f := newFixture(t)
+	ctx := metadata.NewIncomingContext(tlsContext("spiffe-workload"), apiKeyMD(acmeKey))
+	if got, want := middleware.Subject(f.l, ctx), "t:acme"; got != want {
+		t.Errorf("subject = %q, want %q", got, want)
+	}
+	ctx = metadata.NewIncomingContext(tlsContext("globex"), apiKeyMD(acmeKey))
+	if got, want := middleware.Subject(f.l, ctx), "t:globex"; got != want {
+		t.Errorf("known certificate and key: subject = %q, want the certificate's %q", got, want)
+	}
+}

@@ -22,6 +22,8 @@ type Tables interface {
 	Table() *tenant.Table
 }
 
+var _ Tables = (*tenant.Registry)(nil)
+
 // Static returns Tables that always supply t, for a table built once with
 // tenant.Compile or tenant.Parse.
 func Static(t *tenant.Table) Tables { return staticTables{t} }
@@ -288,9 +290,11 @@ func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, bu
 		}
 	}
 	if !resolved {
+		// A certificate that names no tenant (a service mesh's workload
+		// identity, say) leaves the question to the API key.
 		if id, ok := l.tlsTenant(p); ok {
 			ten, found = table.TenantByID(id)
-			resolved = true
+			resolved = found
 		}
 	}
 	if !resolved {
