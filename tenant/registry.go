@@ -23,7 +23,8 @@ import (
 // config never loaded fails closed.
 //
 // A Registry is safe for concurrent use. It starts no goroutine: polling
-// happens in [Registry.Watch], on the caller's goroutine.
+// happens in [Registry.Watch], on the caller's goroutine. The zero Registry
+// is not usable; call [New].
 type Registry struct {
 	table atomic.Pointer[Table]
 	opts  options
