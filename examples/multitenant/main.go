@@ -38,7 +38,7 @@
 //
 // The parts also run separately, against any address:
 //
-//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file]
+//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file] [-redis 127.0.0.1:6379]
 //	go run ./examples/multitenant load  [-addr 127.0.0.1:50051] [-profile file] -capacity 800
 //
 // Both default to loopback: the demo sends thousands of calls per second,
@@ -151,6 +151,7 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&cfg.Addr, "addr", defaultAddr, "listen `address`; the server is meant for loopback")
 	fs.StringVar(&cfg.ConfigPath, "config", defaultConfigPath, "tenant config `file`, reloaded when it changes")
 	fs.DurationVar(&cfg.Cost, "cost", defaultCost, "CPU time each Allocate spends")
+	fs.StringVar(&cfg.Redis, "redis", "", "Redis `address` for the buckets, shared by several servers; empty keeps them in memory")
 	fs.IntVar(&cfg.SKUs, "skus", defaultSKUs, "SKUs in the catalogue (sku-00000, …)")
 	fs.StringVar(&cfg.Policy, "policy", "adaptive", "CPU gate policy: adaptive or fixed")
 	fs.StringVar(&cfg.Sampler, "sampler", "auto", "CPU sampler: auto, cgroup, process or host")
@@ -173,7 +174,11 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log.Info("serving inventory.v1.Inventory", "addr", srv.addr(), "config", cfg.ConfigPath,
+	buckets := "memory"
+	if cfg.Redis != "" {
+		buckets = "redis " + cfg.Redis
+	}
+	log.Info("serving inventory.v1.Inventory", "addr", srv.addr(), "config", cfg.ConfigPath, "buckets", buckets,
 		"cost", srv.cfg.Cost, "policy", srv.cfg.Policy, "cpu_source", srv.source, "cpus", srv.budget)
 	if every > 0 {
 		go statusLoop(ctx, srv, log, every)

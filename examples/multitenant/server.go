@@ -15,10 +15,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -33,6 +37,10 @@ type serverConfig struct {
 	ConfigPath string
 	// Watch reloads the tenant config when the file changes.
 	Watch bool
+	// Redis, when set, is the address of a Redis server holding the
+	// buckets, so that several servers share every tenant's quota. Empty
+	// keeps them in memory (keyed).
+	Redis string
 	// Cost is the CPU time one Allocate spends. Default 2ms; negative
 	// means none.
 	Cost time.Duration
@@ -106,9 +114,10 @@ type server struct {
 	gate    *cpugate.Gate
 	reg     *tenant.Registry
 	limiter *middleware.Limiter
-	store   *keyed.Map
-	source  string  // the CPU sampler's label
-	budget  float64 // CPUs the sampler measures use against
+	store   floodgate.Store
+	redis   *redis.Client // nil with in-memory buckets
+	source  string        // the CPU sampler's label
+	budget  float64       // CPUs the sampler measures use against
 	skus    []string
 }
 
@@ -132,7 +141,7 @@ func newServer(cfg serverConfig) (*server, error) {
 	if err := s.reg.Load(cfg.ConfigPath); err != nil {
 		return nil, err
 	}
-	if s.store, err = keyed.New(); err != nil {
+	if s.store, s.redis, err = newStore(cfg.Redis); err != nil {
 		return nil, err
 	}
 
@@ -207,6 +216,9 @@ func (s *server) run(ctx context.Context, grace time.Duration) error {
 	s.stop(grace)
 	cancel()
 	wg.Wait()
+	if s.redis != nil {
+		s.redis.Close()
+	}
 	return err
 }
 
@@ -228,6 +240,23 @@ func (s *server) stop(grace time.Duration) {
 		s.grpc.Stop()
 		<-done
 	}
+}
+
+// newStore returns the bucket store: in memory, or on the Redis at addr.
+func newStore(addr string) (floodgate.Store, *redis.Client, error) {
+	if addr == "" {
+		m, err := keyed.New()
+		return m, nil, err
+	}
+	// The store's per-decision deadline reaches Redis only with context
+	// timeouts on, and a failed call should fall back at once, not retry.
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	store, err := redisstore.New(client)
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return store, client, nil
 }
 
 // newSampler returns the named CPU sampler, its source label and the CPUs it

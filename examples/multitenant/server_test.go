@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/middleware"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -30,19 +31,24 @@ func scriptedCPU(cpu float64) cpugate.Sampler {
 }
 
 // startServer runs a server on a free loopback port, with the test tenants,
-// ten SKUs of the given units each and a calm CPU, until the test ends.
-func startServer(t *testing.T, units int64) (*server, context.CancelFunc) {
+// ten SKUs of five units each and a calm CPU, changed by the options, until
+// the test ends.
+func startServer(t *testing.T, opts ...func(*serverConfig)) (*server, context.CancelFunc) {
 	t.Helper()
-	srv, err := newServer(serverConfig{
+	cfg := serverConfig{
 		Addr:         "127.0.0.1:0",
 		ConfigPath:   testdata(t, "test-tenants.yaml"),
 		Cost:         50 * time.Microsecond,
 		SKUs:         10,
-		Units:        units,
+		Units:        5,
 		sampler:      scriptedCPU(0.1),
 		gateInterval: 20 * time.Millisecond,
 		burner:       testBurner(),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := newServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +81,7 @@ func withKey(key string) context.Context {
 }
 
 func TestInventoryCalls(t *testing.T) {
-	srv, _ := startServer(t, 5)
+	srv, _ := startServer(t)
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	ctx := withKey("demo-key-ops") // unlimited
 
@@ -119,7 +125,7 @@ func TestInventoryCalls(t *testing.T) {
 }
 
 func TestWatchStock(t *testing.T) {
-	srv, _ := startServer(t, 5)
+	srv, _ := startServer(t)
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	ctx, cancel := context.WithCancel(withKey("demo-key-ops"))
 	defer cancel()
@@ -149,7 +155,7 @@ func TestWatchStock(t *testing.T) {
 }
 
 func TestShutdownEndsWatchers(t *testing.T) {
-	srv, stop := startServer(t, 5)
+	srv, stop := startServer(t)
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	stream, err := client.WatchStock(withKey("demo-key-ops"), &inventoryv1.WatchStockRequest{Sku: "sku-00002"})
 	if err != nil {
@@ -165,7 +171,7 @@ func TestShutdownEndsWatchers(t *testing.T) {
 }
 
 func TestHealthAndReflection(t *testing.T) {
-	srv, _ := startServer(t, 5)
+	srv, _ := startServer(t)
 	conn := dial(t, srv)
 	// No API key: health checks and reflection are exempt from limiting,
 	// whatever the anonymous quota.
@@ -206,9 +212,18 @@ func TestHealthAndReflection(t *testing.T) {
 }
 
 // The server rejects a tenant over its quota with the middleware's signals,
-// which the load generator classifies as quota shedding.
+// which the load generator classifies as quota shedding, with its buckets in
+// memory or on Redis.
 func TestQuotaRejection(t *testing.T) {
-	srv, _ := startServer(t, 5)
+	t.Run("memory", func(t *testing.T) { testQuotaRejection(t) })
+	t.Run("redis", func(t *testing.T) {
+		rs := redistest.Start(t)
+		testQuotaRejection(t, func(c *serverConfig) { c.Redis = rs.Addr })
+	})
+}
+
+func testQuotaRejection(t *testing.T, opts ...func(*serverConfig)) {
+	srv, _ := startServer(t, opts...)
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	// The noisy tenant's bucket holds 10 (test-tenants.yaml): 40 calls in a
 	// row cannot all pass, however slow the machine.
@@ -243,7 +258,7 @@ func TestQuotaRejection(t *testing.T) {
 }
 
 func TestProbeCapacity(t *testing.T) {
-	srv, _ := startServer(t, 1e9)
+	srv, _ := startServer(t, func(c *serverConfig) { c.Units = 1e9 })
 	p, err := probeCapacity(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0], 2, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
