@@ -4,12 +4,15 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -186,6 +189,36 @@ func BenchmarkStoreTake(b *testing.B) {
 		for b.Loop() {
 			res, _ := store.TakeN(ctx, "t:open:0123abcd", lim, 1)
 			sinkRes = res
+		}
+	})
+}
+
+// BenchmarkTapFloor is the tap handle while the gate sheds at its floor:
+// the caller's subject is resolved and its penalty looked up.
+func BenchmarkTapFloor(b *testing.B) {
+	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) { return cpugate.Reading{CPU: 1}, nil }))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.SampleAt(time.Now()); err != nil || g.State() != cpugate.Shedding {
+		b.Fatalf("gate not shedding: %v", err)
+	}
+	l := benchLimiter(b, middleware.WithGate(g))
+	md := apiKeyMD("closed-key-0123456789")
+	ctx := benchCtx(md)
+	icpt := l.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
+	for range 2 {
+		_, _ = icpt(ctx, nil, info, noop) // drain and get a penalty
+	}
+	tinfo := &tap.Info{FullMethodName: methodGet, Header: md}
+	if _, err := l.TapHandle(ctx, tinfo); err == nil {
+		b.Fatal("tap admits a penalized caller at the floor")
+	}
+	b.ReportAllocs()
+	reportCPU(b, func() {
+		for b.Loop() {
+			sink, _ = l.TapHandle(ctx, tinfo)
 		}
 	})
 }

@@ -109,11 +109,11 @@ const (
 func newPenalties() *penalties { return &penalties{seed: maphash.MakeSeed()} }
 
 func (p *penalties) note(subject string, until time.Duration) {
-	h := maphash.String(p.seed, subject)
-	ms := uint64((until + time.Millisecond - 1) / time.Millisecond)
 	if until < 0 {
 		return
 	}
+	h := maphash.String(p.seed, subject)
+	ms := uint64((until + time.Millisecond - 1) / time.Millisecond)
 	if ms > penaltyMask {
 		ms = penaltyMask
 	}

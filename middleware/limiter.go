@@ -271,11 +271,11 @@ func FromContext(ctx context.Context) (Decision, bool) {
 	return *d, true
 }
 
-// resolve finds the caller's tenant and writes the bucket subject into buf:
-// "t:<id>" for a known tenant, "a:<address>" for anyone else.
-// useKeyFunc is false in the tap handle, which must not call user code that
-// may expect the interceptor chain's context; sha is false there too, so
-// that only API keys already seen resolve (a cache hit, not a SHA-256).
+// resolve finds the caller's tenant and appends the bucket subject to buf:
+// "t:<id>" for a known tenant, "a:<address>" for anyone else. In the tap
+// handle (inTap) it calls no KeyFunc, which may expect the interceptor
+// chain's context, and resolves only API keys already cached: a map lookup,
+// never a SHA-256 under the transport's lock.
 func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte, inTap bool) (*tenant.Tenant, bool, []byte) {
 	addr, p := peerAddr(ctx)
 	var (
@@ -396,7 +396,8 @@ func (l *Limiter) take(ctx context.Context, d *Decision, key, subject string, me
 		return nil
 	}
 	if d.Reason != ReasonStoreError && res.RetryAfter > 0 {
-		l.pen.note(subject, l.sinceEpoch()+res.RetryAfter)
+		// A wait beyond the cap (or Never) is remembered as the cap.
+		l.pen.note(subject, l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
 	return l.rej.reject(ctx, d.Reason, res.RetryAfter)
 }
