@@ -100,9 +100,12 @@ func WithClientClock(now func() time.Time) Option {
 }
 
 // WithDeadline bounds each decision's time, 50 ms by default. Redis gets the
-// deadline less a reserve of a tenth (at most 2 ms) in which the failure
-// policy decides when Redis has not answered. The caller's context may end a
-// decision earlier; the decision then returns the context's error.
+// deadline less a reserve of a tenth (at most 5 ms), in which the callers
+// that Redis left waiting wake up and the failure policy decides: when
+// Redis hangs, all of them time out at once. A caller's context deadline
+// that comes earlier bounds the call instead; a caller's cancellation is
+// seen when the call returns (within the deadline), and the decision then
+// returns the context's error.
 func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
 
 // WithFailurePolicy sets what decides while Redis cannot: [Local] (the

@@ -49,6 +49,7 @@ type Store struct {
 	keyHead, keyTail string
 	guard            bool          // the client ignores context deadlines
 	budget           time.Duration // Redis's share of the deadline
+	slots            deadlineSlots
 	fallback         floodgate.Store
 	br               breaker
 	batch            *batcher
@@ -89,7 +90,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		keyHead: o.prefix + ":{",
 		keyTail: "}:" + o.name,
 		guard:   true,
-		budget:  o.deadline - min(o.deadline/10, 2*time.Millisecond),
+		budget:  o.deadline - min(o.deadline/10, 5*time.Millisecond),
 	}
 	switch c := client.(type) {
 	case *redis.Client:
@@ -100,6 +101,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	case *redis.Ring:
 		s.guard = !c.Options().ContextTimeoutEnabled
 	}
+	s.slots.budget = s.budget
 	s.br.init(o.failures, o.cooldown)
 	if o.policy == Local {
 		s.fallback = o.fallback
@@ -176,7 +178,8 @@ func check(lim floodgate.Limit, n int) error {
 //   - a rejected take writes nothing; RetryAfter is the time until n tokens
 //     are there (Never at rate 0);
 //   - n = 0 reports the bucket without writing;
-//   - [floodgate.Inf] is allowed without a call, with Remaining = lim.Burst.
+//   - [floodgate.Inf] is allowed without a call, with Remaining = lim.Burst
+//     and Source [floodgate.SourceRedis] (the store's normal source).
 //
 // When Redis cannot decide in time, the failure policy does. The error is
 // non-nil only for a negative n, an invalid limit or a done ctx.
@@ -256,7 +259,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 
 // single runs o as its own script call within the deadline.
 func (s *Store) single(ctx context.Context, o *op) (reply, error) {
-	dctx, cancel := context.WithTimeout(ctx, s.budget)
+	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	if !s.guard {
 		return s.run(dctx, o) // no closure: this is the hot path
@@ -404,7 +407,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	if !ok {
 		return &unavailableError{errBreakerOpen}
 	}
-	dctx, cancel := context.WithTimeout(ctx, s.budget)
+	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
 	switch {
