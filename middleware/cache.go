@@ -10,79 +10,87 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-// digestCache remembers the SHA-256 digests of API keys that belonged to a
-// tenant when first seen, so that a known key costs a map lookup instead of
-// a SHA-256 on every call. It holds digests, not tenants: each call still
-// looks the digest up in the table in force, so a reload that revokes a key
-// takes effect at once. Unknown and malformed keys are never cached, so
-// a caller rotating made-up keys cannot fill it; it is bounded anyway, and a
-// full shard starts over.
-type digestCache struct {
-	seed   maphash.Seed
-	shards [digestShards]digestShard
+// keyCache remembers which tenant each API key seen on the request path
+// belongs to in the table in force, so that a known key costs one map
+// lookup instead of a SHA-256 and a digest lookup on every call. It belongs
+// to one table: when the table in force changes (a reload), the cache starts
+// over, so a revoked key stops resolving at once. Unknown and malformed
+// keys are never cached, so a caller rotating made-up keys cannot fill it;
+// it is bounded anyway, and a full cache starts over.
+//
+// The cache is split into shards, each copied on write: a lookup is one
+// atomic load and one map access, with no lock to contend for. A write (a
+// known key's first call after a reload) copies one shard, at most
+// keyShardCap entries.
+type keyCache struct {
+	shards [keyShards]keyShard
+}
+
+type keyShard struct {
+	cur atomic.Pointer[keyMap]
+	mu  sync.Mutex // serializes writers
+	_   [48]byte   // keep shards on separate cache lines
+}
+
+type keyMap struct {
+	table *tenant.Table
+	m     map[string]*tenant.Tenant
 }
 
 const (
-	digestShards   = 16
-	digestShardCap = 256
+	keyShards   = 32
+	keyShardCap = 128
 )
 
-// A digestShard is copied on write: lookups are one atomic load and one map
-// access, with no lock to contend for. Writes are rare (a known key seen for
-// the first time) and copy at most digestShardCap entries.
-type digestShard struct {
-	m  atomic.Pointer[map[string][32]byte]
-	mu sync.Mutex // serializes writers
-	_  [48]byte   // keep shards on separate cache lines
+func newKeyCache() *keyCache { return &keyCache{} }
+
+// shard picks a shard from the key's last byte and length: API keys end in
+// random characters, and a real hash would cost more than the lookup.
+func (c *keyCache) shard(key string) *keyShard {
+	return &c.shards[(uint(key[len(key)-1])^uint(len(key)))%keyShards]
 }
 
-func newDigestCache() *digestCache {
-	c := &digestCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		m := map[string][32]byte{}
-		c.shards[i].m.Store(&m)
+func (c *keyCache) get(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	km := c.shard(key).cur.Load()
+	if km == nil || km.table != t {
+		return nil, false
 	}
-	return c
-}
-
-func (c *digestCache) shard(key string) *digestShard {
-	return &c.shards[maphash.String(c.seed, key)&(digestShards-1)]
+	ten, ok := km.m[key]
+	return ten, ok
 }
 
 // lookup resolves key from the cache alone: a key not cached is anonymous.
-func (c *digestCache) lookup(t *tenant.Table, key string) (*tenant.Tenant, bool) {
-	d, ok := (*c.shard(key).m.Load())[key]
-	if !ok {
-		return t.Anonymous(), false
+func (c *keyCache) lookup(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	if ten, ok := c.get(t, key); ok {
+		return ten, true
 	}
-	return t.TenantByDigest(d)
+	return t.Anonymous(), false
 }
 
 // resolve resolves key through the cache, hashing it on a miss.
-func (c *digestCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
-	s := c.shard(key)
-	if d, ok := (*s.m.Load())[key]; ok {
-		return t.TenantByDigest(d)
+func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	if ten, ok := c.get(t, key); ok {
+		return ten, true
 	}
 	ten, found := t.TenantByKey(key)
 	if !found {
 		return ten, false
 	}
-	d := tenant.Digest(key)
+	s := c.shard(key)
 	s.mu.Lock()
-	old := *s.m.Load()
-	var m map[string][32]byte
-	if len(old) >= digestShardCap {
-		m = make(map[string][32]byte, 1) // full: start over
+	old := s.cur.Load()
+	next := &keyMap{table: t}
+	if old == nil || old.table != t || len(old.m) >= keyShardCap {
+		next.m = make(map[string]*tenant.Tenant, 1)
 	} else {
-		m = make(map[string][32]byte, len(old)+1)
-		for k, v := range old {
-			m[k] = v
+		next.m = make(map[string]*tenant.Tenant, len(old.m)+1)
+		for k, v := range old.m {
+			next.m[k] = v
 		}
 	}
 	// A copy, so the cache does not pin the request's header buffers.
-	m[strings.Clone(key)] = d
-	s.m.Store(&m)
+	next.m[strings.Clone(key)] = ten
+	s.cur.Store(next)
 	s.mu.Unlock()
 	return ten, true
 }

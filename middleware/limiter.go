@@ -173,7 +173,7 @@ type Limiter struct {
 	tables Tables
 	o      options
 	rej    *rejecter
-	keys   *digestCache
+	keys   *keyCache
 	pen    *penalties
 	epoch  time.Time
 	c      counters
@@ -204,7 +204,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		store:  store,
 		tables: tables,
 		o:      o,
-		keys:   newDigestCache(),
+		keys:   newKeyCache(),
 		pen:    newPenalties(),
 		epoch:  o.now(),
 	}
@@ -236,26 +236,54 @@ func (l *Limiter) Exempt(fullMethod string) bool {
 	return false
 }
 
-// keyBufLen holds the longest common key: "t:", a 64-byte tenant ID, ':'
-// and an 8-byte rule ID.
-const keyBufLen = 80
+// keyBufLen holds every anonymous key ("a:", an IPv6 address of at most 39
+// bytes, ':' and an 8-byte rule ID) and the keys of tenants whose IDs have
+// at most 53 bytes; a longer key costs a second allocation.
+const keyBufLen = 64
+
+// verdict is a decision in the compact form the context stores: Decision
+// is built from it only when FromContext asks.
+type verdict struct {
+	ten     *tenant.Tenant
+	found   bool // ten is a known tenant, not the anonymous policy
+	allowed bool
+	dryRun  bool
+	reason  Reason
+	subject uint8 // length of the key's subject prefix ("t:id" or "a:addr")
+	rule    tenant.Rule
+	res     floodgate.Result
+}
+
+func (v *verdict) decision() Decision {
+	d := Decision{
+		Allowed: v.allowed,
+		Reason:  v.reason,
+		DryRun:  v.dryRun,
+		Tier:    v.ten.Tier(),
+		Rule:    v.rule,
+		Result:  v.res,
+	}
+	if v.found {
+		d.Tenant = v.ten.ID()
+	}
+	return d
+}
 
 // decisionCtx carries a call's decision and its bucket key. It is the only
 // allocation of an admitted call: the context, the decision and the bytes of
-// the key share one object.
+// the key share one object of 224 bytes.
 type decisionCtx struct {
 	context.Context
-	d       Decision
-	key     string // aliases buf; buf is never written after key is made
-	subject int    // len of the key's subject prefix ("t:id" or "a:addr")
-	buf     [keyBufLen]byte
+	v   verdict
+	key string // aliases buf; buf is never written after key is made
+	buf [keyBufLen]byte
 }
 
 type decisionKey struct{}
 
 func (c *decisionCtx) Value(key any) any {
 	if key == (decisionKey{}) {
-		return &c.d
+		return c
 	}
 	return c.Context.Value(key)
 }
@@ -264,11 +292,11 @@ func (c *decisionCtx) Value(key any) any {
 // call whose context ctx is (or derives from), and whether there is one.
 // Exempt calls carry none.
 func FromContext(ctx context.Context) (Decision, bool) {
-	d, ok := ctx.Value(decisionKey{}).(*Decision)
+	dc, ok := ctx.Value(decisionKey{}).(*decisionCtx)
 	if !ok {
 		return Decision{}, false
 	}
-	return *d, true
+	return dc.v.decision(), true
 }
 
 // resolve finds the caller's tenant and appends the bucket subject to buf:
@@ -337,69 +365,62 @@ func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error
 	h := incoming(ctx)
 	table := l.tables.Table()
 	ten, found, b := l.resolve(ctx, h, table, dc.buf[:0], false)
-	dc.subject = len(b)
+	subject := len(b)
 	rule := ten.Rule(method)
 	b = append(b, ':')
 	b = append(b, rule.ID...)
 	// b aliases dc.buf (or, for an unusually long key, a fresh array) and
 	// is not written again, so the string may share its bytes.
 	dc.key = unsafe.String(unsafe.SliceData(b), len(b))
-
-	d := &dc.d
-	d.Rule = rule
-	d.DryRun = l.o.dryRun
-	if found {
-		d.Tenant = ten.ID()
-	}
-	d.Tier = ten.Tier()
-	return dc, l.take(ctx, d, dc.key, dc.key[:dc.subject], method)
+	dc.v = verdict{ten: ten, found: found, dryRun: l.o.dryRun, subject: uint8(subject), rule: rule}
+	return dc, l.take(ctx, &dc.v, dc.key, method)
 }
 
-// take takes the rule's cost from key's bucket and records the decision in
-// d; subject is the key's subject, for the tap handle's penalties.
-func (l *Limiter) take(ctx context.Context, d *Decision, key, subject string, method string) error {
+// take takes the rule's cost from key's bucket and records the outcome
+// in v.
+func (l *Limiter) take(ctx context.Context, v *verdict, key string, method string) error {
 	scale := l.o.gate.Scale()
-	lim := d.Rule.Limit
+	lim := v.rule.Limit
 	if scale < 1 {
 		lim = lim.Scale(scale)
 	}
-	res, err := l.store.TakeN(ctx, key, lim, d.Rule.Cost)
+	res, err := l.store.TakeN(ctx, key, lim, v.rule.Cost)
 	switch {
 	case err != nil:
-		d.Result = floodgate.Result{}
-		d.Allowed = !l.o.failClosed
-		d.Reason = ReasonStoreError
+		v.res = floodgate.Result{}
+		v.allowed = !l.o.failClosed
+		v.reason = ReasonStoreError
 		l.c.add(cStoreErr)
 	case res.Allowed:
-		d.Result = res
-		d.Allowed = true
-		d.Reason = ReasonAdmitted
+		v.res = res
+		v.allowed = true
+		v.reason = ReasonAdmitted
 		l.c.add(cAdmitted)
 	default:
-		d.Result = res
-		d.Allowed = false
+		v.res = res
+		v.allowed = false
 		if scale < 1 {
-			d.Reason = ReasonOverload
+			v.reason = ReasonOverload
 			l.c.add(cOverload)
 		} else {
-			d.Reason = ReasonQuota
+			v.reason = ReasonQuota
 			l.c.add(cQuota)
 		}
 	}
-	if !d.Allowed && d.DryRun {
+	if !v.allowed && v.dryRun {
 		l.c.add(cDryRun)
 	}
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: method, Tier: d.Tier, Reason: d.Reason, Allowed: d.Allowed, DryRun: d.DryRun})
+		l.o.observer(Event{Method: method, Tier: v.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun})
 	}
-	if d.Allowed || d.DryRun {
+	if v.allowed || v.dryRun {
 		return nil
 	}
-	if d.Reason != ReasonStoreError && res.RetryAfter > 0 {
+	if v.reason != ReasonStoreError && res.RetryAfter > 0 {
 		// A wait beyond the cap (or Never) is remembered as the cap.
-		l.pen.note(subject, l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
+		l.pen.note(key[:v.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
-	return l.rej.reject(ctx, d.Reason, res.RetryAfter)
+	return l.rej.reject(ctx, v.reason, res.RetryAfter)
 }
 
 // sinceEpoch returns the Limiter clock's time since the Limiter was made.

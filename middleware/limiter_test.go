@@ -89,8 +89,8 @@ func TestRejectsOverQuota(t *testing.T) {
 			t.Errorf("unexpected detail %T", d)
 		}
 	}
-	if info == nil || info.Reason != middleware.ReasonRateLimited || info.Domain != middleware.DefaultDomain {
-		t.Errorf("ErrorInfo = %v, want reason %s domain %s", info, middleware.ReasonRateLimited, middleware.DefaultDomain)
+	if info == nil || info.Reason != middleware.ErrorReasonRateLimited || info.Domain != middleware.DefaultDomain {
+		t.Errorf("ErrorInfo = %v, want reason %s domain %s", info, middleware.ErrorReasonRateLimited, middleware.DefaultDomain)
 	}
 	if retry == nil || retry.RetryDelay.AsDuration() != time.Second {
 		t.Errorf("RetryInfo = %v, want 1s", retry)
@@ -245,8 +245,8 @@ func TestOverloadUnderGate(t *testing.T) {
 	}
 	st, _ := status.FromError(err)
 	for _, det := range st.Details() {
-		if info, ok := det.(*errdetails.ErrorInfo); ok && info.Reason != middleware.ReasonOverloaded {
-			t.Errorf("ErrorInfo.Reason = %q, want %q", info.Reason, middleware.ReasonOverloaded)
+		if info, ok := det.(*errdetails.ErrorInfo); ok && info.Reason != middleware.ErrorReasonOverloaded {
+			t.Errorf("ErrorInfo.Reason = %q, want %q", info.Reason, middleware.ErrorReasonOverloaded)
 		}
 		if _, ok := det.(*errdetails.QuotaFailure); ok {
 			t.Error("overload rejection carries QuotaFailure")

@@ -24,9 +24,9 @@ const PushbackKey = "grpc-retry-pushback-ms"
 
 // ErrorInfo reasons of rejections, in the domain set by WithDomain.
 const (
-	ReasonRateLimited = "RATE_LIMITED"
-	ReasonOverloaded  = "OVERLOADED"
-	ReasonUnavailable = "LIMITER_UNAVAILABLE"
+	ErrorReasonRateLimited = "RATE_LIMITED"
+	ErrorReasonOverloaded  = "OVERLOADED"
+	ErrorReasonUnavailable = "LIMITER_UNAVAILABLE"
 )
 
 // Rejection messages: short and static, so that they never carry a key, an
@@ -120,11 +120,11 @@ func message(k kind) string {
 func reasonOf(k kind) string {
 	switch k {
 	case kindQuota:
-		return ReasonRateLimited
+		return ErrorReasonRateLimited
 	case kindOverload:
-		return ReasonOverloaded
+		return ErrorReasonOverloaded
 	}
-	return ReasonUnavailable
+	return ErrorReasonUnavailable
 }
 
 // build returns the rejection error of kind k with a retry delay of d, or
@@ -178,7 +178,9 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 	case ReasonOverload:
 		k = kindOverload
 	default:
-		return r.plain[kindStore]
+		// The store failed: no retry delay to offer, and no pushback, so
+		// clients back off by their own policy.
+		return r.never[kindStore]
 	}
 	if retry <= 0 || retry == floodgate.Never || retry > r.o.maxPushback {
 		_ = grpc.SetTrailer(ctx, abortMD)

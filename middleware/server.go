@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 )
 
@@ -33,7 +34,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if l.o.rateHeaders {
-			_ = grpc.SetHeader(ctx, rateHeaders(&dc.d))
+			_ = grpc.SetHeader(ctx, rateHeaders(dc.v.res))
 		}
 		return handler(dc, req)
 	}
@@ -55,7 +56,7 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if l.o.rateHeaders {
-			_ = ss.SetHeader(rateHeaders(&dc.d))
+			_ = ss.SetHeader(rateHeaders(dc.v.res))
 		}
 		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, method: info.FullMethod})
 	}
@@ -78,12 +79,11 @@ func (s *stream) RecvMsg(m any) error {
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
-	d := s.dc.d
-	return s.l.take(s.dc.Context, &d, s.dc.key, s.dc.key[:s.dc.subject], s.method)
+	v := s.dc.v
+	return s.l.take(s.dc.Context, &v, s.dc.key, s.method)
 }
 
-func rateHeaders(d *Decision) metadata.MD {
-	r := d.Result
+func rateHeaders(r floodgate.Result) metadata.MD {
 	reset := (r.ResetAfter + 999_999_999) / 1_000_000_000
 	return metadata.MD{
 		"ratelimit-limit":     {strconv.Itoa(r.Limit.Burst)},
