@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -58,14 +59,18 @@ func writeChart(path, title string, pts []point) error {
 			{"CPU (smoothed)", purple, nil, func(p point) float64 { return 100 * p.CPU }},
 			{"gate scale", red, dashed, func(p point) float64 { return 100 * p.Scale }},
 		})
-		gate.Y.Min, gate.Y.Max = 0, 105
+		gate.Y.Min, gate.Y.Max = 0, 130 // headroom for the legend
 		panels = append(panels, gate)
 	}
-	lat := panel("", "admitted latency (ms)", pts, []chartSeries{
+	lat := panel("", "admitted latency (ms, log)", pts, []chartSeries{
 		{"p50", green, nil, func(p point) float64 { return ms(p.P50) }},
 		{"p99", red, nil, func(p point) float64 { return ms(p.P99) }},
 	})
-	lat.Y.Min = 0
+	// A log scale shows a 2ms service time and a multi-second stall on one
+	// axis; latencies below 0.1ms are clamped onto it.
+	lat.Y.Scale, lat.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	lat.Y.Min = max(lat.Y.Min, 0.1)
+	lat.Y.Max = max(lat.Y.Max*5, lat.Y.Min*100) // the legend's headroom, on a log scale
 	panels = append(panels, lat)
 	panels[len(panels)-1].X.Label.Text = "time (s)"
 
@@ -104,14 +109,17 @@ func panel(title, ylabel string, pts []point, series []chartSeries) *plot.Plot {
 	p.Title.Text = title
 	p.Y.Label.Text = ylabel
 	p.X.Min = 0
+	p.X.Tick.Marker = plot.TickerFunc(secondTicks)
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
+	top := 0.0
 	for _, s := range series {
 		xys := make(plotter.XYs, 0, len(pts))
 		for _, pt := range pts {
 			if v := s.value(pt); !math.IsNaN(v) {
 				xys = append(xys, plotter.XY{X: pt.T.Seconds(), Y: v})
+				top = max(top, v)
 			}
 		}
 		if len(xys) == 0 {
@@ -127,5 +135,27 @@ func panel(title, ylabel string, pts []point, series []chartSeries) *plot.Plot {
 		p.Add(l)
 		p.Legend.Add(s.name, l)
 	}
+	// Headroom above the lines for the legend.
+	p.Y.Max = max(p.Y.Max, top*(1+0.1*float64(len(series))))
 	return p
+}
+
+// secondTicks marks whole seconds: a labelled tick every 5, 10, 30 or 60 s,
+// whichever gives at most a dozen, and minor ticks between.
+func secondTicks(lo, hi float64) []plot.Tick {
+	step := 5.0
+	for _, s := range []float64{5, 10, 30, 60, 300} {
+		step = s
+		if (hi-lo)/s <= 12 {
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+		if minor := v + step/2; minor < hi {
+			ticks = append(ticks, plot.Tick{Value: minor})
+		}
+	}
+	return ticks
 }
