@@ -73,6 +73,18 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
+// replaceFile writes content next to path and renames it over path, the
+// way the Watch documentation asks writers to: a poll never sees a
+// partial file.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	writeFile(t, tmp, content)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // exportBurst reads acme's Export burst from the registry's table, or -1
 // when acme is unknown.
 func exportBurst(r *tenant.Registry) int {
@@ -303,7 +315,9 @@ func TestWatchLoop(t *testing.T) {
 	if got, want := exportBurst(r), 1; got != want {
 		t.Errorf("first load: Export burst = %d, want %d", got, want)
 	}
-	writeFile(t, path, goodB)
+	// Replaced, not rewritten in place: a poll racing an in-place write
+	// could read a truncated file that happens to be a valid config.
+	replaceFile(t, path, goodB)
 	<-loaded
 	if got, want := exportBurst(r), 2; got != want {
 		t.Errorf("after change: Export burst = %d, want %d", got, want)
