@@ -8,16 +8,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher coalesces concurrent decisions. A caller queues its op; when no
-// flush is running it sends the queue itself as one round trip (with a
-// client that ignores deadlines, from a new goroutine) and hands out the
-// replies; if more ops queued meanwhile, a flusher goroutine sends them,
-// batch after batch, and ends when the queue is empty. Callers wait for their reply or their deadline,
-// whichever comes first: a caller that stops waiting leaves its op in the
-// batch (Redis may still apply it, which under-admits, never over-admits).
+// batcher coalesces concurrent decisions. A caller queues its op; when
+// fewer than maxInFlight batches are on the wire, it sends the queue itself
+// as one round trip (from a new goroutine with a client that ignores
+// deadlines) and hands out the replies; ops queued meanwhile go out with the
+// next sender, and a flusher goroutine sends batch after batch until the
+// queue is empty, then ends. Every op is answered by its due time; a caller
+// that stops waiting earlier (its context ended) leaves its op in the batch,
+// and Redis may still apply it, which under-admits, never over-admits.
 //
-// While one flush is on the wire the next batch accumulates, so batches
-// grow with concurrency and the round trips per decision fall.
+// While batches are on the wire the next one accumulates, so batches grow
+// with concurrency and the round trips per decision fall.
 type batcher struct {
 	s   *Store
 	max int
