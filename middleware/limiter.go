@@ -416,8 +416,10 @@ func (l *Limiter) take(ctx context.Context, v *verdict, key string, method strin
 	if v.allowed || v.dryRun {
 		return nil
 	}
-	if v.reason != ReasonStoreError && res.RetryAfter > 0 {
-		// A wait beyond the cap (or Never) is remembered as the cap.
+	// The tap handle acts only while the gate sheds, so only then is the
+	// retry delay worth a clock read to remember. A wait beyond the cap (or
+	// Never) is remembered as the cap.
+	if v.reason == ReasonOverload && res.RetryAfter > 0 {
 		l.pen.note(key[:v.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter)

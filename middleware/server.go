@@ -100,9 +100,10 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // constant work and no I/O, and rejects only in the worst case: the CPU gate
 // is shedding at or below its floor (WithTapFloor) and the caller is over its
 // share. A caller is over its share while a retry delay the interceptor gave
-// it has not yet run out: the interceptor remembers, per bucket subject (a
-// tenant, or an anonymous address), until when it told the caller to wait,
-// in a fixed table of atomic words. The tap resolves the subject from the
+// it under the gate has not yet run out: for each overload rejection, the
+// interceptor remembers, per bucket subject (a tenant, or an anonymous
+// address), until when it told the caller to wait, in a fixed table of
+// atomic words. The tap resolves the subject from the
 // connection's address, the forwarding headers of trusted proxies, a TLS
 // client certificate and API keys it has already seen; it does not call a
 // KeyFunc, so callers identified only by a KeyFunc are left to the
