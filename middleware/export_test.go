@@ -1,9 +1,6 @@
 package middleware
 
-import (
-	"context"
-	"net/netip"
-)
+import "context"
 
 // Subject returns the bucket subject the interceptor would use for a call
 // with context ctx: "t:<tenant>" or "a:<address>".
@@ -18,10 +15,8 @@ var (
 	ParseHop      = parseHop
 	Bearer        = bearer
 	GridIndex     = gridIndex
+	GridSize      = gridSize
 )
-
-// Trusted reports whether a is a trusted proxy of l.
-func Trusted(l *Limiter) func(netip.Addr) bool { return l.isTrusted }
 
 // DirectMetadata reports whether the middleware reads grpc-go's incoming
 // metadata without copying it.

@@ -543,3 +543,23 @@ func TestTapHandle(t *testing.T) {
 		t.Errorf("tap events (-want +got):\n%s", diff)
 	}
 }
+
+// TestRetryGrid: retry delays round up, never down, onto a grid that
+// covers every delay up to MaxPushbackLimit.
+func TestRetryGrid(t *testing.T) {
+	prev := -1
+	for _, d := range []time.Duration{0, 1, time.Millisecond, 1500 * time.Microsecond, 999 * time.Millisecond, time.Second,
+		time.Second + 1, 9999 * time.Millisecond, 10 * time.Second, 10*time.Second + 1, time.Minute, middleware.MaxPushbackLimit} {
+		i, r := middleware.GridIndex(d)
+		if r < d || r < time.Millisecond || r%time.Millisecond != 0 {
+			t.Errorf("GridIndex(%v) rounds to %v", d, r)
+		}
+		if i < 0 || i >= middleware.GridSize || i < prev {
+			t.Errorf("GridIndex(%v) = %d, want in [%d, %d)", d, i, prev, middleware.GridSize)
+		}
+		if j, r2 := middleware.GridIndex(r); j != i || r2 != r {
+			t.Errorf("GridIndex(%v) = %d, %v; not a fixed point of %v", r, j, r2, d)
+		}
+		prev = i
+	}
+}

@@ -154,6 +154,10 @@ func WithAddressBits(v4, v6 int) Option {
 // "Bearer <key>"; other keys carry the key as is. Names must be lower-case,
 // as gRPC metadata keys are. The default is x-api-key, then authorization.
 // A repeated call replaces the list; no names turns API keys off.
+//
+// A key no tenant owns costs a SHA-256 on every call. If your clients send
+// bearer tokens that are not floodgate API keys (OAuth access tokens, say),
+// leave "authorization" out.
 func WithAPIKeyHeaders(names ...string) Option {
 	return func(o *options) {
 		for _, n := range names {
