@@ -249,8 +249,8 @@ type verdict struct {
 	allowed bool
 	dryRun  bool
 	reason  Reason
-	subject uint8 // length of the key's subject prefix ("t:id" or "a:addr")
-	rule    tenant.Rule
+	subject uint8  // length of the key's subject prefix ("t:id" or "a:addr")
+	method  string // the rule is ten.Rule(method), looked up again when asked
 	res     floodgate.Result
 }
 
@@ -260,7 +260,7 @@ func (v *verdict) decision() Decision {
 		Reason:  v.reason,
 		DryRun:  v.dryRun,
 		Tier:    v.ten.Tier(),
-		Rule:    v.rule,
+		Rule:    v.ten.Rule(v.method),
 		Result:  v.res,
 	}
 	if v.found {
@@ -271,7 +271,7 @@ func (v *verdict) decision() Decision {
 
 // decisionCtx carries a call's decision and its bucket key. It is the only
 // allocation of an admitted call: the context, the decision and the bytes of
-// the key share one object of 224 bytes.
+// the key share one object of 192 bytes.
 type decisionCtx struct {
 	context.Context
 	v   verdict
@@ -372,19 +372,19 @@ func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error
 	// b aliases dc.buf (or, for an unusually long key, a fresh array) and
 	// is not written again, so the string may share its bytes.
 	dc.key = unsafe.String(unsafe.SliceData(b), len(b))
-	dc.v = verdict{ten: ten, found: found, dryRun: l.o.dryRun, subject: uint8(subject), rule: rule}
-	return dc, l.take(ctx, &dc.v, dc.key, method)
+	dc.v = verdict{ten: ten, found: found, dryRun: l.o.dryRun, subject: uint8(subject), method: method}
+	return dc, l.take(ctx, &dc.v, rule, dc.key)
 }
 
 // take takes the rule's cost from key's bucket and records the outcome
 // in v.
-func (l *Limiter) take(ctx context.Context, v *verdict, key string, method string) error {
+func (l *Limiter) take(ctx context.Context, v *verdict, rule tenant.Rule, key string) error {
 	scale := l.o.gate.Scale()
-	lim := v.rule.Limit
+	lim := rule.Limit
 	if scale < 1 {
 		lim = lim.Scale(scale)
 	}
-	res, err := l.store.TakeN(ctx, key, lim, v.rule.Cost)
+	res, err := l.store.TakeN(ctx, key, lim, rule.Cost)
 	switch {
 	case err != nil:
 		v.res = floodgate.Result{}
@@ -411,7 +411,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict, key string, method strin
 		l.c.add(cDryRun)
 	}
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: method, Tier: v.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun})
+		l.o.observer(Event{Method: v.method, Tier: v.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun})
 	}
 	if v.allowed || v.dryRun {
 		return nil

@@ -58,7 +58,7 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if l.o.rateHeaders {
 			_ = ss.SetHeader(rateHeaders(dc.v.res))
 		}
-		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, method: info.FullMethod})
+		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc})
 	}
 }
 
@@ -66,9 +66,8 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 // and with WithPerMessage each received message is limited.
 type stream struct {
 	grpc.ServerStream
-	l      *Limiter
-	dc     *decisionCtx
-	method string
+	l  *Limiter
+	dc *decisionCtx
 }
 
 func (s *stream) Context() context.Context { return s.dc }
@@ -80,7 +79,7 @@ func (s *stream) RecvMsg(m any) error {
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
 	v := s.dc.v
-	return s.l.take(s.dc.Context, &v, s.dc.key, s.method)
+	return s.l.take(s.dc.Context, &v, v.ten.Rule(v.method), s.dc.key)
 }
 
 func rateHeaders(r floodgate.Result) metadata.MD {
