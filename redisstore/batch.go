@@ -34,6 +34,10 @@ type batcher struct {
 // busy and batches stay large.
 const maxInFlight = 2
 
+// minSecond is the queue length that starts a batch while another is on the
+// wire: a smaller one would spend a round trip on a few ops.
+const minSecond = 32
+
 type pending struct {
 	op   *op
 	due  time.Time // when the caller stops waiting: queued + the budget
@@ -59,7 +63,7 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	p.due = time.Now().Add(b.s.budget)
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
-	lead := b.running < maxInFlight
+	lead := b.running == 0 || b.running < maxInFlight && len(b.queue) >= min(minSecond, b.max)
 	if lead {
 		b.running++
 	}
