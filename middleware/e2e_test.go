@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -541,3 +542,26 @@ func TestTrustedProxyOverTCP(t *testing.T) {
 }
 
 var _ = cpugate.Shedding
+
+// TestRateLimitHeadersOverGRPC: with WithRateLimitHeaders, admitted calls
+// carry the bucket's state as header metadata; a rejection still carries
+// none, so it stays Trailers-Only.
+func TestRateLimitHeadersOverGRPC(t *testing.T) {
+	f := newFixture(t, middleware.WithRateLimitHeaders(true))
+	cc, _ := serve(t, networks[1], limiterServer(f.l))
+	var got []metadata.MD
+	for range 3 {
+		var h metadata.MD
+		_ = invoke(context.Background(), cc, grpc.Header(&h))
+		delete(h, "content-type")
+		got = append(got, h)
+	}
+	want := []metadata.MD{
+		{"ratelimit-limit": {"2"}, "ratelimit-remaining": {"1"}, "ratelimit-reset": {"1"}},
+		{"ratelimit-limit": {"2"}, "ratelimit-remaining": {"0"}, "ratelimit-reset": {"2"}},
+		{},
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+}
