@@ -119,8 +119,9 @@ type Stats struct {
 }
 
 // counters are striped: every call counts, and one shared word would bounce
-// between cores on every call. A stripe is picked at random per count,
-// which costs less than the contention it avoids.
+// between cores on every call. Decisions pick a stripe from the address of
+// their verdict, which each core allocates from its own spans; other counts
+// pick one at random.
 type counters struct {
 	stripes [counterStripes]stripe
 }
@@ -147,6 +148,12 @@ const (
 
 func (c *counters) add(k counter) {
 	c.stripes[rand.Uint32()&(counterStripes-1)].n[k].Add(1)
+}
+
+// addFor counts k on the stripe chosen by v's address: cheaper than a
+// random number, and spread across cores alike.
+func (c *counters) addFor(k counter, v *verdict) {
+	c.stripes[uintptr(unsafe.Pointer(v))>>10&(counterStripes-1)].n[k].Add(1)
 }
 
 func (c *counters) load(k counter) uint64 {
@@ -390,25 +397,25 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rule tenant.Rule, key st
 		v.res = floodgate.Result{}
 		v.allowed = !l.o.failClosed
 		v.reason = ReasonStoreError
-		l.c.add(cStoreErr)
+		l.c.addFor(cStoreErr, v)
 	case res.Allowed:
 		v.res = res
 		v.allowed = true
 		v.reason = ReasonAdmitted
-		l.c.add(cAdmitted)
+		l.c.addFor(cAdmitted, v)
 	default:
 		v.res = res
 		v.allowed = false
 		if scale < 1 {
 			v.reason = ReasonOverload
-			l.c.add(cOverload)
+			l.c.addFor(cOverload, v)
 		} else {
 			v.reason = ReasonQuota
-			l.c.add(cQuota)
+			l.c.addFor(cQuota, v)
 		}
 	}
 	if !v.allowed && v.dryRun {
-		l.c.add(cDryRun)
+		l.c.addFor(cDryRun, v)
 	}
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: v.method, Tier: v.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun})
