@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 
@@ -124,6 +125,9 @@ func (b *batcher) release(p *pending, a result1) (reply, error) {
 // flush sends batches until the queue is empty.
 func (b *batcher) flush() {
 	for b.sendNext() {
+		// The callers just answered are runnable and most will queue
+		// their next op at once: let them, so the next batch is full.
+		runtime.Gosched()
 	}
 }
 
@@ -228,7 +232,7 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 
 func groupArgs(ops []*op, idx []int, now int64) ([]string, []any) {
 	keys := make([]string, len(idx))
-	args := make([]any, 0, 3+5*len(idx))
+	args := make([]any, 0, 3+4*len(idx))
 	args = appendHead(args, now)
 	for i, j := range idx {
 		keys[i] = ops[j].key

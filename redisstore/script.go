@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -16,10 +17,10 @@ import (
 //
 // KEYS[i] is the i-th bucket. ARGV[1] is the time in µs, or -1 to read the
 // server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms added to
-// every TTL (see clockSlack). Then five arguments per decision: rate (tokens per second,
-// which is also micro-tokens per µs), burst (tokens), n (tokens), mode and
-// min. Modes: 0 takes n, 1 peeks, 2 refunds n, 3 leases: takes as many whole
-// tokens as the bucket holds, at most n and at least min.
+// every TTL (see clockSlack). Then four arguments per decision: rate (tokens
+// per second, which is also micro-tokens per µs), burst (tokens), n (tokens)
+// and mode. Modes: 0 takes n, 1 peeks, 2 refunds n, "3:<min>" leases: takes
+// as many whole tokens as the bucket holds, at most n and at least min.
 //
 // State is 16 bytes: micro-tokens and the µs they were counted at, two
 // little-endian doubles (struct.pack '<d<d', much cheaper than formatting
@@ -44,11 +45,16 @@ if now < 0 then
 end
 local out = {}
 for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 5
+  local a = 3 + (i - 1) * 4
   local rate = tonumber(ARGV[a + 1])
   local burst = tonumber(ARGV[a + 2]) * 1000000
   local n = tonumber(ARGV[a + 3]) * 1000000
   local mode = ARGV[a + 4]
+  local min = 0
+  if #mode > 1 then -- a lease: "3:<min>"
+    min = tonumber(string.sub(mode, 3)) * 1000000
+    mode = '3'
+  end
   local key = KEYS[i]
   local tokens, at = burst, now
   local exists = false
@@ -95,7 +101,7 @@ for i = 1, #KEYS do
     if give > n then
       give = n
     end
-    if give >= tonumber(ARGV[a + 5]) * 1000000 and give > 0 then
+    if give >= min and give > 0 then
       tokens = tokens - give
       allowed, taken, write = 1, give, true
     end
@@ -160,10 +166,32 @@ type reply struct {
 	taken   int64 // whole tokens taken
 }
 
-// appendArgs appends op's five script arguments.
+// appendArgs appends op's four script arguments. The limit's two come
+// preformatted from a one-entry cache: most stores apply few limits, and
+// boxing and formatting them was a visible share of a batched decision.
 func (o *op) appendArgs(args []any) []any {
-	return append(args, o.lim.Rate, o.lim.Burst, o.n, o.mode, o.min)
+	la := lastLimit.Load()
+	if la == nil || la.lim != o.lim {
+		la = &limitArgs{
+			lim:   o.lim,
+			rate:  strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
+			burst: strconv.Itoa(o.lim.Burst),
+		}
+		lastLimit.Store(la)
+	}
+	var mode any = o.mode
+	if o.mode == modeLease {
+		mode = "3:" + strconv.Itoa(o.min)
+	}
+	return append(args, la.rate, la.burst, o.n, mode)
 }
+
+type limitArgs struct {
+	lim         floodgate.Limit
+	rate, burst any
+}
+
+var lastLimit atomic.Pointer[limitArgs]
 
 // isNoScript reports whether err says the script is not in the server's
 // cache (after SCRIPT FLUSH, a restart or a failover).
@@ -176,7 +204,7 @@ func isNoScript(err error) bool {
 // Cluster.
 func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int64, error) {
 	keys := make([]string, len(ops))
-	args := make([]any, 0, 3+5*len(ops))
+	args := make([]any, 0, 3+4*len(ops))
 	args = appendHead(args, now)
 	for i, o := range ops {
 		keys[i] = o.key
