@@ -3,6 +3,7 @@ package floodgate
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 )
 
@@ -88,8 +89,9 @@ type Result struct {
 // deadline, with ctx.Err() when ctx ends first, and with the store's error
 // when the store cannot decide. Wait works with any [Store] and so cannot
 // reserve tokens: under contention another caller may take them first, and
-// Wait tries again. Stores that can reserve (keyed.Map.WaitN) serve waiters
-// more fairly.
+// Wait tries again. Each sleep is stretched by a random tenth at most, so
+// waiters that were refused together do not all retry in the same instant.
+// Stores that can reserve (keyed.Map.WaitN) serve waiters more fairly.
 func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error {
 	if !lim.IsInf() && n > lim.Burst {
 		return ErrExceedsBurst
@@ -118,6 +120,7 @@ func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error 
 		if d <= 0 {
 			d = time.Millisecond
 		}
+		d += rand.N(d/10 + 1)
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
