@@ -76,6 +76,10 @@ func workerMain(args []string) error {
 	defer client.Close()
 	store, err := redisstore.New(client,
 		redisstore.WithPrefix("notifications"),
+		// A worker delays rather than drops, so it can afford to wait for
+		// Redis far longer than a request path could: a local decision
+		// cannot see what the other workers took, and every one risks a 429.
+		redisstore.WithDeadline(500*time.Millisecond),
 		redisstore.WithLocalDivisor(float64(*instances)),
 	)
 	if err != nil {
