@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"runtime"
 	"time"
@@ -40,13 +41,26 @@ func calibrate() *burner {
 	return &burner{perIter: max(best/iters, 1), sink: b[0]}
 }
 
-// burn spends about d of CPU time on the calling goroutine.
-func (bn *burner) burn(d time.Duration) {
+// burnChunk is how much work burn does between two looks at its context.
+const burnChunk = 100 * time.Microsecond
+
+// burn spends about d of CPU time on the calling goroutine, in chunks, and
+// stops early with ctx's error once ctx is done: work for a caller whose
+// deadline has passed is wasted, and under overload that waste is what
+// turns a queue into a collapse.
+func (bn *burner) burn(ctx context.Context, d time.Duration) error {
 	n := int(d / bn.perIter)
+	chunk := max(int(burnChunk/bn.perIter), 1)
 	var b [32]byte
 	b[0] = bn.sink
-	for range n {
-		b = burnBlock(b)
+	for done := 0; done < n; done += chunk {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for range min(chunk, n-done) {
+			b = burnBlock(b)
+		}
 	}
 	runtime.KeepAlive(b)
+	return nil
 }

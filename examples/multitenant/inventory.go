@@ -77,7 +77,7 @@ func (inv *inventory) lookup(sku string) (*stock, error) {
 	return st, nil
 }
 
-func (inv *inventory) Allocate(_ context.Context, req *inventoryv1.AllocateRequest) (*inventoryv1.AllocateResponse, error) {
+func (inv *inventory) Allocate(ctx context.Context, req *inventoryv1.AllocateRequest) (*inventoryv1.AllocateResponse, error) {
 	if req.GetQuantity() < 1 {
 		return nil, status.Error(codes.InvalidArgument, "quantity must be at least 1")
 	}
@@ -86,8 +86,12 @@ func (inv *inventory) Allocate(_ context.Context, req *inventoryv1.AllocateReque
 		return nil, err
 	}
 	// The work happens outside the lock, as a real service would price and
-	// validate an order before touching shared state.
-	inv.burner.burn(inv.cost)
+	// validate an order before touching shared state. It stops when the
+	// caller has gone: a call admitted, then delayed past its deadline by a
+	// queue, must not spend the CPU that calls still in time need.
+	if err := inv.burner.burn(ctx, inv.cost); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -277,3 +277,17 @@ func TestProbeCapacity(t *testing.T) {
 		t.Errorf("probeCapacity with a limited key = %v, want ResourceExhausted", err)
 	}
 }
+
+// An allocation whose caller has gone does no work and takes no stock.
+func TestAllocateStopsForAGoneCaller(t *testing.T) {
+	inv := newInventory(skuNames(1), 5, time.Hour, testBurner())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := inv.Allocate(ctx, &inventoryv1.AllocateRequest{Sku: "sku-00000", Quantity: 1}); status.Code(err) != codes.Canceled {
+		t.Errorf("Allocate(cancelled) = %v, want Canceled", err)
+	}
+	level, _ := inv.skus["sku-00000"].snapshot()
+	if got, want := level.GetAvailable(), int64(5); got != want {
+		t.Errorf("available after a cancelled Allocate = %d, want %d", got, want)
+	}
+}
