@@ -70,7 +70,11 @@ func writeChart(path, title string, pts []point) error {
 	// axis; latencies below 0.1ms are clamped onto it.
 	lat.Y.Scale, lat.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	lat.Y.Min = max(lat.Y.Min, 0.1)
-	lat.Y.Max = max(lat.Y.Max*5, lat.Y.Min*100) // the legend's headroom, on a log scale
+	// Headroom for the legend, up to a power of ten so that the top of the
+	// panel has a gridline.
+	lat.Y.Max = math.Pow(10, math.Ceil(math.Log10(max(lat.Y.Max*5, lat.Y.Min*100))))
+	// The log axis's labels push its data area down; keep the legend in it.
+	lat.Legend.YOffs = -vg.Points(34)
 	panels = append(panels, lat)
 	panels[len(panels)-1].X.Label.Text = "time (s)"
 
