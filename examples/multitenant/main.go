@@ -71,10 +71,12 @@ const (
 	defaultConfigPath  = "testdata/multitenant/tenants.yaml"
 	defaultProfilePath = "testdata/multitenant/profile.yaml"
 	// defaultSchedP99 turns the gate's scheduling-latency guard on: goroutines
-	// waiting 20ms to run, ten times an allocation's work, mean the process
-	// is saturated even when the CPU counters say otherwise, as they do on a
+	// waiting 50ms to run, 25 times an allocation's work, mean the process
+	// is starved even when the CPU counters say otherwise, as they do on a
 	// machine whose other tenants take the cores (or under CPU throttling).
-	defaultSchedP99 = 20 * time.Millisecond
+	// Lower values catch every short burst of a neighbour's work too and keep
+	// the gate at its floor.
+	defaultSchedP99 = 50 * time.Millisecond
 )
 
 func main() {
