@@ -77,6 +77,13 @@ func writeChart(path, title string, pts []point) error {
 	lat.Legend.YOffs = -vg.Points(34)
 	panels = append(panels, lat)
 	panels[len(panels)-1].X.Label.Text = "time (s)"
+	if len(pts) > 0 {
+		// End every panel on the same whole second, so the last tick shows.
+		end := math.Ceil(pts[len(pts)-1].T.Seconds() - 0.05)
+		for _, p := range panels {
+			p.X.Max = max(end, 1)
+		}
+	}
 
 	const width, rowHeight = 22 * vg.Centimeter, 8 * vg.Centimeter
 	img := vgimg.NewWith(vgimg.UseWH(width, rowHeight*vg.Length(len(panels))), vgimg.UseDPI(110))
