@@ -38,6 +38,8 @@ type demoConfig struct {
 	// tick is the sampling interval of the statistics and the chart.
 	// Default 1s.
 	tick time.Duration
+	// probe is how long the capacity probe runs. Default 2s.
+	probe time.Duration
 	// sampler and burner, when set, replace the real ones (tests).
 	sampler cpugate.Sampler
 	burner  *burner
@@ -168,7 +170,11 @@ func measure(ctx context.Context, cfg demoConfig, prof *profile, out io.Writer) 
 	served := make(chan error, 1)
 	go func() { served <- srv.run(srvCtx, 5*time.Second) }()
 	callers := 4 * max(int(math.Ceil(srv.budget)), 1)
-	p, err := probeCapacity(ctx, srv.addr(), prof.ProbeKey, srv.skus[0], callers, 2*time.Second)
+	length := cfg.probe
+	if length == 0 {
+		length = 2 * time.Second
+	}
+	p, err := probeCapacity(ctx, srv.addr(), prof.ProbeKey, srv.skus[0], callers, length)
 	stop()
 	if serr := <-served; err == nil {
 		err = serr

@@ -117,3 +117,34 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		}
 	}
 }
+
+func TestMeasureCapacity(t *testing.T) {
+	cfg := demoConfig{
+		ConfigPath: testdata(t, "test-tenants.yaml"),
+		Cost:       100 * time.Microsecond,
+		Policy:     "adaptive",
+		probe:      200 * time.Millisecond,
+		sampler:    scriptedCPU(0.1),
+		burner:     testBurner(),
+	}
+	prof, err := loadProfile(testdata(t, "test-profile.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	capacity, err := measure(context.Background(), cfg, prof, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if capacity <= 0 {
+		t.Errorf("measure = %v, want a positive capacity", capacity)
+	}
+	if !strings.HasPrefix(out.String(), "capacity: ") {
+		t.Errorf("measure printed %q, want a capacity line", out.String())
+	}
+
+	prof.ProbeKey = ""
+	if _, err := measure(context.Background(), cfg, prof, &out); err == nil {
+		t.Error("measure without a probe key = nil error, want one")
+	}
+}
