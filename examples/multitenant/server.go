@@ -41,8 +41,8 @@ type serverConfig struct {
 	// buckets, so that several servers share every tenant's quota. Empty
 	// keeps them in memory (keyed).
 	Redis string
-	// Cost is the CPU time one Allocate spends. Default 2ms; negative
-	// means none.
+	// Cost is the CPU time one Allocate spends; 0 spends none (the
+	// commands' -cost flag defaults to defaultCost).
 	Cost time.Duration
 	// SKUs is the catalogue's size. Default 1000.
 	SKUs int
@@ -81,9 +81,6 @@ const (
 func (c *serverConfig) setDefaults() {
 	if c.Addr == "" {
 		c.Addr = defaultAddr
-	}
-	if c.Cost == 0 {
-		c.Cost = defaultCost
 	}
 	c.Cost = max(c.Cost, 0)
 	if c.SKUs == 0 {
