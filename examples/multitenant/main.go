@@ -30,11 +30,14 @@
 //     shed rate, CPU, gate scale and latency over time, multitenant.png in
 //     the working directory by default (-out).
 //
-// What to look for: the noisy tenant is shed, first by its quota
-// (RESOURCE_EXHAUSTED), then by the CPU gate (UNAVAILABLE) when the admitted
-// work saturates the CPU; the steady tenants keep their goodput and their
-// latency; goodput stays near its peak while the offered load is far above
-// capacity.
+// What to look for: the steady tenants keep every call and a low latency
+// while the noisy tenant is shed; goodput stays flat while the offered load
+// is far above capacity. A caller over its quota is rejected with
+// RESOURCE_EXHAUSTED ("quota") while the gate is open, and with UNAVAILABLE
+// ("overload") once the gate has scaled the limits down; on a machine whose
+// CPU the noisy tenant alone can saturate, the gate acts before that tenant
+// reaches its unscaled quota, so most of its rejections read "overload". The
+// retry policy's throttle keeps retries of a mostly rejected caller near zero.
 //
 // The parts also run separately, against any address:
 //
