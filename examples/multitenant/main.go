@@ -86,9 +86,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "multitenant:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage is printed
 		}
+		fmt.Fprintln(os.Stderr, "multitenant:", err)
 		os.Exit(2)
 	}
 }
