@@ -3,6 +3,7 @@ package keyed
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/floodgate-go/floodgate"
@@ -42,4 +43,35 @@ func BenchmarkTakeN(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkTakeNParallel: run with -cpu 1,2 to see how takes scale across
+// cores when each goroutine has keys of its own (no bucket is shared; the
+// shard locks are).
+func BenchmarkTakeNParallel(b *testing.B) {
+	const n = 1 << 16
+	m, err := New(WithCapacity(n))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := floodgate.PerSecond(1e9, 1_000_000)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "client-" + strconv.Itoa(i)
+		m.TakeN(ctx, keys[i], lim, 1)
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		// Goroutine g walks its own residue class modulo 64 in a
+		// scrambled order.
+		g := int(next.Add(1) - 1)
+		i := uint32(g)
+		for pb.Next() {
+			i = i*1664525 + 1013904223
+			m.TakeN(ctx, keys[int(i>>16)&^63|g&63], lim, 1)
+		}
+	})
 }

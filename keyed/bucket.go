@@ -80,12 +80,14 @@ func toDuration(ns int64) time.Duration {
 	return time.Duration(ns)
 }
 
-// take decides a take of n ≥ 1 tokens on s at now and updates s when it
-// succeeds. It writes nothing on rejection: refill is linear, so a bucket
-// that is left alone computes the same tokens later.
-func (s *state) take(lim floodgate.Limit, n int, now int64) floodgate.Result {
+// take decides a take of n ≥ 1 tokens on s at now into res and updates s
+// when it succeeds. It writes nothing on rejection: refill is linear, so a
+// bucket that is left alone computes the same tokens later. The result is
+// written through a pointer because a Result is seven words: returning it
+// by value through the call chain cost more than the decision.
+func (s *state) take(res *floodgate.Result, lim floodgate.Limit, n int, now int64) {
 	tokens, at := s.refill(lim, now)
-	res := floodgate.Result{Limit: lim}
+	res.Limit = lim
 	burst := int64(lim.Burst) * unit
 	need := int64(n) * unit
 	switch {
@@ -103,7 +105,6 @@ func (s *state) take(lim floodgate.Limit, n int, now int64) floodgate.Result {
 	if tokens > 0 {
 		res.Remaining = int(tokens / unit)
 	}
-	return res
 }
 
 // set stores tokens counted at at and returns the time until the bucket is

@@ -247,3 +247,9 @@ func TestZeroAllocs(t *testing.T) {
 		t.Errorf("TakeN on an existing key: %v allocs/op, want 0", allocs)
 	}
 }
+
+func TestShardSize(t *testing.T) {
+	if got, want := unsafe.Sizeof(shard{}), uintptr(128); got != want {
+		t.Errorf("sizeof(shard) = %d, want %d (two cache lines, no sharing)", got, want)
+	}
+}

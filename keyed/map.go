@@ -3,6 +3,7 @@ package keyed
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -33,15 +34,21 @@ type Map struct {
 	evictNF  bool
 }
 
-// shard is one independently locked part of a Map. The padding keeps two
-// shards' hot fields off one cache line.
+// shard is one independently locked part of a Map, 128 bytes: the table
+// header is inline, so a take reaches the slots without another pointer
+// hop, and two cores working on neighbouring shards do not share a cache
+// line.
 type shard struct {
 	mu       sync.Mutex
-	tab      *table
+	tab      table
 	overflow state // shared by new keys that found no room (Protect)
 	ovInit   bool
-	stats    Stats
-	_        [32]byte
+	stats    shardStats
+}
+
+// shardStats are a shard's counters, guarded by its lock.
+type shardStats struct {
+	Allowed, Rejected, Evictions, EvictedNotFull, Overflowed uint64
 }
 
 // Stats counts a Map's decisions and evictions since it was built.
@@ -77,7 +84,7 @@ func New(opts ...Option) (*Map, error) {
 		evictNF:  o.pressure == Evict,
 	}
 	for i := range m.shards {
-		m.shards[i].tab = newTable()
+		m.shards[i].tab.init()
 	}
 	return m, nil
 }
@@ -112,7 +119,9 @@ func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (
 	if err := check(lim, n); err != nil {
 		return floodgate.Result{}, err
 	}
-	return m.take(key, lim, n, m.now()), nil
+	var res floodgate.Result
+	m.take(&res, key, lim, n, m.now())
+	return res, nil
 }
 
 // TakeAt takes n tokens from key's bucket under lim at time now, for tests
@@ -128,7 +137,9 @@ func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (
 //
 // TakeAt does not validate lim; TakeN does.
 func (m *Map) TakeAt(key string, lim floodgate.Limit, n int, now time.Time) floodgate.Result {
-	return m.take(key, lim, n, m.at(now))
+	var res floodgate.Result
+	m.take(&res, key, lim, n, m.at(now))
+	return res
 }
 
 func check(lim floodgate.Limit, n int) error {
@@ -141,26 +152,25 @@ func check(lim floodgate.Limit, n int) error {
 	return lim.Validate()
 }
 
-func (m *Map) take(key string, lim floodgate.Limit, n int, now int64) floodgate.Result {
-	if lim.IsInf() {
-		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+// take decides into res, which must be zero.
+func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int, now int64) {
+	if lim.Rate > math.MaxFloat64 { // Inf
+		*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+		return
 	}
 	h := maphash.String(m.seed, key)
 	s := m.shardOf(h)
 	if n <= 0 {
 		s.mu.Lock()
-		st := s.tab.find(h, false)
-		var res floodgate.Result
-		if st != nil {
-			res = st.peek(lim, now)
+		if st := s.tab.find(h, false); st != nil {
+			*res = st.peek(lim, now)
 		} else {
-			res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+			*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
 		}
 		s.mu.Unlock()
-		return res
+		return
 	}
 	s.mu.Lock()
-	s.stats.Takes++
 	st := s.tab.find(h, true)
 	var ev Eviction
 	evicted := false
@@ -168,11 +178,12 @@ func (m *Map) take(key string, lim floodgate.Limit, n int, now int64) floodgate.
 		if n > lim.Burst { // can never succeed: track nothing
 			s.stats.Rejected++
 			s.mu.Unlock()
-			return floodgate.Result{Limit: lim, Remaining: lim.Burst, RetryAfter: floodgate.Never}
+			*res = floodgate.Result{Limit: lim, Remaining: lim.Burst, RetryAfter: floodgate.Never}
+			return
 		}
 		st, evicted, ev = m.insert(s, h, lim, now)
 	}
-	res := st.take(lim, n, now)
+	st.take(res, lim, n, now)
 	if res.Allowed {
 		s.stats.Allowed++
 	} else {
@@ -182,7 +193,6 @@ func (m *Map) take(key string, lim floodgate.Limit, n int, now int64) floodgate.
 	if evicted && m.onEvict != nil {
 		m.onEvict(ev)
 	}
-	return res
 }
 
 // insert makes room for h in s, whose lock is held, and returns its new
@@ -210,7 +220,9 @@ func (m *Map) insert(s *shard, h uint64, lim floodgate.Limit, now int64) (st *st
 // creating a bucket: Remaining is the whole tokens available, ResetAfter
 // the time until full. A key the Map does not track reports a full bucket.
 func (m *Map) Peek(key string, lim floodgate.Limit) floodgate.Result {
-	return m.take(key, lim, 0, m.now())
+	var res floodgate.Result
+	m.take(&res, key, lim, 0, m.now())
+	return res
 }
 
 // Tokens returns the tokens in key's bucket under lim now, with their
@@ -270,12 +282,12 @@ func (m *Map) Stats() Stats {
 		s.mu.Lock()
 		st := s.stats
 		s.mu.Unlock()
-		t.Takes += st.Takes
 		t.Allowed += st.Allowed
 		t.Rejected += st.Rejected
 		t.Evictions += st.Evictions
 		t.EvictedNotFull += st.EvictedNotFull
 		t.Overflowed += st.Overflowed
 	}
+	t.Takes = t.Allowed + t.Rejected
 	return t
 }

@@ -68,7 +68,8 @@ func WithCapacity(n int) Option { return func(o *options) { o.capacity = n } }
 
 // WithShards sets the number of independently locked shards: a power of two
 // from 1 to 1024. More shards mean less lock contention. A later call
-// replaces an earlier one. The default is 64, or fewer for small capacities.
+// replaces an earlier one. The default is 64, or fewer for capacities below 1024
+// (at least 16 keys per shard).
 func WithShards(n int) Option { return func(o *options) { o.shards = n } }
 
 // WithClock makes the Map read time from c instead of the monotonic clock:
@@ -98,8 +99,11 @@ func buildOptions(opts []Option) (options, error) {
 		return o, fmt.Errorf("%w: capacity %d must be ≥ 1", ErrInvalidOption, o.capacity)
 	}
 	if o.shards == 0 {
+		// Enough shards that two cores rarely meet on one lock, but at
+		// least 16 keys of capacity per shard: a shard evicts only its own
+		// buckets, so a nearly empty shard could find nothing to evict.
 		o.shards = 64
-		for o.shards > 1 && o.shards*64 > o.capacity {
+		for o.shards > 1 && o.shards*16 > o.capacity {
 			o.shards /= 2
 		}
 	}

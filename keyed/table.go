@@ -31,8 +31,8 @@ const (
 	scanSlots = 64
 )
 
-func newTable() *table {
-	return &table{slots: make([]slot, minSlots), mask: minSlots - 1}
+func (t *table) init() {
+	*t = table{slots: make([]slot, minSlots), mask: minSlots - 1}
 }
 
 // find returns the state for hash h, or nil. ref marks the slot recently used.

@@ -40,7 +40,6 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	h := maphash.String(m.seed, key)
 	s := m.shardOf(h)
 	s.mu.Lock()
-	s.stats.Takes++
 	st := s.tab.find(h, true)
 	if st == nil {
 		var evicted bool
@@ -51,7 +50,8 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 		}
 		if st != &s.overflow {
 			// A new bucket is full and n ≤ burst: no wait.
-			st.take(lim, n, now)
+			var res floodgate.Result
+			st.take(&res, lim, n, now)
 			s.stats.Allowed++
 			s.mu.Unlock()
 			return nil
