@@ -29,8 +29,10 @@ unit:
 	$(GO) test $(TESTFLAGS) ./...
 	cd bench && $(GO) test $(TESTFLAGS) ./...
 
-bench:
-	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 90m ./... | tee bench-results.txt
+# Results and how to read them: bench/README.md.
+bench: deps
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 90m . | tee results.txt
+	cd bench && $(GO) run ./cmd/memory
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
 fuzz:
