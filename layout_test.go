@@ -23,7 +23,7 @@ var peers = []string{
 }
 
 // allowed lists, for each package that has a rule, the non-stdlib import
-// prefixes its non-test files may use (DESIGN.md, "Packages and dependency
+// prefixes its non-test files may use (docs/DESIGN.md, "Packages and dependency
 // direction").
 var allowed = map[string][]string{
 	".":       {},
