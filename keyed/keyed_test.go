@@ -2,15 +2,14 @@ package keyed
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
-	"os"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/vectors"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -36,57 +35,20 @@ func TestStateSize(t *testing.T) {
 	}
 }
 
-type vectorFile struct {
-	Cases []struct {
-		Name  string
-		Limit vecLimit
-		Steps []struct {
-			AtUS         int64     `json:"at_us"`
-			N            int       `json:"n"`
-			Limit        *vecLimit `json:"limit"`
-			Allowed      bool      `json:"allowed"`
-			Remaining    int       `json:"remaining"`
-			RetryAfterUS int64     `json:"retry_after_us"`
-			ResetAfterUS int64     `json:"reset_after_us"`
-		}
-	}
-}
-
-type vecLimit struct {
-	Rate  float64
-	Burst int
-}
-
-// usCeil converts a duration to whole microseconds, rounded up, with -1 for
-// never: the form of the shared vectors.
-func usCeil(d time.Duration) int64 {
-	if d == floodgate.Never {
-		return -1
-	}
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
-}
-
 // TestVectors runs the decisions every store must reproduce
 // (testdata/vectors/bucket.json, shared with redisstore).
 func TestVectors(t *testing.T) {
-	data, err := os.ReadFile("../testdata/vectors/bucket.json")
+	cases, err := vectors.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var vf vectorFile
-	if err := json.Unmarshal(data, &vf); err != nil {
-		t.Fatal(err)
-	}
-	if len(vf.Cases) == 0 {
-		t.Fatal("no vectors")
-	}
-	for _, c := range vf.Cases {
+	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			m := newMap(t)
-			lim := floodgate.Limit(c.Limit)
+			lim := c.Limit.Limit()
 			for i, s := range c.Steps {
 				if s.Limit != nil {
-					lim = floodgate.Limit(*s.Limit)
+					lim = s.Limit.Limit()
 				}
 				got := m.TakeAt("k", lim, s.N, t0.Add(time.Duration(s.AtUS)*time.Microsecond))
 				type view struct {
@@ -94,7 +56,7 @@ func TestVectors(t *testing.T) {
 					Remaining                int
 					RetryAfterUS, ResetAfter int64
 				}
-				g := view{got.Allowed, got.Remaining, usCeil(got.RetryAfter), usCeil(got.ResetAfter)}
+				g := view{got.Allowed, got.Remaining, vectors.Micros(got.RetryAfter), vectors.Micros(got.ResetAfter)}
 				w := view{s.Allowed, s.Remaining, s.RetryAfterUS, s.ResetAfterUS}
 				if diff := cmp.Diff(w, g); diff != "" {
 					t.Errorf("step %d: TakeAt(at %dus, n %d) mismatch (-want +got):\n%s", i, s.AtUS, s.N, diff)

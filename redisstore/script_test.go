@@ -1,46 +1,16 @@
 package redisstore_test
 
 import (
-	"encoding/json"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/vectors"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/redisstore"
 )
-
-type vectorFile struct {
-	Cases []struct {
-		Name  string      `json:"name"`
-		Limit vectorLimit `json:"limit"`
-		Steps []struct {
-			AtUS         int64        `json:"at_us"`
-			N            int          `json:"n"`
-			Limit        *vectorLimit `json:"limit"`
-			Allowed      bool         `json:"allowed"`
-			Remaining    int          `json:"remaining"`
-			RetryAfterUS int64        `json:"retry_after_us"`
-			ResetAfterUS int64        `json:"reset_after_us"`
-		} `json:"steps"`
-	} `json:"cases"`
-}
-
-type vectorLimit struct {
-	Rate  float64 `json:"rate"`
-	Burst int     `json:"burst"`
-}
-
-// micros rounds d up to the µs, -1 for Never, as the vectors do.
-func micros(d time.Duration) int64 {
-	if d == floodgate.Never {
-		return -1
-	}
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
-}
 
 func closeUS(got, want int64) bool {
 	if got < 0 || want < 0 {
@@ -52,16 +22,9 @@ func closeUS(got, want int64) bool {
 // TestVectors runs the shared bucket vectors in client-clock mode with a
 // controlled clock, in per-request and batched mode.
 func TestVectors(t *testing.T) {
-	data, err := os.ReadFile("../testdata/vectors/bucket.json")
+	cases, err := vectors.Load()
 	if err != nil {
 		t.Fatal(err)
-	}
-	var vf vectorFile
-	if err := json.Unmarshal(data, &vf); err != nil {
-		t.Fatal(err)
-	}
-	if len(vf.Cases) == 0 {
-		t.Fatal("no vectors")
 	}
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
@@ -71,7 +34,7 @@ func TestVectors(t *testing.T) {
 	}{{"single", nil}, {"batched", []redisstore.Option{redisstore.WithBatching(8)}}} {
 		clock := newFakeClock()
 		s := newStore(t, c, append(mode.opts, redisstore.WithClientClock(clock.Now))...)
-		for _, tc := range vf.Cases {
+		for _, tc := range cases {
 			t.Run(mode.name+"/"+tc.Name, func(t *testing.T) {
 				start := clock.Now().Add(time.Hour)
 				lim := floodgate.PerSecond(tc.Limit.Rate, tc.Limit.Burst)
@@ -85,10 +48,10 @@ func TestVectors(t *testing.T) {
 						t.Fatalf("step %d: TakeN(%v, %d) error %v", i, lim, st.N, err)
 					}
 					if res.Allowed != st.Allowed || res.Remaining != st.Remaining ||
-						!closeUS(micros(res.RetryAfter), st.RetryAfterUS) ||
-						!closeUS(micros(res.ResetAfter), st.ResetAfterUS) {
+						!closeUS(vectors.Micros(res.RetryAfter), st.RetryAfterUS) ||
+						!closeUS(vectors.Micros(res.ResetAfter), st.ResetAfterUS) {
 						t.Errorf("step %d: TakeN(%v, %d) at %dµs = allowed %v remaining %d retry %dµs reset %dµs, want %v %d %dµs %dµs",
-							i, lim, st.N, st.AtUS, res.Allowed, res.Remaining, micros(res.RetryAfter), micros(res.ResetAfter),
+							i, lim, st.N, st.AtUS, res.Allowed, res.Remaining, vectors.Micros(res.RetryAfter), vectors.Micros(res.ResetAfter),
 							st.Allowed, st.Remaining, st.RetryAfterUS, st.ResetAfterUS)
 					}
 					if res.Source != floodgate.SourceRedis {
@@ -184,8 +147,8 @@ func TestRandomSequences(t *testing.T) {
 			if exactKeyed && nowUS >= 0 {
 				kr := ref.TakeAt(key, lim, n, at)
 				if kr.Allowed != res.Allowed || kr.Remaining != res.Remaining ||
-					!closeUS(micros(kr.RetryAfter), micros(res.RetryAfter)) ||
-					!closeUS(micros(kr.ResetAfter), micros(res.ResetAfter)) {
+					!closeUS(vectors.Micros(kr.RetryAfter), vectors.Micros(res.RetryAfter)) ||
+					!closeUS(vectors.Micros(kr.ResetAfter), vectors.Micros(res.ResetAfter)) {
 					t.Fatalf("seq %d step %d: TakeN(%v, %d) = %+v, keyed says %+v", seq, step, lim, n, res, kr)
 				}
 			}
