@@ -96,12 +96,19 @@ func (c *denyCache) insert(key string, lim floodgate.Limit, tokens int64, sent i
 }
 
 // evictLocked drops an expired entry if one of the first few it sees is,
-// else an arbitrary one: map iteration order is random.
+// else an arbitrary one.
 func (c *denyCache) evictLocked(now int64) {
+	evictSampled(c.m, func(e denyEntry) bool { return now >= e.until })
+}
+
+// evictSampled deletes one entry of m: the first of up to eight that stale
+// reports, else the first seen. Map iteration starts at a random place, so
+// this is a random sample at constant cost, not a scan.
+func evictSampled[E any](m map[string]E, stale func(E) bool) {
 	i := 0
 	var victim string
-	for k, e := range c.m {
-		if now >= e.until {
+	for k, e := range m {
+		if stale(e) {
 			victim = k
 			break
 		}
@@ -112,7 +119,7 @@ func (c *denyCache) evictLocked(now int64) {
 			break
 		}
 	}
-	delete(c.m, victim)
+	delete(m, victim)
 }
 
 func (c *denyCache) remove(key string) {

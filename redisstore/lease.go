@@ -50,21 +50,7 @@ func (l *leaseTable) entryLocked(key string, now int64) *lease {
 		return e
 	}
 	if len(l.m) >= l.size {
-		i := 0
-		var victim string
-		for k, e := range l.m {
-			if now-e.seen > l.d && now >= e.expires {
-				victim = k
-				break
-			}
-			if i == 0 {
-				victim = k
-			}
-			if i++; i == 8 {
-				break
-			}
-		}
-		delete(l.m, victim)
+		evictSampled(l.m, func(e *lease) bool { return now-e.seen > l.d && now >= e.expires })
 	}
 	e := &lease{seen: math.MinInt64 / 2}
 	l.m[key] = e
