@@ -1,0 +1,467 @@
+package promfloodgate
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/redisstore"
+)
+
+// ErrInvalidOption is wrapped by every configuration error of New and
+// NewOffenders; the message names the option.
+var ErrInvalidOption = errors.New("promfloodgate: invalid option")
+
+const (
+	// DefaultMaxTiers is the number of distinct tiers labelled when
+	// WithMaxTiers is not given; later tiers are labelled "other".
+	DefaultMaxTiers = 16
+	// MaxMethods is the most methods WithMethods accepts.
+	MaxMethods = 1024
+	// DefaultLogInterval is the least time between two rejection log lines.
+	DefaultLogInterval = time.Second
+
+	// LabelOther labels a method not registered with WithMethods, or a tier
+	// beyond the WithMaxTiers cap.
+	LabelOther = "other"
+	// LabelNone labels the tier of an anonymous caller.
+	LabelNone = "none"
+)
+
+// An Option configures a Collector.
+type Option func(*options) error
+
+type options struct {
+	limiter     *middleware.Limiter
+	keyed       *keyed.Map
+	gate        *cpugate.Gate
+	redis       *redisstore.Store
+	methods     []string
+	maxTiers    int
+	quota, over codes.Code
+	logger      *slog.Logger
+	logInterval time.Duration
+	now         func() time.Time
+}
+
+// WithKeyed exports the in-memory store's size, evictions and overflow.
+func WithKeyed(m *keyed.Map) Option {
+	return func(o *options) error {
+		if m == nil {
+			return fmt.Errorf("%w: WithKeyed: nil map", ErrInvalidOption)
+		}
+		o.keyed = m
+		return nil
+	}
+}
+
+// WithGate exports the CPU gate's scale, state, CPU and sampler source.
+func WithGate(g *cpugate.Gate) Option {
+	return func(o *options) error {
+		if g == nil {
+			return fmt.Errorf("%w: WithGate: nil gate", ErrInvalidOption)
+		}
+		o.gate = g
+		return nil
+	}
+}
+
+// WithRedis exports the Redis store's decisions by source, errors and
+// breaker state.
+func WithRedis(s *redisstore.Store) Option {
+	return func(o *options) error {
+		if s == nil {
+			return fmt.Errorf("%w: WithRedis: nil store", ErrInvalidOption)
+		}
+		o.redis = s
+		return nil
+	}
+}
+
+// WithMethods sets the full method names ("/pkg.Svc/Method") that label
+// decisions as themselves; every other method is labelled "other", so a
+// client calling made-up methods cannot add series. ServiceMethods lists a
+// service's methods. At most MaxMethods; repeated calls add to the list.
+// The default is none: every method is "other".
+func WithMethods(fullMethods ...string) Option {
+	return func(o *options) error {
+		for _, m := range fullMethods {
+			if m == "" || m[0] != '/' {
+				return fmt.Errorf("%w: WithMethods: %q is not a full method name", ErrInvalidOption, m)
+			}
+		}
+		o.methods = append(o.methods, fullMethods...)
+		if len(o.methods) > MaxMethods {
+			return fmt.Errorf("%w: WithMethods: more than %d methods", ErrInvalidOption, MaxMethods)
+		}
+		return nil
+	}
+}
+
+// WithMaxTiers caps the distinct tier labels, in [1, 256]: the first n tiers
+// seen label themselves, later ones "other". The default is DefaultMaxTiers.
+func WithMaxTiers(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > 256 {
+			return fmt.Errorf("%w: WithMaxTiers: %d not in [1, 256]", ErrInvalidOption, n)
+		}
+		o.maxTiers = n
+		return nil
+	}
+}
+
+// WithCodes tells the collector the status codes the Limiter rejects with,
+// as given to middleware.WithCodes, for the code label. The defaults are
+// the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
+func WithCodes(quota, overload codes.Code) Option {
+	return func(o *options) error {
+		if quota == codes.OK || overload == codes.OK || quota > codes.Unauthenticated || overload > codes.Unauthenticated {
+			return fmt.Errorf("%w: WithCodes: invalid code", ErrInvalidOption)
+		}
+		o.quota, o.over = quota, overload
+		return nil
+	}
+}
+
+// WithLogger makes the observer log rejections to l at Warn, at most one line
+// per interval (> 0; DefaultLogInterval when 0): the line names the latest
+// rejection's reason, tier and method and counts the rejections not logged
+// since the previous line ("suppressed"). Never a key or an address.
+func WithLogger(l *slog.Logger, interval time.Duration) Option {
+	return func(o *options) error {
+		if interval < 0 {
+			return fmt.Errorf("%w: WithLogger: negative interval", ErrInvalidOption)
+		}
+		if interval == 0 {
+			interval = DefaultLogInterval
+		}
+		o.logger, o.logInterval = l, interval
+		return nil
+	}
+}
+
+// withClock sets the logger's clock, for tests.
+func withClock(now func() time.Time) Option {
+	return func(o *options) error { o.now = now; return nil }
+}
+
+// ServiceMethods returns the full method names of a service's unary and
+// streaming methods, for WithMethods.
+func ServiceMethods(desc *grpc.ServiceDesc) []string {
+	var out []string
+	for _, m := range desc.Methods {
+		out = append(out, "/"+desc.ServiceName+"/"+m.MethodName)
+	}
+	for _, s := range desc.Streams {
+		out = append(out, "/"+desc.ServiceName+"/"+s.StreamName)
+	}
+	return out
+}
+
+// Decision dimensions. The outcome and code labels are functions of the
+// reason and the event's flags, so the table is indexed by those alone.
+const (
+	numReasons = 5 // middleware.ReasonAdmitted … ReasonStoreError
+	numFlags   = 8 // allowed, dry run, tap
+	numCombos  = numReasons * numFlags
+)
+
+// A Collector is a prometheus.Collector over floodgate's counters: the
+// decisions its observer counts and the stats of the sources given to New.
+// It is safe for concurrent use; register it once.
+type Collector struct {
+	o       options
+	methods map[string]int // full method → index; len(methods) is "other"
+	mnames  []string       // index → label
+	limiter atomic.Pointer[middleware.Limiter]
+	tiers   atomic.Pointer[[]string]
+	tierMu  sync.Mutex
+	cells   []atomic.Uint64 // [combo][tier][method]
+	nTier   int             // tier slots: "none", maxTiers tiers, "other"
+	nMethod int
+
+	nextLog    atomic.Int64 // unix nanos before which rejections are not logged
+	suppressed atomic.Uint64
+
+	descs descs
+}
+
+type descs struct {
+	decisions, tap, exempt                             *prometheus.Desc
+	keys, evictions, evictedNotFull, overflowed        *prometheus.Desc
+	scale, state, cpu, cpuSmoothed, source, failures   *prometheus.Desc
+	redisDecisions, redisErrors, redisOpen, redisTrips *prometheus.Desc
+}
+
+// New returns a Collector configured by opts, or an error wrapping
+// ErrInvalidOption. Only the sources passed are exported.
+func New(opts ...Option) (*Collector, error) {
+	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable, now: time.Now}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	c := &Collector{o: o, methods: make(map[string]int)}
+	for _, m := range o.methods {
+		if _, ok := c.methods[m]; !ok {
+			c.methods[m] = len(c.mnames)
+			c.mnames = append(c.mnames, m)
+		}
+	}
+	c.mnames = append(c.mnames, LabelOther)
+	c.nMethod = len(c.mnames)
+	c.nTier = o.maxTiers + 2
+	c.cells = make([]atomic.Uint64, numCombos*c.nTier*c.nMethod)
+	c.tiers.Store(&[]string{})
+
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
+	}
+	c.descs = descs{
+		decisions: d("decisions_total", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).",
+			"outcome", "reason", "code", "tier", "method", "stage"),
+		exempt:         d("exempt_total", "Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total."),
+		tap:            d("tap_rejections_total", "Calls rejected by the tap handle before their request was read."),
+		keys:           d("keyed_keys", "Buckets the in-memory store tracks."),
+		evictions:      d("keyed_evictions_total", "Buckets dropped to make room for new keys."),
+		evictedNotFull: d("keyed_evicted_not_full_total", "Evicted buckets that had not refilled: each handed a client a fresh burst."),
+		overflowed:     d("keyed_overflowed_total", "Takes by new keys decided by a shard's shared overflow bucket: the capacity is too small."),
+		scale:          d("gate_scale", "Factor the CPU gate multiplies every limit by, in (0, 1]."),
+		state:          d("gate_state", "1 for the CPU gate's current state, 0 for the others.", "state"),
+		cpu:            d("gate_cpu_ratio", "Latest CPU reading, as a fraction of the CPU available to the process."),
+		cpuSmoothed:    d("gate_cpu_smoothed_ratio", "Exponential moving average of the CPU readings (time constant 1s)."),
+		source:         d("gate_sampler_info", "The CPU sampler's source, as a label; the value is 1.", "source"),
+		failures:       d("gate_sample_failures_total", "Failed CPU samples."),
+		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
+		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),
+		redisOpen:      d("redis_breaker_open", "1 while the Redis store's circuit breaker is open or half-open."),
+		redisTrips:     d("redis_breaker_trips_total", "Transitions of the Redis store's circuit breaker to open."),
+	}
+	return c, nil
+}
+
+// SetLimiter makes the collector export l's tap rejections and exempt calls
+// (floodgate_tap_rejections_total and floodgate_exempt_total, from
+// Limiter.Stats): the Limiter is built
+// with the collector's Observer, so it is set afterwards. The decisions come
+// from the observer whether or not this is called. A later call replaces l;
+// nil stops the export.
+func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
+
+// Observer returns the function to pass to middleware.WithObserver. It
+// counts each decision in a fixed table of atomic counters and allocates
+// nothing; a rejection may also be logged (WithLogger).
+func (c *Collector) Observer() func(middleware.Event) {
+	return c.observe
+}
+
+func (c *Collector) observe(e middleware.Event) {
+	combo := int(e.Reason)
+	if combo >= numReasons {
+		return
+	}
+	flags := 0
+	if e.Allowed {
+		flags |= 1
+	}
+	if e.DryRun {
+		flags |= 2
+	}
+	if e.Tap {
+		flags |= 4
+	}
+	combo = combo*numFlags + flags
+	m, ok := c.methods[e.Method]
+	if !ok {
+		m = c.nMethod - 1
+	}
+	idx := (combo*c.nTier+c.tierIndex(e.Tier))*c.nMethod + m
+	c.cells[idx].Add(1)
+	if !e.Allowed && c.o.logger != nil {
+		c.logRejection(e)
+	}
+}
+
+// tierIndex returns the slot of tier: 0 for "", 1… for the tiers seen first,
+// nTier−1 beyond the cap.
+func (c *Collector) tierIndex(tier string) int {
+	if tier == "" {
+		return 0
+	}
+	for i, t := range *c.tiers.Load() {
+		if t == tier {
+			return i + 1
+		}
+	}
+	c.tierMu.Lock()
+	defer c.tierMu.Unlock()
+	ts := *c.tiers.Load()
+	if i := slices.Index(ts, tier); i >= 0 {
+		return i + 1
+	}
+	if len(ts) >= c.o.maxTiers {
+		return c.nTier - 1
+	}
+	next := append(slices.Clip(ts), tier)
+	c.tiers.Store(&next)
+	return len(next)
+}
+
+// logRejection logs e unless a line was logged less than an interval ago, in
+// which case it counts e as suppressed.
+func (c *Collector) logRejection(e middleware.Event) {
+	now := c.o.now().UnixNano()
+	next := c.nextLog.Load()
+	if now < next || !c.nextLog.CompareAndSwap(next, now+int64(c.o.logInterval)) {
+		c.suppressed.Add(1)
+		return
+	}
+	tier := e.Tier
+	if tier == "" {
+		tier = LabelNone
+	}
+	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier,
+		"method", c.methodLabel(e.Method), "tap", e.Tap, "dry_run", e.DryRun,
+		"suppressed", c.suppressed.Swap(0))
+}
+
+func (c *Collector) methodLabel(method string) string {
+	if i, ok := c.methods[method]; ok {
+		return c.mnames[i]
+	}
+	return LabelOther
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.descs.decisions
+	ch <- c.descs.tap
+	ch <- c.descs.exempt
+	if c.o.keyed != nil {
+		ch <- c.descs.keys
+		ch <- c.descs.evictions
+		ch <- c.descs.evictedNotFull
+		ch <- c.descs.overflowed
+	}
+	if c.o.gate != nil {
+		for _, d := range []*prometheus.Desc{c.descs.scale, c.descs.state, c.descs.cpu, c.descs.cpuSmoothed, c.descs.source, c.descs.failures} {
+			ch <- d
+		}
+	}
+	if c.o.redis != nil {
+		for _, d := range []*prometheus.Desc{c.descs.redisDecisions, c.descs.redisErrors, c.descs.redisOpen, c.descs.redisTrips} {
+			ch <- d
+		}
+	}
+}
+
+// Collect implements prometheus.Collector. Decision series appear once
+// their count is non-zero.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.collectDecisions(ch)
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	if l := c.limiter.Load(); l != nil {
+		st := l.Stats()
+		counter(c.descs.tap, st.Tap)
+		counter(c.descs.exempt, st.Exempt)
+	}
+	if m := c.o.keyed; m != nil {
+		st := m.Stats()
+		gauge(c.descs.keys, float64(m.Len()))
+		counter(c.descs.evictions, st.Evictions)
+		counter(c.descs.evictedNotFull, st.EvictedNotFull)
+		counter(c.descs.overflowed, st.Overflowed)
+	}
+	if g := c.o.gate; g != nil {
+		s := g.Snapshot()
+		gauge(c.descs.scale, s.Scale)
+		for _, st := range []cpugate.State{cpugate.Open, cpugate.Shedding, cpugate.Ramping} {
+			v := 0.0
+			if st == s.State {
+				v = 1
+			}
+			gauge(c.descs.state, v, st.String())
+		}
+		gauge(c.descs.cpu, s.CPU)
+		gauge(c.descs.cpuSmoothed, s.Smoothed)
+		if s.Source != "" {
+			gauge(c.descs.source, 1, s.Source)
+		}
+		counter(c.descs.failures, s.Failures)
+	}
+	if r := c.o.redis; r != nil {
+		st := r.Stats()
+		for _, v := range []struct {
+			source string
+			n      uint64
+		}{{"redis", st.Redis}, {"cache", st.Cache}, {"lease", st.Lease}, {"fallback", st.Fallback}, {"fail_open", st.FailOpen}, {"fail_closed", st.FailClosed}} {
+			counter(c.descs.redisDecisions, v.n, v.source)
+		}
+		counter(c.descs.redisErrors, st.Errors)
+		open := 0.0
+		if st.Open {
+			open = 1
+		}
+		gauge(c.descs.redisOpen, open)
+		counter(c.descs.redisTrips, st.Trips)
+	}
+}
+
+func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
+	tiers := *c.tiers.Load()
+	for combo := range numCombos {
+		reason := middleware.Reason(combo / numFlags)
+		flags := combo % numFlags
+		allowed, dry, tap := flags&1 != 0, flags&2 != 0, flags&4 != 0
+		outcome, code := "admitted", codes.OK
+		if !allowed {
+			if dry {
+				outcome = "dry_run_rejected"
+			} else {
+				outcome = "rejected"
+				code = c.o.quota
+				if reason != middleware.ReasonQuota {
+					code = c.o.over
+				}
+			}
+		}
+		stage := "interceptor"
+		if tap {
+			stage = "tap"
+		}
+		for t := range c.nTier {
+			for m := range c.nMethod {
+				v := c.cells[(combo*c.nTier+t)*c.nMethod+m].Load()
+				if v == 0 {
+					continue
+				}
+				tier := LabelOther
+				switch {
+				case t == 0:
+					tier = LabelNone
+				case t-1 < len(tiers):
+					tier = tiers[t-1]
+				}
+				ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, float64(v),
+					outcome, reason.String(), code.String(), tier, c.mnames[m], stage)
+			}
+		}
+	}
+}

@@ -1,0 +1,384 @@
+package promfloodgate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	methodGet    = "/inventory.v1.Inventory/Get"
+	methodSecret = "/inventory.v1.Inventory/Secret"
+	freeKey      = "free-key-0123456789abcdef"
+	proKey       = "pro-key-0123456789abcdef"
+)
+
+func testTable(t testing.TB) *tenant.Table {
+	t.Helper()
+	digest := func(k string) string {
+		h, err := tenant.HashKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{
+			"free": {Default: &tenant.LimitSpec{Rate: 1e-6, Burst: 2}},
+			"pro":  {Default: &tenant.LimitSpec{Rate: 1e9, Burst: 1e9}},
+		},
+		Tenants: map[string]tenant.TenantSpec{
+			"f": {Tier: "free", Keys: []string{digest(freeKey)}},
+			"p": {Tier: "pro", Keys: []string{digest(proKey)}},
+		},
+		Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1e9, Burst: 1e9}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl
+}
+
+func callCtx(key string) context.Context {
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 4242}})
+	if key != "" {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("x-api-key", key))
+	}
+	return grpc.NewContextWithServerTransportStream(ctx, nopStream{})
+}
+
+type nopStream struct{}
+
+func (nopStream) Method() string               { return methodGet }
+func (nopStream) SetHeader(metadata.MD) error  { return nil }
+func (nopStream) SendHeader(metadata.MD) error { return nil }
+func (nopStream) SetTrailer(metadata.MD) error { return nil }
+
+func noop(context.Context, any) (any, error) { return "ok", nil }
+
+func TestNewValidates(t *testing.T) {
+	for name, opt := range map[string]Option{
+		"nil map":      WithKeyed(nil),
+		"nil gate":     WithGate(nil),
+		"nil redis":    WithRedis(nil),
+		"bad method":   WithMethods("Get"),
+		"empty method": WithMethods(""),
+		"zero tiers":   WithMaxTiers(0),
+		"many tiers":   WithMaxTiers(257),
+		"OK code":      WithCodes(codes.OK, codes.Unavailable),
+		"bad code":     WithCodes(codes.Code(99), codes.Unavailable),
+		"negative log": WithLogger(slog.Default(), -time.Second),
+		"many methods": WithMethods(make([]string, MaxMethods+1)...),
+	} {
+		if _, err := New(opt); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: New() error = %v, want ErrInvalidOption", name, err)
+		}
+	}
+	if _, err := New(); err != nil {
+		t.Errorf("New() error = %v", err)
+	}
+}
+
+// TestDecisionsAndSources drives a real Limiter and checks every series the
+// collector exports with its value.
+func TestDecisionsAndSources(t *testing.T) {
+	store, err := keyed.New(keyed.WithCapacity(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
+		return cpugate.Reading{CPU: 0.3, Source: "scripted"}, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gate.SampleAt(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithMethods(methodGet), WithKeyed(store), WithGate(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithGate(gate), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetLimiter(lim)
+	icpt := lim.UnaryServerInterceptor()
+	call := func(key, method string) error {
+		_, err := icpt(callCtx(key), nil, &grpc.UnaryServerInfo{FullMethod: method}, noop)
+		return err
+	}
+	for range 3 {
+		_ = call(proKey, methodGet)
+	}
+	for range 5 {
+		_ = call(freeKey, methodGet) // 2 admitted, 3 over quota
+	}
+	_ = call("", methodSecret)                   // anonymous, unregistered method
+	_ = call("", "/grpc.health.v1.Health/Check") // exempt
+
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",stage="interceptor",tier="free"} 2
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",stage="interceptor",tier="pro"} 3
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",stage="interceptor",tier="free"} 3
+# HELP floodgate_exempt_total Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total.
+# TYPE floodgate_exempt_total counter
+floodgate_exempt_total 1
+# HELP floodgate_tap_rejections_total Calls rejected by the tap handle before their request was read.
+# TYPE floodgate_tap_rejections_total counter
+floodgate_tap_rejections_total 0
+# HELP floodgate_keyed_keys Buckets the in-memory store tracks.
+# TYPE floodgate_keyed_keys gauge
+floodgate_keyed_keys 1
+# HELP floodgate_gate_scale Factor the CPU gate multiplies every limit by, in (0, 1].
+# TYPE floodgate_gate_scale gauge
+floodgate_gate_scale 1
+# HELP floodgate_gate_state 1 for the CPU gate's current state, 0 for the others.
+# TYPE floodgate_gate_state gauge
+floodgate_gate_state{state="open"} 1
+floodgate_gate_state{state="ramping"} 0
+floodgate_gate_state{state="shedding"} 0
+# HELP floodgate_gate_cpu_ratio Latest CPU reading, as a fraction of the CPU available to the process.
+# TYPE floodgate_gate_cpu_ratio gauge
+floodgate_gate_cpu_ratio 0.3
+# HELP floodgate_gate_sampler_info The CPU sampler's source, as a label; the value is 1.
+# TYPE floodgate_gate_sampler_info gauge
+floodgate_gate_sampler_info{source="scripted"} 1
+# HELP floodgate_gate_sample_failures_total Failed CPU samples.
+# TYPE floodgate_gate_sample_failures_total counter
+floodgate_gate_sample_failures_total 0
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
+		"floodgate_decisions_total", "floodgate_exempt_total", "floodgate_tap_rejections_total", "floodgate_keyed_keys",
+		"floodgate_gate_scale", "floodgate_gate_state", "floodgate_gate_cpu_ratio",
+		"floodgate_gate_sampler_info", "floodgate_gate_sample_failures_total"); err != nil {
+		t.Error(err)
+	}
+	// Capacity 1 with three subjects (pro, free, anonymous): the store
+	// evicted or overflowed; the series must agree with its Stats.
+	st := store.Stats()
+	for name, v := range map[string]uint64{
+		"floodgate_keyed_evictions_total":        st.Evictions,
+		"floodgate_keyed_evicted_not_full_total": st.EvictedNotFull,
+		"floodgate_keyed_overflowed_total":       st.Overflowed,
+	} {
+		if got := gather(t, c, name); got != float64(v) {
+			t.Errorf("%s = %g, want %d", name, got, v)
+		}
+	}
+	if st.Evictions+st.Overflowed == 0 {
+		t.Errorf("keyed stats %+v: want evictions or overflow at capacity 1", st)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// gather returns the value of the single unlabelled series name.
+func gather(t *testing.T, c prometheus.Collector, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no series %s", name)
+	return 0
+}
+
+func TestCodesAndFlags(t *testing.T) {
+	c, err := New(WithCodes(codes.Aborted, codes.ResourceExhausted), WithMethods(methodGet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota})
+	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonOverload})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Allowed: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // unknown: dropped
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="Aborted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="store_error",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="dry_run_rejected",reason="quota",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",stage="tap",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="store_error",stage="interceptor",tier="none"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestTierCap(t *testing.T) {
+	c, err := New(WithMaxTiers(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	for _, tier := range []string{"a", "b", "c", "d", "a", "c"} {
+		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Allowed: true})
+	}
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="a"} 2
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="b"} 1
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="other"} 3
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestObserverAllocs(t *testing.T) {
+	c, err := New(WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	accepted := middleware.Event{Method: methodGet, Tier: "pro", Allowed: true}
+	rejected := middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota}
+	obs(accepted)
+	obs(rejected) // logs once; later rejections are suppressed
+	for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected} {
+		if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
+			t.Errorf("%s: %g allocations per event, want 0", name, n)
+		}
+	}
+}
+
+func TestRejectionLogIsBounded(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(1000, 0)
+	c, err := New(WithMethods(methodGet), WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)), time.Second),
+		withClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	for range 100 {
+		obs(middleware.Event{Method: methodGet, Tier: "free", Reason: middleware.ReasonQuota})
+		obs(middleware.Event{Method: methodGet, Tier: "free", Allowed: true})
+	}
+	now = now.Add(999 * time.Millisecond)
+	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload})
+	now = now.Add(time.Millisecond)
+	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Tap: true})
+
+	type line struct {
+		Msg, Reason, Tier, Method string
+		Tap                       bool
+		DryRun                    bool `json:"dry_run"`
+		Suppressed                uint64
+	}
+	var got []line
+	dec := json.NewDecoder(&buf)
+	for dec.More() {
+		var l line
+		if err := dec.Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l)
+	}
+	want := []line{
+		{Msg: "floodgate: call rejected", Reason: "quota", Tier: "free", Method: methodGet},
+		{Msg: "floodgate: call rejected", Reason: "overload", Tier: "none", Method: "other", Tap: true, Suppressed: 100},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("log lines (-want +got):\n%s", diff)
+	}
+}
+
+// TestRedis exports a store whose Redis is unreachable: every decision falls
+// back and counts an error.
+func TestRedis(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there now
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	store, err := redisstore.New(client, redisstore.WithBreaker(2, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithRedis(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := floodgate.PerSecond(10, 10)
+	for range 4 {
+		if _, err := store.TakeN(context.Background(), "k", lim, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := store.Stats()
+	want := `
+# HELP floodgate_redis_breaker_open 1 while the Redis store's circuit breaker is open or half-open.
+# TYPE floodgate_redis_breaker_open gauge
+floodgate_redis_breaker_open 1
+# HELP floodgate_redis_breaker_trips_total Transitions of the Redis store's circuit breaker to open.
+# TYPE floodgate_redis_breaker_trips_total counter
+floodgate_redis_breaker_trips_total 1
+# HELP floodgate_redis_decisions_total Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).
+# TYPE floodgate_redis_decisions_total counter
+floodgate_redis_decisions_total{source="cache"} 0
+floodgate_redis_decisions_total{source="fail_closed"} 0
+floodgate_redis_decisions_total{source="fail_open"} 0
+floodgate_redis_decisions_total{source="fallback"} 4
+floodgate_redis_decisions_total{source="lease"} 0
+floodgate_redis_decisions_total{source="redis"} 0
+# HELP floodgate_redis_errors_total Redis calls that failed or missed their deadline.
+# TYPE floodgate_redis_errors_total counter
+floodgate_redis_errors_total 2
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Errorf("%v\nstore stats: %+v", err, st)
+	}
+}

@@ -1,0 +1,70 @@
+// Package promfloodgate exports floodgate's counters to Prometheus, keeps a
+// bounded summary of the callers rejected most often, and logs rejections at
+// a bounded rate. The core packages do not import client_golang; this one
+// does, and reads them only through their public hooks and Stats.
+//
+//	metrics, _ := promfloodgate.New(
+//		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&pb.Inventory_ServiceDesc)...),
+//		promfloodgate.WithKeyed(store), promfloodgate.WithGate(gate),
+//		promfloodgate.WithLogger(logger, time.Second))
+//	lim, _ := middleware.New(store, reg, middleware.WithObserver(metrics.Observer()))
+//	metrics.SetLimiter(lim)
+//	prometheus.MustRegister(metrics)
+//
+// # Metrics
+//
+// A Collector is a prometheus.Collector. Its observer (Collector.Observer,
+// for middleware.WithObserver) counts every decision of the Limiter in
+// floodgate_decisions_total, labelled by outcome (admitted, rejected,
+// dry_run_rejected), reason (admitted, quota, overload, store_error), code
+// (the status code the client got), tier, method and stage (interceptor or
+// tap). Exempt calls are not observed by the Limiter; SetLimiter exports them
+// (floodgate_exempt_total) with the tap rejections
+// (floodgate_tap_rejections_total). The sources given to New are read at each
+// scrape, and only they are exported:
+//
+//   - WithKeyed: floodgate_keyed_keys, floodgate_keyed_evictions_total,
+//     floodgate_keyed_evicted_not_full_total, floodgate_keyed_overflowed_total;
+//   - WithGate: floodgate_gate_scale, floodgate_gate_state{state},
+//     floodgate_gate_cpu_ratio, floodgate_gate_cpu_smoothed_ratio,
+//     floodgate_gate_sampler_info{source}, floodgate_gate_sample_failures_total;
+//   - WithRedis: floodgate_redis_decisions_total{source},
+//     floodgate_redis_errors_total, floodgate_redis_breaker_open,
+//     floodgate_redis_breaker_trips_total.
+//
+// # Cardinality
+//
+// No label ever holds a key, an address or a tenant ID. A method labels
+// itself only when registered with WithMethods, else it is "other", so
+// clients calling made-up methods add no series. The first WithMaxTiers tiers
+// seen label themselves, later ones "other"; anonymous callers are tier
+// "none". The decision series are therefore at most 40 × (tiers + 2) ×
+// (methods + 1), and in practice the few combinations that occur.
+//
+// # Cost
+//
+// The observer runs on the request path. It increments one atomic counter in
+// a table allocated by New, indexed by the event's reason and flags, the
+// tier's slot (a scan of the few tiers seen) and the method's (a map lookup),
+// and allocates nothing. A rejection also reads the clock when WithLogger is
+// set.
+//
+// # Top offenders
+//
+// Offenders keeps the callers rejected most often in fixed memory, by the
+// Space-Saving algorithm over k keys: every caller with more than 1/k of the
+// recorded rejections is listed, with a count that is an upper bound, off by
+// at most its Err. Keys are kept as the first 12 hex digits of their SHA-256
+// unless WithRawKeys; Offenders.Handler serves the list as JSON for an
+// operators' port. Offenders.UnaryServerInterceptor, installed outside the
+// Limiter's interceptor, records the callers of the Limiter's rejections by a
+// key function (the peer's IP by default): the Event carries no key, by
+// design.
+//
+// # Logs
+//
+// With WithLogger, the observer logs a rejection at most once per interval,
+// with the number of rejections not logged since ("suppressed"), so an attack
+// cannot turn into one log line per request. Gate transitions are logged by
+// cpugate.WithLogger and config reloads by tenant.WithLogger.
+package promfloodgate

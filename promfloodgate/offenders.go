@@ -1,0 +1,238 @@
+package promfloodgate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/internal/topk"
+	"github.com/floodgate-go/floodgate/middleware"
+)
+
+// DefaultOffenders is the number of keys an Offenders tracks when
+// WithCapacity is not given.
+const DefaultOffenders = 64
+
+// HashedKeyLen is the length of a hashed key: the first 12 hex digits
+// (48 bits) of its SHA-256.
+const HashedKeyLen = 12
+
+// An OffendersOption configures an Offenders.
+type OffendersOption func(*offendersOptions) error
+
+type offendersOptions struct {
+	k      int
+	raw    bool
+	key    func(ctx context.Context, fullMethod string) string
+	quota  codes.Code
+	over   codes.Code
+	domain string
+}
+
+// WithCapacity sets the number of keys tracked, k in [1, 10000]: every key
+// with more than 1/k of the rejections recorded is guaranteed to be listed.
+// The default is DefaultOffenders.
+func WithCapacity(k int) OffendersOption {
+	return func(o *offendersOptions) error {
+		if k < 1 || k > 10000 {
+			return fmt.Errorf("%w: WithCapacity: %d not in [1, 10000]", ErrInvalidOption, k)
+		}
+		o.k = k
+		return nil
+	}
+}
+
+// WithRawKeys sets whether keys are kept and shown as given. The default,
+// false, keeps only the first HashedKeyLen hex digits of each key's SHA-256,
+// so the summary and its handler never reveal an API key or an address.
+// Turn it on only where the debug handler is reachable by operators alone.
+func WithRawKeys(on bool) OffendersOption {
+	return func(o *offendersOptions) error { o.raw = on; return nil }
+}
+
+// WithKeyFunc sets how UnaryServerInterceptor names the caller of a rejected
+// call. The default, PeerIP, is the client's address.
+func WithKeyFunc(f func(ctx context.Context, fullMethod string) string) OffendersOption {
+	return func(o *offendersOptions) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithKeyFunc: nil function", ErrInvalidOption)
+		}
+		o.key = f
+		return nil
+	}
+}
+
+// WithRejectionCodes tells UnaryServerInterceptor the codes and ErrorInfo
+// domain of the Limiter's rejections, as given to middleware.WithCodes and
+// middleware.WithDomain. The defaults are the middleware's.
+func WithRejectionCodes(quota, overload codes.Code, domain string) OffendersOption {
+	return func(o *offendersOptions) error {
+		if quota == codes.OK || overload == codes.OK || domain == "" {
+			return fmt.Errorf("%w: WithRejectionCodes: OK code or empty domain", ErrInvalidOption)
+		}
+		o.quota, o.over, o.domain = quota, overload, domain
+		return nil
+	}
+}
+
+// Offenders is a bounded summary of the callers rejected most often
+// (Space-Saving over k keys): memory stays fixed however many distinct
+// callers there are, every caller with more than 1/k of the rejections is
+// listed, and each count is an upper bound, off by at most Err. It is safe
+// for concurrent use.
+type Offenders struct {
+	o offendersOptions
+	s *topk.Summary
+}
+
+// An Offender is one entry of the summary.
+type Offender struct {
+	// Key is the caller's key, hashed unless WithRawKeys.
+	Key string `json:"key"`
+	// Rejections is an upper bound of the caller's rejections recorded.
+	Rejections uint64 `json:"rejections"`
+	// Err bounds the overestimate: at least Rejections − Err were recorded.
+	Err uint64 `json:"err"`
+}
+
+// NewOffenders returns an empty summary, or an error wrapping
+// ErrInvalidOption.
+func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
+	o := offendersOptions{k: DefaultOffenders, key: PeerIP, quota: codes.ResourceExhausted,
+		over: codes.Unavailable, domain: middleware.DefaultDomain}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	s, err := topk.New(o.k)
+	if err != nil {
+		return nil, err
+	}
+	return &Offenders{o: o, s: s}, nil
+}
+
+// Record counts one rejection of key. An empty key is ignored.
+func (f *Offenders) Record(key string) {
+	if key == "" {
+		return
+	}
+	if !f.o.raw {
+		key = HashKey(key)
+	}
+	f.s.Add(key, 1)
+}
+
+// Top returns up to n offenders, most rejected first; all of them for n ≤ 0.
+func (f *Offenders) Top(n int) []Offender {
+	items := f.s.Top(n)
+	out := make([]Offender, len(items))
+	for i, it := range items {
+		out[i] = Offender{Key: it.Key, Rejections: it.Count, Err: it.Err}
+	}
+	return out
+}
+
+// Total returns the rejections recorded.
+func (f *Offenders) Total() uint64 { return f.s.Total() }
+
+// HashKey returns the first HashedKeyLen hex digits of key's SHA-256, the
+// form keys take in an Offenders without WithRawKeys.
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:HashedKeyLen/2])
+}
+
+// PeerIP is the default key of UnaryServerInterceptor: the IP address of the
+// call's peer, "" when it has none.
+func PeerIP(ctx context.Context, _ string) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if a, ok := p.Addr.(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// UnaryServerInterceptor returns an interceptor that records the caller of
+// every call the Limiter rejects. Install it before (outside) the Limiter's
+// interceptor. A rejection is an error with one of the Limiter's codes and an
+// ErrorInfo of the Limiter's domain and reasons, so the Limiter must send
+// details (middleware.WithDetails, on by default): without them its
+// rejections cannot be told from a handler's own errors and none is recorded. Admitted calls
+// cost one comparison; tap rejections never reach interceptors and are not
+// recorded.
+func (f *Offenders) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil && f.isRejection(err) {
+			f.Record(f.o.key(ctx, info.FullMethod))
+		}
+		return resp, err
+	}
+}
+
+func (f *Offenders) isRejection(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || (st.Code() != f.o.quota && st.Code() != f.o.over) {
+		return false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == f.o.domain {
+			switch ei.GetReason() {
+			case middleware.ErrorReasonRateLimited, middleware.ErrorReasonOverloaded, middleware.ErrorReasonUnavailable:
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Handler returns an http.Handler serving the summary as JSON:
+//
+//	{"total": 1234, "capacity": 64, "hashed": true,
+//	 "offenders": [{"key": "3f2a…", "rejections": 1000, "err": 0}, …]}
+//
+// The query parameter n limits the list. Serve it on an operators' port only.
+func (f *Offenders) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		n := 0
+		if s := r.URL.Query().Get("n"); s != "" {
+			var err error
+			if n, err = strconv.Atoi(s); err != nil || n < 0 {
+				http.Error(w, "n must be a non-negative integer", http.StatusBadRequest)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(struct {
+			Total     uint64     `json:"total"`
+			Capacity  int        `json:"capacity"`
+			Hashed    bool       `json:"hashed"`
+			Offenders []Offender `json:"offenders"`
+		}{f.Total(), f.s.Cap(), !f.o.raw, f.Top(n)})
+	})
+}

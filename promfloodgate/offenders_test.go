@@ -1,0 +1,148 @@
+package promfloodgate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+)
+
+func TestNewOffendersValidates(t *testing.T) {
+	for name, opt := range map[string]OffendersOption{
+		"zero capacity": WithCapacity(0),
+		"huge capacity": WithCapacity(10001),
+		"nil key func":  WithKeyFunc(nil),
+		"OK code":       WithRejectionCodes(codes.OK, codes.Unavailable, "d"),
+		"empty domain":  WithRejectionCodes(codes.ResourceExhausted, codes.Unavailable, ""),
+	} {
+		if _, err := NewOffenders(opt); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: NewOffenders() error = %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+func TestOffendersHashesKeys(t *testing.T) {
+	f, err := NewOffenders(WithCapacity(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"secret-a", "secret-b", "secret-a", "", "secret-a"} {
+		f.Record(k)
+	}
+	want := []Offender{{Key: HashKey("secret-a"), Rejections: 3}, {Key: HashKey("secret-b"), Rejections: 1}}
+	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+	if got := HashKey("secret-a"); len(got) != HashedKeyLen || strings.Contains(got, "secret") {
+		t.Errorf("HashKey = %q", got)
+	}
+	if f.Total() != 4 {
+		t.Errorf("Total() = %d, want 4", f.Total())
+	}
+
+	raw, _ := NewOffenders(WithRawKeys(true))
+	raw.Record("10.0.0.1")
+	if got := raw.Top(1); len(got) != 1 || got[0].Key != "10.0.0.1" {
+		t.Errorf("raw Top = %v", got)
+	}
+}
+
+// TestInterceptorRecordsRejections runs a real Limiter behind the
+// offenders' interceptor: only its rejections are recorded, by key.
+func TestInterceptorRecordsRejections(t *testing.T) {
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewOffenders(WithRawKeys(true), WithKeyFunc(func(ctx context.Context, _ string) string {
+		return PeerIP(ctx, "") + "/key"
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, inner := f.UnaryServerInterceptor(), lim.UnaryServerInterceptor()
+	call := func(key string, h grpc.UnaryHandler) error {
+		info := &grpc.UnaryServerInfo{FullMethod: methodGet}
+		_, err := outer(callCtx(key), nil, info, func(ctx context.Context, req any) (any, error) {
+			return inner(ctx, req, info, h)
+		})
+		return err
+	}
+	for range 5 {
+		_ = call(freeKey, noop) // burst 2: three rejections
+	}
+	_ = call(proKey, noop)
+	// The handler's own RESOURCE_EXHAUSTED is not the limiter's.
+	_ = call(proKey, func(context.Context, any) (any, error) {
+		return nil, status.Error(codes.ResourceExhausted, "out of stock")
+	})
+	want := []Offender{{Key: "203.0.113.7/key", Rejections: 3}}
+	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+
+	// Statuses without the Limiter's ErrorInfo are not rejections.
+	for _, err := range []error{errors.New("x"), status.Error(codes.Unavailable, "x"), status.Error(codes.Internal, "x")} {
+		if f.isRejection(err) {
+			t.Errorf("isRejection(%v) = true", err)
+		}
+	}
+}
+
+func TestHandler(t *testing.T) {
+	f, _ := NewOffenders(WithCapacity(3))
+	for range 3 {
+		f.Record("a")
+	}
+	f.Record("b")
+	h := f.Handler()
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/floodgate/offenders?n=1", nil))
+	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("GET: %d %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	var body struct {
+		Total     uint64
+		Capacity  int
+		Hashed    bool
+		Offenders []Offender
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	want := []Offender{{Key: HashKey("a"), Rejections: 3}}
+	if body.Total != 4 || body.Capacity != 3 || !body.Hashed || !cmp.Equal(want, body.Offenders) {
+		t.Errorf("body = %+v, want total 4, capacity 3, hashed, offenders %v", body, want)
+	}
+
+	for _, tc := range []struct {
+		method, target string
+		code           int
+	}{
+		{http.MethodPost, "/", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/?n=-1", http.StatusBadRequest},
+		{http.MethodGet, "/?n=2x", http.StatusBadRequest},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.target, nil))
+		if rec.Code != tc.code {
+			t.Errorf("%s %s: %d, want %d", tc.method, tc.target, rec.Code, tc.code)
+		}
+	}
+}
