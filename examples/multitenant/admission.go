@@ -12,25 +12,31 @@ import (
 // force, the bucket store and the CPU gate, joined by floodgate's middleware.
 // Health checks and reflection are exempt by the middleware's defaults, so an
 // overloaded server still answers its load balancer and its operators.
-func newLimiter(store floodgate.Store, tables middleware.Tables, gate *cpugate.Gate, floor float64) (*middleware.Limiter, error) {
-	return middleware.New(store, tables,
+//
+// extra options come last (the metrics observer).
+func newLimiter(store floodgate.Store, tables middleware.Tables, gate *cpugate.Gate, floor float64, extra ...middleware.Option) (*middleware.Limiter, error) {
+	return middleware.New(store, tables, append([]middleware.Option{
 		middleware.WithGate(gate),
 		// The tap handle turns callers away before their request is read
 		// once the gate has cut limits to its floor.
 		middleware.WithTapFloor(floor),
 		middleware.WithAPIKeyHeaders(apiKeyHeader),
-		middleware.WithDomain("inventory.v1.floodgate.dev"),
-	)
+		middleware.WithDomain(rejectionDomain),
+	}, extra...)...)
 }
+
+// rejectionDomain is the ErrorInfo domain of the server's rejections.
+const rejectionDomain = "inventory.v1.floodgate.dev"
 
 // admission returns the server options that put l in front of every call:
 // the tap handle first, then the interceptors, first in their chains so that
 // a rejection leaves before anything sets header metadata and grpc-go
-// clients honour its retry pushback.
-func admission(l *middleware.Limiter) []grpc.ServerOption {
+// clients honour its retry pushback. outer interceptors, which must set no
+// header metadata, run before the Limiter's (the offenders' recorder).
+func admission(l *middleware.Limiter, outer ...grpc.UnaryServerInterceptor) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InTapHandle(l.TapHandle),
-		grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor()),
+		grpc.ChainUnaryInterceptor(append(outer, l.UnaryServerInterceptor())...),
 		grpc.ChainStreamInterceptor(l.StreamServerInterceptor()),
 	}
 }

@@ -32,6 +32,7 @@ type demoConfig struct {
 	Seed        uint64
 	Every       time.Duration // between two prints of the table
 	Out         string        // chart path; "" draws none
+	Metrics     string        // metrics listen address; "" serves none
 	Stdout      io.Writer
 	Live        bool // redraw the table in place
 
@@ -80,6 +81,10 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 	}()
 	fmt.Fprintf(out, "server on %s: tenant config %s, %s gate on %s CPU (%.1f CPUs)\n",
 		srv.addr(), cfg.ConfigPath, srv.cfg.Policy, srv.source, srv.budget)
+	if srv.obs != nil {
+		fmt.Fprintf(out, "metrics on http://%s%s, top offenders on http://%s%s\n",
+			srv.obs.addr(), metricsPath, srv.obs.addr(), offendersPath)
+	}
 	// tenants.yaml and profile.yaml are sized for a server of about 500 to
 	// 1,000 calls per second. Far outside that range the demo still runs,
 	// but shows something else; say so rather than let the numbers mislead.
@@ -151,6 +156,7 @@ func (cfg *demoConfig) serverConfig() serverConfig {
 		Policy:     cfg.Policy,
 		Sampler:    cfg.Sampler,
 		SchedP99:   cfg.SchedP99,
+		Metrics:    cfg.Metrics,
 		sampler:    cfg.sampler,
 		burner:     cfg.burner,
 	}
@@ -162,7 +168,9 @@ func measure(ctx context.Context, cfg demoConfig, prof *profile, out io.Writer) 
 	if prof.ProbeKey == "" {
 		return 0, errors.New("the profile has no probe_key; give -capacity")
 	}
-	srv, err := newServer(cfg.serverConfig())
+	probeCfg := cfg.serverConfig()
+	probeCfg.Metrics = "" // the run's server serves them
+	srv, err := newServer(probeCfg)
 	if err != nil {
 		return 0, err
 	}

@@ -41,8 +41,11 @@
 //
 // The parts also run separately, against any address:
 //
-//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file] [-redis 127.0.0.1:6379]
+//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file] [-redis 127.0.0.1:6379] [-metrics 127.0.0.1:9090]
 //	go run ./examples/multitenant load  [-addr 127.0.0.1:50051] [-profile file] -capacity 800
+//
+// With -metrics, the server (in the demo too) serves Prometheus metrics on
+// /metrics and its most rejected callers, hashed, on /debug/floodgate/offenders.
 //
 // Both default to loopback: the demo sends thousands of calls per second,
 // and is meant for a machine of your own. The simulated API keys are demo
@@ -127,6 +130,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the simulated arrivals")
 	fs.DurationVar(&cfg.Every, "every", 2*time.Second, "time between two tables")
 	fs.StringVar(&cfg.Out, "out", "multitenant.png", "chart `file` (PNG); empty draws none")
+	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: multitenant [flags]    (serve and load run the parts separately)\n\n")
 		fs.PrintDefaults()
@@ -172,6 +176,7 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, "also shed while the p99 of goroutine scheduling latency reaches this; 0 is off")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "time calls in flight get to finish on SIGINT or SIGTERM")
 	fs.DurationVar(&every, "every", 5*time.Second, "time between two status lines; 0 prints none")
+	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -194,6 +199,9 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.Info("serving inventory.v1.Inventory", "addr", srv.addr(), "config", cfg.ConfigPath, "buckets", buckets,
 		"cost", srv.cfg.Cost, "policy", srv.cfg.Policy, "cpu_source", srv.source, "cpus", srv.budget)
+	if srv.obs != nil {
+		log.Info("serving metrics", "url", "http://"+srv.obs.addr()+metricsPath, "offenders", "http://"+srv.obs.addr()+offendersPath)
+	}
 	if every > 0 {
 		go statusLoop(ctx, srv, log, every)
 	}

@@ -58,9 +58,14 @@ type serverConfig struct {
 	// percentile of goroutine scheduling latency reaches it: the guard that
 	// sees saturation CPU use misses, such as busy neighbours on the host.
 	SchedP99 time.Duration
-	// Logger receives the gate's transitions and config reloads. Nil logs
-	// nothing.
+	// Logger receives the gate's transitions, config reloads and, with
+	// Metrics, rejections (at most one line a second). Nil logs nothing.
 	Logger *slog.Logger
+	// Metrics, when set, is the address of an HTTP listener serving
+	// Prometheus metrics on /metrics and the callers rejected most often
+	// as JSON on /debug/floodgate/offenders; port 0 picks a free port.
+	// Empty serves none.
+	Metrics string
 
 	// sampler, when set, replaces Sampler: tests script the CPU with it.
 	sampler cpugate.Sampler
@@ -112,9 +117,10 @@ type server struct {
 	reg     *tenant.Registry
 	limiter *middleware.Limiter
 	store   floodgate.Store
-	redis   *redis.Client // nil with in-memory buckets
-	source  string        // the CPU sampler's label
-	budget  float64       // CPUs the sampler measures use against
+	redis   *redis.Client  // nil with in-memory buckets
+	obs     *observability // nil without cfg.Metrics
+	source  string         // the CPU sampler's label
+	budget  float64        // CPUs the sampler measures use against
 	skus    []string
 }
 
@@ -164,8 +170,22 @@ func newServer(cfg serverConfig) (*server, error) {
 	); err != nil {
 		return nil, err
 	}
-	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, floor); err != nil {
+	var extra []middleware.Option
+	var outer []grpc.UnaryServerInterceptor
+	if cfg.Metrics != "" {
+		if s.obs, err = newObservability(s, cfg.Metrics); err != nil {
+			s.closeStore()
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()))
+		outer = append(outer, s.obs.offenders.UnaryServerInterceptor())
+	}
+	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, floor, extra...); err != nil {
+		s.closeListeners()
 		return nil, err
+	}
+	if s.obs != nil {
+		s.obs.metrics.SetLimiter(s.limiter)
 	}
 
 	b := cfg.burner
@@ -173,7 +193,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		b = calibrate()
 	}
 	s.inv = newInventory(s.skus, cfg.Units, cfg.Cost, b)
-	s.grpc = grpc.NewServer(admission(s.limiter)...)
+	s.grpc = grpc.NewServer(admission(s.limiter, outer...)...)
 	inventoryv1.RegisterInventoryServer(s.grpc, s.inv)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -182,9 +202,25 @@ func newServer(cfg serverConfig) (*server, error) {
 	reflection.Register(s.grpc)
 
 	if s.lis, err = net.Listen("tcp", cfg.Addr); err != nil {
+		s.closeListeners()
 		return nil, err
 	}
 	return s, nil
+}
+
+// closeListeners releases what newServer opened before failing.
+func (s *server) closeListeners() {
+	if s.obs != nil {
+		s.obs.lis.Close()
+	}
+	s.closeStore()
+}
+
+// closeStore closes the Redis client, if any.
+func (s *server) closeStore() {
+	if s.redis != nil {
+		s.redis.Close()
+	}
 }
 
 // addr returns the address the server listens on.
@@ -201,8 +237,15 @@ func (s *server) run(ctx context.Context, grace time.Duration) error {
 	if s.cfg.Watch {
 		wg.Go(func() { _ = s.reg.Watch(loops, s.cfg.ConfigPath) })
 	}
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	wg.Go(func() { served <- s.grpc.Serve(s.lis) })
+	if s.obs != nil {
+		wg.Go(func() {
+			if err := s.obs.serve(); err != nil {
+				served <- fmt.Errorf("metrics: %w", err)
+			}
+		})
+	}
 
 	var err error
 	select {
@@ -211,6 +254,9 @@ func (s *server) run(ctx context.Context, grace time.Duration) error {
 		err = fmt.Errorf("serve: %w", err)
 	}
 	s.stop(grace)
+	if s.obs != nil {
+		s.obs.shutdown(grace)
+	}
 	cancel()
 	wg.Wait()
 	if s.redis != nil {

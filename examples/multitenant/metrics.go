@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/promfloodgate"
+	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+	"github.com/floodgate-go/floodgate/redisstore"
+)
+
+const (
+	metricsPath   = "/metrics"
+	offendersPath = "/debug/floodgate/offenders"
+)
+
+// observability is the server's metrics endpoint: floodgate's collector,
+// the callers rejected most often, and the HTTP server that serves them.
+type observability struct {
+	metrics   *promfloodgate.Collector
+	offenders *promfloodgate.Offenders
+	lis       net.Listener
+	http      *http.Server
+}
+
+// newObservability builds the collector over the server's gate and store
+// and listens on addr. The Limiter is attached later (setLimiter), since it
+// is built with the collector's observer.
+func newObservability(s *server, addr string) (*observability, error) {
+	opts := []promfloodgate.Option{
+		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&inventoryv1.Inventory_ServiceDesc)...),
+		promfloodgate.WithGate(s.gate),
+	}
+	switch st := s.store.(type) {
+	case *keyed.Map:
+		opts = append(opts, promfloodgate.WithKeyed(st))
+	case *redisstore.Store:
+		opts = append(opts, promfloodgate.WithRedis(st))
+	}
+	if s.cfg.Logger != nil {
+		opts = append(opts, promfloodgate.WithLogger(s.cfg.Logger, time.Second))
+	}
+	metrics, err := promfloodgate.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	// Offenders are named by their API key, else their address; the
+	// summary keeps hashes of them only.
+	offenders, err := promfloodgate.NewOffenders(promfloodgate.WithKeyFunc(callerKey),
+		promfloodgate.WithRejectionCodes(codes.ResourceExhausted, codes.Unavailable, rejectionDomain))
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(metrics); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(metricsPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle(offendersPath, offenders.Handler())
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &observability{
+		metrics:   metrics,
+		offenders: offenders,
+		lis:       lis,
+		http:      &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+	}, nil
+}
+
+// callerKey names a caller for the offenders summary: its API key, else its
+// address.
+func callerKey(ctx context.Context, method string) string {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(apiKeyHeader); len(v) == 1 && v[0] != "" {
+			return "key:" + v[0]
+		}
+	}
+	return "ip:" + promfloodgate.PeerIP(ctx, method)
+}
+
+// addr returns the address /metrics is served on.
+func (o *observability) addr() string { return o.lis.Addr().String() }
+
+// serve serves until shutdown; it returns nil after a shutdown.
+func (o *observability) serve() error {
+	if err := o.http.Serve(o.lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// shutdown stops the HTTP server, waiting up to grace for scrapes in flight.
+func (o *observability) shutdown(grace time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if o.http.Shutdown(ctx) != nil {
+		o.http.Close()
+	}
+}
