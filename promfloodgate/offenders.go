@@ -189,6 +189,19 @@ func (f *Offenders) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamServerInterceptor is UnaryServerInterceptor for streams: it records
+// the caller of every stream the Limiter rejects at its start, or ends with a
+// per-message rejection (middleware.WithPerMessage).
+func (f *Offenders) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		err := handler(srv, ss)
+		if err != nil && f.isRejection(err) {
+			f.Record(f.o.key(ss.Context(), info.FullMethod))
+		}
+		return err
+	}
+}
+
 func (f *Offenders) isRejection(err error) bool {
 	st, ok := status.FromError(err)
 	if !ok || (st.Code() != f.o.quota && st.Code() != f.o.over) {

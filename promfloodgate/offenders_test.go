@@ -104,6 +104,42 @@ func TestInterceptorRecordsRejections(t *testing.T) {
 	}
 }
 
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s ctxStream) Context() context.Context { return s.ctx }
+
+func TestStreamInterceptorRecordsRejections(t *testing.T) {
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewOffenders(WithRawKeys(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, inner := f.StreamServerInterceptor(), lim.StreamServerInterceptor()
+	info := &grpc.StreamServerInfo{FullMethod: methodGet, IsServerStream: true}
+	handlerErr := status.Error(codes.ResourceExhausted, "handler's own")
+	for range 4 {
+		_ = outer(nil, ctxStream{ctx: callCtx(freeKey)}, info, func(srv any, ss grpc.ServerStream) error {
+			return inner(srv, ss, info, func(any, grpc.ServerStream) error { return handlerErr })
+		})
+	}
+	// burst 2: two streams reach the handler, whose errors are not
+	// rejections; two are rejected.
+	want := []Offender{{Key: "203.0.113.7", Rejections: 2}}
+	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+}
+
 func TestHandler(t *testing.T) {
 	f, _ := NewOffenders(WithCapacity(3))
 	for range 3 {

@@ -6,6 +6,7 @@ import (
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/promfloodgate"
 )
 
 // newLimiter builds the server's admission control: the tenant table in
@@ -31,12 +32,19 @@ const rejectionDomain = "inventory.v1.floodgate.dev"
 // admission returns the server options that put l in front of every call:
 // the tap handle first, then the interceptors, first in their chains so that
 // a rejection leaves before anything sets header metadata and grpc-go
-// clients honour its retry pushback. outer interceptors, which must set no
-// header metadata, run before the Limiter's (the offenders' recorder).
-func admission(l *middleware.Limiter, outer ...grpc.UnaryServerInterceptor) []grpc.ServerOption {
+// clients honour its retry pushback. Offenders, when not nil, records the
+// callers of rejected calls and streams; its interceptors set no metadata
+// and run before the Limiter's, to see its rejections.
+func admission(l *middleware.Limiter, offenders *promfloodgate.Offenders) []grpc.ServerOption {
+	unary := []grpc.UnaryServerInterceptor{l.UnaryServerInterceptor()}
+	stream := []grpc.StreamServerInterceptor{l.StreamServerInterceptor()}
+	if offenders != nil {
+		unary = append([]grpc.UnaryServerInterceptor{offenders.UnaryServerInterceptor()}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{offenders.StreamServerInterceptor()}, stream...)
+	}
 	return []grpc.ServerOption{
 		grpc.InTapHandle(l.TapHandle),
-		grpc.ChainUnaryInterceptor(append(outer, l.UnaryServerInterceptor())...),
-		grpc.ChainStreamInterceptor(l.StreamServerInterceptor()),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 	}
 }

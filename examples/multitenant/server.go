@@ -21,6 +21,7 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -171,14 +172,14 @@ func newServer(cfg serverConfig) (*server, error) {
 		return nil, err
 	}
 	var extra []middleware.Option
-	var outer []grpc.UnaryServerInterceptor
+	var offenders *promfloodgate.Offenders
 	if cfg.Metrics != "" {
 		if s.obs, err = newObservability(s, cfg.Metrics); err != nil {
 			s.closeStore()
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()))
-		outer = append(outer, s.obs.offenders.UnaryServerInterceptor())
+		offenders = s.obs.offenders
 	}
 	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, floor, extra...); err != nil {
 		s.closeListeners()
@@ -193,7 +194,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		b = calibrate()
 	}
 	s.inv = newInventory(s.skus, cfg.Units, cfg.Cost, b)
-	s.grpc = grpc.NewServer(admission(s.limiter, outer...)...)
+	s.grpc = grpc.NewServer(admission(s.limiter, offenders)...)
 	inventoryv1.RegisterInventoryServer(s.grpc, s.inv)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
