@@ -38,7 +38,7 @@
 // itself only when registered with WithMethods, else it is "other", so
 // clients calling made-up methods add no series. The first WithMaxTiers tiers
 // seen label themselves, later ones "other"; anonymous callers are tier
-// "none". The decision series are therefore at most 40 × (tiers + 2) ×
+// "none", and so are the tap handle's rejections, which resolve no tier. The decision series are therefore at most 40 × (tiers + 2) ×
 // (methods + 1), and in practice the few combinations that occur.
 //
 // # Cost
@@ -56,10 +56,11 @@
 // recorded rejections is listed, with a count that is an upper bound, off by
 // at most its Err. Keys are kept as the first 12 hex digits of their SHA-256
 // unless WithRawKeys; Offenders.Handler serves the list as JSON for an
-// operators' port. Offenders.UnaryServerInterceptor, installed outside the
-// Limiter's interceptor, records the callers of the Limiter's rejections by a
-// key function (the peer's IP by default): the Event carries no key, by
-// design.
+// operators' port. Offenders.UnaryServerInterceptor and
+// Offenders.StreamServerInterceptor, installed before the Limiter's, record
+// the callers of the Limiter's rejections by a key function (the peer's IP by
+// default): the Event carries no key, by design. Tap rejections reach no
+// interceptor and are not recorded.
 //
 // # Logs
 //
