@@ -182,8 +182,8 @@ const (
 // It is safe for concurrent use; register it once.
 type Collector struct {
 	o       options
-	methods map[string]int // full method → index; len(methods) is "other"
-	mnames  []string       // index → label
+	methods methodTable // registered full method → index
+	mnames  []string    // index → label; the last is "other"
 	limiter atomic.Pointer[middleware.Limiter]
 	tiers   atomic.Pointer[[]string]
 	tierMu  sync.Mutex
@@ -213,13 +213,8 @@ func New(opts ...Option) (*Collector, error) {
 			return nil, err
 		}
 	}
-	c := &Collector{o: o, methods: make(map[string]int)}
-	for _, m := range o.methods {
-		if _, ok := c.methods[m]; !ok {
-			c.methods[m] = len(c.mnames)
-			c.mnames = append(c.mnames, m)
-		}
-	}
+	c := &Collector{o: o, methods: newMethodTable(o.methods)}
+	c.mnames = append(c.mnames, c.methods.names...)
 	c.mnames = append(c.mnames, LabelOther)
 	c.nMethod = len(c.mnames)
 	c.nTier = o.maxTiers + 2
@@ -283,7 +278,7 @@ func (c *Collector) observe(e middleware.Event) {
 		flags |= 4
 	}
 	combo = combo*numFlags + flags
-	m, ok := c.methods[e.Method]
+	m, ok := c.methods.lookup(e.Method)
 	if !ok {
 		m = c.nMethod - 1
 	}
@@ -338,7 +333,7 @@ func (c *Collector) logRejection(e middleware.Event) {
 }
 
 func (c *Collector) methodLabel(method string) string {
-	if i, ok := c.methods[method]; ok {
+	if i, ok := c.methods.lookup(method); ok {
 		return c.mnames[i]
 	}
 	return LabelOther

@@ -382,3 +382,30 @@ floodgate_redis_errors_total 2
 		t.Errorf("%v\nstore stats: %+v", err, st)
 	}
 }
+
+func TestMethodTable(t *testing.T) {
+	names := []string{"/a.v1.Svc/Get", "/b.v1.Svc/Get", "/a.v1.Svc/Get", "/x", "/a.v1.Svc/GetThing", "/a.v1.Svc/GetThinG", ""}
+	for i := range 100 {
+		names = append(names, "/gen.v1.Svc/Method"+strings.Repeat("x", i%7)+string(rune('A'+i%26))+strings.Repeat("y", i/26))
+	}
+	tbl := newMethodTable(names)
+	seen := map[string]int{}
+	for _, n := range names {
+		if _, ok := seen[n]; !ok {
+			seen[n] = len(seen)
+		}
+	}
+	if len(tbl.names) != len(seen) {
+		t.Fatalf("%d names, want %d", len(tbl.names), len(seen))
+	}
+	for n, want := range seen {
+		if got, ok := tbl.lookup(n); !ok || got != want {
+			t.Errorf("lookup(%q) = %d, %v; want %d", n, got, ok, want)
+		}
+	}
+	for _, n := range []string{"/a.v1.Svc/Ge", "/a.v1.Svc/Gett", "/y", "/gen.v1.Svc/MethodZ", "/c.v1.Svc/Get"} {
+		if _, ok := tbl.lookup(n); ok {
+			t.Errorf("lookup(%q) found an unregistered name", n)
+		}
+	}
+}

@@ -45,7 +45,8 @@
 //
 // The observer runs on the request path. It increments one atomic counter in
 // a table allocated by New, indexed by the event's reason and flags, the
-// tier's slot (a scan of the few tiers seen) and the method's (a map lookup),
+// tier's slot (a scan of the few tiers seen) and the method's (a probe of a
+// small open-addressing table built by New),
 // and allocates nothing. A rejection also reads the clock when WithLogger is
 // set.
 //
