@@ -2,6 +2,7 @@ package promfloodgate
 
 import (
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -12,12 +13,13 @@ import (
 var sink any
 
 // BenchmarkUnaryAccepted is the middleware's accepted path, an API-key
-// tenant admitted, without and with the collector's observer.
+// tenant admitted, without and with the collector's observer, and without it
+// again: the two baselines show how far the machine drifted during the run.
 func BenchmarkUnaryAccepted(b *testing.B) {
 	for _, bc := range []struct {
 		name     string
 		observer bool
-	}{{"without-observer", false}, {"with-observer", true}} {
+	}{{"without-observer", false}, {"with-observer", true}, {"without-observer-again", false}} {
 		b.Run(bc.name, func(b *testing.B) {
 			store, err := keyed.New()
 			if err != nil {
@@ -47,6 +49,55 @@ func BenchmarkUnaryAccepted(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkObserverOverhead measures the observer's cost on the accepted path
+// by pairs: it alternates blocks of calls through the interceptor without and
+// with the observer, so that both see the same machine, and reports the
+// difference of the two means as overhead-ns/op (ns/op is a pair of calls).
+func BenchmarkObserverOverhead(b *testing.B) {
+	build := func(opts ...middleware.Option) grpc.UnaryServerInterceptor {
+		store, err := keyed.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		lim, err := middleware.New(store, middleware.Static(testTable(b)), opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return lim.UnaryServerInterceptor()
+	}
+	c, err := New(WithMethods(methodGet, methodSecret))
+	if err != nil {
+		b.Fatal(err)
+	}
+	without, with := build(), build(middleware.WithObserver(c.Observer()))
+	ctx := callCtx(proKey)
+	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
+	const block = 256
+	var tWithout, tWith time.Duration
+	calls := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if calls%block == 0 {
+			start := time.Now()
+			for range block {
+				sink, _ = without(ctx, nil, info, noop)
+			}
+			mid := time.Now()
+			for range block {
+				sink, _ = with(ctx, nil, info, noop)
+			}
+			tWithout += mid.Sub(start)
+			tWith += time.Since(mid)
+		}
+		calls++
+	}
+	blocks := (calls + block - 1) / block
+	n := float64(blocks * block)
+	b.ReportMetric(float64(tWith-tWithout)/n, "overhead-ns/op")
+	b.ReportMetric(float64(tWithout)/n, "without-ns/op")
+	b.ReportMetric(float64(tWith)/n, "with-ns/op")
 }
 
 // BenchmarkObserver is the observer alone on an accepted event.
