@@ -46,9 +46,9 @@
 // The observer runs on the request path. It increments one atomic counter in
 // a table allocated by New, indexed by the event's reason and flags, the
 // tier's slot (a scan of the few tiers seen) and the method's (a probe of a
-// small open-addressing table built by New),
-// and allocates nothing. A rejection also reads the clock when WithLogger is
-// set.
+// small open-addressing table built by New), and allocates nothing. The
+// atomic increment is most of its cost. A rejection also reads the clock when
+// WithLogger is set.
 //
 // # Top offenders
 //
