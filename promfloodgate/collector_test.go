@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -407,5 +408,70 @@ func TestMethodTable(t *testing.T) {
 		if _, ok := tbl.lookup(n); ok {
 			t.Errorf("lookup(%q) found an unregistered name", n)
 		}
+	}
+}
+
+// TestConcurrentObserveAndCollect counts from several goroutines, with new
+// tiers arriving, while scrapes run: no count is lost.
+func TestConcurrentObserveAndCollect(t *testing.T) {
+	c, err := New(WithMethods(methodGet), WithMaxTiers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	done := make(chan struct{})
+	scraped := make(chan struct{})
+	go func() {
+		defer close(scraped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				if _, err := reg.Gather(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 1000 {
+				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Allowed: true}
+				if i%3 == 0 {
+					e.Allowed, e.Reason = false, middleware.ReasonQuota
+				}
+				obs(e)
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	<-scraped
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	tiers := map[string]bool{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			total += m.GetCounter().GetValue()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "tier" {
+					tiers[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	if total != 4000 {
+		t.Errorf("total = %g, want 4000", total)
+	}
+	if len(tiers) != 4 || !tiers[LabelOther] { // 3 tiers and "other"
+		t.Errorf("tier labels %v, want 3 and other", tiers)
 	}
 }
