@@ -65,11 +65,13 @@ func TestDependencyDirection(t *testing.T) {
 					t.Errorf("%s imports peer library %s: peers belong in bench/", p, imp)
 				}
 			}
-			// floodgatetest is the users' test helper: it drives the
-			// middleware the way a test would.
+			// floodgatetest (the users' test helper) and promfloodgate
+			// (metrics over the middleware's events) sit on top of the
+			// middleware; no library package below it may import it.
 			if imp == module+"/middleware" && !isTest && !strings.HasPrefix(dir, "examples") &&
-				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") && dir != "floodgatetest" {
-				t.Errorf("%s imports the middleware: only examples, tests and floodgatetest may", p)
+				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") &&
+				dir != "floodgatetest" && dir != "promfloodgate" {
+				t.Errorf("%s imports the middleware: only examples, tests, floodgatetest and promfloodgate may", p)
 			}
 			rules, ok := allowed[dir]
 			if !ok || isTest || stdlib(imp) {
