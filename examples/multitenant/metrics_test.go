@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -119,6 +120,10 @@ func TestMetricsUnderLoad(t *testing.T) {
 		t.Fatalf("noisy tenant: %v, want OK and RESOURCE_EXHAUSTED only, some rejected", noisy)
 	}
 
+	// The sampler's source is known from the gate's first reading on.
+	for srv.gate.Snapshot().At.IsZero() {
+		time.Sleep(5 * time.Millisecond)
+	}
 	ss := scrape(t, "http://"+srv.obs.addr()+metricsPath)
 	for _, tc := range []struct {
 		name  string
