@@ -237,7 +237,7 @@ func New(opts ...Option) (*Collector, error) {
 		state:          d("gate_state", "1 for the CPU gate's current state, 0 for the others.", "state"),
 		cpu:            d("gate_cpu_ratio", "Latest CPU reading, as a fraction of the CPU available to the process."),
 		cpuSmoothed:    d("gate_cpu_smoothed_ratio", "Exponential moving average of the CPU readings (time constant 1s)."),
-		source:         d("gate_sampler_info", "The CPU sampler's source, as a label; the value is 1.", "source"),
+		source:         d("gate_sampler_info", "The CPU sampler's source, as a label, from the first reading on; the value is 1.", "source"),
 		failures:       d("gate_sample_failures_total", "Failed CPU samples."),
 		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
 		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),

@@ -171,7 +171,7 @@ floodgate_gate_state{state="shedding"} 0
 # HELP floodgate_gate_cpu_ratio Latest CPU reading, as a fraction of the CPU available to the process.
 # TYPE floodgate_gate_cpu_ratio gauge
 floodgate_gate_cpu_ratio 0.3
-# HELP floodgate_gate_sampler_info The CPU sampler's source, as a label; the value is 1.
+# HELP floodgate_gate_sampler_info The CPU sampler's source, as a label, from the first reading on; the value is 1.
 # TYPE floodgate_gate_sampler_info gauge
 floodgate_gate_sampler_info{source="scripted"} 1
 # HELP floodgate_gate_sample_failures_total Failed CPU samples.
