@@ -121,7 +121,7 @@ func TestEvictAccounting(t *testing.T) {
 	m.TakeAt("a", lim, 1, t0)                  // a: 1 token, full at +1s
 	m.TakeAt("b", lim, 2, t0)                  // b: 0 tokens, full at +2s
 	m.TakeAt("c", lim, 1, t0.Add(time.Second)) // a is full again: evicted harmlessly
-	m.TakeAt("d", lim, 1, t0.Add(time.Second)) // b, c not full: b is closest to... c? see below
+	m.TakeAt("d", lim, 1, t0.Add(time.Second)) // b and c not full: one must go
 	want := []Eviction{{Hash: m.Hash("a"), Full: true}}
 	if len(got) < 1 || !cmp.Equal(got[0], want[0]) {
 		t.Fatalf("first eviction = %+v, want %+v", got, want)
@@ -129,8 +129,7 @@ func TestEvictAccounting(t *testing.T) {
 	if len(got) != 2 || got[1].Full {
 		t.Fatalf("evictions = %+v, want a second, not-full eviction", got)
 	}
-	// b is full at +2s and c at +2s too; either is a valid victim, but the
-	// evicted one must now start full.
+	// b and c are both full again at +2s, so either is the victim.
 	st := m.Stats()
 	if diff := cmp.Diff(Stats{Takes: 4, Allowed: 4, Evictions: 2, EvictedNotFull: 1}, st); diff != "" {
 		t.Errorf("Stats mismatch (-want +got):\n%s", diff)

@@ -229,11 +229,15 @@ func (m *Map) Peek(key string, lim floodgate.Limit) floodgate.Result {
 // fraction: a full bucket for a key the Map does not track, +Inf for
 // [floodgate.Inf], and a negative number while WaitN reservations are owed.
 func (m *Map) Tokens(key string, lim floodgate.Limit) float64 {
-	return m.TokensAt(key, lim, m.clock0())
+	return m.tokens(key, lim, m.now())
 }
 
 // TokensAt is [Map.Tokens] at time now.
 func (m *Map) TokensAt(key string, lim floodgate.Limit, now time.Time) float64 {
+	return m.tokens(key, lim, m.at(now))
+}
+
+func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 	if lim.IsInf() {
 		return lim.Rate
 	}
@@ -245,15 +249,8 @@ func (m *Map) TokensAt(key string, lim floodgate.Limit, now time.Time) float64 {
 	if st == nil {
 		return float64(lim.Burst)
 	}
-	tokens, _ := st.refill(lim, m.at(now))
+	tokens, _ := st.refill(lim, now)
 	return float64(tokens) / unit
-}
-
-func (m *Map) clock0() time.Time {
-	if m.clock != nil {
-		return m.clock.Now()
-	}
-	return time.Now()
 }
 
 // Reset forgets key's bucket, so its next take starts full, and reports
