@@ -74,6 +74,9 @@ type Policy interface {
 	Validate() error
 }
 
+// frac reports whether v is in (0, 1]; NaN is not.
+func frac(v float64) bool { return v > 0 && v <= 1 }
+
 func invalid(field string, v any, want string) error {
 	return fmt.Errorf("%w: %s = %v, want %s", ErrInvalidConfig, field, v, want)
 }
@@ -129,9 +132,9 @@ func (f Fixed) withDefaults() Fixed {
 func (f Fixed) Validate() error {
 	f = f.withDefaults()
 	switch {
-	case !(f.Threshold > 0 && f.Threshold <= 1):
+	case !frac(f.Threshold):
 		return invalid("Fixed.Threshold", f.Threshold, "a fraction in (0, 1]")
-	case !(f.Factor > 0 && f.Factor <= 1):
+	case !frac(f.Factor):
 		return invalid("Fixed.Factor", f.Factor, "a scale in (0, 1]")
 	case f.Cooldown < 0:
 		return invalid("Fixed.Cooldown", f.Cooldown, "a positive duration")
@@ -258,7 +261,6 @@ func (a Adaptive) withDefaults() Adaptive {
 // fields are valid: they take their defaults.
 func (a Adaptive) Validate() error {
 	a = a.withDefaults()
-	frac := func(v float64) bool { return v > 0 && v <= 1 }
 	switch {
 	case !frac(a.Enter):
 		return invalid("Adaptive.Enter", a.Enter, "a fraction in (0, 1]")
