@@ -2,65 +2,19 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"runtime"
 	"time"
+
+	"github.com/floodgate-go/floodgate/internal/burn"
 )
 
-// A burner spends CPU time on purpose: the simulated work of an allocation
-// (pricing, validation, serialisation in a real service). It chains SHA-256
-// over a 32-byte block, a loop the compiler cannot skip and whose cost per
-// iteration is steady, and converts durations to iterations with a rate
-// calibrated at start. It is safe for concurrent use after calibration.
-type burner struct {
-	perIter time.Duration // fastest observed time of one iteration, ≥ 1 ns
-	sink    byte
-}
+// A burner spends CPU time on purpose: the simulated work of an allocation.
+// The calibrated loop lives in internal/burn, shared with the overload
+// experiment in bench/cmd/overload.
+type burner struct{ b *burn.Burner }
 
-// burnBlock is one iteration's work.
-func burnBlock(b [32]byte) [32]byte { return sha256.Sum256(b[:]) }
+// calibrate measures the burn loop (see burn.Calibrate).
+func calibrate() *burner { return &burner{b: burn.Calibrate()} }
 
-// calibrate measures the loop. It keeps the fastest of several short runs:
-// on a shared machine a run can only be slowed down by other work, never sped
-// up, so the fastest is the closest to the loop's own cost. Burning then takes
-// about the asked CPU time when the CPU is free, and longer in wall time, as
-// real work would, when it is not.
-func calibrate() *burner {
-	const iters, runs = 2000, 9
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var b [32]byte
-	best := time.Duration(1<<63 - 1)
-	for range runs {
-		start := time.Now()
-		for range iters {
-			b = burnBlock(b)
-		}
-		best = min(best, time.Since(start))
-	}
-	return &burner{perIter: max(best/iters, 1), sink: b[0]}
-}
-
-// burnChunk is how much work burn does between two looks at its context.
-const burnChunk = 100 * time.Microsecond
-
-// burn spends about d of CPU time on the calling goroutine, in chunks, and
-// stops early with ctx's error once ctx is done: work for a caller whose
-// deadline has passed is wasted, and under overload that waste is what
-// turns a queue into a collapse.
-func (bn *burner) burn(ctx context.Context, d time.Duration) error {
-	n := int(d / bn.perIter)
-	chunk := max(int(burnChunk/bn.perIter), 1)
-	var b [32]byte
-	b[0] = bn.sink
-	for done := 0; done < n; done += chunk {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		for range min(chunk, n-done) {
-			b = burnBlock(b)
-		}
-	}
-	runtime.KeepAlive(b)
-	return nil
-}
+// burn spends about d of CPU time on the calling goroutine and stops early
+// with ctx's error once ctx is done (see burn.Burner.Burn).
+func (bn *burner) burn(ctx context.Context, d time.Duration) error { return bn.b.Burn(ctx, d) }
