@@ -23,7 +23,9 @@
 // pattern that supplied the limit), so a tenant's cheap and expensive
 // methods do not drain each other; anonymous callers have the same buckets
 // per client address. An admitted call allocates one object: its context,
-// which carries the Decision and the bucket key's bytes.
+// which carries the Decision. A rejected call allocates nothing: each
+// caller's route (its rule and bucket key, per method) is cached in a fixed
+// table, by tenant or, for anonymous callers, by the connection.
 //
 // # Identity and trust
 //

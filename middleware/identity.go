@@ -83,28 +83,30 @@ func (h header) get(key string) []string {
 	return h.md[key]
 }
 
-// peerAddr returns the immediate peer's IP address, unmapped, or the zero
+// peerOf returns the call's peer, or nil.
+func peerOf(ctx context.Context) *peer.Peer {
+	p, _ := peer.FromContext(ctx)
+	return p
+}
+
+// addrOf returns the immediate peer's IP address, unmapped, or the zero
 // Addr when the connection has none (a Unix socket, an in-memory pipe).
-func peerAddr(ctx context.Context) (netip.Addr, *peer.Peer) {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p == nil {
-		return netip.Addr{}, nil
+func addrOf(p *peer.Peer) netip.Addr {
+	if p == nil {
+		return netip.Addr{}
 	}
 	var a netip.Addr
 	switch addr := p.Addr.(type) {
 	case *net.TCPAddr:
-		a, _ = netip.AddrFromSlice(addr.IP)
+		if addr != nil {
+			a, _ = netip.AddrFromSlice(addr.IP)
+		}
 	case *net.UDPAddr:
-		a, _ = netip.AddrFromSlice(addr.IP)
+		if addr != nil {
+			a, _ = netip.AddrFromSlice(addr.IP)
+		}
 	}
-	return a.Unmap(), p
-}
-
-// clientAddr resolves the client's address: the peer's, unless the peer is
-// a trusted proxy, in which case the forwarding headers are read.
-func (l *Limiter) clientAddr(ctx context.Context, h header) netip.Addr {
-	a, _ := peerAddr(ctx)
-	return l.forwarded(a, h)
+	return a.Unmap()
 }
 
 func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {

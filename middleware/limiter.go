@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net/netip"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -181,6 +181,7 @@ type Limiter struct {
 	o      options
 	rej    *rejecter
 	keys   *keyCache
+	routes *routeCache
 	pen    *penalties
 	epoch  time.Time
 	c      counters
@@ -212,6 +213,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		tables: tables,
 		o:      o,
 		keys:   newKeyCache(),
+		routes: &routeCache{},
 		pen:    newPenalties(),
 		epoch:  o.now(),
 	}
@@ -243,21 +245,19 @@ func (l *Limiter) Exempt(fullMethod string) bool {
 	return false
 }
 
-// keyBufLen holds every anonymous key ("a:", an IPv6 address of at most 39
-// bytes, ':' and an 8-byte rule ID) and the keys of tenants whose IDs have
-// at most 53 bytes; a longer key costs a second allocation.
-const keyBufLen = 64
+// keyBufLen holds every bucket key: "a:", an IPv6 address of at most 39
+// bytes, ':' and an 8-byte rule ID, or "t:", a tenant ID of at most 64 bytes,
+// ':' and the rule ID.
+const keyBufLen = 80
 
 // verdict is a decision in the compact form the context stores: Decision
-// is built from it only when FromContext asks.
+// is built from it only when FromContext asks. The route holds the tenant,
+// the method and the rule.
 type verdict struct {
-	ten     *tenant.Tenant
-	found   bool // ten is a known tenant, not the anonymous policy
+	r       *route
 	allowed bool
 	dryRun  bool
 	reason  Reason
-	subject uint8  // length of the key's subject prefix ("t:id" or "a:addr")
-	method  string // the rule is ten.Rule(method), looked up again when asked
 	res     floodgate.Result
 }
 
@@ -266,24 +266,22 @@ func (v *verdict) decision() Decision {
 		Allowed: v.allowed,
 		Reason:  v.reason,
 		DryRun:  v.dryRun,
-		Tier:    v.ten.Tier(),
-		Rule:    v.ten.Rule(v.method),
+		Tier:    v.r.ten.Tier(),
+		Rule:    v.r.rule,
 		Result:  v.res,
 	}
-	if v.found {
-		d.Tenant = v.ten.ID()
+	if v.r.found {
+		d.Tenant = v.r.ten.ID()
 	}
 	return d
 }
 
-// decisionCtx carries a call's decision and its bucket key. It is the only
-// allocation of an admitted call: the context, the decision and the bytes of
-// the key share one object of 192 bytes.
+// decisionCtx carries an admitted call's decision. It is the only
+// allocation of an admitted call, of 96 bytes: the bucket key lives in the
+// shared route.
 type decisionCtx struct {
 	context.Context
-	v   verdict
-	key string // aliases buf; buf is never written after key is made
-	buf [keyBufLen]byte
+	v verdict
 }
 
 type decisionKey struct{}
@@ -306,58 +304,53 @@ func FromContext(ctx context.Context) (Decision, bool) {
 	return dc.v.decision(), true
 }
 
-// resolve finds the caller's tenant and appends the bucket subject to buf:
-// "t:<id>" for a known tenant, "a:<address>" for anyone else. In the tap
-// handle (inTap) it calls no KeyFunc, which may expect the interceptor
-// chain's context, and resolves only API keys already cached: a map lookup,
-// never a SHA-256 under the transport's lock.
-func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte, inTap bool) (*tenant.Tenant, bool, []byte) {
-	addr, p := peerAddr(ctx)
-	var (
-		ten      *tenant.Tenant
-		found    bool
-		resolved bool
-	)
+// identify finds the caller's tenant: the tenant and true, or the anonymous
+// policy and false. In the tap handle (inTap) it calls no KeyFunc, which may
+// expect the interceptor chain's context, and resolves only API keys
+// already cached: a map lookup, never a SHA-256 under the transport's lock.
+func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table, inTap bool) (*tenant.Tenant, bool) {
 	if l.o.keyFunc != nil && !inTap {
 		if id, ok := l.o.keyFunc(ctx, methodOf(ctx)); ok {
-			ten, found = table.TenantByID(id)
-			resolved = true
+			return table.TenantByID(id)
 		}
 	}
-	if !resolved {
-		// A certificate that names no tenant (a service mesh's workload
-		// identity, say) leaves the question to the API key.
-		if id, ok := l.tlsTenant(p); ok {
-			ten, found = table.TenantByID(id)
-			resolved = found
+	// A certificate that names no tenant (a service mesh's workload
+	// identity, say) leaves the question to the API key.
+	if id, ok := l.tlsTenant(p); ok {
+		if ten, found := table.TenantByID(id); found {
+			return ten, true
 		}
 	}
-	if !resolved {
-		if key := l.apiKey(h); key != "" {
-			if inTap {
-				ten, found = l.keys.lookup(table, key)
-			} else {
-				ten, found = l.keys.resolve(table, key)
-			}
-			resolved = found
+	if key := l.apiKey(h); key != "" {
+		if inTap {
+			return l.keys.lookup(table, key)
 		}
+		return l.keys.resolve(table, key)
 	}
-	if found {
-		buf = append(buf, "t:"...)
-		return ten, true, append(buf, ten.ID()...)
-	}
-	if !resolved || ten == nil {
-		ten = table.Anonymous()
-	}
-	buf = append(buf, "a:"...)
-	a := l.aggregate(l.forwarded(addr, h))
-	if !a.IsValid() {
-		return ten, false, append(buf, '-')
-	}
-	return ten, false, appendAddr(buf, a)
+	return table.Anonymous(), false
 }
 
-func appendAddr(b []byte, a netip.Addr) []byte { return a.AppendTo(b) }
+// appendSubject appends the bucket subject to buf: "t:<id>" for a known
+// tenant, "a:<address>" for anyone else.
+func (l *Limiter) appendSubject(buf []byte, ten *tenant.Tenant, found bool, p *peer.Peer, h header) []byte {
+	if found {
+		buf = append(buf, "t:"...)
+		return append(buf, ten.ID()...)
+	}
+	buf = append(buf, "a:"...)
+	a := l.aggregate(l.forwarded(addrOf(p), h))
+	if !a.IsValid() {
+		return append(buf, '-')
+	}
+	return a.AppendTo(buf)
+}
+
+// resolve finds the caller's tenant and appends the bucket subject to buf.
+func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte, inTap bool) (*tenant.Tenant, bool, []byte) {
+	p := peerOf(ctx)
+	ten, found := l.identify(ctx, p, h, table, inTap)
+	return ten, found, l.appendSubject(buf, ten, found, p, h)
+}
 
 // methodOf returns the method of a server call's context, for KeyFuncs.
 func methodOf(ctx context.Context) string {
@@ -365,33 +358,37 @@ func methodOf(ctx context.Context) string {
 	return m
 }
 
-// admit decides one call to method and returns its decision context, with
-// the rejection to return when the call must not run.
-func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error) {
-	dc := &decisionCtx{Context: ctx}
+// decide decides one call to method. It returns the verdict, with the
+// rejection to return when the call must not run, and allocates nothing
+// for a caller whose route is cached.
+func (l *Limiter) decide(ctx context.Context, method string, v *verdict) error {
 	h := incoming(ctx)
-	table := l.tables.Table()
-	ten, found, b := l.resolve(ctx, h, table, dc.buf[:0], false)
-	subject := len(b)
-	rule := ten.Rule(method)
-	b = append(b, ':')
-	b = append(b, rule.ID...)
-	// b aliases dc.buf (or, for an unusually long key, a fresh array) and
-	// is not written again, so the string may share its bytes.
-	dc.key = unsafe.String(unsafe.SliceData(b), len(b))
-	dc.v = verdict{ten: ten, found: found, dryRun: l.o.dryRun, subject: uint8(subject), method: method}
-	return dc, l.take(ctx, &dc.v, rule, dc.key)
+	p := peerOf(ctx)
+	ten, found := l.identify(ctx, p, h, l.tables.Table(), false)
+	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun}
+	return l.take(ctx, v)
 }
 
-// take takes the rule's cost from key's bucket and records the outcome
+// admit decides one call to method and returns the context of an admitted
+// call, or the rejection.
+func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error) {
+	var v verdict
+	if err := l.decide(ctx, method, &v); err != nil {
+		return nil, err
+	}
+	return &decisionCtx{Context: ctx, v: v}, nil
+}
+
+// take takes the route's cost from its bucket and records the outcome
 // in v.
-func (l *Limiter) take(ctx context.Context, v *verdict, rule tenant.Rule, key string) error {
+func (l *Limiter) take(ctx context.Context, v *verdict) error {
+	r := v.r
 	scale := l.o.gate.Scale()
-	lim := rule.Limit
+	lim := r.rule.Limit
 	if scale < 1 {
 		lim = lim.Scale(scale)
 	}
-	res, err := l.store.TakeN(ctx, key, lim, rule.Cost)
+	res, err := l.store.TakeN(ctx, r.key, lim, r.rule.Cost)
 	switch {
 	case err != nil:
 		v.res = floodgate.Result{}
@@ -418,7 +415,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rule tenant.Rule, key st
 		l.c.addFor(cDryRun, v)
 	}
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: v.method, Tier: v.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun})
+		l.observe(v)
 	}
 	if v.allowed || v.dryRun {
 		return nil
@@ -427,9 +424,14 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rule tenant.Rule, key st
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
-		l.pen.note(key[:v.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
+		l.pen.note(r.key[:r.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter)
+}
+
+func (l *Limiter) observe(v *verdict) {
+	e := Event{Method: v.r.method, Tier: v.r.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun}
+	l.o.observer(e)
 }
 
 // sinceEpoch returns the Limiter clock's time since the Limiter was made.

@@ -52,7 +52,8 @@ func TestRegistryReload(t *testing.T) {
 }
 
 // TestAllocations enforces the allocation budget: one object per admitted
-// call, whatever the identity, and one per plain rejection.
+// call, whatever the identity, and none per rejection, plain or with
+// details.
 func TestAllocations(t *testing.T) {
 	f := newFixture(t)
 	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
@@ -77,15 +78,17 @@ func TestAllocations(t *testing.T) {
 			t.Errorf("%s: %v allocations per call, want ≤ %v", tc.name, got, tc.want)
 		}
 	}
-	plain := newFixture(t, middleware.WithDetails(false))
-	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 8), Port: 1}})
-	ctx = grpc.NewContextWithServerTransportStream(ctx, nopStream{})
-	for range 3 {
-		_, _ = plain.l.UnaryServerInterceptor()(ctx, nil, info, open)
-	}
-	picpt := plain.l.UnaryServerInterceptor()
-	if got := testing.AllocsPerRun(200, func() { _, _ = picpt(ctx, nil, info, open) }); got > 1 {
-		t.Errorf("rejection: %v allocations per call, want ≤ 1", got)
+	for _, details := range []bool{false, true} {
+		rf := newFixture(t, middleware.WithDetails(details))
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 8), Port: 1}})
+		ctx = grpc.NewContextWithServerTransportStream(ctx, nopStream{})
+		ricpt := rf.l.UnaryServerInterceptor()
+		for range 3 {
+			_, _ = ricpt(ctx, nil, info, open)
+		}
+		if got := testing.AllocsPerRun(200, func() { _, _ = ricpt(ctx, nil, info, open) }); got != 0 {
+			t.Errorf("rejection (details %v): %v allocations per call, want 0", details, got)
+		}
 	}
 }
 

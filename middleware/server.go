@@ -79,7 +79,7 @@ func (s *stream) RecvMsg(m any) error {
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
 	v := s.dc.v
-	return s.l.take(s.dc.Context, &v, v.ten.Rule(v.method), s.dc.key)
+	return s.l.take(s.dc.Context, &v)
 }
 
 func rateHeaders(r floodgate.Result) metadata.MD {
@@ -148,8 +148,8 @@ func (l *Limiter) Limit(ctx context.Context) error {
 		l.c.add(cExempt)
 		return nil
 	}
-	_, err := l.admit(ctx, method)
-	return err
+	var v verdict
+	return l.decide(ctx, method, &v)
 }
 
 // Selector returns a go-grpc-middleware selector.Matcher that matches the

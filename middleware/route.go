@@ -1,0 +1,122 @@
+package middleware
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"unsafe"
+
+	"google.golang.org/grpc/peer"
+
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// A route is where one caller's calls to one method go: the rule they are
+// held to and the key of their bucket. Routes are immutable and cached, so
+// that a caller seen before costs neither a rule lookup nor a key built and
+// allocated, on either outcome: a rejection allocates nothing, and the key
+// the store receives is never a buffer reused by a later call.
+type route struct {
+	who     unsafe.Pointer // what the route is cached by: the tenant, or the peer's address
+	ten     *tenant.Tenant // the tenant, or the anonymous policy
+	method  string
+	rule    tenant.Rule
+	key     string // the bucket key; key[:subject] is the subject
+	subject uint8
+	found   bool // ten is a known tenant, not the anonymous policy
+}
+
+// routeCache is a direct-mapped table of routes: one atomic pointer per
+// slot, so a lookup is a multiplication, a load and two comparisons, with no
+// lock, and memory never grows. Two routes that share a slot replace each
+// other, and each miss builds its route anew (the cost every call paid
+// before routes were cached). A slot keeps its route's tenant or peer
+// address reachable until it is replaced; after a reload the old tenants
+// simply stop matching.
+type routeCache struct {
+	slots [routeSlots]atomic.Pointer[route]
+}
+
+const routeBits = 12
+const routeSlots = 1 << routeBits
+
+// slot hashes the identity's pointer with the method's length and last
+// eight bytes: the content, not the address, since a method string may be
+// a new copy on every call (grpc.Method on a stream's header).
+func (c *routeCache) slot(who unsafe.Pointer, method string) *atomic.Pointer[route] {
+	h := uint64(uintptr(who)) ^ uint64(len(method))<<56
+	if n := len(method); n >= 8 {
+		h ^= binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(method[n-8:]), 8))
+	}
+	return &c.slots[(h*0x9e3779b97f4a7c15)>>(64-routeBits)]
+}
+
+func (c *routeCache) get(who unsafe.Pointer, ten *tenant.Tenant, method string) *route {
+	r := c.slot(who, method).Load()
+	if r != nil && r.who == who && r.ten == ten && r.method == method {
+		return r
+	}
+	return nil
+}
+
+func (c *routeCache) put(r *route) { c.slot(r.who, r.method).Store(r) }
+
+// noAddr is the identity of every connection without an IP address: they
+// share the subject "a:-".
+var noAddr byte
+
+// peerIdentity returns what an anonymous caller's route may be cached by:
+// the address object of its connection, which grpc-go keeps for the
+// connection's life, or noAddr. It returns nil when the address must be
+// resolved on every call: the peer is a trusted proxy, whose forwarding
+// headers name the client.
+func (l *Limiter) peerIdentity(p *peer.Peer) unsafe.Pointer {
+	if p == nil {
+		return unsafe.Pointer(&noAddr)
+	}
+	var who unsafe.Pointer
+	switch a := p.Addr.(type) {
+	case *net.TCPAddr:
+		who = unsafe.Pointer(a)
+	case *net.UDPAddr:
+		who = unsafe.Pointer(a)
+	default:
+		return unsafe.Pointer(&noAddr)
+	}
+	if who == nil {
+		return unsafe.Pointer(&noAddr)
+	}
+	if len(l.o.trusted) > 0 {
+		if a := addrOf(p); a.IsValid() && l.isTrusted(a) {
+			return nil
+		}
+	}
+	return who
+}
+
+// route returns the route of a call to method by the caller identified as
+// ten (found) on connection p, from the cache when it can.
+func (l *Limiter) route(ten *tenant.Tenant, found bool, p *peer.Peer, h header, method string) *route {
+	var who unsafe.Pointer
+	if found {
+		who = unsafe.Pointer(ten)
+	} else {
+		who = l.peerIdentity(p)
+	}
+	if who != nil {
+		if r := l.routes.get(who, ten, method); r != nil {
+			return r
+		}
+	}
+	r := &route{who: who, ten: ten, method: method, rule: ten.Rule(method), found: found}
+	var buf [keyBufLen]byte
+	b := l.appendSubject(buf[:0], ten, found, p, h)
+	r.subject = uint8(len(b))
+	b = append(b, ':')
+	b = append(b, r.rule.ID...)
+	r.key = string(b)
+	if who != nil {
+		l.routes.put(r)
+	}
+	return r
+}
