@@ -188,11 +188,20 @@ func (b *batcher) send(batch []*pending) {
 	}
 	groups := b.s.group(ops)
 	replies := make([]result1, len(batch))
+	if b.s.obs != nil {
+		// The round trip starts now, not when the batch was taken.
+		start = time.Now()
+	}
+	var err error
 	if len(groups) == 1 {
-		vals, err := evalOps(ctx, b.s.client, now, ops)
+		var vals []int64
+		vals, err = evalOps(ctx, b.s.client, now, ops)
 		fill(replies, groups[0], vals, err)
 	} else {
-		b.pipelined(ctx, now, ops, groups, replies)
+		err = b.pipelined(ctx, now, ops, groups, replies)
+	}
+	if b.s.obs != nil {
+		b.s.observe(start, err)
 	}
 	for i, p := range batch {
 		p.done <- replies[i]
@@ -200,8 +209,9 @@ func (b *batcher) send(batch []*pending) {
 }
 
 // pipelined sends one script call per group in one pipeline, and resends
-// the groups that met NOSCRIPT with EVAL in a second one.
-func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups [][]int, replies []result1) {
+// the groups that met NOSCRIPT with EVAL in a second one. It returns the
+// last pipeline's first error.
+func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups [][]int, replies []result1) error {
 	cmds := make([]*redis.Cmd, len(groups))
 	pipe := b.s.client.Pipeline()
 	for g, idx := range groups {
@@ -223,11 +233,12 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 		}
 		_, err = pipe.Exec(ctx)
 	}
-	_ = err // each command carries its own error
+	// Each command carries its own error; err is for the observer.
 	for g, cmd := range cmds {
 		vals, err := cmd.Int64Slice()
 		fill(replies, groups[g], vals, err)
 	}
+	return err
 }
 
 func groupArgs(ops []*op, idx []int, now int64) ([]string, []any) {

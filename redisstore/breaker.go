@@ -25,10 +25,60 @@ type breaker struct {
 	mu       sync.Mutex
 	openedAt time.Time
 	probing  bool
+	state    BreakerState // as reported: half-open from the first probe to a probe's outcome
+
+	// notify, when set, receives every change of state, outside mu and in
+	// order: transitions queue in pending under mu, and whoever queued one
+	// delivers the queue under notifyMu.
+	notify   func(transition)
+	notifyMu sync.Mutex
+	pending  []transition
 }
 
-func (b *breaker) init(threshold int, cooldown time.Duration) {
-	b.threshold, b.cooldown = threshold, cooldown
+// transition is a change of the breaker's state.
+type transition struct {
+	from, to BreakerState
+	kind     ErrorKind     // to open: the failure that opened it
+	openFor  time.Duration // to closed: since the breaker last opened
+}
+
+func (b *breaker) init(threshold int, cooldown time.Duration, notify func(transition)) {
+	b.threshold, b.cooldown, b.notify = threshold, cooldown, notify
+}
+
+// setLocked moves the reported state to s and reports whether that queued a
+// transition to deliver.
+func (b *breaker) setLocked(s BreakerState, now time.Time, err error) bool {
+	if b.state == s {
+		return false
+	}
+	t := transition{from: b.state, to: s}
+	b.state = s
+	if b.notify == nil {
+		return false
+	}
+	switch s {
+	case BreakerOpen:
+		t.kind = KindOf(err)
+	case BreakerClosed:
+		t.openFor = now.Sub(b.openedAt)
+	}
+	b.pending = append(b.pending, t)
+	return true
+}
+
+// deliver hands the queued transitions to notify. It must be called without
+// mu held.
+func (b *breaker) deliver() {
+	b.notifyMu.Lock()
+	defer b.notifyMu.Unlock()
+	b.mu.Lock()
+	ts := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	for _, t := range ts {
+		b.notify(t)
+	}
 }
 
 // allow reports whether a call may go to Redis, and whether it is the
@@ -38,14 +88,20 @@ func (b *breaker) allow(now time.Time) (probe, ok bool) {
 		return false, true
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if !b.open.Load() {
+		b.mu.Unlock()
 		return false, true
 	}
 	if b.probing || now.Sub(b.openedAt) < b.cooldown {
+		b.mu.Unlock()
 		return false, false
 	}
 	b.probing = true
+	queued := b.setLocked(BreakerHalfOpen, now, nil)
+	b.mu.Unlock()
+	if queued {
+		b.deliver()
+	}
 	return true, true
 }
 
@@ -61,10 +117,15 @@ func (b *breaker) success(probe bool) {
 		b.probing = false
 	}
 	b.open.Store(false)
+	queued := b.setLocked(BreakerClosed, time.Now(), nil)
 	b.mu.Unlock()
+	if queued {
+		b.deliver()
+	}
 }
 
-func (b *breaker) failure(probe bool, now time.Time) {
+// failure records a failed call; err is its error.
+func (b *breaker) failure(probe bool, now time.Time, err error) {
 	n := b.fails.Add(1)
 	if !probe && (n < int64(b.threshold) || b.open.Load()) {
 		return
@@ -73,16 +134,21 @@ func (b *breaker) failure(probe bool, now time.Time) {
 	if probe {
 		b.probing = false
 	}
+	queued := false
 	if probe || !b.open.Load() {
 		b.openedAt = now
 		b.open.Store(true)
 		b.trips.Add(1)
+		queued = b.setLocked(BreakerOpen, now, err)
 	}
 	b.mu.Unlock()
+	if queued {
+		b.deliver()
+	}
 }
 
 // abandon ends a call that tells nothing about Redis (the caller's context
-// ended first).
+// ended first). The breaker stays half-open: the next caller probes.
 func (b *breaker) abandon(probe bool) {
 	if !probe {
 		return
@@ -107,3 +173,10 @@ func (b *breaker) retryAfter(now time.Time) time.Duration {
 }
 
 func (b *breaker) isOpen() bool { return b.open.Load() }
+
+// current returns the breaker's state as reported.
+func (b *breaker) current() BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}

@@ -96,6 +96,18 @@
 // admit at most burst + rate×(t+d): leases add at most rate×d to the
 // bound. Unspent tokens are lost, which under-admits.
 //
+// # Observability
+//
+// [Store.Stats] counts decisions by source, failed calls and breaker trips.
+// [WithObserver] sets an [Observer] that sees each round trip to Redis (its
+// duration and the [ErrorKind] of its error: a batch is one round trip), each
+// breaker transition and each decision Redis did not make, by source;
+// promfloodgate.RedisMetrics turns them into Prometheus metrics. No event
+// carries a key. [WithLogger] logs breaker transitions, one line each, never
+// one per decision. [KindOf] classifies any error the store reports, for
+// [WithOnError] too. Without an observer the store reads no extra clock and
+// allocates nothing for observation.
+//
 // # Concurrency and zero value
 //
 // A Store is safe for concurrent use and must be made with [New]; the zero

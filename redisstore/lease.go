@@ -77,7 +77,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		e.seen = now
 		res := floodgate.Result{Allowed: true, Limit: lim, Remaining: e.tokens + e.remaining, Source: floodgate.SourceLease}
 		l.mu.Unlock()
-		s.counts[floodgate.SourceLease].Add(1)
+		s.decided(floodgate.SourceLease)
 		return res, nil
 	}
 	hot := now-e.seen <= l.d

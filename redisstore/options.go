@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"time"
@@ -58,6 +59,8 @@ type options struct {
 	leaseTime    time.Duration
 	leaseKeys    int
 	onError      func(error)
+	observer     Observer
+	logger       *slog.Logger
 	reloadPeriod time.Duration
 }
 
@@ -162,6 +165,23 @@ func WithLeases(d time.Duration, keys int) Option {
 // decision's goroutine and must be fast. The error text is Redis's; it never
 // reaches a Result or a returned error.
 func WithOnError(f func(error)) Option { return func(o *options) { o.onError = f } }
+
+// WithObserver sets the [Observer] that receives the store's round trips to
+// Redis, breaker transitions and decisions not made by Redis: for metrics
+// (promfloodgate.RedisMetrics is one). Without it (nil, the default) the
+// store reads no extra clock and allocates nothing for observation; with it,
+// each round trip costs two clock reads and one call. A repeated call
+// replaces the observer.
+func WithObserver(obs Observer) Option { return func(o *options) { o.observer = obs } }
+
+// WithLogger sets the logger for the breaker's transitions: one line per
+// change of state, "redisstore: breaker state change", at Warn to open (with
+// the kind of the error that opened it and the cooldown) and at Info to
+// half-open and closed (with how long the breaker was open), each with the
+// store's prefix and name. Decisions are never logged one by one, and no
+// line holds a key or Redis's error text. A nil logger, the default, logs
+// nothing. A repeated call replaces the logger.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 func (o *options) validate() error {
 	for _, f := range []struct{ field, v string }{{"prefix", o.prefix}, {"name", o.name}} {

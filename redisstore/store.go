@@ -45,6 +45,7 @@ type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless client is one
 	opts    options
+	obs     Observer // nil unless WithObserver
 
 	keyHead, keyTail string
 	guard            bool          // the client ignores context deadlines
@@ -102,7 +103,12 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		s.guard = !c.Options().ContextTimeoutEnabled
 	}
 	s.slots.budget = s.budget
-	s.br.init(o.failures, o.cooldown)
+	s.obs = o.observer
+	var notify func(transition)
+	if o.observer != nil || o.logger != nil {
+		notify = s.transitioned
+	}
+	s.br.init(o.failures, o.cooldown, notify)
 	if o.policy == Local {
 		s.fallback = o.fallback
 		if s.fallback == nil {
@@ -197,7 +203,7 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 	if n > 0 && n <= lim.Burst {
 		if s.cache != nil {
 			if res, ok := s.cache.lookup(key, lim, n, s.local()); ok {
-				s.counts[floodgate.SourceCache].Add(1)
+				s.decided(floodgate.SourceCache)
 				return res, nil
 			}
 		}
@@ -251,7 +257,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 		// The caller gave up: that says nothing about Redis.
 		s.br.abandon(probe)
 	default:
-		s.br.failure(probe, time.Now())
+		s.br.failure(probe, time.Now(), err)
 		s.failed(err)
 	}
 	return r, err
@@ -262,7 +268,18 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	if !s.guard {
-		return s.run(dctx, o) // no closure: this is the hot path
+		// No closure: this is the hot path.
+		if s.obs == nil {
+			return s.run(dctx, o)
+		}
+		start := time.Now()
+		r, err := s.run(dctx, o)
+		s.observe(start, err)
+		return r, err
+	}
+	var start time.Time
+	if s.obs != nil {
+		start = time.Now()
 	}
 	type answer struct {
 		r   reply
@@ -273,12 +290,18 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 		r, err := s.run(dctx, o)
 		ch <- answer{r, err}
 	}()
+	var a answer
 	select {
-	case a := <-ch:
-		return a.r, a.err
+	case a = <-ch:
 	case <-dctx.Done():
-		return reply{}, dctx.Err()
+		// The call may go on; it is observed as ending here, as the
+		// decision sees it.
+		a.err = dctx.Err()
 	}
+	if s.obs != nil {
+		s.observe(start, a.err)
+	}
+	return a.r, a.err
 }
 
 // bounded runs f, on a goroutine of its own when the client may ignore
@@ -333,10 +356,10 @@ func (s *Store) failed(err error) {
 func (s *Store) fail(ctx context.Context, o *op, subject string) (floodgate.Result, error) {
 	switch s.opts.policy {
 	case Open:
-		s.counts[floodgate.SourceFailOpen].Add(1)
+		s.decided(floodgate.SourceFailOpen)
 		return floodgate.Result{Allowed: true, Limit: o.lim, Source: floodgate.SourceFailOpen}, nil
 	case Closed:
-		s.counts[floodgate.SourceFailClosed].Add(1)
+		s.decided(floodgate.SourceFailClosed)
 		return floodgate.Result{Limit: o.lim, RetryAfter: s.br.retryAfter(time.Now()), Source: floodgate.SourceFailClosed}, nil
 	}
 	n := o.n
@@ -349,7 +372,7 @@ func (s *Store) fail(ctx context.Context, o *op, subject string) (floodgate.Resu
 		return floodgate.Result{}, err
 	}
 	res.Source = floodgate.SourceFallback
-	s.counts[floodgate.SourceFallback].Add(1)
+	s.decided(floodgate.SourceFallback)
 	return res, nil
 }
 
@@ -409,7 +432,14 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	}
 	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
+	var start time.Time
+	if s.obs != nil {
+		start = time.Now()
+	}
 	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
+	if s.obs != nil {
+		s.observe(start, err)
+	}
 	switch {
 	case err == nil:
 		s.br.success(probe)
@@ -417,7 +447,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	case ctx.Err() != nil:
 		s.br.abandon(probe)
 	default:
-		s.br.failure(probe, time.Now())
+		s.br.failure(probe, time.Now(), err)
 		s.failed(err)
 	}
 	return s.unavailable(ctx, err)
@@ -440,6 +470,8 @@ type Stats struct {
 	Trips uint64
 	// Open reports whether the breaker is open (or half-open) now.
 	Open bool
+	// Breaker is the breaker's state now.
+	Breaker BreakerState
 }
 
 // Stats returns the store's counters. It is safe to call concurrently with
@@ -455,5 +487,6 @@ func (s *Store) Stats() Stats {
 		Errors:     s.errs.Load(),
 		Trips:      s.br.trips.Load(),
 		Open:       s.br.isOpen(),
+		Breaker:    s.br.current(),
 	}
 }

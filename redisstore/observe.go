@@ -1,0 +1,180 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/redis/go-redis/v9"
+)
+
+// An ErrorKind classifies the error of a call to Redis into a small fixed
+// set, so that it can label a metric without adding series per message.
+type ErrorKind uint8
+
+const (
+	// KindNone: the call succeeded.
+	KindNone ErrorKind = iota
+	// KindTimeout: the call missed its deadline (the context's, a network
+	// timeout, or the wait for a pooled connection).
+	KindTimeout
+	// KindCanceled: the caller's context was canceled.
+	KindCanceled
+	// KindConnection: the connection was refused, reset or closed, the
+	// address did not resolve, or the client is closed.
+	KindConnection
+	// KindCluster: the server cannot serve the key now: a Cluster
+	// redirection (MOVED, ASK), TRYAGAIN, CLUSTERDOWN, CROSSSLOT, READONLY,
+	// MASTERDOWN, or LOADING while it reads its data set.
+	KindCluster
+	// KindScript: the script failed (a Lua error, WRONGTYPE on a key that
+	// is not a bucket, BUSY) or its reply was short.
+	KindScript
+	// KindOther: any other error.
+	KindOther
+)
+
+var kindNames = [...]string{"none", "timeout", "canceled", "connection", "cluster", "script", "other"}
+
+// String returns the kind's lower-case name, such as "timeout".
+func (k ErrorKind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// clusterPrefixes start the error replies of KindCluster.
+var clusterPrefixes = [...]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT", "READONLY", "MASTERDOWN", "LOADING"}
+
+// KindOf classifies err, an error of a call to Redis such as the ones
+// [WithOnError] receives or [ErrUnavailable] wraps; the error of a call the
+// open breaker spared is KindOther. It allocates nothing.
+func KindOf(err error) ErrorKind {
+	switch {
+	case err == nil:
+		return KindNone
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout):
+		return KindTimeout
+	case errors.Is(err, context.Canceled):
+		return KindCanceled
+	case errors.Is(err, errShortReply):
+		return KindScript
+	case errors.Is(err, redis.ErrClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return KindConnection
+	}
+	// errors.As would allocate its target: walk the chain by hand. go-redis
+	// wraps nothing in joined errors.
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		switch e := e.(type) {
+		case redis.Error:
+			msg := strings.TrimPrefix(e.Error(), "ERR ")
+			for _, p := range clusterPrefixes {
+				if strings.HasPrefix(msg, p) {
+					return KindCluster
+				}
+			}
+			if strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(msg, "script") || strings.Contains(msg, "Script") {
+				return KindScript
+			}
+			return KindOther
+		case net.Error:
+			if e.Timeout() {
+				return KindTimeout
+			}
+			return KindConnection
+		}
+	}
+	return KindOther
+}
+
+// A BreakerState is a state of the store's circuit breaker.
+type BreakerState uint8
+
+const (
+	// BreakerClosed: decisions go to Redis.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: decisions go to the failure policy without a call, until
+	// the cooldown ends.
+	BreakerOpen
+	// BreakerHalfOpen: the cooldown ended and a decision probes Redis;
+	// the others still go to the failure policy. The probe's success closes
+	// the breaker, its failure opens it again.
+	BreakerHalfOpen
+)
+
+var breakerNames = [...]string{"closed", "open", "half-open"}
+
+// String returns the state's lower-case name: "closed", "open" or
+// "half-open".
+func (s BreakerState) String() string {
+	if int(s) < len(breakerNames) {
+		return breakerNames[s]
+	}
+	return "unknown"
+}
+
+// An Observer receives a Store's events, for metrics. Its methods are called
+// on the goroutine that made the call or the decision, concurrently with
+// each other, and must be fast and must not block; they must not call the
+// Store. None of them receives a key.
+type Observer interface {
+	// ObserveCall is called once per round trip to Redis, with its
+	// duration and the kind of its error (KindNone on success). A batch
+	// (WithBatching) is one round trip however many decisions it carries;
+	// an EVALSHA retried as EVAL after NOSCRIPT counts once. Decisions that
+	// the open breaker keeps from Redis make no call and are not observed.
+	ObserveCall(d time.Duration, kind ErrorKind)
+	// ObserveBreaker is called at each transition of the breaker, in the
+	// order they happen; the breaker starts closed.
+	ObserveBreaker(from, to BreakerState)
+	// ObserveFallback is called for each decision of TakeN that Redis did
+	// not make, with its source: floodgate.SourceCache, SourceLease,
+	// SourceFallback, SourceFailOpen or SourceFailClosed.
+	ObserveFallback(source floodgate.Source)
+}
+
+// observe reports a call that started at start and ended with err.
+func (s *Store) observe(start time.Time, err error) {
+	s.obs.ObserveCall(time.Since(start), KindOf(err))
+}
+
+// decided reports a decision by source, which is not Redis.
+func (s *Store) decided(source floodgate.Source) {
+	s.counts[source].Add(1)
+	if s.obs != nil {
+		s.obs.ObserveFallback(source)
+	}
+}
+
+// transitioned reports t to the observer and the logger. The breaker calls
+// it outside its lock, one transition at a time and in order.
+func (s *Store) transitioned(t transition) {
+	if s.obs != nil {
+		s.obs.ObserveBreaker(t.from, t.to)
+	}
+	l := s.opts.logger
+	if l == nil {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("from", t.from.String()),
+		slog.String("to", t.to.String()),
+		slog.String("prefix", s.opts.prefix),
+		slog.String("name", s.opts.name),
+	}
+	level := slog.LevelInfo
+	switch t.to {
+	case BreakerOpen:
+		level = slog.LevelWarn
+		attrs = append(attrs, slog.String("error", t.kind.String()), slog.Duration("cooldown", s.opts.cooldown))
+	case BreakerClosed:
+		attrs = append(attrs, slog.Duration("open_for", t.openFor))
+	}
+	l.LogAttrs(context.Background(), level, "redisstore: breaker state change", attrs...)
+}
