@@ -102,8 +102,11 @@
 // # Observing
 //
 // Stats counts decisions by reason; WithObserver reports each decision as
-// an Event labelled by reason, tier and method, never by key, so a metrics
-// adapter cannot blow up its cardinality.
+// an Event: its reason, method, tier, tenant and the store's deciding
+// source (memory, Redis, deny cache, lease, fallback or a failure policy),
+// never a key or an address. Method, tier and source are bounded sets; a
+// metrics adapter that labels by tenant must cap its labels, as
+// promfloodgate does.
 //
 // # Outbound
 //

@@ -82,16 +82,29 @@ type Decision struct {
 	Result floodgate.Result
 }
 
-// An Event reports one decision to the observer (WithObserver). It carries
-// only bounded labels: never a key, an address or a tenant ID.
+// An Event reports one decision to the observer (WithObserver). It is a
+// small value passed by copy, and its strings are shared with the Limiter's
+// tables, so reporting allocates nothing. It carries no key and no address;
+// it names the tenant, so an observer that labels by tenant must bound its
+// labels (promfloodgate caps them).
 type Event struct {
 	// Method is the full method name, "/pkg.Svc/Method".
 	Method string
 	// Tier is the caller's tier, "" when anonymous or unknown (the tap
 	// handle does not resolve tiers).
 	Tier string
+	// Tenant is the caller's tenant ID, "" for an anonymous caller and in
+	// the tap handle's events.
+	Tenant string
 	// Reason is the decision's reason.
 	Reason Reason
+	// Source is what decided in the store (floodgate.Result.Source: the
+	// memory bucket, Redis, the deny cache, a lease, the local fallback, or
+	// a failure policy). It is meaningful only for the interceptors'
+	// decisions with reason ReasonAdmitted, ReasonQuota or ReasonOverload;
+	// after a store error and in the tap handle's events no store decided,
+	// and it is the zero Source.
+	Source floodgate.Source
 	// Allowed reports whether the limiter admitted the call; in dry-run mode
 	// the call runs either way.
 	Allowed bool
@@ -430,7 +443,10 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 }
 
 func (l *Limiter) observe(v *verdict) {
-	e := Event{Method: v.r.method, Tier: v.r.ten.Tier(), Reason: v.reason, Allowed: v.allowed, DryRun: v.dryRun}
+	e := Event{Method: v.r.method, Tier: v.r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
+	if v.r.found {
+		e.Tenant = v.r.ten.ID()
+	}
 	l.o.observer(e)
 }
 

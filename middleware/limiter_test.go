@@ -406,11 +406,53 @@ func TestObserverLabels(t *testing.T) {
 	unary(f.l, c, methodPut)
 	unary(f.l, c, methodPut)
 	want := []middleware.Event{
-		{Method: methodPut, Tier: "gold", Reason: middleware.ReasonAdmitted, Allowed: true},
-		{Method: methodPut, Tier: "gold", Reason: middleware.ReasonQuota},
+		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceMemory, Allowed: true},
+		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, Source: floodgate.SourceMemory},
 	}
 	if diff := cmp.Diff(want, events); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// sourceStore decides as its result says, like a remote store reporting
+// which of its parts decided.
+type sourceStore struct{ res floodgate.Result }
+
+func (s sourceStore) TakeN(_ context.Context, _ string, lim floodgate.Limit, _ int) (floodgate.Result, error) {
+	r := s.res
+	r.Limit = lim
+	return r, nil
+}
+
+// TestObserverSource passes the store's deciding source on, with the
+// tenant; anonymous callers and store errors name no tenant or source.
+func TestObserverSource(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store floodgate.Store
+		c     call
+		want  middleware.Event
+	}{
+		{"lease", sourceStore{floodgate.Result{Allowed: true, Source: floodgate.SourceLease}}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceLease, Allowed: true}},
+		{"fail closed", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceFailClosed}}, call{addr: "203.0.113.7:1", md: apiKeyMD(globexKey)},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Reason: middleware.ReasonQuota, Source: floodgate.SourceFailClosed}},
+		{"anonymous cache", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceCache}}, call{addr: "203.0.113.7:1"},
+			middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Source: floodgate.SourceCache}},
+		{"store error", failingStore{}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonStoreError, Allowed: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var events []middleware.Event
+			l, err := middleware.New(tc.store, middleware.Static(testTable(t)), middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unary(l, tc.c, methodGet)
+			if diff := cmp.Diff([]middleware.Event{tc.want}, events); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
