@@ -1,0 +1,411 @@
+// Command overload is floodgate's overload experiment: real gRPC over
+// loopback TCP against the example inventory service with a CPU-bound
+// handler, under open-loop Poisson load from ten tenants, comparing
+// admission-control variants side by side:
+//
+//	A   no admission control
+//	B   per-tenant buckets (floodgate's middleware, no CPU gate)
+//	C   buckets with the Fixed gate
+//	D   buckets with the Adaptive gate
+//	P1  go-grpc-middleware's ratelimit with one global x/time/rate limiter
+//	    at the measured capacity
+//	P2  go-zero's adaptive shedder (core/load) as a unary interceptor
+//
+// Run it from the bench module, as root for the cgroup:
+//
+//	cd bench && go run ./cmd/overload
+//
+// It measures the capacity first, then runs every scenario against every
+// variant, one fresh server process per pair, and writes the raw results as
+// JSON (-out), BENCHMARKS.md (-md) and charts (-charts). -render re-renders
+// the report and charts from saved JSON. -quick runs a tiny version.
+//
+// The server is this program re-executed ("overload server ..."). Where the
+// machine allows, the load generator pins itself to CPU 1 and the server to
+// CPU 0 with taskset, and the server runs in its own cgroup (v1 cpu and
+// cpuacct) with a CPU quota; what applied is in the report.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Config is one experiment's settings.
+type Config struct {
+	Quick    bool          `json:"quick"`
+	Cost     time.Duration `json:"cost"`
+	Deadline time.Duration `json:"deadline"`
+	SLO      time.Duration `json:"slo"`
+	Quota    float64       `json:"quota"`
+	Pin      bool          `json:"pin"`
+	Cgroup   bool          `json:"cgroup"`
+	Variants []string      `json:"variants"`
+	Seed     uint64        `json:"seed"`
+	// Capacity, when positive, skips the measurement.
+	Capacity float64 `json:"capacity_given,omitempty"`
+	// Exe is the command that starts a server: this program by default.
+	Exe []string `json:"-"`
+	// Log receives progress lines; nil discards them.
+	Log func(format string, args ...any) `json:"-"`
+}
+
+// CapacityStep is one step of the capacity measurement.
+type CapacityStep struct {
+	Rate   float64 `json:"rate"`
+	Window Window  `json:"window"`
+	Pass   bool    `json:"pass"`
+}
+
+// Results is everything a run produced; the report renders from it alone.
+type Results struct {
+	Date      string         `json:"date"`
+	Command   string         `json:"command"`
+	Elapsed   float64        `json:"elapsed_s"`
+	Config    Config         `json:"config"`
+	Machine   Machine        `json:"machine"`
+	Isolation *Isolation     `json:"isolation"`
+	Server    serverReady    `json:"server"` // as the first server saw itself
+	Capacity  float64        `json:"capacity"`
+	CapSteps  []CapacityStep `json:"capacity_steps"`
+	Scenarios []Scenario     `json:"scenarios"`
+	Runs      []Run          `json:"runs"`
+	Fits      map[string]Fit `json:"cpu_fits"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs    int    `json:"cpus"`
+	Model   string `json:"model"`
+	Go      string `json:"go"`
+	OS      string `json:"os"`
+	LoadAvg string `json:"loadavg_start"`
+	LoadEnd string `json:"loadavg_end"`
+	Kernel  string `json:"kernel"`
+}
+
+func machine() Machine {
+	m := Machine{CPUs: onlineCPUs(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, LoadAvg: loadavg()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				m.Model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// allVariants are the variants in report order.
+var allVariants = []string{"A", "B", "C", "D", "P1", "P2"}
+
+var variantNames = map[string]string{
+	"A":  "no admission control",
+	"B":  "per-tenant buckets",
+	"C":  "buckets + Fixed gate",
+	"D":  "buckets + Adaptive gate",
+	"P1": "go-grpc-middleware ratelimit, global x/time/rate at capacity",
+	"P2": "go-zero adaptive shedder (core/load)",
+}
+
+// sweepLoads are the sweep's offered loads, × capacity.
+var sweepLoads = []float64{0.5, 1, 1.5, 2, 3, 4}
+
+// scenarios returns the scenarios of a full or quick run.
+func scenarios(quick bool) []Scenario {
+	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+	if quick {
+		sweep := Scenario{Name: "sweep", Title: "Sweep", Segments: []Segment{{Name: "warm-up", Dur: sec(0.3), Load: 0.5}}}
+		for _, l := range []float64{0.5, 2} {
+			sweep.Segments = append(sweep.Segments, Segment{Name: loadName(l), Dur: sec(1), Load: l, Skip: sec(0.3), Measure: true})
+		}
+		return []Scenario{sweep, {Name: "step", Title: "Step", Segments: []Segment{
+			{Name: "before", Dur: sec(0.7), Load: 0.7, Measure: true},
+			{Name: "high", Dur: sec(1), Load: 3, Measure: true},
+			{Name: "after", Dur: sec(1), Load: 0.7, Measure: true},
+		}}}
+	}
+	sweep := Scenario{Name: "sweep", Title: "Sweep of the offered load", Segments: []Segment{{Name: "warm-up", Dur: sec(3), Load: 0.5}}}
+	for _, l := range sweepLoads {
+		sweep.Segments = append(sweep.Segments, Segment{Name: loadName(l), Dur: sec(7), Load: l, Skip: sec(2), Measure: true})
+	}
+	return []Scenario{
+		sweep,
+		{Name: "step", Title: "Step 0.7× → 3× → 0.7×", Segments: []Segment{
+			{Name: "before", Dur: sec(10), Load: 0.7, Skip: sec(2), Measure: true},
+			{Name: "high", Dur: sec(15), Load: 3, Measure: true},
+			{Name: "after", Dur: sec(15), Load: 0.7, Measure: true},
+		}},
+		{Name: "capchange", Title: "Capacity change at 1.2× (request cost doubles at 10 s)", Segments: []Segment{
+			{Name: "before", Dur: sec(10), Load: 1.2, Skip: sec(2), Measure: true},
+			{Name: "change", Dur: sec(8), Load: 1.2, CostX: 2, Measure: true},
+			{Name: "converged", Dur: sec(12), Load: 1.2, CostX: 2, Measure: true},
+		}},
+		{Name: "burst", Title: "Tenant burst at 0.6× (the heavy tenant goes 5× for 10 s)", Segments: []Segment{
+			{Name: "before", Dur: sec(5), Load: 0.6, Skip: sec(1), Measure: true},
+			{Name: "burst", Dur: sec(10), Load: 0.6, HeavyX: 5, Measure: true},
+			{Name: "after", Dur: sec(5), Load: 0.6, Measure: true},
+		}},
+	}
+}
+
+func loadName(l float64) string { return strconv.FormatFloat(l, 'f', -1, 64) + "×" }
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		if err := serverMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "overload server:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	cfg := Config{}
+	flag.BoolVar(&cfg.Quick, "quick", false, "run a tiny version: two variants, two short scenarios")
+	flag.DurationVar(&cfg.Cost, "cost", 2*time.Millisecond, "CPU time of one Allocate")
+	flag.DurationVar(&cfg.Deadline, "deadline", 500*time.Millisecond, "deadline of every call")
+	flag.DurationVar(&cfg.SLO, "slo", 100*time.Millisecond, "latency within which an OK call counts as goodput")
+	flag.Float64Var(&cfg.Quota, "quota", 0.9, "the server cgroup's CPU quota in CPUs (0: no cgroup)")
+	flag.BoolVar(&cfg.Pin, "pin", true, "pin the server and the load generator to different CPUs with taskset")
+	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
+	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
+	variants := flag.String("variants", "", "comma-separated variants (default: all; A,D with -quick)")
+	out := flag.String("out", "results/overload.json", "raw results (JSON)")
+	md := flag.String("md", "../BENCHMARKS.md", "the report")
+	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts")
+	render := flag.String("render", "", "re-render the report and charts from this JSON file, without running")
+	flag.Parse()
+
+	if *render != "" {
+		res, err := readResults(*render)
+		if err == nil {
+			err = renderAll(res, *md, *charts)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "overload:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if cfg.Pin {
+		pinSelf(1)
+	}
+	cfg.Variants = allVariants
+	if cfg.Quick {
+		cfg.Variants = []string{"A", "D"}
+	}
+	if *variants != "" {
+		cfg.Variants = strings.Split(*variants, ",")
+	}
+	cfg.Seed = uint64(time.Now().UnixNano())
+	cfg.Log = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, args...)...)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := experiment(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(1)
+	}
+	res.Command = "cd bench && go run ./cmd/overload " + strings.Join(os.Args[1:], " ")
+	res.Command = strings.TrimSpace(res.Command)
+	if err := writeResults(res, *out); err == nil {
+		cfg.Log("wrote %s", *out)
+	} else {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(1)
+	}
+	if err := renderAll(res, *md, *charts); err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(1)
+	}
+	cfg.Log("wrote %s and the charts in %s", *md, *charts)
+}
+
+func writeResults(res *Results, path string) error {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	b, err := json.MarshalIndent(res, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func readResults(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	res := &Results{}
+	return res, json.Unmarshal(b, res)
+}
+
+// experiment measures the capacity and runs every scenario against every
+// variant. It cleans up its cgroups and server processes whatever happens.
+func experiment(ctx context.Context, cfg Config) (*Results, error) {
+	if cfg.Log == nil {
+		cfg.Log = func(string, ...any) {}
+	}
+	if len(cfg.Exe) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Exe = []string{exe}
+	}
+	began := time.Now()
+	res := &Results{
+		Date:    began.UTC().Format("2006-01-02 15:04 MST"),
+		Config:  cfg,
+		Machine: machine(),
+		Fits:    map[string]Fit{},
+	}
+	iso := detectIsolation(cfg.Pin, cfg.Cgroup, cfg.Quota)
+	defer iso.removeCgroups()
+	res.Isolation = iso
+	cfg.Log("isolation: taskset=%q cgroup=%q quota=%v notes=%v", iso.Taskset, iso.CgroupCPU, iso.Quota, iso.Notes)
+
+	sampler := "process"
+	if iso.CgroupCPU != "" {
+		sampler = "cgroup"
+	}
+	start := func(variant string, capacity float64) (*serverProc, error) {
+		return startServer(ctx, iso, cfg.Exe, []string{
+			"-variant", variant, "-cost", cfg.Cost.String(),
+			"-capacity", strconv.FormatFloat(capacity, 'f', 2, 64), "-sampler", sampler,
+		})
+	}
+
+	// Capacity.
+	res.Capacity = cfg.Capacity
+	if res.Capacity <= 0 {
+		p, err := start("A", 0)
+		if err != nil {
+			return nil, fmt.Errorf("capacity server: %w", err)
+		}
+		res.Server = p.ready
+		cfg.Log("server: %+v", p.ready)
+		res.Capacity, res.CapSteps, err = measureCapacity(ctx, p, cfg)
+		p.stop()
+		if err != nil {
+			return nil, fmt.Errorf("capacity: %w", err)
+		}
+	}
+	cfg.Log("capacity: %.0f calls/s", res.Capacity)
+
+	res.Scenarios = scenarios(cfg.Quick)
+	for _, sc := range res.Scenarios {
+		for _, v := range cfg.Variants {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p, err := start(v, res.Capacity)
+			if err != nil {
+				return nil, fmt.Errorf("%s server for %s: %w", v, sc.Name, err)
+			}
+			if res.Server.GRPC == "" {
+				res.Server = p.ready
+			}
+			// Let the gate take its first readings of an idle server.
+			time.Sleep(300 * time.Millisecond)
+			raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: res.Capacity, Deadline: cfg.Deadline, Seed: cfg.Seed})
+			p.stop()
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", sc.Name, v, err)
+			}
+			run := analyse(raw, sc, v, p.ready, res.Capacity, cfg.SLO)
+			res.Runs = append(res.Runs, run)
+			all := run.Windows[len(run.Windows)-1]
+			cfg.Log("%s/%s: sent %.0f/s goodput %.0f/s rejected %.0f/s deadline %.0f/s p99 %.1f ms", sc.Name, v, all.Sent, all.Goodput, all.Rejected, all.Deadline, all.P99)
+		}
+	}
+	for _, v := range cfg.Variants {
+		var runs []Run
+		for _, r := range res.Runs {
+			if r.Variant == v {
+				runs = append(runs, r)
+			}
+		}
+		res.Fits[v] = fitCPU(runs)
+	}
+	res.Machine.LoadEnd = loadavg()
+	res.Elapsed = time.Since(began).Seconds()
+	return res, nil
+}
+
+// measureCapacity raises an open-loop load on a server without admission
+// control, step by step, while the accepted calls' p99 stays within the
+// SLO and at least 97% of calls succeed within it. The capacity is the
+// highest goodput of a passing step.
+func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, []CapacityStep, error) {
+	stepDur, factor, maxSteps := 2500*time.Millisecond, 1.08, 24
+	if cfg.Quick {
+		stepDur, factor, maxSteps = 600*time.Millisecond, 1.5, 2
+	}
+	budget := p.ready.Budget
+	if budget <= 0 {
+		budget = 1
+	}
+	r := 0.6 * budget / cfg.Cost.Seconds()
+	if cfg.Quick {
+		r = 0.15 * budget / cfg.Cost.Seconds() // a quick run may be under the race detector
+	}
+	var steps []CapacityStep
+	best := 0.0
+	for range maxSteps {
+		sc := Scenario{Name: "capacity", Segments: []Segment{{Name: "step", Dur: stepDur, Load: r, Skip: stepDur / 3, Measure: true}}}
+		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: 1, Deadline: cfg.Deadline, Seed: cfg.Seed})
+		if err != nil {
+			return 0, steps, err
+		}
+		w := raw.window("step", stepDur/3, stepDur, r, cfg.SLO)
+		pass := w.P99 >= 0 && w.P99 <= float64(cfg.SLO)/float64(time.Millisecond) && w.Goodput >= 0.97*w.Sent
+		steps = append(steps, CapacityStep{Rate: r, Window: w, Pass: pass})
+		cfg.Log("capacity step %.0f/s: goodput %.0f/s p99 %.1f ms pass=%v", r, w.Goodput, w.P99, pass)
+		if !pass {
+			break
+		}
+		best = max(best, w.Goodput)
+		r *= factor
+		time.Sleep(200 * time.Millisecond)
+	}
+	if best == 0 && cfg.Quick && len(steps) > 0 {
+		// A quick run only needs a plausible figure.
+		best = max(steps[0].Window.Goodput, steps[0].Rate/4)
+	}
+	if best == 0 {
+		return 0, steps, errors.New("not even the first step met the SLO")
+	}
+	return best, steps, nil
+}

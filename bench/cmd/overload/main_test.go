@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary be the experiment's server: the quick run
+// below re-executes it with "server" as its first argument.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		if err := serverMain(os.Args[2:]); err != nil {
+			os.Stderr.WriteString("overload server: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestQuick runs the quick experiment over loopback, unpinned and outside
+// any cgroup, and checks that it produces well-formed, plausible results
+// and a report. It asserts no timings.
+func TestQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs servers for about 15 s")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Second)
+	defer cancel()
+	cfg := Config{
+		Quick: true, Cost: time.Millisecond, Deadline: 500 * time.Millisecond, SLO: 100 * time.Millisecond,
+		Variants: []string{"A", "D"}, Seed: 1, Exe: []string{exe}, Log: t.Logf,
+	}
+	res, err := experiment(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Capacity <= 0 {
+		t.Fatalf("capacity = %v, want > 0", res.Capacity)
+	}
+	if want := 2 * 2; len(res.Runs) != want {
+		t.Fatalf("%d runs, want %d", len(res.Runs), want)
+	}
+	for _, r := range res.Runs {
+		all := r.window("all")
+		if all == nil || all.Sent <= 0 {
+			t.Errorf("%s/%s: no calls sent", r.Scenario, r.Variant)
+			continue
+		}
+		if len(r.Seconds) == 0 || len(r.Gate) == 0 {
+			t.Errorf("%s/%s: %d seconds, %d gate readings", r.Scenario, r.Variant, len(r.Seconds), len(r.Gate))
+		}
+		for _, g := range r.Gate {
+			if g.Scale <= 0 || g.Scale > 1 {
+				t.Errorf("%s/%s: gate scale %v out of (0, 1]", r.Scenario, r.Variant, g.Scale)
+				break
+			}
+		}
+		if all.HealthSent == 0 {
+			t.Errorf("%s/%s: no health probes", r.Scenario, r.Variant)
+		}
+	}
+	// At half the capacity, a server without admission control serves.
+	if w := res.run("sweep", "A").window(loadName(0.5)); w == nil || w.OKRate <= 0 {
+		t.Errorf("sweep/A at 0.5×: no OK calls (%+v)", w)
+	}
+	if r := res.run("step", "A"); r == nil || r.window("high") == nil {
+		t.Error("step/A: no window of the high segment")
+	}
+
+	dir := t.TempDir()
+	res.Command = "cd bench && go run ./cmd/overload -quick"
+	jsonPath := filepath.Join(dir, "results.json")
+	if err := writeResults(res, jsonPath); err != nil {
+		t.Fatal(err)
+	}
+	back, err := readResults(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := filepath.Join(dir, "BENCHMARKS.md")
+	charts := filepath.Join(dir, "charts")
+	if err := renderAll(back, md, charts); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# Overload experiment", "## Targets for D", "## Sweep", "## Step", "measured capacity"} {
+		if !bytes.Contains(report, []byte(want)) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	for _, name := range []string{"overload-sweep.png", "overload-step.png"} {
+		b, err := os.ReadFile(filepath.Join(charts, name))
+		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+			t.Errorf("chart %s: %v", name, err)
+		}
+	}
+	if strings.Contains(string(report), "NaN") {
+		t.Error("the report shows NaN")
+	}
+}
+
+func TestAnalysisHelpers(t *testing.T) {
+	if j := jain([]float64{1, 1, 1}); j < 0.999 || j > 1.001 {
+		t.Errorf("jain(equal) = %v, want 1", j)
+	}
+	if j := jain([]float64{1, 0, 0, 0}); j < 0.249 || j > 0.251 {
+		t.Errorf("jain(one has all) = %v, want 0.25", j)
+	}
+	g := []GatePoint{{Scale: 1}, {Scale: 0.5}, {Scale: 0.5}, {Scale: 0.6}, {Scale: 0.4}, {Scale: 0.4}}
+	if r := reversals(g, time.Minute); r != 2 {
+		t.Errorf("reversals = %v, want 2", r)
+	}
+	// CPU = 2 ms per served call + 20 µs per rejection + 0.05 CPU.
+	var runs []Run
+	r := Run{}
+	for i := range 20 {
+		h, rej := float64(100+10*(i%5)), 50*(i%7)
+		r.Seconds = append(r.Seconds, Second{Handled: h, Rejected: rej, CPU: 0.002*h + 20e-6*float64(rej) + 0.05})
+	}
+	runs = append(runs, r)
+	f := fitCPU(runs)
+	if f.PerServedMs < 1.99 || f.PerServedMs > 2.01 || f.PerRejectedUs < 19.9 || f.PerRejectedUs > 20.1 {
+		t.Errorf("fit = %+v, want 2 ms and 20 µs", f)
+	}
+	if countCPUList("0-3,6") != 5 {
+		t.Error("countCPUList")
+	}
+}

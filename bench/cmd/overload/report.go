@@ -1,0 +1,602 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+
+	fgplot "github.com/floodgate-go/floodgate/internal/plot"
+)
+
+// notesFile, when it exists next to the charts, is appended to the report:
+// the discussion of a run that the numbers alone do not give.
+const notesFile = "overload-notes.md"
+
+// Targets of variant D.
+const (
+	targetGoodput   = 0.90 // of peak, at 2× and 4×
+	targetReversals = 2.0  // per minute
+	targetShed      = 2.0  // seconds
+	targetLight     = 0.99 // light tenants' success in the burst
+	targetRejCost   = 0.01 // a rejection's CPU over a served request's
+)
+
+// recoveryBudget is the Adaptive gate's cooldown plus its full ramp from the
+// floor: 5 s + (1 − 0.2) / 0.05 × 500 ms = 13 s with the defaults.
+const recoveryBudget = 13.0
+
+func (res *Results) run(scenario, variant string) *Run {
+	for i := range res.Runs {
+		if res.Runs[i].Scenario == scenario && res.Runs[i].Variant == variant {
+			return &res.Runs[i]
+		}
+	}
+	return nil
+}
+
+func (r *Run) window(name string) *Window {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Windows {
+		if r.Windows[i].Name == name {
+			return &r.Windows[i]
+		}
+	}
+	return nil
+}
+
+func (res *Results) variants() []string {
+	var vs []string
+	for _, v := range allVariants {
+		for _, r := range res.Runs {
+			if r.Variant == v {
+				vs = append(vs, v)
+				break
+			}
+		}
+	}
+	return vs
+}
+
+func (res *Results) hasScenario(name string) bool {
+	return slices.ContainsFunc(res.Runs, func(r Run) bool { return r.Scenario == name })
+}
+
+// peak is variant v's highest goodput over the sweep's points.
+func (res *Results) peak(v string) float64 {
+	r := res.run("sweep", v)
+	if r == nil {
+		return 0
+	}
+	p := 0.0
+	for _, w := range r.Windows {
+		if w.Name != "all" {
+			p = max(p, w.Goodput)
+		}
+	}
+	return p
+}
+
+func num(v float64, prec int) string {
+	if v < 0 || math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.*f", prec, v)
+}
+
+func pct(v float64) string {
+	if v < 0 || math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f%%", 100*v)
+}
+
+func secs(v float64) string {
+	if v < 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%.2f s", v)
+}
+
+// renderAll writes the report and the charts.
+func renderAll(res *Results, mdPath, chartDir string) error {
+	charts, err := writeCharts(res, chartDir)
+	if err != nil {
+		return err
+	}
+	rel := func(p string) string {
+		r, err := filepath.Rel(filepath.Dir(mdPath), p)
+		if err != nil {
+			return p
+		}
+		return filepath.ToSlash(r)
+	}
+	var b strings.Builder
+	res.markdown(&b, charts, rel)
+	if notes, err := os.ReadFile(filepath.Join(chartDir, notesFile)); err == nil {
+		b.WriteString("\n")
+		b.Write(notes)
+	}
+	return os.WriteFile(mdPath, []byte(b.String()), 0o644)
+}
+
+func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel func(string) string) {
+	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	cap := res.Capacity
+	vs := res.variants()
+
+	f("# Overload experiment\n\n")
+	f("floodgate's headline result: how the admission-control variants below keep a gRPC server's goodput under overload. ")
+	f("Real gRPC over loopback TCP against the inventory service (`proto/inventory/v1`) whose `Allocate` burns %v of CPU (the calibrated SHA-256 loop of `internal/burn`), ", res.Config.Cost)
+	f("under open-loop Poisson load from %d tenants (tenant-0 sends half of the traffic, the other nine share the rest equally), ", numTenants)
+	f("a %v deadline on every call and no retries, and a `grpc.health.v1` probe once a second. ", res.Config.Deadline)
+	f("Goodput is calls per second that ended OK within the SLO of %v. ", res.Config.SLO)
+	f("Source: `bench/cmd/overload`; raw results: `bench/results/overload.json`.\n\n")
+	if res.Config.Quick {
+		f("**This is a `-quick` run: too short for its figures to mean anything.**\n\n")
+	}
+	f("```sh\n%s\n```\n\n", res.Command)
+	f("Re-render this file and the charts from the JSON without running: `cd bench && go run ./cmd/overload -render results/overload.json`.\n\n")
+
+	f("## Run\n\n")
+	f("| | |\n|---|---|\n")
+	f("| date | %s |\n", res.Date)
+	f("| duration | %.1f min |\n", res.Elapsed/60)
+	f("| machine | %d CPUs, %s, %s, %s, kernel %s |\n", res.Machine.CPUs, res.Machine.Model, res.Machine.Go, res.Machine.OS, res.Machine.Kernel)
+	f("| load average | %s at the start, %s at the end |\n", res.Machine.LoadAvg, res.Machine.LoadEnd)
+	iso := res.Isolation
+	if iso != nil && iso.Taskset != "" {
+		f("| pinning | applied: server on CPU %d, load generator on CPU %d (`taskset`) |\n", iso.ServerCPU, iso.LoadCPU)
+	} else {
+		f("| pinning | not applied: server and load generator share the CPUs |\n")
+	}
+	if iso != nil && iso.Quota > 0 {
+		f("| cgroup | applied: the server runs in its own cgroup v1 (`cpu` and `cpuacct`), CFS quota %.2f CPU (%d µs per %d µs), cpu.shares %d |\n", iso.Quota, int(iso.Quota*float64(iso.PeriodUs)), iso.PeriodUs, iso.Shares)
+	} else {
+		f("| cgroup | not applied: no CPU quota |\n")
+	}
+	if iso != nil && len(iso.Notes) > 0 {
+		f("| notes | %s |\n", strings.Join(iso.Notes, "; "))
+	}
+	f("| CPU limit the gate detected | **%.2f CPU** (sampler `%s`; server GOMAXPROCS %d, affinity %d CPU) |\n", res.Server.Budget, res.Server.Source, res.Server.GOMAXPROCS, res.Server.Affinity)
+	f("| measured capacity | **%.0f calls/s** |\n\n", cap)
+
+	f("The capacity is measured first, against variant A: open-loop load in steps of %s, each step passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it; the capacity is the highest goodput of a passing step. ", map[bool]string{true: "×1.5", false: "×1.08 of 2.5 s"}[res.Config.Quick])
+	f("Every offered load below is a multiple of it.\n\n")
+	if len(res.CapSteps) > 0 {
+		f("<details><summary>capacity steps</summary>\n\n| offered/s | goodput/s | p99 ms | pass |\n|---:|---:|---:|---|\n")
+		for _, s := range res.CapSteps {
+			f("| %.0f | %.0f | %s | %v |\n", s.Rate, s.Window.Goodput, num(s.Window.P99, 1), s.Pass)
+		}
+		f("\n</details>\n\n")
+	}
+
+	f("## Variants\n\n| | admission control |\n|---|---|\n")
+	for _, v := range vs {
+		f("| %s | %s |\n", v, variantNames[v])
+	}
+	f("\nB, C and D use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` and `WithTapFloor(0.2)` as `examples/multitenant` does). ")
+	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at the gate's floor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
+		heavyHeadroom, quota(heavyTenant, cap), lightHeadroom, quota(1, cap), burstSeconds)
+	f("P1's limiter is `rate.NewLimiter(capacity, capacity/10)` behind `ratelimit.UnaryServerInterceptor`; P2 is `load.NewAdaptiveShedder()` with go-zero's defaults (CPU threshold 90%%, 5 s window) wrapped as zrpc's shedding interceptor does. ")
+	f("Every variant exempts the health service (the middleware by default, the peers through go-grpc-middleware's `selector`). ")
+	f("A and B run the same gate for its CPU reading only. One fresh server process per scenario and variant; the scenarios run one after another, each against every variant in turn, so that drifting background load spreads over all variants.\n\n")
+
+	res.targets(b)
+
+	if r := res.run("sweep", "A"); r != nil || res.hasScenario("sweep") {
+		f("## Sweep\n\n")
+		f("Each load held %s; figures from the last %s of each (the first seconds are the transition).\n\n", "7 s", "5 s")
+		if c, ok := charts["sweep"]; ok {
+			f("![goodput against offered load](%s)\n\n", rel(c))
+		}
+		loads := res.sweepLoads()
+		f("Goodput, calls/s (%% of the measured capacity):\n\n| variant |")
+		for _, l := range loads {
+			f(" %s |", loadName(l))
+		}
+		f("\n|---|")
+		for range loads {
+			f("---:|")
+		}
+		f("\n")
+		for _, v := range vs {
+			r := res.run("sweep", v)
+			f("| %s |", v)
+			for _, l := range loads {
+				if w := r.window(loadName(l)); w != nil {
+					f(" %.0f (%.0f%%) |", w.Goodput, 100*w.Goodput/cap)
+				} else {
+					f(" – |")
+				}
+			}
+			f("\n")
+		}
+		f("\nAccepted latency p50 / p99 / p99.9, ms:\n\n| variant |")
+		for _, l := range loads {
+			f(" %s |", loadName(l))
+		}
+		f("\n|---|")
+		for range loads {
+			f("---:|")
+		}
+		f("\n")
+		for _, v := range vs {
+			r := res.run("sweep", v)
+			f("| %s |", v)
+			for _, l := range loads {
+				if w := r.window(loadName(l)); w != nil {
+					f(" %s / %s / %s |", num(w.P50, 1), num(w.P99, 0), num(w.P999, 0))
+				} else {
+					f(" – |")
+				}
+			}
+			f("\n")
+		}
+		f("\nRejections and deadlines per second, and the server's CPU use (CPUs):\n\n| variant |")
+		for _, l := range loads {
+			f(" %s |", loadName(l))
+		}
+		f("\n|---|")
+		for range loads {
+			f("---:|")
+		}
+		f("\n")
+		for _, v := range vs {
+			r := res.run("sweep", v)
+			f("| %s |", v)
+			for _, l := range loads {
+				if w := r.window(loadName(l)); w != nil {
+					f(" %.0f rej, %.0f late, %.2f CPU |", w.Rejected, w.Deadline, w.ServerCPU)
+				} else {
+					f(" – |")
+				}
+			}
+			f("\n")
+		}
+		f("\n")
+	}
+
+	if res.hasScenario("step") {
+		f("## Step 0.7× → 3× → 0.7×\n\n")
+		if c, ok := charts["step"]; ok {
+			f("![step timeline](%s)\n\n", rel(c))
+		}
+		f("| variant | goodput/s, whole run | at 3× | p99 at 3×, ms | deadline exceeded/s at 3× | time to shed | time to recover | scale reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range vs {
+			r := res.run("step", v)
+			if r == nil {
+				continue
+			}
+			all, hi := r.window("all"), r.window("high")
+			f("| %s | %.0f | %.0f | %s | %.1f | %s | %s | %.1f | %d/%d |\n", v, all.Goodput, hi.Goodput, num(hi.P99, 0), hi.Deadline, secs(r.ShedS), secs(r.RecoverS), r.Reversals, all.HealthOK, all.HealthSent)
+		}
+		f("\nTime to shed: from the step up to the first second in which, in every quarter second, no call exceeded its deadline and the accepted p99 was within the SLO. Time to recover: from the step down to the first two seconds in which, in every quarter second, at least 99%% of calls succeeded within the SLO.\n\n")
+	}
+
+	if res.hasScenario("capchange") {
+		f("## Capacity change at 1.2× load\n\n")
+		f("The offered load stays at 1.2× the measured capacity; at 10 s the server's request cost doubles (a signal to the server), halving its capacity.\n\n")
+		if c, ok := charts["capchange"]; ok {
+			f("![capacity-change timeline](%s)\n\n", rel(c))
+		}
+		f("| variant | goodput/s, whole run | before (2–10 s) | change (10–18 s) | converged (18–30 s) | p99 converged, ms | deadline exceeded/s converged | scale reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range vs {
+			r := res.run("capchange", v)
+			if r == nil {
+				continue
+			}
+			all, be, ch, co := r.window("all"), r.window("before"), r.window("change"), r.window("converged")
+			f("| %s | %.0f | %.0f | %.0f | %.0f | %s | %.1f | %.1f | %d/%d |\n", v, all.Goodput, be.Goodput, ch.Goodput, co.Goodput, num(co.P99, 0), co.Deadline, r.Reversals, all.HealthOK, all.HealthSent)
+		}
+		f("\n")
+	}
+
+	if res.hasScenario("burst") {
+		f("## Tenant burst\n\n")
+		f("0.6× capacity throughout; from 5 s to 15 s the heavy tenant sends 5× its rate (1.5× capacity on its own).\n\n")
+		if c, ok := charts["burst"]; ok {
+			f("![tenant-burst timeline](%s)\n\n", rel(c))
+		}
+		f("| variant | light tenants' success in the burst | heavy tenant's success | Jain's index (10 tenants) | goodput/s in the burst | p99 in the burst, ms | health probes |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range vs {
+			r := res.run("burst", v)
+			if r == nil {
+				continue
+			}
+			w, all := r.window("burst"), r.window("all")
+			f("| %s | %s | %s | %s | %.0f | %s | %d/%d |\n", v, pct(w.LightSuccess), pct(w.HeavySuccess), num(w.Jain, 3), w.Goodput, num(w.P99, 0), all.HealthOK, all.HealthSent)
+		}
+		f("\nSuccess: calls OK within the SLO over calls sent. Jain's index is over the ten tenants' success ratios.\n\n")
+	}
+
+	f("## Cost of a rejection\n\n")
+	f("The server's CPU time per second is fitted by least squares over every second of a variant's runs (all scenarios, the first second of each left out): CPU = a × handlers entered + b × rejections + c. ")
+	f("Rejection latency is the client-side latency of rejected calls in the sweep's 4× window.\n\n")
+	f("| variant | seconds fitted | CPU per served call (a) | CPU per rejection (b) | b / a | idle CPU (c) | rejection latency p50 / p99 at 4×, ms |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, v := range vs {
+		ft, ok := res.Fits[v]
+		if !ok {
+			continue
+		}
+		rl := "–"
+		if w := res.run("sweep", v).window(loadName(4)); w != nil && w.RejP50 >= 0 {
+			rl = num(w.RejP50, 2) + " / " + num(w.RejP99, 2)
+		}
+		if ft.Ratio < 0 && ft.PerServedMs == 0 {
+			f("| %s | %d | – | – | – | – | %s |\n", v, ft.N, rl)
+			continue
+		}
+		f("| %s | %d | %.3f ms | %.1f µs | %s | %.3f CPU | %s |\n", v, ft.N, ft.PerServedMs, ft.PerRejectedUs, pct(ft.Ratio), ft.IdleCPU, rl)
+	}
+	f("\nA has no rejections, so its b is noise.\n\n")
+
+	f("## Health probes, all scenarios\n\n| variant | probes OK |\n|---|---:|\n")
+	for _, v := range vs {
+		ok, n := res.health(v)
+		f("| %s | %d/%d (%s) |\n", v, ok, n, pct(ratio(ok, n)))
+	}
+	f("\n")
+}
+
+func (res *Results) health(v string) (ok, n int) {
+	for _, r := range res.Runs {
+		if r.Variant == v {
+			w := r.window("all")
+			ok += w.HealthOK
+			n += w.HealthSent
+		}
+	}
+	return ok, n
+}
+
+func (res *Results) sweepLoads() []float64 {
+	for _, sc := range res.Scenarios {
+		if sc.Name == "sweep" {
+			var ls []float64
+			for _, s := range sc.Segments {
+				if s.Measure {
+					ls = append(ls, s.Load)
+				}
+			}
+			return ls
+		}
+	}
+	return nil
+}
+
+// targets writes variant D's targets, met or missed and by how much.
+func (res *Results) targets(b *strings.Builder) {
+	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	if res.run("sweep", "D") == nil {
+		return
+	}
+	f("## Targets for D\n\n| target | measured | |\n|---|---|---|\n")
+	row := func(target, measured string, met bool, by string) {
+		verdict := "met"
+		if !met {
+			verdict = "**missed** by " + by
+		}
+		f("| %s | %s | %s |\n", target, measured, verdict)
+	}
+	slo := float64(res.Config.SLO) / float64(time.Millisecond)
+	peak := res.peak("D")
+	sweep := res.run("sweep", "D")
+	for _, l := range []float64{2, 4} {
+		w := sweep.window(loadName(l))
+		if w == nil || peak == 0 {
+			continue
+		}
+		got := w.Goodput / peak
+		row(fmt.Sprintf("goodput at %s ≥ 90%% of peak", loadName(l)),
+			fmt.Sprintf("%.0f/s = %.1f%% of D's peak %.0f/s (%.1f%% of the measured capacity)", w.Goodput, 100*got, peak, 100*w.Goodput/res.Capacity),
+			got >= targetGoodput, fmt.Sprintf("%.1f points", 100*(targetGoodput-got)))
+	}
+	// p99 once converged: every sweep point's window, the step's last 10 s
+	// at 3× (not separable: the high window), the capacity change's
+	// converged window.
+	worst, where := 0.0, ""
+	for _, w := range sweep.Windows {
+		if w.Name != "all" && w.P99 > worst {
+			worst, where = w.P99, "sweep "+w.Name
+		}
+	}
+	if r := res.run("capchange", "D"); r != nil {
+		if w := r.window("converged"); w != nil && w.P99 > worst {
+			worst, where = w.P99, "capacity change, converged"
+		}
+	}
+	row(fmt.Sprintf("accepted p99 within the SLO (%v) once converged", res.Config.SLO),
+		fmt.Sprintf("worst %.1f ms (%s)", worst, where), worst <= slo, fmt.Sprintf("%.1f ms", worst-slo))
+	maxRev, revWhere := 0.0, ""
+	for _, r := range res.Runs {
+		if r.Variant == "D" && r.Reversals >= maxRev {
+			maxRev, revWhere = r.Reversals, r.Scenario
+		}
+	}
+	row("≤ 2 scale reversals per minute", fmt.Sprintf("at most %.1f/min (%s)", maxRev, revWhere), maxRev <= targetReversals, fmt.Sprintf("%.1f/min", maxRev-targetReversals))
+	if r := res.run("step", "D"); r != nil {
+		row("time to shed ≤ 2 s", secs(r.ShedS), r.ShedS >= 0 && r.ShedS <= targetShed, func() string {
+			if r.ShedS < 0 {
+				return "never shedding cleanly within the 15 s at 3×"
+			}
+			return fmt.Sprintf("%.2f s", r.ShedS-targetShed)
+		}())
+		row(fmt.Sprintf("recovery ≤ cooldown + ramp (%.0f s)", recoveryBudget), secs(r.RecoverS), r.RecoverS >= 0 && r.RecoverS <= recoveryBudget, func() string {
+			if r.RecoverS < 0 {
+				return "not recovering within the 15 s after the step"
+			}
+			return fmt.Sprintf("%.2f s", r.RecoverS-recoveryBudget)
+		}())
+	}
+	ok, n := res.health("D")
+	row("health probes 100%", fmt.Sprintf("%d/%d", ok, n), ok == n, fmt.Sprintf("%d probes", n-ok))
+	if r := res.run("burst", "D"); r != nil {
+		w := r.window("burst")
+		row("light tenants ≥ 99% success in the tenant burst", pct(w.LightSuccess), w.LightSuccess >= targetLight, fmt.Sprintf("%.2f points", 100*(targetLight-w.LightSuccess)))
+	}
+	if ft, ok := res.Fits["D"]; ok && ft.Ratio >= 0 {
+		row("a rejection costs ≤ 1% of a served request", fmt.Sprintf("%.1f µs vs %.3f ms: %s", ft.PerRejectedUs, ft.PerServedMs, pct(ft.Ratio)), ft.Ratio <= targetRejCost, fmt.Sprintf("%.2f points", 100*(ft.Ratio-targetRejCost)))
+	}
+	for _, sc := range []string{"step", "capchange"} {
+		d := res.run(sc, "D")
+		if d == nil {
+			continue
+		}
+		dg := d.window("all").Goodput
+		var parts []string
+		beat := true
+		for _, o := range []string{"C", "P1", "P2"} {
+			r := res.run(sc, o)
+			if r == nil {
+				continue
+			}
+			og := r.window("all").Goodput
+			parts = append(parts, fmt.Sprintf("%s %.0f (%+.1f%%)", o, og, 100*(dg-og)/og))
+			if dg <= og {
+				beat = false
+			}
+		}
+		if len(parts) == 0 {
+			continue
+		}
+		row(fmt.Sprintf("D beats C, P1 and P2 on goodput (%s)", sc), fmt.Sprintf("D %.0f/s; %s", dg, strings.Join(parts, ", ")), beat, "see the table")
+	}
+	f("\nPeak is D's highest goodput over the sweep's points. ")
+	f("Where a target is missed, the discussion below says why.\n\n")
+}
+
+// writeCharts draws the charts and returns their paths by name.
+func writeCharts(res *Results, dir string) (map[string]string, error) {
+	out := map[string]string{}
+	const width, row = 22 * vg.Centimeter, 8 * vg.Centimeter
+	vs := res.variants()
+	color := func(v string) int { return slices.Index(allVariants, v) % len(fgplot.Palette) }
+
+	if loads := res.sweepLoads(); len(loads) > 0 {
+		var good, p99 []fgplot.Series
+		for _, v := range vs {
+			r := res.run("sweep", v)
+			if r == nil {
+				continue
+			}
+			var g, l plotter.XYs
+			for _, ld := range loads {
+				if w := r.window(loadName(ld)); w != nil {
+					g = append(g, plotter.XY{X: ld, Y: w.Goodput})
+					y := w.P99
+					if y < 0 {
+						y = math.NaN()
+					}
+					l = append(l, plotter.XY{X: ld, Y: y})
+				}
+			}
+			s := fgplot.Series{Name: v + ": " + variantNames[v], Color: fgplot.Palette[color(v)], XYs: g}
+			good = append(good, s)
+			s.XYs = l
+			p99 = append(p99, s)
+		}
+		ideal := fgplot.Series{Name: "capacity", Color: fgplot.Black, Dash: fgplot.Dashed, XYs: plotter.XYs{{X: loads[0], Y: res.Capacity}, {X: loads[len(loads)-1], Y: res.Capacity}}}
+		a := fgplot.Panel("Goodput against offered load", "goodput (calls/s OK within the SLO)", append(good, ideal))
+		a.Y.Min = 0
+		a.X.Label.Text = "offered load (× measured capacity)"
+		c := fgplot.Panel("", "accepted p99 (ms, log)", p99)
+		fgplot.LogY(c, 1)
+		c.X.Label.Text = "offered load (× measured capacity)"
+		path := filepath.Join(dir, "overload-sweep.png")
+		if err := fgplot.WritePNG(path, width, row*1.2, a, c); err != nil {
+			return nil, err
+		}
+		out["sweep"] = path
+	}
+	for _, sc := range []struct{ name, title string }{
+		{"step", "Step 0.7× → 3× → 0.7×"},
+		{"capchange", "Capacity change at 1.2× (cost doubles at 10 s)"},
+		{"burst", "Tenant burst (heavy tenant 5× from 5 s to 15 s)"},
+	} {
+		if !res.hasScenario(sc.name) {
+			continue
+		}
+		var good, scale, lat, light []fgplot.Series
+		var offered plotter.XYs
+		for _, v := range vs {
+			r := res.run(sc.name, v)
+			if r == nil {
+				continue
+			}
+			var g, l, lt plotter.XYs
+			for _, s := range r.Seconds {
+				x := float64(s.T) + 0.5
+				g = append(g, plotter.XY{X: x, Y: float64(s.Good)})
+				y := s.P99
+				if y < 0 {
+					y = math.NaN()
+				}
+				l = append(l, plotter.XY{X: x, Y: y})
+				lt = append(lt, plotter.XY{X: x, Y: 100 * float64(s.LightGood) / math.Max(float64(s.LightSent), 1)})
+				if len(offered) < len(r.Seconds) && v == vs[0] {
+					offered = append(offered, plotter.XY{X: x, Y: s.Offered})
+				}
+			}
+			col := fgplot.Palette[color(v)]
+			good = append(good, fgplot.Series{Name: v, Color: col, XYs: g})
+			lat = append(lat, fgplot.Series{Name: v, Color: col, XYs: l})
+			light = append(light, fgplot.Series{Name: v, Color: col, XYs: lt})
+			if v == "C" || v == "D" {
+				var sx plotter.XYs
+				for _, p := range r.Gate {
+					sx = append(sx, plotter.XY{X: p.T, Y: 100 * p.Scale})
+				}
+				scale = append(scale, fgplot.Series{Name: v + " gate scale", Color: col, XYs: sx})
+				var rx plotter.XYs
+				for _, p := range r.Gate {
+					rx = append(rx, plotter.XY{X: p.T, Y: 100 * p.Reading})
+				}
+				scale = append(scale, fgplot.Series{Name: v + " CPU reading", Color: col, Dash: fgplot.Dashed, XYs: rx})
+			}
+		}
+		good = append(good, fgplot.Series{Name: "offered", Color: fgplot.Black, Dash: fgplot.Dashed, XYs: offered})
+		panels := []*plot.Plot{fgplot.TimePanel(sc.title, "goodput (calls/s)", good)}
+		panels[0].Y.Min = 0
+		// The offered line dwarfs goodput at 3×; keep goodput readable.
+		panels[0].Y.Max = math.Min(panels[0].Y.Max, 2.2*res.Capacity)
+		if sc.name == "burst" {
+			p := fgplot.TimePanel("", "light tenants' success (%)", light)
+			p.Y.Min, p.Y.Max = 0, 135
+			panels = append(panels, p)
+		}
+		if len(scale) > 0 {
+			p := fgplot.TimePanel("", "gate scale and CPU reading (%)", scale)
+			p.Y.Min, p.Y.Max = 0, 150
+			panels = append(panels, p)
+		}
+		lp := fgplot.TimePanel("", "accepted p99 (ms, log)", lat)
+		fgplot.LogY(lp, 1)
+		panels = append(panels, lp)
+		end := 0.0
+		for _, s := range res.Scenarios {
+			if s.Name == sc.name {
+				end = s.Duration().Seconds()
+			}
+		}
+		for _, p := range panels {
+			p.X.Max = math.Max(end, 1)
+		}
+		panels[len(panels)-1].X.Label.Text = "time (s)"
+		path := filepath.Join(dir, "overload-"+sc.name+".png")
+		if err := fgplot.WritePNG(path, width, row, panels...); err != nil {
+			return nil, err
+		}
+		out[sc.name] = path
+	}
+	return out, nil
+}

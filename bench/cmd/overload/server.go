@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"github.com/zeromicro/go-zero/core/load"
+	"github.com/zeromicro/go-zero/core/logx"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/internal/burn"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+)
+
+// serverReady is the line the server prints on stdout once it serves: the
+// parent reads it to learn the addresses and what the gate detected.
+type serverReady struct {
+	GRPC       string  `json:"grpc"`
+	Stats      string  `json:"stats"`
+	Source     string  `json:"source"`      // the CPU sampler's source label
+	Budget     float64 `json:"budget"`      // CPUs the sampler measures against: the detected limit
+	GOMAXPROCS int     `json:"gomaxprocs"`  // the server's
+	Affinity   int     `json:"affinity"`    // CPUs the server may run on
+	PerIterNs  int64   `json:"per_iter_ns"` // the burn loop's calibration
+}
+
+// serverStats is what the stats endpoint returns.
+type serverStats struct {
+	CPUNs   int64   `json:"cpu_ns"`  // the process's user+system CPU time
+	Scale   float64 `json:"scale"`   // the gate's scale (1 when the variant has no gate)
+	State   string  `json:"state"`   // the gate's state, "" without a gate
+	Reading float64 `json:"reading"` // the latest CPU reading of the sampler
+	Handled uint64  `json:"handled"` // Allocate calls whose handler ran
+	Served  uint64  `json:"served"`  // Allocate calls the handler completed
+	CostNs  int64   `json:"cost_ns"` // the handler's CPU cost in force
+}
+
+// inventory is the example inventory service reduced to what the experiment
+// calls: Allocate burns the configured CPU cost (stopping once the caller's
+// deadline has passed, as examples/multitenant's does) and answers.
+type inventory struct {
+	inventoryv1.UnimplementedInventoryServer
+	burner          *burn.Burner
+	cost            atomic.Int64
+	handled, served atomic.Uint64
+	version         atomic.Uint64
+}
+
+func (inv *inventory) Allocate(ctx context.Context, req *inventoryv1.AllocateRequest) (*inventoryv1.AllocateResponse, error) {
+	inv.handled.Add(1)
+	if req.GetQuantity() < 1 {
+		return nil, status.Error(codes.InvalidArgument, "quantity must be at least 1")
+	}
+	if err := inv.burner.Burn(ctx, time.Duration(inv.cost.Load())); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	inv.served.Add(1)
+	v := inv.version.Add(1)
+	return &inventoryv1.AllocateResponse{
+		AllocationId: fmt.Sprintf("%s-%d", req.GetSku(), v),
+		Level:        &inventoryv1.StockLevel{Sku: req.GetSku(), Allocated: int64(v), Version: v},
+	}, nil
+}
+
+// apiKeyHeader carries each tenant's API key, as in examples/multitenant.
+const apiKeyHeader = "x-api-key"
+
+// healthService is exempt from every variant's admission control: limiting
+// it would make an overloaded server look dead to its load balancer.
+const healthService = "grpc.health.v1.Health"
+
+func serverMain(args []string) error {
+	fs := flag.NewFlagSet("overload server", flag.ContinueOnError)
+	variant := fs.String("variant", "A", "admission control: A, B, C, D, P1 or P2")
+	cost := fs.Duration("cost", 2*time.Millisecond, "CPU time of one Allocate")
+	capacity := fs.Float64("capacity", 0, "measured capacity in calls/s, for the quotas (B, C, D) and P1's limit")
+	samplerName := fs.String("sampler", "auto", "CPU sampler: auto (cgroup when in one), cgroup or process")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	logx.Disable() // go-zero's stat logger prints every minute otherwise
+	load.DisableLog()
+
+	var sampler cpugate.Sampler
+	var source string
+	var budget float64
+	switch *samplerName {
+	case "cgroup", "auto":
+		c, err := cpugate.NewCgroupSampler()
+		if err == nil {
+			sampler, source, budget = c, c.Source(), c.Budget()
+			break
+		}
+		if *samplerName == "cgroup" {
+			return err
+		}
+		fallthrough
+	case "process":
+		p, err := cpugate.NewProcessSampler()
+		if err != nil {
+			return err
+		}
+		sampler, source, budget = p, cpugate.SourceProcess, float64(p.CPUs())
+	default:
+		return fmt.Errorf("unknown sampler %q", *samplerName)
+	}
+	// Every variant runs a gate, so that the CPU reading is on record; only
+	// C and D put it in front of calls.
+	var policy cpugate.Policy = cpugate.Fixed{}
+	if *variant == "D" {
+		policy = cpugate.Adaptive{}
+	}
+	gate, err := cpugate.New(sampler, cpugate.WithPolicy(policy))
+	if err != nil {
+		return err
+	}
+	inv := &inventory{burner: burn.Calibrate()}
+	inv.cost.Store(int64(*cost))
+
+	opts, err := variantOptions(*variant, *capacity, gate)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(opts...)
+	inventoryv1.RegisterInventoryServer(srv, inv)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	statsLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	gated := *variant == "C" || *variant == "D"
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		snap := gate.Snapshot()
+		st := serverStats{
+			CPUNs:   processCPU(),
+			Scale:   1,
+			Reading: snap.CPU,
+			Handled: inv.handled.Load(),
+			Served:  inv.served.Load(),
+			CostNs:  inv.cost.Load(),
+		}
+		if gated {
+			st.Scale, st.State = snap.Scale, snap.State.String()
+		}
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = gate.Run(ctx) }()
+	go func() { _ = hsrv.Serve(statsLis) }()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTERM, syscall.SIGINT)
+
+	ready := serverReady{
+		GRPC: lis.Addr().String(), Stats: statsLis.Addr().String(),
+		Source: source, Budget: budget, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		Affinity: affinityCPUs(), PerIterNs: int64(inv.burner.PerIteration()),
+	}
+	line, _ := json.Marshal(ready)
+	fmt.Printf("READY %s\n", line)
+
+	for {
+		select {
+		case err := <-served:
+			return err
+		case s := <-sigs:
+			switch s {
+			case syscall.SIGUSR1: // the capacity-change scenario: requests cost twice as much
+				inv.cost.Store(2 * int64(*cost))
+			case syscall.SIGUSR2:
+				inv.cost.Store(int64(*cost))
+			default:
+				hs.Shutdown()
+				cancel()
+				srv.Stop()
+				_ = hsrv.Close()
+				return nil
+			}
+		}
+	}
+}
+
+// variantOptions returns the server options of a variant.
+func variantOptions(variant string, capacity float64, gate *cpugate.Gate) ([]grpc.ServerOption, error) {
+	notHealth := selector.MatchFunc(func(_ context.Context, cm interceptors.CallMeta) bool {
+		return cm.Service != healthService
+	})
+	switch variant {
+	case "A":
+		return nil, nil
+	case "B", "C", "D":
+		table, err := tenantTable(capacity)
+		if err != nil {
+			return nil, err
+		}
+		store, err := keyed.New()
+		if err != nil {
+			return nil, err
+		}
+		opts := []middleware.Option{middleware.WithAPIKeyHeaders(apiKeyHeader)}
+		if variant != "B" {
+			// As examples/multitenant does: the gate scales every quota, and
+			// the tap handle turns repeat callers away at its floor.
+			opts = append(opts, middleware.WithGate(gate), middleware.WithTapFloor(cpugate.DefaultFactor))
+		}
+		l, err := middleware.New(store, middleware.Static(table), opts...)
+		if err != nil {
+			return nil, err
+		}
+		return []grpc.ServerOption{
+			grpc.InTapHandle(l.TapHandle),
+			grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor()),
+		}, nil
+	case "P1":
+		if capacity <= 0 {
+			return nil, errors.New("P1 needs -capacity")
+		}
+		// One global limiter at the measured capacity, with 100 ms of burst.
+		lim := rate.NewLimiter(rate.Limit(capacity), max(int(capacity/10), 1))
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+			selector.UnaryServerInterceptor(ratelimit.UnaryServerInterceptor(xrateLimiter{lim}), notHealth),
+		)}, nil
+	case "P2":
+		shedder := load.NewAdaptiveShedder() // go-zero's defaults: CPU threshold 90%, 5 s window
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+			selector.UnaryServerInterceptor(sheddingInterceptor(shedder), notHealth),
+		)}, nil
+	}
+	return nil, fmt.Errorf("unknown variant %q", variant)
+}
+
+// xrateLimiter adapts a rate.Limiter to ratelimit.Limiter.
+type xrateLimiter struct{ l *rate.Limiter }
+
+func (x xrateLimiter) Limit(context.Context) error {
+	if x.l.Allow() {
+		return nil
+	}
+	return errors.New("rate limit exceeded")
+}
+
+// sheddingInterceptor is go-zero's zrpc UnarySheddingInterceptor (which
+// lives in an internal package) without its metrics: RESOURCE_EXHAUSTED
+// when the shedder drops, and the promise failed on a deadline.
+func sheddingInterceptor(shedder load.Shedder) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		promise, err := shedder.Allow()
+		if err != nil {
+			return nil, status.Error(codes.ResourceExhausted, err.Error())
+		}
+		defer func() {
+			if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+				promise.Fail()
+			} else {
+				promise.Pass()
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+// processCPU returns the process's user and system CPU time.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// affinityCPUs counts the CPUs this process may run on.
+func affinityCPUs() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+			return countCPUList(strings.TrimSpace(v))
+		}
+	}
+	return runtime.NumCPU()
+}
+
+// countCPUList counts the CPUs of a list such as "0-3,6".
+func countCPUList(s string) int {
+	n := 0
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, ok := strings.Cut(part, "-")
+		var a, b int
+		if _, err := fmt.Sscan(lo, &a); err != nil {
+			continue
+		}
+		b = a
+		if ok {
+			if _, err := fmt.Sscan(hi, &b); err != nil {
+				continue
+			}
+		}
+		n += b - a + 1
+	}
+	return n
+}
