@@ -1,0 +1,202 @@
+package promfloodgate
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/redisstore"
+)
+
+// DefaultCallBuckets are the upper bounds, in seconds, of the Redis call
+// latency histogram when WithCallBuckets is not given: from 100 µs (a round
+// trip on loopback) to 1 s (well past any decision's deadline).
+var DefaultCallBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+
+// A RedisOption configures RedisMetrics.
+type RedisOption func(*redisOptions) error
+
+type redisOptions struct {
+	buckets []float64
+}
+
+// WithCallBuckets sets the upper bounds, in seconds, of the call latency
+// histogram's buckets: at least one, finite, positive and increasing. The
+// default is DefaultCallBuckets. A repeated call replaces the bounds.
+func WithCallBuckets(bounds ...float64) RedisOption {
+	return func(o *redisOptions) error {
+		if len(bounds) == 0 {
+			return fmt.Errorf("%w: WithCallBuckets: no bounds", ErrInvalidOption)
+		}
+		for i, b := range bounds {
+			if !(b > 0) || math.IsInf(b, 0) || i > 0 && b <= bounds[i-1] {
+				return fmt.Errorf("%w: WithCallBuckets: bounds %v are not finite, positive and increasing", ErrInvalidOption, bounds)
+			}
+		}
+		o.buckets = append([]float64(nil), bounds...)
+		return nil
+	}
+}
+
+// numKinds is the number of error kinds labelled; a kind beyond them, from
+// a newer redisstore, counts as "other".
+const numKinds = int(redisstore.KindOther) + 1
+
+// numBreakerStates is the number of breaker states labelled.
+const numBreakerStates = int(redisstore.BreakerHalfOpen) + 1
+
+// fallbackSources are the sources of the decisions Redis did not make, in
+// label order, and their labels (those of floodgate_redis_decisions_total).
+var fallbackSources = [...]struct {
+	source floodgate.Source
+	label  string
+}{
+	{floodgate.SourceCache, "cache"},
+	{floodgate.SourceLease, "lease"},
+	{floodgate.SourceFallback, "fallback"},
+	{floodgate.SourceFailOpen, "fail_open"},
+	{floodgate.SourceFailClosed, "fail_closed"},
+}
+
+// breakerLabels label the breaker states, by redisstore.BreakerState.
+var breakerLabels = [numBreakerStates]string{"closed", "open", "half_open"}
+
+// RedisMetrics is a redisstore.Observer that is also a prometheus.Collector:
+// pass it to redisstore.WithObserver and register it. It exports
+//
+//   - floodgate_redis_call_duration_seconds{outcome}: a histogram of the
+//     store's round trips to Redis (a batch is one), outcome "ok" or
+//     "error";
+//   - floodgate_redis_call_errors_total{kind}: failed round trips by
+//     redisstore.ErrorKind (timeout, canceled, connection, cluster, script,
+//     other);
+//   - floodgate_redis_breaker_state{state}: 1 for the breaker's state
+//     (closed, open, half_open), 0 for the others;
+//   - floodgate_redis_breaker_transitions_total{to}: transitions of the
+//     breaker, by the state entered;
+//   - floodgate_redis_fallback_decisions_total{source}: decisions Redis did
+//     not make, by source (cache, lease, fallback, fail_open, fail_closed).
+//
+// Every label takes a few fixed values: no key, address or error text.
+// Observing allocates nothing: a histogram observation or an atomic add.
+//
+// A RedisMetrics observes one Store: the breaker gauge follows one breaker.
+// For several stores, give each its own RedisMetrics and register each with
+// a label telling them apart, through prometheus.WrapRegistererWith.
+// RedisMetrics is safe for concurrent use; the zero value is not usable.
+type RedisMetrics struct {
+	calls                *prometheus.HistogramVec
+	ok, failed           prometheus.Observer
+	errs                 [numKinds]atomic.Uint64
+	state                atomic.Uint32 // redisstore.BreakerState
+	transitions          [numBreakerStates]atomic.Uint64
+	fallbacks            [len(fallbackSources)]atomic.Uint64
+	fallbackIndex        [256]int8 // floodgate.Source → index in fallbacks, or -1
+	errDesc, stateDesc   *prometheus.Desc
+	transDesc, fallsDesc *prometheus.Desc
+}
+
+var (
+	_ redisstore.Observer  = (*RedisMetrics)(nil)
+	_ prometheus.Collector = (*RedisMetrics)(nil)
+)
+
+// NewRedisMetrics returns a RedisMetrics configured by opts, or an error
+// wrapping ErrInvalidOption. The breaker gauge starts closed, as a new
+// Store's breaker does.
+func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
+	o := redisOptions{buckets: DefaultCallBuckets}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	m := &RedisMetrics{
+		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "floodgate_redis_call_duration_seconds",
+			Help:    "Round trips of the Redis store to Redis (a batch is one), by outcome (ok, error).",
+			Buckets: o.buckets,
+		}, []string{"outcome"}),
+		errDesc: prometheus.NewDesc("floodgate_redis_call_errors_total",
+			"Failed round trips of the Redis store, by kind (timeout, canceled, connection, cluster, script, other).", []string{"kind"}, nil),
+		stateDesc: prometheus.NewDesc("floodgate_redis_breaker_state",
+			"1 for the state of the Redis store's circuit breaker (closed, open, half_open), 0 for the others.", []string{"state"}, nil),
+		transDesc: prometheus.NewDesc("floodgate_redis_breaker_transitions_total",
+			"Transitions of the Redis store's circuit breaker, by the state entered.", []string{"to"}, nil),
+		fallsDesc: prometheus.NewDesc("floodgate_redis_fallback_decisions_total",
+			"Decisions of the Redis store not made by Redis, by source (cache, lease, fallback, fail_open, fail_closed).", []string{"source"}, nil),
+	}
+	m.ok = m.calls.WithLabelValues("ok")
+	m.failed = m.calls.WithLabelValues("error")
+	for i := range m.fallbackIndex {
+		m.fallbackIndex[i] = -1
+	}
+	for i, f := range fallbackSources {
+		m.fallbackIndex[f.source] = int8(i)
+	}
+	return m, nil
+}
+
+// ObserveCall implements redisstore.Observer.
+func (m *RedisMetrics) ObserveCall(d time.Duration, kind redisstore.ErrorKind) {
+	if kind == redisstore.KindNone {
+		m.ok.Observe(d.Seconds())
+		return
+	}
+	m.failed.Observe(d.Seconds())
+	k := int(kind)
+	if k >= numKinds {
+		k = int(redisstore.KindOther)
+	}
+	m.errs[k].Add(1)
+}
+
+// ObserveBreaker implements redisstore.Observer.
+func (m *RedisMetrics) ObserveBreaker(from, to redisstore.BreakerState) {
+	if int(to) >= numBreakerStates {
+		return
+	}
+	m.state.Store(uint32(to))
+	m.transitions[to].Add(1)
+}
+
+// ObserveFallback implements redisstore.Observer.
+func (m *RedisMetrics) ObserveFallback(source floodgate.Source) {
+	if i := m.fallbackIndex[source]; i >= 0 {
+		m.fallbacks[i].Add(1)
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *RedisMetrics) Describe(ch chan<- *prometheus.Desc) {
+	m.calls.Describe(ch)
+	ch <- m.errDesc
+	ch <- m.stateDesc
+	ch <- m.transDesc
+	ch <- m.fallsDesc
+}
+
+// Collect implements prometheus.Collector. Every labelled series is
+// exported from the start, at 0.
+func (m *RedisMetrics) Collect(ch chan<- prometheus.Metric) {
+	m.calls.Collect(ch)
+	for k := redisstore.KindTimeout; int(k) < numKinds; k++ {
+		ch <- prometheus.MustNewConstMetric(m.errDesc, prometheus.CounterValue, float64(m.errs[k].Load()), k.String())
+	}
+	state := m.state.Load()
+	for s, label := range breakerLabels {
+		v := 0.0
+		if uint32(s) == state {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.stateDesc, prometheus.GaugeValue, v, label)
+		ch <- prometheus.MustNewConstMetric(m.transDesc, prometheus.CounterValue, float64(m.transitions[s].Load()), label)
+	}
+	for i, f := range fallbackSources {
+		ch <- prometheus.MustNewConstMetric(m.fallsDesc, prometheus.CounterValue, float64(m.fallbacks[i].Load()), f.label)
+	}
+}
