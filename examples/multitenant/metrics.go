@@ -64,6 +64,11 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if err := reg.Register(metrics); err != nil {
 		return nil, err
 	}
+	if s.redisMetrics != nil {
+		if err := reg.Register(s.redisMetrics); err != nil {
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle(metricsPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle(offendersPath, offenders.Handler())

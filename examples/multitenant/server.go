@@ -59,8 +59,9 @@ type serverConfig struct {
 	// percentile of goroutine scheduling latency reaches it: the guard that
 	// sees saturation CPU use misses, such as busy neighbours on the host.
 	SchedP99 time.Duration
-	// Logger receives the gate's transitions, config reloads and, with
-	// Metrics, rejections (at most one line a second). Nil logs nothing.
+	// Logger receives the gate's transitions, the Redis store's breaker
+	// transitions, config reloads and, with Metrics, rejections (at most
+	// one line a second). Nil logs nothing.
 	Logger *slog.Logger
 	// Metrics, when set, is the address of an HTTP listener serving
 	// Prometheus metrics on /metrics and the callers rejected most often
@@ -123,6 +124,10 @@ type server struct {
 	source  string         // the CPU sampler's label
 	budget  float64        // CPUs the sampler measures use against
 	skus    []string
+
+	// redisMetrics observes the Redis store; nil without Redis or
+	// cfg.Metrics.
+	redisMetrics *promfloodgate.RedisMetrics
 }
 
 // newServer builds the server and listens on cfg.Addr. It serves nothing
@@ -145,7 +150,7 @@ func newServer(cfg serverConfig) (*server, error) {
 	if err := s.reg.Load(cfg.ConfigPath); err != nil {
 		return nil, err
 	}
-	if s.store, s.redis, err = newStore(cfg.Redis); err != nil {
+	if s.store, s.redis, s.redisMetrics, err = newStore(cfg); err != nil {
 		return nil, err
 	}
 
@@ -286,21 +291,32 @@ func (s *server) stop(grace time.Duration) {
 	}
 }
 
-// newStore returns the bucket store: in memory, or on the Redis at addr.
-func newStore(addr string) (floodgate.Store, *redis.Client, error) {
-	if addr == "" {
+// newStore returns the bucket store: in memory, or on the Redis at
+// cfg.Redis, whose breaker transitions go to cfg.Logger and, with
+// cfg.Metrics, whose calls are observed by the returned RedisMetrics.
+func newStore(cfg serverConfig) (floodgate.Store, *redis.Client, *promfloodgate.RedisMetrics, error) {
+	if cfg.Redis == "" {
 		m, err := keyed.New()
-		return m, nil, err
+		return m, nil, nil, err
+	}
+	opts := []redisstore.Option{redisstore.WithLogger(cfg.Logger)}
+	var metrics *promfloodgate.RedisMetrics
+	if cfg.Metrics != "" {
+		var err error
+		if metrics, err = promfloodgate.NewRedisMetrics(); err != nil {
+			return nil, nil, nil, err
+		}
+		opts = append(opts, redisstore.WithObserver(metrics))
 	}
 	// The store's per-decision deadline reaches Redis only with context
 	// timeouts on, and a failed call should fall back at once, not retry.
-	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	store, err := redisstore.New(client)
+	client := redis.NewClient(&redis.Options{Addr: cfg.Redis, ContextTimeoutEnabled: true, MaxRetries: -1})
+	store, err := redisstore.New(client, opts...)
 	if err != nil {
 		client.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return store, client, nil
+	return store, client, metrics, nil
 }
 
 // newSampler returns the named CPU sampler, its source label and the CPUs it
