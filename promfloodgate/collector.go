@@ -31,11 +31,15 @@ const (
 	MaxMethods = 1024
 	// DefaultLogInterval is the least time between two rejection log lines.
 	DefaultLogInterval = time.Second
+	// MaxTenantLabels is the largest cap WithTenantLabels accepts.
+	MaxTenantLabels = 1024
 
-	// LabelOther labels a method not registered with WithMethods, or a tier
-	// beyond the WithMaxTiers cap.
+	// LabelOther labels a method not registered with WithMethods, a tier
+	// beyond the WithMaxTiers cap, or a tenant beyond the WithTenantLabels
+	// cap.
 	LabelOther = "other"
-	// LabelNone labels the tier of an anonymous caller.
+	// LabelNone labels the tier and tenant of an anonymous caller, and the
+	// source of a decision no store made (a store error, the tap handle).
 	LabelNone = "none"
 )
 
@@ -49,6 +53,7 @@ type options struct {
 	redis       *redisstore.Store
 	methods     []string
 	maxTiers    int
+	maxTenants  int // 0: no tenant label
 	quota, over codes.Code
 	logger      *slog.Logger
 	logInterval time.Duration
@@ -121,6 +126,24 @@ func WithMaxTiers(n int) Option {
 	}
 }
 
+// WithTenantLabels adds a tenant label to floodgate_decisions_total, for
+// at most n tenants, in [1, MaxTenantLabels]: the first n tenants seen
+// label themselves, later ones "other", and anonymous callers (and the tap
+// handle's rejections, which resolve no tenant) "none". Tiers stay labelled
+// as well. The default is no tenant label: every tenant multiplies the
+// series by the methods and outcomes it meets, so keep n to the tenants an
+// operator watches one by one. With the label, each decision also costs a
+// map lookup of the tenant ID. A repeated call replaces the cap.
+func WithTenantLabels(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > MaxTenantLabels {
+			return fmt.Errorf("%w: WithTenantLabels: %d not in [1, %d]", ErrInvalidOption, n, MaxTenantLabels)
+		}
+		o.maxTenants = n
+		return nil
+	}
+}
+
 // WithCodes tells the collector the status codes the Limiter rejects with,
 // as given to middleware.WithCodes, for the code label. The defaults are
 // the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
@@ -170,12 +193,25 @@ func ServiceMethods(desc *grpc.ServiceDesc) []string {
 }
 
 // Decision dimensions. The outcome and code labels are functions of the
-// reason and the event's flags, so the table is indexed by those alone.
+// reason and the event's flags, so a series is keyed by those alone, with
+// the source, tier, method and tenant slots: one uint64, bit fields below
+// a marker bit that keeps every key non-zero.
 const (
 	numReasons = 5 // middleware.ReasonAdmitted … ReasonStoreError
 	numFlags   = 8 // allowed, dry run, tap
 	numCombos  = numReasons * numFlags
+
+	sourceShift = 6  // numCombos < 1<<6
+	tierShift   = 10 // len(sourceLabels) < 1<<4
+	methodShift = 19 // maxTiers + 2 ≤ 258 < 1<<9
+	tenantShift = 30 // MaxMethods + 1 < 1<<11
+	keyMarker   = 1 << 63
 )
+
+// sourceLabels label the source slot: none, then floodgate.Source values
+// in order (named as in floodgate_redis_decisions_total), then any newer
+// source.
+var sourceLabels = [...]string{LabelNone, "memory", "redis", "cache", "lease", "fallback", "fail_open", "fail_closed", "unknown"}
 
 // A Collector is a prometheus.Collector over floodgate's counters: the
 // decisions its observer counts and the stats of the sources given to New.
@@ -187,8 +223,10 @@ type Collector struct {
 	limiter atomic.Pointer[middleware.Limiter]
 	tiers   atomic.Pointer[[]string]
 	tierMu  sync.Mutex
-	cells   []atomic.Uint64 // [combo][tier][method]
-	nTier   int             // tier slots: "none", maxTiers tiers, "other"
+	tenants atomic.Pointer[tenantSlots]
+	tenMu   sync.Mutex
+	series  *seriesTable
+	nTier   int // tier slots: "none", maxTiers tiers, "other"
 	nMethod int
 
 	nextLog    atomic.Int64 // unix nanos before which rejections are not logged
@@ -218,15 +256,20 @@ func New(opts ...Option) (*Collector, error) {
 	c.mnames = append(c.mnames, LabelOther)
 	c.nMethod = len(c.mnames)
 	c.nTier = o.maxTiers + 2
-	c.cells = make([]atomic.Uint64, numCombos*c.nTier*c.nMethod)
+	c.series = newSeriesTable()
 	c.tiers.Store(&[]string{})
+	c.tenants.Store(&tenantSlots{})
+	labels := []string{"outcome", "reason", "code", "source", "tier", "method", "stage"}
+	if o.maxTenants > 0 {
+		labels = append(labels, "tenant")
+	}
 
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
 	}
 	c.descs = descs{
-		decisions: d("decisions_total", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).",
-			"outcome", "reason", "code", "tier", "method", "stage"),
+		decisions: d("decisions_total", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.",
+			labels...),
 		exempt:         d("exempt_total", "Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total."),
 		tap:            d("tap_rejections_total", "Calls rejected by the tap handle before their request was read."),
 		keys:           d("keyed_keys", "Buckets the in-memory store tracks."),
@@ -256,8 +299,9 @@ func New(opts ...Option) (*Collector, error) {
 func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision in a fixed table of atomic counters and allocates
-// nothing; a rejection may also be logged (WithLogger).
+// counts each decision in an atomic counter found without a lock, and
+// allocates nothing but a series' first counter; a rejection may also be
+// logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) {
 	return c.observe
 }
@@ -278,12 +322,20 @@ func (c *Collector) observe(e middleware.Event) {
 		flags |= 4
 	}
 	combo = combo*numFlags + flags
+	// Only the interceptors' decisions were made by a store.
+	src := 0
+	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
+		src = 1 + min(int(e.Source), len(sourceLabels)-2)
+	}
 	m, ok := c.methods.lookup(e.Method)
 	if !ok {
 		m = c.nMethod - 1
 	}
-	idx := (combo*c.nTier+c.tierIndex(e.Tier))*c.nMethod + m
-	c.cells[idx].Add(1)
+	key := keyMarker | uint64(combo) | uint64(src)<<sourceShift | uint64(c.tierIndex(e.Tier))<<tierShift | uint64(m)<<methodShift
+	if c.o.maxTenants > 0 {
+		key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
+	}
+	c.series.counter(key).n.Add(1)
 	if !e.Allowed && c.o.logger != nil {
 		c.logRejection(e)
 	}
@@ -295,14 +347,20 @@ func (c *Collector) tierIndex(tier string) int {
 	if tier == "" {
 		return 0
 	}
-	for i, t := range *c.tiers.Load() {
+	ts := *c.tiers.Load()
+	for i, t := range ts {
 		if t == tier {
 			return i + 1
 		}
 	}
+	// Tiers past the cap are common to every later event of theirs: they
+	// must not take the lock each time.
+	if len(ts) >= c.o.maxTiers {
+		return c.nTier - 1
+	}
 	c.tierMu.Lock()
 	defer c.tierMu.Unlock()
-	ts := *c.tiers.Load()
+	ts = *c.tiers.Load()
 	if i := slices.Index(ts, tier); i >= 0 {
 		return i + 1
 	}
@@ -421,7 +479,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 	tiers := *c.tiers.Load()
-	for combo := range numCombos {
+	tenants := c.tenants.Load().names
+	withTenant := c.o.maxTenants > 0
+	c.series.each(func(key, v uint64) {
+		if v == 0 {
+			return
+		}
+		combo := int(key & (1<<sourceShift - 1))
+		src := int(key >> sourceShift & (1<<(tierShift-sourceShift) - 1))
+		t := int(key >> tierShift & (1<<(methodShift-tierShift) - 1))
+		m := int(key >> methodShift & (1<<(tenantShift-methodShift) - 1))
 		reason := middleware.Reason(combo / numFlags)
 		flags := combo % numFlags
 		allowed, dry, tap := flags&1 != 0, flags&2 != 0, flags&4 != 0
@@ -441,22 +508,17 @@ func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 		if tap {
 			stage = "tap"
 		}
-		for t := range c.nTier {
-			for m := range c.nMethod {
-				v := c.cells[(combo*c.nTier+t)*c.nMethod+m].Load()
-				if v == 0 {
-					continue
-				}
-				tier := LabelOther
-				switch {
-				case t == 0:
-					tier = LabelNone
-				case t-1 < len(tiers):
-					tier = tiers[t-1]
-				}
-				ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, float64(v),
-					outcome, reason.String(), code.String(), tier, c.mnames[m], stage)
-			}
+		tier := LabelOther
+		switch {
+		case t == 0:
+			tier = LabelNone
+		case t-1 < len(tiers):
+			tier = tiers[t-1]
 		}
-	}
+		labels := []string{outcome, reason.String(), code.String(), sourceLabels[src], tier, c.mnames[m], stage}
+		if withTenant {
+			labels = append(labels, tenantLabel(tenants, int(key>>tenantShift&(1<<(63-tenantShift)-1))))
+		}
+		ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, float64(v), labels...)
+	})
 }

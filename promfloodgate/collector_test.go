@@ -95,6 +95,8 @@ func TestNewValidates(t *testing.T) {
 		"bad code":     WithCodes(codes.Code(99), codes.Unavailable),
 		"negative log": WithLogger(slog.Default(), -time.Second),
 		"many methods": WithMethods(make([]string, MaxMethods+1)...),
+		"zero tenants": WithTenantLabels(0),
+		"many tenants": WithTenantLabels(MaxTenantLabels + 1),
 	} {
 		if _, err := New(opt); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: New() error = %v, want ErrInvalidOption", name, err)
@@ -145,12 +147,12 @@ func TestDecisionsAndSources(t *testing.T) {
 	_ = call("", "/grpc.health.v1.Health/Check") // exempt
 
 	want := `
-# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
-floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",stage="interceptor",tier="free"} 2
-floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",stage="interceptor",tier="pro"} 3
-floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="none"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",stage="interceptor",tier="free"} 3
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="free"} 2
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="pro"} 3
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="memory",stage="interceptor",tier="free"} 3
 # HELP floodgate_exempt_total Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total.
 # TYPE floodgate_exempt_total counter
 floodgate_exempt_total 1
@@ -240,14 +242,14 @@ func TestCodesAndFlags(t *testing.T) {
 	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true})
 	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // unknown: dropped
 	want := `
-# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
-floodgate_decisions_total{code="Aborted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",stage="interceptor",tier="pro"} 1
-floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="store_error",stage="interceptor",tier="none"} 1
-floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="dry_run_rejected",reason="quota",stage="interceptor",tier="none"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",stage="interceptor",tier="pro"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",stage="tap",tier="none"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="store_error",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="Aborted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="memory",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="store_error",source="none",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="dry_run_rejected",reason="quota",source="memory",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="memory",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="none",stage="tap",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="store_error",source="none",stage="interceptor",tier="none"} 1
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
 		t.Error(err)
@@ -264,11 +266,11 @@ func TestTierCap(t *testing.T) {
 		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Allowed: true})
 	}
 	want := `
-# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, tier, method and deciding stage (interceptor or tap).
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
-floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="a"} 2
-floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="b"} 1
-floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",stage="interceptor",tier="other"} 3
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="a"} 2
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="b"} 1
+floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="other"} 3
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
 		t.Error(err)
@@ -276,18 +278,26 @@ floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="ad
 }
 
 func TestObserverAllocs(t *testing.T) {
-	c, err := New(WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obs := c.Observer()
-	accepted := middleware.Event{Method: methodGet, Tier: "pro", Allowed: true}
-	rejected := middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota}
-	obs(accepted)
-	obs(rejected) // logs once; later rejections are suppressed
-	for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected} {
-		if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
-			t.Errorf("%s: %g allocations per event, want 0", name, n)
+	for _, tenants := range []bool{false, true} {
+		opts := []Option{WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour)}
+		if tenants {
+			opts = append(opts, WithTenantLabels(1))
+		}
+		c, err := New(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs := c.Observer()
+		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
+		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
+		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
+		obs(accepted)
+		obs(rejected) // logs once; later rejections are suppressed
+		obs(overCap)
+		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "over the tenant cap": overCap} {
+			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
+				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
+			}
 		}
 	}
 }
@@ -473,5 +483,201 @@ func TestConcurrentObserveAndCollect(t *testing.T) {
 	}
 	if len(tiers) != 4 || !tiers[LabelOther] { // 3 tiers and "other"
 		t.Errorf("tier labels %v, want 3 and other", tiers)
+	}
+}
+
+// scriptedStore answers takes from a script of results, as a remote store
+// reporting which of its parts decided; an error step fails the take.
+type scriptedStore struct {
+	mu    sync.Mutex
+	steps []scriptStep
+}
+
+type scriptStep struct {
+	res floodgate.Result
+	err error
+}
+
+func (s *scriptedStore) TakeN(_ context.Context, _ string, lim floodgate.Limit, _ int) (floodgate.Result, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.steps[0]
+	s.steps = s.steps[1:]
+	st.res.Limit = lim
+	return st.res, st.err
+}
+
+// TestSourceLabels drives a Limiter over a store whose decisions come from
+// each of its sources: each decision is counted under its source, and a
+// store error under none.
+func TestSourceLabels(t *testing.T) {
+	store := &scriptedStore{steps: []scriptStep{
+		{res: floodgate.Result{Allowed: true, Source: floodgate.SourceRedis}},
+		{res: floodgate.Result{Allowed: true, Source: floodgate.SourceRedis}},
+		{res: floodgate.Result{Allowed: true, Source: floodgate.SourceLease}},
+		{res: floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceCache}},
+		{res: floodgate.Result{Allowed: true, Source: floodgate.SourceFallback}},
+		{res: floodgate.Result{Allowed: true, Source: floodgate.SourceFailOpen}},
+		{res: floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceFailClosed}},
+		{err: errors.New("redis: i/o timeout")},
+	}}
+	c, err := New(WithMethods(methodGet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lim.UnaryServerInterceptor()
+	for range len(store.steps) {
+		_, _ = icpt(callCtx(proKey), nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop)
+	}
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="fail_open",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="fallback",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="lease",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="redis",stage="interceptor",tier="pro"} 2
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="store_error",source="none",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="cache",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="fail_closed",stage="interceptor",tier="pro"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
+		t.Error(err)
+	}
+	// A source newer than this package is counted, not dropped.
+	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Allowed: true, Source: floodgate.Source(42)})
+	if got := seriesValue(t, c, map[string]string{"source": "unknown"}); got != 1 {
+		t.Errorf("unknown source counted %g times, want 1", got)
+	}
+}
+
+// seriesValue returns the value of the one decision series whose labels
+// include match.
+func seriesValue(t *testing.T, c *Collector, match map[string]string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []float64
+	for _, mf := range mfs {
+		if mf.GetName() != "floodgate_decisions_total" {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range match {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			found = append(found, m.GetCounter().GetValue())
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d series match %v, want 1", len(found), match)
+	}
+	return found[0]
+}
+
+// TestTenantLabels caps the tenant label: the first tenants seen label
+// themselves, later ones are "other", anonymous callers "none"; tiers stay.
+func TestTenantLabels(t *testing.T) {
+	c, err := New(WithMethods(methodGet), WithTenantLabels(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	for _, ten := range []string{"acme", "globex", "initech", "acme", "umbrella", "globex", "acme"} {
+		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Allowed: true})
+	}
+	obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: "initech", Reason: middleware.ReasonQuota})
+	obs(middleware.Event{Method: methodGet, Allowed: true})                                // anonymous
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}) // tap: no tenant
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tenant="acme",tier="gold"} 3
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tenant="globex",tier="gold"} 2
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tenant="none",tier="none"} 1
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tenant="other",tier="gold"} 2
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="memory",stage="interceptor",tenant="other",tier="gold"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="none",stage="tap",tenant="none",tier="none"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
+		t.Error(err)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// TestTenantLabelsFromLimiter labels a real Limiter's decisions by tenant:
+// the Event names the tenant an API key belongs to.
+func TestTenantLabelsFromLimiter(t *testing.T) {
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithMethods(methodGet), WithTenantLabels(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lim.UnaryServerInterceptor()
+	for _, key := range []string{proKey, freeKey, freeKey, freeKey, ""} {
+		_, _ = icpt(callCtx(key), nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop)
+	}
+	for _, tc := range []struct {
+		match map[string]string
+		want  float64
+	}{
+		{map[string]string{"tenant": "p", "tier": "pro", "outcome": "admitted"}, 1},
+		{map[string]string{"tenant": "f", "tier": "free", "outcome": "admitted"}, 2},
+		{map[string]string{"tenant": "f", "tier": "free", "outcome": "rejected"}, 1},
+		{map[string]string{"tenant": "none", "tier": "none", "outcome": "admitted"}, 1},
+	} {
+		if got := seriesValue(t, c, tc.match); got != tc.want {
+			t.Errorf("series %v = %g, want %g", tc.match, got, tc.want)
+		}
+	}
+}
+
+// TestSeriesTableGrows counts many series from several goroutines while the
+// table grows under them: no series and no count is lost.
+func TestSeriesTableGrows(t *testing.T) {
+	tbl := newSeriesTable()
+	const keys, workers = 3000, 4
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range keys {
+				k := uint64((i*7+w*13)%keys) + 1
+				tbl.counter(keyMarker | k).n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	got := map[uint64]uint64{}
+	tbl.each(func(key, n uint64) { got[key] += n })
+	if len(got) != keys {
+		t.Fatalf("%d series, want %d", len(got), keys)
+	}
+	for k, n := range got {
+		if n != workers {
+			t.Fatalf("series %#x counted %d times, want %d", k, n, workers)
+		}
 	}
 }

@@ -17,8 +17,10 @@
 // for middleware.WithObserver) counts every decision of the Limiter in
 // floodgate_decisions_total, labelled by outcome (admitted, rejected,
 // dry_run_rejected), reason (admitted, quota, overload, store_error), code
-// (the status code the client got), tier, method and stage (interceptor or
-// tap). Exempt calls are not observed by the Limiter; SetLimiter exports them
+// (the status code the client got), source (what decided in the store:
+// memory, redis, cache, lease, fallback, fail_open, fail_closed; none after
+// a store error and in the tap), tier, method, stage (interceptor or tap)
+// and, with WithTenantLabels, tenant. Exempt calls are not observed by the Limiter; SetLimiter exports them
 // (floodgate_exempt_total) with the tap rejections
 // (floodgate_tap_rejections_total). The sources given to New are read at each
 // scrape, and only they are exported:
@@ -34,21 +36,28 @@
 //
 // # Cardinality
 //
-// No label ever holds a key, an address or a tenant ID. A method labels
-// itself only when registered with WithMethods, else it is "other", so
-// clients calling made-up methods add no series. The first WithMaxTiers tiers
-// seen label themselves, later ones "other"; anonymous callers are tier
-// "none", and so are the tap handle's rejections, which resolve no tier. The decision series are therefore at most 40 × (tiers + 2) ×
-// (methods + 1), and in practice the few combinations that occur.
+// No label ever holds a key or an address, and a tenant ID only when asked
+// for. A method labels itself only when registered with WithMethods, else
+// it is "other", so clients calling made-up methods add no series. The
+// first WithMaxTiers tiers seen label themselves, later ones "other";
+// anonymous callers are tier "none", and so are the tap handle's
+// rejections, which resolve no tier. Tenant labels are off by default;
+// WithTenantLabels(n) names the first n tenants seen and labels later ones
+// "other" (anonymous callers and tap rejections "none"). The source label
+// has eight values, of which a deployment meets few. The decision series
+// are therefore bounded by 40 outcomes × 9 sources × (tiers + 2) ×
+// (methods + 1) × (n + 2), and in practice are the few combinations that
+// occur: a series exists from its first count.
 //
 // # Cost
 //
-// The observer runs on the request path. It increments one atomic counter in
-// a table allocated by New, indexed by the event's reason and flags, the
-// tier's slot (a scan of the few tiers seen) and the method's (a probe of a
-// small open-addressing table built by New), and allocates nothing. The
-// atomic increment is most of its cost. A rejection also reads the clock when
-// WithLogger is set.
+// The observer runs on the request path. It packs the event's reason and
+// flags, source, the tier's slot (a scan of the few tiers seen), the
+// method's (a probe of a small open-addressing table built by New) and,
+// with tenant labels, the tenant's (a map lookup) into one word, finds the
+// series' counter by a lock-free probe and increments it. It allocates
+// nothing but a new series' counter. The atomic increment is most of its
+// cost. A rejection also reads the clock when WithLogger is set.
 //
 // # Top offenders
 //
