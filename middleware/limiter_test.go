@@ -605,3 +605,41 @@ func TestRetryGrid(t *testing.T) {
 		prev = i
 	}
 }
+
+// TestDecisionCarriesResult reads back, through FromContext, every field of
+// the store's Result, for an admitted call and a dry-run rejection.
+func TestDecisionCarriesResult(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		res    floodgate.Result
+		dryRun bool
+		want   middleware.Decision
+	}{
+		{"admitted", floodgate.Result{Allowed: true, Remaining: floodgate.MaxBurst - 1, ResetAfter: 3 * time.Second, Source: floodgate.SourceLease}, false,
+			middleware.Decision{Allowed: true, Reason: middleware.ReasonAdmitted}},
+		{"dry run", floodgate.Result{RetryAfter: floodgate.Never, ResetAfter: time.Hour, Source: floodgate.SourceFailClosed}, true,
+			middleware.Decision{Reason: middleware.ReasonQuota, DryRun: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := middleware.New(sourceStore{tc.res}, middleware.Static(testTable(t)), middleware.WithDryRun(tc.dryRun))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran, d, _, err := unary(l, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)}, methodPut)
+			if !ran || err != nil {
+				t.Fatalf("ran %v, err %v", ran, err)
+			}
+			want := tc.want
+			want.Tenant, want.Tier = "acme", "gold"
+			want.Rule = d.Rule
+			want.Result = tc.res
+			want.Result.Limit = floodgate.PerSecond(1, 1)
+			if diff := cmp.Diff(want, d); diff != "" {
+				t.Errorf("decision (-want +got):\n%s", diff)
+			}
+			if d.Rule.Pattern != methodPut || d.Rule.Limit != floodgate.PerSecond(1, 1) {
+				t.Errorf("rule %+v, want the Put rule of 1/s burst 1", d.Rule)
+			}
+		})
+	}
+}

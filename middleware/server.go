@@ -34,7 +34,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if l.o.rateHeaders {
-			_ = grpc.SetHeader(ctx, rateHeaders(dc.v.res))
+			_ = grpc.SetHeader(ctx, rateHeaders(dc.verdict().res))
 		}
 		return handler(dc, req)
 	}
@@ -56,7 +56,7 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if l.o.rateHeaders {
-			_ = ss.SetHeader(rateHeaders(dc.v.res))
+			_ = ss.SetHeader(rateHeaders(dc.verdict().res))
 		}
 		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc})
 	}
@@ -78,7 +78,7 @@ func (s *stream) RecvMsg(m any) error {
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
-	v := s.dc.v
+	v := s.dc.verdict()
 	return s.l.take(s.dc.Context, &v)
 }
 
