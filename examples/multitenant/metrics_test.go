@@ -98,8 +98,13 @@ func TestMetricsUnderLoad(t *testing.T) {
 		byCode = map[string]map[codes.Code]int{}
 		wg     sync.WaitGroup
 	)
-	for _, key := range []string{"demo-key-ops", "demo-key-noisy"} {
+	keys := []string{"demo-key-ops", "demo-key-noisy"}
+	// Every map is made before any caller starts: the callers only read
+	// byCode itself, under mu.
+	for _, key := range keys {
 		byCode[key] = map[codes.Code]int{}
+	}
+	for _, key := range keys {
 		for range workers {
 			wg.Go(func() {
 				for range perCall {
