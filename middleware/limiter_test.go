@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -641,5 +642,33 @@ func TestDecisionCarriesResult(t *testing.T) {
 				t.Errorf("rule %+v, want the Put rule of 1/s burst 1", d.Rule)
 			}
 		})
+	}
+}
+
+// TestExemptPrefixes checks Exempt against strings.HasPrefix over
+// exemption lists and methods of every shape, short ones included.
+func TestExemptPrefixes(t *testing.T) {
+	methods := []string{"", "/", "/g", "/grpc.health.v1.Health/Check", "/grpc.x/Y", "/xds.service.orca.v3.S/M",
+		"/inventory.v1.Inventory/Get", "/Inventory.v1.Inventory/Get", "/i", "x/y", "/\xff"}
+	for _, prefixes := range [][]string{
+		middleware.DefaultExemptions(),
+		{"/"},
+		{"/i"},
+		{"/inventory.v1.Inventory/Get", "/\xff"},
+		{},
+	} {
+		l, err := middleware.New(failingStore{}, middleware.Static(testTable(t)), middleware.WithExemptions(prefixes...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range methods {
+			want := false
+			for _, p := range prefixes {
+				want = want || strings.HasPrefix(m, p)
+			}
+			if got := l.Exempt(m); got != want {
+				t.Errorf("exemptions %q: Exempt(%q) = %v, want %v", prefixes, m, got, want)
+			}
+		}
 	}
 }
