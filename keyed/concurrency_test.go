@@ -100,3 +100,66 @@ func TestConcurrentKeys(t *testing.T) {
 		t.Errorf("Len() = %d, want within [0, 500]", n)
 	}
 }
+
+// TestConcurrentMoves takes from a few keys without the shard lock while
+// other goroutines make the table grow, evict, and shift entries back on
+// removal, moving those keys' slots under the takes. No take may be lost or
+// counted twice: for each key, the tokens admitted plus the tokens left is
+// exactly its burst.
+func TestConcurrentMoves(t *testing.T) {
+	const (
+		victims = 24
+		burst   = 1000
+		takes   = 700 // per victim, spread over the takers
+		takers  = 3
+	)
+	m := newMap(t, WithCapacity(300), WithShards(1))
+	// Rate 0: a victim never refills, so it is never full and Protect
+	// never evicts it; every token it hands out is accounted for.
+	vlim := floodgate.PerSecond(0, burst)
+	clim := floodgate.PerSecond(1e9, 1) // churn: full again 1ns after a take
+	var admitted [victims]atomic.Int64
+	var taking, churning sync.WaitGroup
+	var done atomic.Bool
+	for w := 0; w < 2; w++ {
+		churning.Add(1)
+		go func() {
+			defer churning.Done()
+			for i := 0; !done.Load(); i++ {
+				key := fmt.Sprint("churn-", w, "-", i%2000)
+				if i%7 == 0 {
+					m.Reset(key)
+					continue
+				}
+				m.TakeAt(key, clim, 1, t0.Add(time.Duration(i+1)*time.Microsecond))
+			}
+		}()
+	}
+	for w := 0; w < takers; w++ {
+		taking.Add(1)
+		go func() {
+			defer taking.Done()
+			for i := w; i < victims*takes; i += takers {
+				v := i % victims
+				// Later than every churn take, so that the churn
+				// buckets are full when a victim needs room.
+				if m.TakeAt(fmt.Sprint("victim-", v), vlim, 1, t0.Add(time.Hour)).Allowed {
+					admitted[v].Add(1)
+				}
+			}
+		}()
+	}
+	taking.Wait()
+	done.Store(true)
+	churning.Wait()
+	for v := range admitted {
+		key := fmt.Sprint("victim-", v)
+		left := m.TokensAt(key, vlim, t0.Add(time.Hour))
+		if got := float64(admitted[v].Load()) + left; got != burst {
+			t.Errorf("%s: admitted %d + left %v = %v, want exactly %d", key, admitted[v].Load(), left, got, burst)
+		}
+	}
+	if st := m.Stats(); st.Evictions == 0 {
+		t.Errorf("no evictions: the test moved nothing: %+v", st)
+	}
+}

@@ -15,13 +15,13 @@
 //
 // # Storage and memory
 //
-// The Map is split into a power-of-two number of shards, each behind its own
-// mutex and chosen by the key's seeded hash (hash/maphash). A shard is a
-// compact open-addressing table whose 32-byte slots hold 62 bits of the
-// key's hash and the bucket state (24 bytes: tokens, last take, time it is
-// full again), so a take on a known key costs one hash, one lock and about
-// one cache miss, and allocates nothing. No key bytes are stored; see [Map]
-// for the collision bound.
+// The Map is split into a power-of-two number of shards chosen by the key's
+// seeded hash (hash/maphash). A shard is a compact open-addressing table
+// whose 32-byte slots hold 62 bits of the key's hash, a lock bit and the
+// bucket state (24 bytes: tokens, last take, time it is full again), so a
+// take on a known key costs one hash, one compare-and-swap on its slot and
+// about one cache miss, and allocates nothing. No key bytes are stored; see
+// [Map] for the collision bound.
 //
 // The capacity bounds the keys tracked across all shards, whichever shards
 // they fall in. When a new key arrives at capacity, its shard evicts a bucket
@@ -44,8 +44,10 @@
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. Eviction callbacks run after the
-// shard lock is released. Nothing runs in the background: idle buckets cost
+// All methods are safe for concurrent use. A take on a tracked key locks
+// only that key's slot, so takes on different keys from different cores
+// share no written memory; new keys, evictions and resets also take their
+// shard's mutex. Eviction callbacks run after the shard's mutex is released. Nothing runs in the background: idle buckets cost
 // only their slot until evicted or reset.
 //
 // # Edge cases

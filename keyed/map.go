@@ -5,9 +5,11 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/floodgate-go/floodgate"
 )
@@ -26,29 +28,64 @@ type Map struct {
 	seed     maphash.Seed
 	shift    uint // 64 - log2(shards): the hash's top bits pick the shard
 	shards   []shard
+	stripes  []stripe
+	sshift   uint // 64 - log2(stripes)
 	capacity int64
-	count    atomic.Int64 // keys tracked, across shards
 	base     time.Time
 	clock    Clock
 	onEvict  func(Eviction)
 	evictNF  bool
+
+	// tracked is written by inserts and removals only, on a cache line of
+	// its own: every take reads the fields above.
+	_       [64]byte
+	tracked atomic.Int64 // keys tracked, across shards
+	_       [56]byte
 }
 
-// shard is one independently locked part of a Map, 128 bytes: the table
-// header is inline, so a take reaches the slots without another pointer
-// hop, and two cores working on neighbouring shards do not share a cache
-// line.
+// shard is one part of a Map, 128 bytes: the table header that every take
+// reads is inline, so a take reaches the slots without another pointer hop,
+// and it has a cache line of its own, apart from the mutex. A take on a
+// tracked key does not take the mutex (see [table]).
 type shard struct {
-	mu       sync.Mutex
-	tab      table
-	overflow state // shared by new keys that found no room (Protect)
+	tab      table      // first line: read by takes; then n and hand
+	mu       sync.Mutex // guards structural changes of tab, and overflow
+	overflow state      // shared by new keys that found no room (Protect)
 	ovInit   bool
-	stats    shardStats
+	_        [15]byte
 }
 
-// shardStats are a shard's counters, guarded by its lock.
-type shardStats struct {
-	Allowed, Rejected, Evictions, EvictedNotFull, Overflowed uint64
+// A stripe is one cell of a Map's counters, alone on its cache lines. A take
+// counts in the stripe its goroutine's stack address picks: goroutines have
+// distinct stacks, so two cores rarely count in one stripe, and the counters
+// are not a cache line that every take writes.
+type stripe struct {
+	allowed, rejected atomic.Uint64
+	// refunds counts WaitN reservations given back: each moves an allowed
+	// take to the rejected ones.
+	refunds                               atomic.Uint64
+	evictions, evictedNotFull, overflowed atomic.Uint64
+	_                                     [128 - 6*8]byte // two lines: adjacent-line prefetch
+}
+
+// stripe returns the calling goroutine's counters.
+func (m *Map) stripe() *stripe {
+	var x byte
+	// Goroutine stacks are separate blocks of at least 2 KiB, so the
+	// address bits from 11 up tell goroutines apart; Fibonacci hashing
+	// spreads neighbouring stacks over the stripes.
+	p := uint64(uintptr(unsafe.Pointer(&x)) >> 11)
+	return &m.stripes[(p*0x9E3779B97F4A7C15)>>m.sshift]
+}
+
+// tally records a decided take.
+func (m *Map) tally(allowed bool) {
+	c := m.stripe()
+	if allowed {
+		c.allowed.Add(1)
+	} else {
+		c.rejected.Add(1)
+	}
 }
 
 // Stats counts a Map's decisions and evictions since it was built.
@@ -73,10 +110,17 @@ func New(opts ...Option) (*Map, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Enough stripes that the goroutines running at once rarely share one.
+	stripes := 64
+	for stripes < 8*runtime.GOMAXPROCS(0) && stripes < 4096 {
+		stripes *= 2
+	}
 	m := &Map{
 		seed:     maphash.MakeSeed(),
 		shift:    uint(64 - bits.TrailingZeros(uint(o.shards))),
 		shards:   make([]shard, o.shards),
+		stripes:  make([]stripe, stripes),
+		sshift:   uint(64 - bits.TrailingZeros(uint(stripes))),
 		capacity: int64(o.capacity),
 		base:     time.Now(),
 		clock:    o.clock,
@@ -91,7 +135,7 @@ func New(opts ...Option) (*Map, error) {
 
 // Hash returns the 62-bit hash that the Map stores for key, as reported in
 // an [Eviction].
-func (m *Map) Hash(key string) uint64 { return maphash.String(m.seed, key) & hashMask }
+func (m *Map) Hash(key string) uint64 { return keyOf(maphash.String(m.seed, key)) }
 
 func (m *Map) shardOf(h uint64) *shard {
 	if m.shift == 64 {
@@ -160,60 +204,85 @@ func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int
 	}
 	h := maphash.String(m.seed, key)
 	s := m.shardOf(h)
-	if n <= 0 {
-		s.mu.Lock()
-		if st := s.tab.find(h, false); st != nil {
-			*res = st.peek(lim, now)
-		} else {
-			*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+	k := keyOf(h)
+	// The fast path: a tracked key, found and locked without the shard lock.
+	if sl, old := s.tab.acquire(k); sl != nil {
+		if n <= 0 {
+			*res = sl.st.peek(lim, now)
+			sl.meta.Store(old)
+			return
 		}
-		s.mu.Unlock()
+		sl.st.take(res, lim, n, now)
+		sl.meta.Store(k | refBit)
+		m.tally(res.Allowed)
 		return
 	}
-	s.mu.Lock()
-	st := s.tab.find(h, true)
+	m.takeLocked(res, s, k, lim, n, now)
+}
+
+// takeLocked is take for a key the lock-free probe did not find: a new key,
+// or one that moved during the probe.
+func (m *Map) takeLocked(res *floodgate.Result, s *shard, k uint64, lim floodgate.Limit, n int, now int64) {
 	var ev Eviction
 	evicted := false
-	if st == nil {
-		if n > lim.Burst { // can never succeed: track nothing
-			s.stats.Rejected++
+	s.mu.Lock()
+	sl, old := s.tab.acquire(k) // under the lock, a miss is final
+	if sl == nil {
+		switch {
+		case n <= 0:
 			s.mu.Unlock()
+			*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+			return
+		case n > lim.Burst: // can never succeed: track nothing
+			s.mu.Unlock()
+			m.tally(false)
 			*res = floodgate.Result{Limit: lim, Remaining: lim.Burst, RetryAfter: floodgate.Never}
 			return
 		}
-		st, evicted, ev = m.insert(s, h, lim, now)
-	}
-	st.take(res, lim, n, now)
-	if res.Allowed {
-		s.stats.Allowed++
-	} else {
-		s.stats.Rejected++
+		sl, evicted, ev = m.insert(s, k, lim, now)
+		if sl == nil { // the overflow bucket, guarded by the shard lock
+			s.overflow.take(res, lim, n, now)
+			s.mu.Unlock()
+			m.tally(res.Allowed)
+			return
+		}
+		old = k | refBit
 	}
 	s.mu.Unlock()
+	if n <= 0 {
+		*res = sl.st.peek(lim, now)
+		sl.meta.Store(old)
+		return
+	}
+	sl.st.take(res, lim, n, now)
+	sl.meta.Store(k | refBit)
+	m.tally(res.Allowed)
 	if evicted && m.onEvict != nil {
 		m.onEvict(ev)
 	}
 }
 
-// insert makes room for h in s, whose lock is held, and returns its new
-// state, or the shard's overflow bucket when there is no room.
-func (m *Map) insert(s *shard, h uint64, lim floodgate.Limit, now int64) (st *state, evicted bool, ev Eviction) {
-	if m.count.Add(1) > m.capacity {
+// insert makes room for k in s, whose lock is held, and returns its new
+// slot, locked, holding a full bucket; or nil when there is no room, and
+// the caller uses the shard's overflow bucket, which insert initializes.
+func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (sl *slot, evicted bool, ev Eviction) {
+	if m.tracked.Add(1) > m.capacity {
 		evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
-		m.count.Add(-1)
+		m.tracked.Add(-1)
+		c := m.stripe()
 		if !evicted {
-			s.stats.Overflowed++
+			c.overflowed.Add(1)
 			if !s.ovInit {
 				s.overflow, s.ovInit = fullState(lim, now), true
 			}
-			return &s.overflow, false, ev
+			return nil, false, ev
 		}
-		s.stats.Evictions++
+		c.evictions.Add(1)
 		if !ev.Full {
-			s.stats.EvictedNotFull++
+			c.evictedNotFull.Add(1)
 		}
 	}
-	return s.tab.insert(h, fullState(lim, now)), evicted, ev
+	return s.tab.insert(k, fullState(lim, now)), evicted, ev
 }
 
 // Peek reports key's bucket under lim now without taking anything or
@@ -242,15 +311,25 @@ func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 		return lim.Rate
 	}
 	h := maphash.String(m.seed, key)
-	s := m.shardOf(h)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.tab.find(h, false)
-	if st == nil {
+	sl, old := m.find(m.shardOf(h), keyOf(h))
+	if sl == nil {
 		return float64(lim.Burst)
 	}
-	tokens, _ := st.refill(lim, now)
+	tokens, _ := sl.st.refill(lim, now)
+	sl.meta.Store(old)
 	return float64(tokens) / unit
+}
+
+// find returns k's slot in s, locked, and the meta to store back, or nil
+// when s does not hold k. It does not insert.
+func (m *Map) find(s *shard, k uint64) (*slot, uint64) {
+	if sl, old := s.tab.acquire(k); sl != nil {
+		return sl, old
+	}
+	s.mu.Lock()
+	sl, old := s.tab.acquire(k)
+	s.mu.Unlock()
+	return sl, old
 }
 
 // Reset forgets key's bucket, so its next take starts full, and reports
@@ -259,32 +338,42 @@ func (m *Map) Reset(key string) bool {
 	h := maphash.String(m.seed, key)
 	s := m.shardOf(h)
 	s.mu.Lock()
-	ok := s.tab.remove(h)
-	s.mu.Unlock()
-	if ok {
-		m.count.Add(-1)
+	sl, _ := s.tab.acquire(keyOf(h))
+	if sl != nil {
+		s.tab.removeAt(s.tab.indexOf(sl))
 	}
-	return ok
+	s.mu.Unlock()
+	if sl == nil {
+		return false
+	}
+	m.tracked.Add(-1)
+	return true
 }
 
 // Len returns the number of keys tracked, at most the capacity.
-func (m *Map) Len() int { return int(m.count.Load()) }
+func (m *Map) Len() int { return int(m.tracked.Load()) }
 
-// Stats returns the counters summed over shards. Each shard is read under
-// its lock, so the sums are consistent per shard, not across shards.
+// Stats returns the counters. They are read while takes go on, so they
+// are not a snapshot of one instant, but Takes is always Allowed plus
+// Rejected.
 func (m *Map) Stats() Stats {
 	var t Stats
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.Lock()
-		st := s.stats
-		s.mu.Unlock()
-		t.Allowed += st.Allowed
-		t.Rejected += st.Rejected
-		t.Evictions += st.Evictions
-		t.EvictedNotFull += st.EvictedNotFull
-		t.Overflowed += st.Overflowed
+	var refunds uint64
+	// Refunds first: each follows the allowed take it refunds, so every
+	// refund read here has its take counted in the loop after it.
+	for i := range m.stripes {
+		refunds += m.stripes[i].refunds.Load()
 	}
+	for i := range m.stripes {
+		c := &m.stripes[i]
+		t.Allowed += c.allowed.Load()
+		t.Rejected += c.rejected.Load()
+		t.Evictions += c.evictions.Load()
+		t.EvictedNotFull += c.evictedNotFull.Load()
+		t.Overflowed += c.overflowed.Load()
+	}
+	t.Allowed -= refunds
+	t.Rejected += refunds
 	t.Takes = t.Allowed + t.Rejected
 	return t
 }

@@ -39,42 +39,66 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	now := m.now()
 	h := maphash.String(m.seed, key)
 	s := m.shardOf(h)
-	s.mu.Lock()
-	st := s.tab.find(h, true)
-	if st == nil {
-		var evicted bool
-		var ev Eviction
-		st, evicted, ev = m.insert(s, h, lim, now)
-		if evicted && m.onEvict != nil {
-			defer m.onEvict(ev) // after the unlock below
-		}
-		if st != &s.overflow {
-			// A new bucket is full and n ≤ burst: no wait.
-			var res floodgate.Result
-			st.take(&res, lim, n, now)
-			s.stats.Allowed++
+	k := keyOf(h)
+	sl, _ := s.tab.acquire(k)
+	if sl == nil {
+		s.mu.Lock()
+		if sl, _ = s.tab.acquire(k); sl == nil {
+			var evicted bool
+			var ev Eviction
+			sl, evicted, ev = m.insert(s, k, lim, now)
+			if evicted && m.onEvict != nil {
+				defer m.onEvict(ev) // after the unlock below
+			}
+			if sl != nil {
+				// A new bucket is full and n ≤ burst: no wait.
+				s.mu.Unlock()
+				var res floodgate.Result
+				sl.st.take(&res, lim, n, now)
+				sl.meta.Store(k | refBit)
+				m.tally(true)
+				return nil
+			}
+			// The overflow bucket, under the shard lock.
+			wait, err := m.reserve(ctx, &s.overflow, lim, n, now)
 			s.mu.Unlock()
-			return nil
+			if err != nil || wait == 0 {
+				return err
+			}
+			return m.sleep(ctx, s, k, lim, n, wait)
 		}
+		s.mu.Unlock()
 	}
+	wait, err := m.reserve(ctx, &sl.st, lim, n, now)
+	sl.meta.Store(k | refBit)
+	if err != nil || wait == 0 {
+		return err
+	}
+	return m.sleep(ctx, s, k, lim, n, wait)
+}
+
+// reserve takes n tokens from st, which the caller holds locked, unless
+// they would come after ctx's deadline, and returns how long they take to
+// arrive.
+func (m *Map) reserve(ctx context.Context, st *state, lim floodgate.Limit, n int, now int64) (int64, error) {
 	tokens, at := st.refill(lim, now)
 	need := int64(n) * unit
 	wait := waitFor(lim, need-tokens)
 	if wait > 0 {
 		deadline, ok := ctx.Deadline()
 		if wait == never || ok && at+wait > m.at(deadline) {
-			s.stats.Rejected++
-			s.mu.Unlock()
-			return floodgate.ErrWouldExceedDeadline
+			m.tally(false)
+			return 0, floodgate.ErrWouldExceedDeadline
 		}
 	}
 	st.set(lim, tokens-need, at)
-	s.stats.Allowed++
-	s.mu.Unlock()
-	if wait == 0 {
-		return nil
-	}
+	m.tally(true)
+	return wait, nil
+}
 
+// sleep waits for a reservation of n tokens in key k's bucket to come due,
+// and gives it back if ctx ends first.
+func (m *Map) sleep(ctx context.Context, s *shard, k uint64, lim floodgate.Limit, n int, wait int64) error {
 	t := time.NewTimer(time.Duration(wait))
 	defer t.Stop()
 	select {
@@ -84,13 +108,11 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	}
 	// Give the reservation back. The bucket may have been evicted or
 	// reset meanwhile; then there is nothing to give back to.
-	s.mu.Lock()
-	if st := s.tab.find(h, false); st != nil {
-		tokens, at := st.refill(lim, m.now())
-		st.set(lim, min(tokens+need, int64(lim.Burst)*unit), at)
+	if sl, old := m.find(s, k); sl != nil {
+		tokens, at := sl.st.refill(lim, m.now())
+		sl.st.set(lim, min(tokens+int64(n)*unit, int64(lim.Burst)*unit), at)
+		sl.meta.Store(old)
 	}
-	s.stats.Allowed--
-	s.stats.Rejected++
-	s.mu.Unlock()
+	m.stripe().refunds.Add(1)
 	return ctx.Err()
 }
