@@ -1,11 +1,13 @@
 package middleware
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/floodgate-go/floodgate/tenant"
 )
@@ -21,9 +23,61 @@ import (
 // The cache is split into shards, each copied on write: a lookup is one
 // atomic load and one map access, with no lock to contend for. A write (a
 // known key's first call after a reload) copies one shard, at most
-// keyShardCap entries.
+// keyShardCap entries. In front of the shards, a direct-mapped table of
+// the keys last found, indexed by a few of their bytes, spares a hit the
+// hashing of the whole key; a known key that shares its slot with another
+// falls through to its shard.
 type keyCache struct {
+	recent atomic.Pointer[recentKeys]
 	shards [keyShards]keyShard
+}
+
+// recentKeys is the recent table of one tenant table, replaced with the
+// table so that it never pins an old one.
+type recentKeys struct {
+	table *tenant.Table
+	slots [recentSlots]atomic.Pointer[keyEntry]
+}
+
+// keyEntry is one known key of one table, shared by its shard's maps (from
+// copy to copy) and the recent table.
+type keyEntry struct {
+	table *tenant.Table
+	key   string
+	ten   *tenant.Tenant
+}
+
+const (
+	recentBits  = 10
+	recentSlots = 1 << recentBits
+)
+
+// recentSlot picks a slot from the key's length and its last eight bytes
+// (fewer for a short key): API keys end in random characters.
+func (r *recentKeys) slot(key string) *atomic.Pointer[keyEntry] {
+	h := uint64(len(key))
+	if n := len(key); n >= 8 {
+		h ^= binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(key[n-8:]), 8))
+	} else {
+		for i := 0; i < n; i++ {
+			h = h<<8 ^ uint64(key[i])
+		}
+	}
+	return &r.slots[(h*0x9e3779b97f4a7c15)>>(64-recentBits)]
+}
+
+// remember puts e in the recent table of e's table, replacing the table
+// of an older one.
+func (c *keyCache) remember(e *keyEntry) {
+	r := c.recent.Load()
+	if r == nil || r.table != e.table {
+		next := &recentKeys{table: e.table}
+		if !c.recent.CompareAndSwap(r, next) {
+			return // another call replaced it first; e will come again
+		}
+		r = next
+	}
+	r.slot(e.key).Store(e)
 }
 
 type keyShard struct {
@@ -34,7 +88,7 @@ type keyShard struct {
 
 type keyMap struct {
 	table *tenant.Table
-	m     map[string]*tenant.Tenant
+	m     map[string]*keyEntry
 }
 
 const (
@@ -51,12 +105,21 @@ func (c *keyCache) shard(key string) *keyShard {
 }
 
 func (c *keyCache) get(t *tenant.Table, key string) (*tenant.Tenant, bool) {
+	if r := c.recent.Load(); r != nil && r.table == t {
+		if e := r.slot(key).Load(); e != nil && e.key == key {
+			return e.ten, true
+		}
+	}
 	km := c.shard(key).cur.Load()
 	if km == nil || km.table != t {
 		return nil, false
 	}
-	ten, ok := km.m[key]
-	return ten, ok
+	e, ok := km.m[key]
+	if !ok {
+		return nil, false
+	}
+	c.remember(e)
+	return e.ten, true
 }
 
 // lookup resolves key from the cache alone: a key not cached is anonymous.
@@ -81,15 +144,16 @@ func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 	old := s.cur.Load()
 	next := &keyMap{table: t}
 	if old == nil || old.table != t || len(old.m) >= keyShardCap {
-		next.m = make(map[string]*tenant.Tenant, 1)
+		next.m = make(map[string]*keyEntry, 1)
 	} else {
-		next.m = make(map[string]*tenant.Tenant, len(old.m)+1)
+		next.m = make(map[string]*keyEntry, len(old.m)+1)
 		for k, v := range old.m {
 			next.m[k] = v
 		}
 	}
 	// A copy, so the cache does not pin the request's header buffers.
-	next.m[strings.Clone(key)] = ten
+	e := &keyEntry{table: t, key: strings.Clone(key), ten: ten}
+	next.m[e.key] = e
 	s.cur.Store(next)
 	s.mu.Unlock()
 	return ten, true

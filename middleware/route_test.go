@@ -126,3 +126,49 @@ func TestReloadChangesCachedRoutes(t *testing.T) {
 		}
 	}
 }
+
+// Keys that end alike share a slot of the cache of recent keys: each call
+// must still resolve its own tenant, and a revoked key stop resolving.
+func TestAPIKeysEndingAlike(t *testing.T) {
+	keys := map[string]string{"acme": "acme-0123456789abcdef", "umbrella": "umbr-0123456789abcdef"}
+	cfg := func(revoke string) *tenant.Table {
+		tenants := map[string]tenant.TenantSpec{}
+		for id, k := range keys {
+			spec := tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000}}
+			if id != revoke {
+				spec.Keys = []string{hashKey(t, k)}
+			}
+			tenants[id] = spec
+		}
+		tbl, err := tenant.Compile(&tenant.Config{Tenants: tenants, Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}
+	reg, err := tenant.New(tenant.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Set(cfg(""))
+	f := newFixture(t)
+	l, err := middleware.New(f.store, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := newConn("203.0.113.12:4000")
+	for i := range 6 {
+		for id, k := range keys {
+			if _, d, err := conn.unary(l, apiKeyMD(k), methodGet); err != nil || d.Tenant != id {
+				t.Fatalf("round %d, key of %s: tenant %q, err %v", i, id, d.Tenant, err)
+			}
+		}
+	}
+	reg.Set(cfg("umbrella"))
+	if _, d, _ := conn.unary(l, apiKeyMD(keys["umbrella"]), methodGet); d.Tenant != "" {
+		t.Errorf("revoked key resolves to %q, want anonymous", d.Tenant)
+	}
+	if _, d, _ := conn.unary(l, apiKeyMD(keys["acme"]), methodGet); d.Tenant != "acme" {
+		t.Errorf("acme's key resolves to %q after the reload, want acme", d.Tenant)
+	}
+}
