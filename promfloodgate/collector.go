@@ -219,6 +219,7 @@ var sourceLabels = [...]string{LabelNone, "memory", "redis", "cache", "lease", "
 type Collector struct {
 	o       options
 	methods methodTable // registered full method → index
+	memo    *methodMemo // method string → index, by address
 	mnames  []string    // index → label; the last is "other"
 	limiter atomic.Pointer[middleware.Limiter]
 	tiers   atomic.Pointer[[]string]
@@ -251,7 +252,7 @@ func New(opts ...Option) (*Collector, error) {
 			return nil, err
 		}
 	}
-	c := &Collector{o: o, methods: newMethodTable(o.methods)}
+	c := &Collector{o: o, methods: newMethodTable(o.methods), memo: &methodMemo{}}
 	c.mnames = append(c.mnames, c.methods.names...)
 	c.mnames = append(c.mnames, LabelOther)
 	c.nMethod = len(c.mnames)
@@ -327,9 +328,12 @@ func (c *Collector) observe(e middleware.Event) {
 	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
 		src = 1 + min(int(e.Source), len(sourceLabels)-2)
 	}
-	m, ok := c.methods.lookup(e.Method)
+	m, ok := c.memo.get(e.Method)
 	if !ok {
-		m = c.nMethod - 1
+		if m, ok = c.methods.lookup(e.Method); !ok {
+			m = c.nMethod - 1
+		}
+		c.memo.put(e.Method, m)
 	}
 	key := keyMarker | uint64(combo) | uint64(src)<<sourceShift | uint64(c.tierIndex(e.Tier))<<tierShift | uint64(m)<<methodShift
 	if c.o.maxTenants > 0 {

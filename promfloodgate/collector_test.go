@@ -681,3 +681,55 @@ func TestSeriesTableGrows(t *testing.T) {
 		}
 	}
 }
+
+// TestMethodMemo remembers an index by the string's address and length:
+// a prefix sharing the address, or an equal name elsewhere, is not taken
+// for it.
+func TestMethodMemo(t *testing.T) {
+	var m methodMemo
+	name := strings.Clone(methodGet)
+	if _, ok := m.get(name); ok {
+		t.Fatal("empty memo hits")
+	}
+	m.put(name, 7)
+	if i, ok := m.get(name); !ok || i != 7 {
+		t.Errorf("get(name) = %d, %v; want 7, true", i, ok)
+	}
+	if _, ok := m.get(name[:len(name)-1]); ok {
+		t.Error("a prefix at the same address hits")
+	}
+	if _, ok := m.get(strings.Clone(methodGet)); ok {
+		t.Error("an equal name at another address hits")
+	}
+	m.put("", 3)
+	if _, ok := m.get(""); ok {
+		t.Error("the empty name hits")
+	}
+}
+
+// TestMethodMemoConcurrent has readers check every answer while writers
+// keep refilling the slots, for the race detector and torn reads.
+func TestMethodMemoConcurrent(t *testing.T) {
+	var m methodMemo
+	names := make([]string, 64)
+	for i := range names {
+		names[i] = "/gen.v1.Svc/M" + strings.Repeat("x", i)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for n := range 20000 {
+				i := (n*7 + g) % len(names)
+				if n%3 == 0 {
+					m.put(names[i], i)
+					continue
+				}
+				if got, ok := m.get(names[i]); ok && got != i {
+					t.Errorf("get(names[%d]) = %d", i, got)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -53,7 +53,9 @@
 //
 // The observer runs on the request path. It packs the event's reason and
 // flags, source, the tier's slot (a scan of the few tiers seen), the
-// method's (a probe of a small open-addressing table built by New) and,
+// method's (remembered by the address of the method string, which the
+// middleware reuses, else a probe of a small open-addressing table built by
+// New) and,
 // with tenant labels, the tenant's (a map lookup) into one word, finds the
 // series' counter by a lock-free probe and increments it. It allocates
 // nothing but a new series' counter. The atomic increment is most of its
