@@ -213,7 +213,7 @@ func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int
 			return
 		}
 		sl.st.take(res, lim, n, now)
-		sl.meta.Store(k | refBit)
+		sl.release(k | refBit)
 		m.tally(res.Allowed)
 		return
 	}
