@@ -503,8 +503,12 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	if !v.allowed && v.dryRun {
 		l.c.addFor(cDryRun, v)
 	}
-	if l.o.observer != nil {
-		l.observe(v)
+	if obs := l.o.observer; obs != nil {
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
+		if r.found {
+			e.Tenant = r.ten.ID()
+		}
+		obs(e)
 	}
 	if v.allowed || v.dryRun {
 		return nil
@@ -516,14 +520,6 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		l.pen.note(r.key[:r.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter)
-}
-
-func (l *Limiter) observe(v *verdict) {
-	e := Event{Method: v.r.method, Tier: v.r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
-	if v.r.found {
-		e.Tenant = v.r.ten.ID()
-	}
-	l.o.observer(e)
 }
 
 // sinceEpoch returns the Limiter clock's time since the Limiter was made.

@@ -304,44 +304,45 @@ func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 // allocates nothing but a series' first counter; a rejection may also be
 // logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) {
-	return c.observe
-}
-
-func (c *Collector) observe(e middleware.Event) {
-	combo := int(e.Reason)
-	if combo >= numReasons {
-		return
-	}
-	flags := 0
-	if e.Allowed {
-		flags |= 1
-	}
-	if e.DryRun {
-		flags |= 2
-	}
-	if e.Tap {
-		flags |= 4
-	}
-	combo = combo*numFlags + flags
-	// Only the interceptors' decisions were made by a store.
-	src := 0
-	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
-		src = 1 + min(int(e.Source), len(sourceLabels)-2)
-	}
-	m, ok := c.memo.get(e.Method)
-	if !ok {
-		if m, ok = c.methods.lookup(e.Method); !ok {
-			m = c.nMethod - 1
+	// The counting is in the literal itself, not in a method value that
+	// would call a method: the Event is large enough to be passed on the
+	// stack, and a second call would copy it again.
+	return func(e middleware.Event) {
+		combo := int(e.Reason)
+		if combo >= numReasons {
+			return
 		}
-		c.memo.put(e.Method, m)
-	}
-	key := keyMarker | uint64(combo) | uint64(src)<<sourceShift | uint64(c.tierIndex(e.Tier))<<tierShift | uint64(m)<<methodShift
-	if c.o.maxTenants > 0 {
-		key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
-	}
-	c.series.counter(key).n.Add(1)
-	if !e.Allowed && c.o.logger != nil {
-		c.logRejection(e)
+		flags := 0
+		if e.Allowed {
+			flags |= 1
+		}
+		if e.DryRun {
+			flags |= 2
+		}
+		if e.Tap {
+			flags |= 4
+		}
+		combo = combo*numFlags + flags
+		// Only the interceptors' decisions were made by a store.
+		src := 0
+		if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
+			src = 1 + min(int(e.Source), len(sourceLabels)-2)
+		}
+		m, ok := c.memo.get(e.Method)
+		if !ok {
+			if m, ok = c.methods.lookup(e.Method); !ok {
+				m = c.nMethod - 1
+			}
+			c.memo.put(e.Method, m)
+		}
+		key := keyMarker | uint64(combo) | uint64(src)<<sourceShift | uint64(c.tierIndex(e.Tier))<<tierShift | uint64(m)<<methodShift
+		if c.o.maxTenants > 0 {
+			key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
+		}
+		c.series.counter(key).n.Add(1)
+		if !e.Allowed && c.o.logger != nil {
+			c.logRejection(e)
+		}
 	}
 }
 
