@@ -172,3 +172,20 @@ func TestAPIKeysEndingAlike(t *testing.T) {
 		t.Errorf("acme's key resolves to %q after the reload, want acme", d.Tenant)
 	}
 }
+
+// More connections than the route cache holds: routes replace each other,
+// and every connection still keeps to its own bucket.
+func TestManyConnections(t *testing.T) {
+	f := newFixture(t)
+	conns := make([]connCall, 10000)
+	for i := range conns {
+		conns[i] = connCall{p: &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)), Port: 1}}}
+	}
+	for round := range 3 { // anonymous burst 2: the third call is over quota
+		for i, c := range conns {
+			if ran, _, _ := c.unary(f.l, nil, methodGet); ran != (round < 2) {
+				t.Fatalf("round %d, connection %d: ran %v", round, i, ran)
+			}
+		}
+	}
+}
