@@ -475,13 +475,6 @@ func TestClientInterceptors(t *testing.T) {
 			t.Fatalf("waiting call %d: %v", i, err)
 		}
 	}
-	// A deadline shorter than the wait fails at once, unsent.
-	_ = invoke(context.Background(), cc)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
-	defer cancel()
-	if err := invoke(ctx, cc); err != middleware.ErrUpstreamLimited && status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("short deadline: %v, want ErrUpstreamLimited or DEADLINE_EXCEEDED", err)
-	}
 	// Streams share the method's bucket.
 	cs, err := cc.NewStream(context.Background(), &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, echoChat)
 	if err != nil {
@@ -489,8 +482,28 @@ func TestClientInterceptors(t *testing.T) {
 	}
 	_ = cs.CloseSend()
 	_ = cs.RecvMsg(new(emptypb.Empty))
-	if got := e.calls.Load(); got != 5 {
-		t.Errorf("upstream saw %d calls, want 5", got)
+	if got := e.calls.Load(); got != 4 {
+		t.Errorf("upstream saw %d calls, want 4", got)
+	}
+
+	// A deadline shorter than the wait fails at once, unsent. One token
+	// every 10 s: however late this goroutine runs, the second call cannot
+	// find a token within its deadline.
+	slow, err := middleware.UnaryClientInterceptor(real, floodgate.PerSecond(0.1, 1), middleware.WithUpstreamKey("slow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, e = serve(t, networks[0], nil, grpc.WithChainUnaryInterceptor(slow))
+	if err := invoke(context.Background(), cc); err != nil {
+		t.Fatalf("first slow call: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := invoke(ctx, cc); err != middleware.ErrUpstreamLimited && status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("short deadline: %v, want ErrUpstreamLimited or DEADLINE_EXCEEDED", err)
+	}
+	if got := e.calls.Load(); got != 1 {
+		t.Errorf("upstream saw %d slow calls, want 1", got)
 	}
 
 	// Invalid configurations fail at construction.
