@@ -165,9 +165,14 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 // server can carry, instead of jumping between two fixed levels.
 //
 //   - A reading at or above Enter is hot. Hot readings cut the scale
-//     multiplicatively: by FirstCut on entering Shedding, by Cut after that,
-//     at most once per HoldOff so that the CPU has time to answer a cut
-//     before the next one. The scale never goes below Floor.
+//     multiplicatively, at most once per HoldOff so that the CPU has time
+//     to answer a cut before the next one. A saturated reading (90% or
+//     more, where CPU no longer tells how far the load exceeds what the
+//     server can carry) cuts by FirstCut on entering Shedding and by Cut
+//     after that; a reading between Enter and saturation cuts only by what
+//     would bring it to the middle of the warm band, (Enter+Recover)/2,
+//     never harsher than those. A reading hot by SchedP99 alone cuts by
+//     FirstCut or Cut. The scale never goes below Floor.
 //   - Readings between Recover and Enter are warm: they neither cut nor let
 //     the gate recover. While Shedding they restart the cooldown; while
 //     Ramping they pause the ramp. This band is where the gate settles
@@ -313,11 +318,11 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 		if c.State == Ramping {
 			cut = a.Cut // the level already reflects earlier cuts
 		}
-		c.Level = math.Max(a.Floor, c.Scale()*cut)
+		c.Level = math.Max(a.Floor, c.Scale()*a.cutFor(r.CPU, cut))
 		c.State, c.Since, c.LastCut, c.LastHot = Shedding, now, now, now
 	case hot: // Shedding
 		if now.Sub(c.LastCut) >= a.HoldOff {
-			c.Level = math.Max(a.Floor, c.Level*a.Cut)
+			c.Level = math.Max(a.Floor, c.Level*a.cutFor(r.CPU, a.Cut))
 			c.LastCut = now
 		}
 		c.LastHot = now
@@ -339,4 +344,22 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 		c.LastRamp = now
 	}
 	return c
+}
+
+// saturated is the CPU reading from which Adaptive cuts by its full factors:
+// this close to 100% a reading no longer says how much more load than
+// capacity there is, only that there is more (readings average over an
+// interval, so a saturated server often reads a little under 100%).
+const saturated = 0.9
+
+// cutFor returns the factor a hot reading of cpu cuts the scale by: base
+// when the reading is saturated or hot by SchedP99 alone, else the factor
+// that would bring the reading to the middle of the warm band, never
+// harsher than base. A reading just over Enter, as noise around a load that
+// the server carries, then costs a small cut instead of half the limits.
+func (a Adaptive) cutFor(cpu, base float64) float64 {
+	if cpu >= saturated || cpu < a.Enter {
+		return base
+	}
+	return math.Max(base, math.Min(1, (a.Enter+a.Recover)/2/cpu))
 }

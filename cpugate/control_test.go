@@ -133,7 +133,8 @@ func TestSchedGuardSignalCountsAsHot(t *testing.T) {
 }
 
 func TestAdaptiveCuts(t *testing.T) {
-	// Sustained heat: ×0.5, then ×0.75 once per second, down to the floor.
+	// Sustained saturation: ×0.5, then ×0.75 once per second, down to the
+	// floor.
 	steps := trace(cpugate.Adaptive{}, 10*time.Second, func(time.Duration) float64 { return 0.95 })
 	want := map[time.Duration]float64{
 		0:                      0.5,
@@ -151,6 +152,41 @@ func TestAdaptiveCuts(t *testing.T) {
 		if s.state != cpugate.Shedding {
 			t.Errorf("at %v: state = %v, want shedding", s.at, s.state)
 		}
+	}
+}
+
+func TestAdaptiveCutsLessJustOverEnter(t *testing.T) {
+	a := cpugate.Adaptive{}
+	mid := (0.8 + 0.65) / 2
+	var c cpugate.Control
+	// Just over Enter: a cut to what would bring the reading to the middle
+	// of the warm band, not FirstCut.
+	c = a.Step(c, cpugate.Reading{CPU: 0.85}, t0)
+	if want := mid / 0.85; c.State != cpugate.Shedding || math.Abs(c.Scale()-want) > 1e-9 {
+		t.Fatalf("after 0.85: state, scale = %v, %v, want shedding, %v", c.State, c.Scale(), want)
+	}
+	level := c.Scale()
+	c = a.Step(c, cpugate.Reading{CPU: 0.82}, t0.Add(time.Second))
+	if want := level * mid / 0.82; math.Abs(c.Scale()-want) > 1e-9 {
+		t.Errorf("after 0.82: scale = %v, want %v", c.Scale(), want)
+	}
+	level = c.Scale()
+	// Saturated: the full Cut.
+	c = a.Step(c, cpugate.Reading{CPU: 0.97}, t0.Add(2*time.Second))
+	if want := level * 0.75; math.Abs(c.Scale()-want) > 1e-9 {
+		t.Errorf("after 0.97: scale = %v, want %v", c.Scale(), want)
+	}
+
+	// Hot by the scheduling guard alone: FirstCut, whatever the CPU.
+	g := cpugate.Adaptive{SchedP99: 10 * time.Millisecond}
+	c = g.Step(cpugate.Control{}, cpugate.Reading{CPU: 0.3, SchedP99: 20 * time.Millisecond}, t0)
+	if c.Scale() != 0.5 {
+		t.Errorf("hot by SchedP99 at 30%% CPU: scale = %v, want 0.5", c.Scale())
+	}
+	// Saturated on entering: FirstCut.
+	c = a.Step(cpugate.Control{}, cpugate.Reading{CPU: 0.9}, t0)
+	if c.Scale() != 0.5 {
+		t.Errorf("entering at 90%%: scale = %v, want 0.5", c.Scale())
 	}
 }
 
