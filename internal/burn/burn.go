@@ -42,6 +42,11 @@ func Calibrate() *Burner {
 	return &Burner{perIter: max(best/iters, 1), sink: b[0]}
 }
 
+// WithPerIteration returns a Burner that takes one iteration to cost d, as
+// an earlier Calibrate measured: processes that must burn the same work
+// share one calibration instead of each measuring its own.
+func WithPerIteration(d time.Duration) *Burner { return &Burner{perIter: max(d, 1)} }
+
 // PerIteration returns the calibrated cost of one iteration.
 func (bn *Burner) PerIteration() time.Duration { return bn.perIter }
 

@@ -15,6 +15,9 @@ func TestBurnStopsWithItsContext(t *testing.T) {
 	if err := b.Burn(context.Background(), time.Millisecond); err != nil {
 		t.Fatalf("Burn: %v", err)
 	}
+	if got := WithPerIteration(b.PerIteration()).PerIteration(); got != b.PerIteration() {
+		t.Errorf("WithPerIteration(%v).PerIteration() = %v", b.PerIteration(), got)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := b.Burn(ctx, time.Hour); !errors.Is(err, context.Canceled) {

@@ -32,6 +32,9 @@ type Isolation struct {
 	Quota      float64 `json:"quota_cpus"` // the CFS quota in CPUs, 0 without a cgroup
 	PeriodUs   int     `json:"period_us"`
 	Shares     int     `json:"shares,omitempty"` // cpu.shares of the server's cgroup
+	// LoadCgroup is the load generator's own cgroup v1 cpu directory, with
+	// the same cpu.shares and no quota, when it applies.
+	LoadCgroup string `json:"load_cgroup,omitempty"`
 	// Notes say what did not apply and why.
 	Notes []string `json:"notes"`
 }
@@ -141,12 +144,29 @@ func detectIsolation(pin, cgroup bool, quota float64) *Isolation {
 		return iso
 	}
 	iso.Quota, iso.PeriodUs = quota, period
+	// The load generator gets the same weight against the machine's other
+	// work, so that its own scheduling delays stay out of the latencies.
+	loadDir := cpuDir + "-load"
+	if err := os.Mkdir(loadDir, 0o755); err == nil {
+		iso.LoadCgroup = loadDir
+		self := []byte(strconv.Itoa(os.Getpid()))
+		if os.WriteFile(filepath.Join(loadDir, "cpu.shares"), []byte(strconv.Itoa(cgroupShares)), 0o644) != nil ||
+			os.WriteFile(filepath.Join(loadDir, "cgroup.procs"), self, 0o644) != nil {
+			iso.Notes = append(iso.Notes, "the load generator could not join its own cgroup")
+			_ = os.Remove(loadDir)
+			iso.LoadCgroup = ""
+		}
+	}
 	return iso
 }
 
-// removeCgroups removes the cgroups, which must be empty by then.
+// removeCgroups removes the cgroups, which must be empty by then: the load
+// generator moves itself back to the root cgroup first.
 func (iso *Isolation) removeCgroups() {
-	for _, d := range []*string{&iso.CgroupCPU, &iso.CgroupAcct} {
+	if iso.LoadCgroup != "" {
+		_ = os.WriteFile("/sys/fs/cgroup/cpu/cgroup.procs", []byte(strconv.Itoa(os.Getpid())), 0o644)
+	}
+	for _, d := range []*string{&iso.CgroupCPU, &iso.CgroupAcct, &iso.LoadCgroup} {
 		if *d == "" {
 			continue
 		}

@@ -40,6 +40,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/zeromicro/go-zero/core/logx"
+
+	"github.com/floodgate-go/floodgate/internal/burn"
 )
 
 // Config is one experiment's settings.
@@ -78,6 +82,7 @@ type Results struct {
 	Isolation *Isolation     `json:"isolation"`
 	Server    serverReady    `json:"server"` // as the first server saw itself
 	Capacity  float64        `json:"capacity"`
+	PerIterNs int64          `json:"per_iter_ns"` // the burn loop's calibration, shared by every server
 	CapSteps  []CapacityStep `json:"capacity_steps"`
 	Scenarios []Scenario     `json:"scenarios"`
 	Runs      []Run          `json:"runs"`
@@ -186,6 +191,8 @@ func main() {
 		}
 		return
 	}
+	// go-zero, linked in for P2, logs its CPU statistics every minute.
+	logx.Disable()
 	cfg := Config{}
 	flag.BoolVar(&cfg.Quick, "quick", false, "run a tiny version: two variants, two short scenarios")
 	flag.DurationVar(&cfg.Cost, "cost", 2*time.Millisecond, "CPU time of one Allocate")
@@ -196,9 +203,9 @@ func main() {
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
 	variants := flag.String("variants", "", "comma-separated variants (default: all; A,D with -quick)")
-	out := flag.String("out", "results/overload.json", "raw results (JSON)")
-	md := flag.String("md", "../BENCHMARKS.md", "the report")
-	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts")
+	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
+	md := flag.String("md", "../BENCHMARKS.md", "the report; with -quick, a temporary directory unless set")
+	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts; with -quick, a temporary directory unless set")
 	render := flag.String("render", "", "re-render the report and charts from this JSON file, without running")
 	flag.Parse()
 
@@ -212,6 +219,22 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if cfg.Quick {
+		// A quick run's figures mean nothing: unless told otherwise, keep
+		// them away from the committed results and report.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		dir := filepath.Join(os.TempDir(), "floodgate-overload-quick")
+		if !set["out"] {
+			*out = filepath.Join(dir, "overload.json")
+		}
+		if !set["md"] {
+			*md = filepath.Join(dir, "BENCHMARKS.md")
+		}
+		if !set["charts"] {
+			*charts = dir
+		}
 	}
 	if cfg.Pin {
 		pinSelf(1)
@@ -296,6 +319,16 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 	res.Isolation = iso
 	cfg.Log("isolation: taskset=%q cgroup=%q quota=%v notes=%v", iso.Taskset, iso.CgroupCPU, iso.Quota, iso.Notes)
 
+	// One calibration of the burn loop for every server: the fastest of a
+	// few, since a calibration can only be slowed down by other work.
+	perIter := time.Duration(1<<63 - 1)
+	for range 5 {
+		perIter = min(perIter, burn.Calibrate().PerIteration())
+		time.Sleep(20 * time.Millisecond)
+	}
+	res.PerIterNs = int64(perIter)
+	cfg.Log("burn loop: %v per iteration", perIter)
+
 	sampler := "process"
 	if iso.CgroupCPU != "" {
 		sampler = "cgroup"
@@ -304,6 +337,7 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 		return startServer(ctx, iso, cfg.Exe, []string{
 			"-variant", variant, "-cost", cfg.Cost.String(),
 			"-capacity", strconv.FormatFloat(capacity, 'f', 2, 64), "-sampler", sampler,
+			"-per-iter", perIter.String(),
 		})
 	}
 

@@ -21,6 +21,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/zeromicro/go-zero/core/load"
 	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/stat"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -97,6 +98,7 @@ func serverMain(args []string) error {
 	variant := fs.String("variant", "A", "admission control: A, B, C, D, P1 or P2")
 	cost := fs.Duration("cost", 2*time.Millisecond, "CPU time of one Allocate")
 	capacity := fs.Float64("capacity", 0, "measured capacity in calls/s, for the quotas (B, C, D) and P1's limit")
+	perIter := fs.Duration("per-iter", 0, "the burn loop's cost per iteration, from the load generator's calibration (0: calibrate here)")
 	samplerName := fs.String("sampler", "auto", "CPU sampler: auto (cgroup when in one), cgroup or process")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -137,7 +139,13 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	inv := &inventory{burner: burn.Calibrate()}
+	// One calibration for every server of a run, so that all variants burn
+	// the same work per call.
+	burner := burn.WithPerIteration(*perIter)
+	if *perIter <= 0 {
+		burner = burn.Calibrate()
+	}
+	inv := &inventory{burner: burner}
 	inv.cost.Store(int64(*cost))
 
 	opts, err := variantOptions(*variant, *capacity, gate)
@@ -172,6 +180,10 @@ func serverMain(args []string) error {
 		}
 		if gated {
 			st.Scale, st.State = snap.Scale, snap.State.String()
+		}
+		if *variant == "P2" {
+			// What go-zero's shedder compares with its threshold (‰).
+			st.Reading = float64(stat.CpuUsage()) / 1000
 		}
 		_ = json.NewEncoder(w).Encode(st)
 	})
