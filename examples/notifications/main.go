@@ -72,6 +72,10 @@ type config struct {
 	duration time.Duration
 	redis    string
 	limit    bool
+	// jitter is how much later than its decision on Redis a notification
+	// may reach the provider without risking a 429: the provider's burst
+	// exceeds the shared bucket's by jitter × rate. Default 50 ms.
+	jitter time.Duration
 }
 
 // summary is the run's result.
@@ -107,11 +111,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		fmt.Fprintf(out, "started redis-server on %s\n", addr)
 	}
 
-	// The provider allows a burst of 100 ms of its rate; the shared bucket
-	// a burst of 50 ms, which leaves room for network jitter between the
-	// decision on Redis and the request's arrival.
-	pburst := max(1, int(cfg.rate/10))
+	// The shared bucket has a burst of 50 ms of the rate; the provider
+	// allows jitter more, which leaves room for network and scheduling
+	// delays between the decision on Redis and the request's arrival.
+	if cfg.jitter <= 0 {
+		cfg.jitter = 50 * time.Millisecond
+	}
 	burst := max(1, int(cfg.rate/20))
+	pburst := burst + max(1, int(cfg.rate*cfg.jitter.Seconds()))
 	p, err := startProvider(cfg.rate, pburst)
 	if err != nil {
 		return summary{}, err
