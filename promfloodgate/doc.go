@@ -20,10 +20,10 @@
 // (the status code the client got), source (what decided in the store:
 // memory, redis, cache, lease, fallback, fail_open, fail_closed; none after
 // a store error and in the tap), tier, method, stage (interceptor or tap)
-// and, with WithTenantLabels, tenant. Exempt calls are not observed by the Limiter; SetLimiter exports them
-// (floodgate_exempt_total) with the tap rejections
-// (floodgate_tap_rejections_total). The sources given to New are read at each
-// scrape, and only they are exported:
+// and, with WithTenantLabels, tenant. Exempt calls are not observed by the
+// Limiter; SetLimiter exports them (floodgate_exempt_total) with the tap
+// rejections (floodgate_tap_rejections_total). The sources given to New are
+// read at each scrape, and only they are exported:
 //
 //   - WithKeyed: floodgate_keyed_keys, floodgate_keyed_evictions_total,
 //     floodgate_keyed_evicted_not_full_total, floodgate_keyed_overflowed_total;
@@ -33,6 +33,19 @@
 //   - WithRedis: floodgate_redis_decisions_total{source},
 //     floodgate_redis_errors_total, floodgate_redis_breaker_open,
 //     floodgate_redis_breaker_trips_total.
+//
+// WithRedis counts per decision, from the store's Stats, at no cost to the
+// store. For the round trips themselves, NewRedisMetrics returns a
+// RedisMetrics: set it as the store's observer (redisstore.WithObserver) and
+// register it beside the Collector. It exports a histogram of each round
+// trip's latency (floodgate_redis_call_duration_seconds{outcome}; a batch is
+// one round trip), failed round trips by kind
+// (floodgate_redis_call_errors_total{kind}: timeout, canceled, connection,
+// cluster, script, other), the breaker's state including half-open
+// (floodgate_redis_breaker_state{state}) and its transitions
+// (floodgate_redis_breaker_transitions_total{to}), and decisions Redis did
+// not make (floodgate_redis_fallback_decisions_total{source}). Breaker
+// transitions are logged, one line each, by redisstore.WithLogger.
 //
 // # Cardinality
 //
@@ -55,8 +68,7 @@
 // flags, source, the tier's slot (a scan of the few tiers seen), the
 // method's (remembered by the address of the method string, which the
 // middleware reuses, else a probe of a small open-addressing table built by
-// New) and,
-// with tenant labels, the tenant's (a map lookup) into one word, finds the
+// New) and, with tenant labels, the tenant's (a map lookup) into one word, finds the
 // series' counter by a lock-free probe and increments it. It allocates
 // nothing but a new series' counter. The atomic increment is most of its
 // cost. A rejection also reads the clock when WithLogger is set.
@@ -79,5 +91,6 @@
 // With WithLogger, the observer logs a rejection at most once per interval,
 // with the number of rejections not logged since ("suppressed"), so an attack
 // cannot turn into one log line per request. Gate transitions are logged by
-// cpugate.WithLogger and config reloads by tenant.WithLogger.
+// cpugate.WithLogger, config reloads by tenant.WithLogger and the Redis
+// store's breaker transitions by redisstore.WithLogger.
 package promfloodgate
