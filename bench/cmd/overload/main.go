@@ -416,7 +416,7 @@ func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, [
 		r = 0.15 * budget / cfg.Cost.Seconds() // a quick run may be under the race detector
 	}
 	var steps []CapacityStep
-	best := 0.0
+	best, retries := 0.0, 0
 	for range maxSteps {
 		sc := Scenario{Name: "capacity", Segments: []Segment{{Name: "step", Dur: stepDur, Load: r, Skip: stepDur / 3, Measure: true}}}
 		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: 1, Deadline: cfg.Deadline, Seed: cfg.Seed})
@@ -427,6 +427,14 @@ func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, [
 		pass := w.P99 >= 0 && w.P99 <= float64(cfg.SLO)/float64(time.Millisecond) && w.Goodput >= 0.97*w.Sent
 		steps = append(steps, CapacityStep{Rate: r, Window: w, Pass: pass})
 		cfg.Log("capacity step %.0f/s: goodput %.0f/s p99 %.1f ms pass=%v", r, w.Goodput, w.P99, pass)
+		if !pass && best == 0 && retries < 3 {
+			// The start was already too much for this machine (other work
+			// on it, a smaller quota): start lower.
+			retries++
+			r *= 0.6
+			time.Sleep(time.Second)
+			continue
+		}
 		if !pass {
 			break
 		}
