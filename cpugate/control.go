@@ -107,11 +107,16 @@ type Fixed struct {
 	SchedP99 time.Duration
 }
 
-// Defaults of the policies.
+// Defaults of the policies: Fixed's threshold and factor, the cooldown of
+// both, and Adaptive's band and floor.
 const (
 	DefaultThreshold = 0.8
 	DefaultFactor    = 0.2
 	DefaultCooldown  = 5 * time.Second
+
+	DefaultAdaptiveEnter   = 0.9
+	DefaultAdaptiveRecover = 0.8
+	DefaultAdaptiveFloor   = 0.05
 )
 
 func (f Fixed) withDefaults() Fixed {
@@ -166,7 +171,7 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 //
 //   - A reading at or above Enter is hot. Hot readings cut the scale
 //     multiplicatively, at most once per HoldOff so that the CPU has time
-//     to answer a cut before the next one. A saturated reading (90% or
+//     to answer a cut before the next one. A saturated reading (97% or
 //     more, where CPU no longer tells how far the load exceeds what the
 //     server can carry) cuts by FirstCut on entering Shedding and by Cut
 //     after that; a reading between Enter and saturation cuts only by what
@@ -188,10 +193,12 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 // default given in its comment.
 type Adaptive struct {
 	// Enter is the CPU fraction at or above which a reading is hot. Default
-	// 0.8.
+	// 0.9: with the warm band below it, the gate settles with the CPU
+	// between 80% and 90%, so an overloaded server keeps serving close to
+	// its capacity instead of leaving a third of it idle.
 	Enter float64
 	// Recover is the CPU fraction below which a reading is calm, less than
-	// Enter. Default 0.65.
+	// Enter. Default 0.8.
 	Recover float64
 	// FirstCut multiplies the scale on entering Shedding. Default 0.5.
 	FirstCut float64
@@ -199,7 +206,10 @@ type Adaptive struct {
 	Cut float64
 	// HoldOff is the least time between two cuts. Default 1 s.
 	HoldOff time.Duration
-	// Floor is the lowest scale, in (0, 1]. Default 0.2, the fixed factor.
+	// Floor is the lowest scale, in (0, 1]. Default 0.05: limits are
+	// usually overbooked (their sum several times what the server
+	// carries), and when a request's cost rises the scale the server can
+	// carry may fall well below Fixed's factor of 0.2.
 	Floor float64
 	// Cooldown is the base wait from the last hot or warm reading before the
 	// ramp starts. Default 5 s.
@@ -224,10 +234,10 @@ type Adaptive struct {
 
 func (a Adaptive) withDefaults() Adaptive {
 	if a.Enter == 0 {
-		a.Enter = DefaultThreshold
+		a.Enter = DefaultAdaptiveEnter
 	}
 	if a.Recover == 0 {
-		a.Recover = 0.65
+		a.Recover = DefaultAdaptiveRecover
 	}
 	if a.FirstCut == 0 {
 		a.FirstCut = 0.5
@@ -239,7 +249,7 @@ func (a Adaptive) withDefaults() Adaptive {
 		a.HoldOff = time.Second
 	}
 	if a.Floor == 0 {
-		a.Floor = DefaultFactor
+		a.Floor = DefaultAdaptiveFloor
 	}
 	if a.Cooldown == 0 {
 		a.Cooldown = DefaultCooldown
@@ -350,7 +360,7 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 // this close to 100% a reading no longer says how much more load than
 // capacity there is, only that there is more (readings average over an
 // interval, so a saturated server often reads a little under 100%).
-const saturated = 0.9
+const saturated = 0.97
 
 // cutFor returns the factor a hot reading of cpu cuts the scale by: base
 // when the reading is saturated or hot by SchedP99 alone, else the factor

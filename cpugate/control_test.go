@@ -135,15 +135,16 @@ func TestSchedGuardSignalCountsAsHot(t *testing.T) {
 func TestAdaptiveCuts(t *testing.T) {
 	// Sustained saturation: ×0.5, then ×0.75 once per second, down to the
 	// floor.
-	steps := trace(cpugate.Adaptive{}, 10*time.Second, func(time.Duration) float64 { return 0.95 })
+	steps := trace(cpugate.Adaptive{}, 10*time.Second, func(time.Duration) float64 { return 1.0 })
 	want := map[time.Duration]float64{
 		0:                      0.5,
 		750 * time.Millisecond: 0.5,
 		time.Second:            0.375,
 		2 * time.Second:        0.28125,
 		3 * time.Second:        0.2109375,
-		4 * time.Second:        0.2, // floor
-		9 * time.Second:        0.2,
+		4 * time.Second:        0.158203125,
+		8 * time.Second:        0.05005645751953125,
+		9 * time.Second:        0.05, // floor
 	}
 	for _, s := range steps {
 		if w, ok := want[s.at]; ok && s.scale != w {
@@ -157,24 +158,24 @@ func TestAdaptiveCuts(t *testing.T) {
 
 func TestAdaptiveCutsLessJustOverEnter(t *testing.T) {
 	a := cpugate.Adaptive{}
-	mid := (0.8 + 0.65) / 2
+	mid := (0.9 + 0.8) / 2
 	var c cpugate.Control
 	// Just over Enter: a cut to what would bring the reading to the middle
 	// of the warm band, not FirstCut.
-	c = a.Step(c, cpugate.Reading{CPU: 0.85}, t0)
-	if want := mid / 0.85; c.State != cpugate.Shedding || math.Abs(c.Scale()-want) > 1e-9 {
-		t.Fatalf("after 0.85: state, scale = %v, %v, want shedding, %v", c.State, c.Scale(), want)
+	c = a.Step(c, cpugate.Reading{CPU: 0.93}, t0)
+	if want := mid / 0.93; c.State != cpugate.Shedding || math.Abs(c.Scale()-want) > 1e-9 {
+		t.Fatalf("after 0.93: state, scale = %v, %v, want shedding, %v", c.State, c.Scale(), want)
 	}
 	level := c.Scale()
-	c = a.Step(c, cpugate.Reading{CPU: 0.82}, t0.Add(time.Second))
-	if want := level * mid / 0.82; math.Abs(c.Scale()-want) > 1e-9 {
-		t.Errorf("after 0.82: scale = %v, want %v", c.Scale(), want)
+	c = a.Step(c, cpugate.Reading{CPU: 0.91}, t0.Add(time.Second))
+	if want := level * mid / 0.91; math.Abs(c.Scale()-want) > 1e-9 {
+		t.Errorf("after 0.91: scale = %v, want %v", c.Scale(), want)
 	}
 	level = c.Scale()
 	// Saturated: the full Cut.
-	c = a.Step(c, cpugate.Reading{CPU: 0.97}, t0.Add(2*time.Second))
+	c = a.Step(c, cpugate.Reading{CPU: 0.99}, t0.Add(2*time.Second))
 	if want := level * 0.75; math.Abs(c.Scale()-want) > 1e-9 {
-		t.Errorf("after 0.97: scale = %v, want %v", c.Scale(), want)
+		t.Errorf("after 0.99: scale = %v, want %v", c.Scale(), want)
 	}
 
 	// Hot by the scheduling guard alone: FirstCut, whatever the CPU.
@@ -184,20 +185,20 @@ func TestAdaptiveCutsLessJustOverEnter(t *testing.T) {
 		t.Errorf("hot by SchedP99 at 30%% CPU: scale = %v, want 0.5", c.Scale())
 	}
 	// Saturated on entering: FirstCut.
-	c = a.Step(cpugate.Control{}, cpugate.Reading{CPU: 0.9}, t0)
+	c = a.Step(cpugate.Control{}, cpugate.Reading{CPU: 1.0}, t0)
 	if c.Scale() != 0.5 {
 		t.Errorf("entering at 90%%: scale = %v, want 0.5", c.Scale())
 	}
 }
 
 func TestAdaptiveHysteresisAndRamp(t *testing.T) {
-	// Hot once, then warm (between 65% and 80%) for 10 s, then calm.
+	// Hot once, then warm (between 80% and 90%) for 10 s, then calm.
 	steps := trace(cpugate.Adaptive{}, 30*time.Second, func(at time.Duration) float64 {
 		switch {
 		case at == 0:
-			return 0.9
+			return 1.0
 		case at <= 10*time.Second:
-			return 0.7
+			return 0.85
 		}
 		return 0.3
 	})
@@ -223,14 +224,14 @@ func TestAdaptiveHysteresisAndRamp(t *testing.T) {
 func TestAdaptiveRampPausesWhenWarm(t *testing.T) {
 	a := cpugate.Adaptive{}
 	var c cpugate.Control
-	c = a.Step(c, cpugate.Reading{CPU: 0.9}, t0)
+	c = a.Step(c, cpugate.Reading{CPU: 1.0}, t0)
 	c = a.Step(c, cpugate.Reading{CPU: 0.1}, t0.Add(5*time.Second))
 	if c.State != cpugate.Ramping {
 		t.Fatalf("after cooldown: state = %v, want ramping", c.State)
 	}
 	level := c.Scale()
 	for at := 5 * time.Second; at < 20*time.Second; at += interval {
-		c = a.Step(c, cpugate.Reading{CPU: 0.7}, t0.Add(at))
+		c = a.Step(c, cpugate.Reading{CPU: 0.85}, t0.Add(at))
 	}
 	if c.State != cpugate.Ramping || c.Scale() != level {
 		t.Errorf("warm while ramping: state, scale = %v, %v, want ramping, %v", c.State, c.Scale(), level)
@@ -248,7 +249,7 @@ func TestAdaptiveCooldownDoublesOnFlapsAndResets(t *testing.T) {
 	// Each cycle: hot once, calm until ramping starts, then hot again: a flap.
 	wantCooldowns := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, 40 * time.Second}
 	for i, want := range wantCooldowns {
-		observe(0.9)
+		observe(1.0)
 		if c.Cooldown != want {
 			t.Errorf("cycle %d: Cooldown = %v, want %v", i, c.Cooldown, want)
 		}
@@ -263,7 +264,7 @@ func TestAdaptiveCooldownDoublesOnFlapsAndResets(t *testing.T) {
 	for start := at; at-start < time.Minute; {
 		observe(0.1)
 	}
-	observe(0.9)
+	observe(1.0)
 	if c.Cooldown != 5*time.Second {
 		t.Errorf("after a calm minute: Cooldown = %v, want 5s", c.Cooldown)
 	}
@@ -285,7 +286,7 @@ func TestSquareWave(t *testing.T) {
 					hot := time.Duration(float64(period) * duty)
 					steps := trace(p, 10*time.Minute, func(at time.Duration) float64 {
 						if at%period < hot {
-							return 0.95
+							return 1.0
 						}
 						return 0.3
 					})
@@ -325,8 +326,8 @@ func TestValidate(t *testing.T) {
 		{cpugate.Fixed{Cooldown: -time.Second}, "Fixed.Cooldown"},
 		{cpugate.Fixed{SchedP99: -1}, "Fixed.SchedP99"},
 		{cpugate.Adaptive{Enter: 2}, "Adaptive.Enter"},
-		{cpugate.Adaptive{Recover: 0.9}, "Adaptive.Recover"},
-		{cpugate.Adaptive{Enter: 0.6}, "Adaptive.Recover"}, // default 0.65 is not below 0.6
+		{cpugate.Adaptive{Recover: 0.95}, "Adaptive.Recover"},
+		{cpugate.Adaptive{Enter: 0.7}, "Adaptive.Recover"}, // default 0.8 is not below 0.7
 		{cpugate.Adaptive{FirstCut: 1}, "Adaptive.FirstCut"},
 		{cpugate.Adaptive{Cut: 1.1}, "Adaptive.Cut"},
 		{cpugate.Adaptive{HoldOff: -1}, "Adaptive.HoldOff"},

@@ -70,15 +70,17 @@ func ExampleNew() {
 	// On the request path: lim = gate.Apply(lim)
 }
 
-// Adaptive under sustained overload: cut by half on entry, then by a quarter
-// at most once a second, down to the floor.
+// Adaptive under sustained saturation: cut by half on entry, then by a
+// quarter at most once a second, down to the floor. (A reading between
+// Enter and saturation cuts less: only what would bring it to the middle
+// of the warm band.)
 func ExampleAdaptive() {
 	var c cpugate.Control
-	policy := cpugate.Adaptive{}
+	policy := cpugate.Adaptive{Floor: 0.2}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for at := time.Duration(0); at <= 4*time.Second; at += 250 * time.Millisecond {
 		prev := c.Scale()
-		c = policy.Step(c, cpugate.Reading{CPU: 0.95}, start.Add(at))
+		c = policy.Step(c, cpugate.Reading{CPU: 1}, start.Add(at))
 		if c.Scale() != prev {
 			fmt.Printf("%v: %v, scale %.4g\n", at, c.State, c.Scale())
 		}

@@ -161,10 +161,10 @@ func TestOnChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.Observe(cpugate.Reading{CPU: 0.3}, t0)               // no change
-	g.Observe(cpugate.Reading{CPU: 0.9}, t0.Add(interval)) // open → shedding at 0.5
-	g.Observe(cpugate.Reading{CPU: 0.9}, t0.Add(2*interval))
-	g.Observe(cpugate.Reading{CPU: 0.9}, t0.Add(5*interval)) // second cut, 0.375
+	g.Observe(cpugate.Reading{CPU: 0.3}, t0)             // no change
+	g.Observe(cpugate.Reading{CPU: 1}, t0.Add(interval)) // open → shedding at 0.5
+	g.Observe(cpugate.Reading{CPU: 1}, t0.Add(2*interval))
+	g.Observe(cpugate.Reading{CPU: 1}, t0.Add(5*interval)) // second cut, 0.375
 	type change struct {
 		State cpugate.State
 		Scale float64

@@ -368,7 +368,7 @@ func samplerBudget(s cpugate.Sampler) float64 {
 func newPolicy(name string, sched time.Duration) (cpugate.Policy, float64, error) {
 	switch name {
 	case "adaptive":
-		return cpugate.Adaptive{SchedP99: sched}, cpugate.DefaultFactor, nil
+		return cpugate.Adaptive{SchedP99: sched}, cpugate.DefaultAdaptiveFloor, nil
 	case "fixed":
 		return cpugate.Fixed{SchedP99: sched}, cpugate.DefaultFactor, nil
 	}

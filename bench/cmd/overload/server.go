@@ -249,7 +249,11 @@ func variantOptions(variant string, capacity float64, gate *cpugate.Gate) ([]grp
 		if variant != "B" {
 			// As examples/multitenant does: the gate scales every quota, and
 			// the tap handle turns repeat callers away at its floor.
-			opts = append(opts, middleware.WithGate(gate), middleware.WithTapFloor(cpugate.DefaultFactor))
+			floor := cpugate.DefaultFactor // Fixed's factor
+			if variant == "D" {
+				floor = cpugate.DefaultAdaptiveFloor
+			}
+			opts = append(opts, middleware.WithGate(gate), middleware.WithTapFloor(floor))
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
 		if err != nil {
