@@ -170,8 +170,9 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 // server can carry, instead of jumping between two fixed levels.
 //
 //   - A reading at or above Enter is hot. Hot readings cut the scale
-//     multiplicatively, at most once per HoldOff so that the CPU has time
-//     to answer a cut before the next one. A saturated reading (97% or
+//     multiplicatively, at most once per HoldOff (half of it when the
+//     reading is saturated) so that the CPU has time to answer a cut
+//     before the next one. A saturated reading (97% or
 //     more, where CPU no longer tells how far the load exceeds what the
 //     server can carry) cuts by FirstCut on entering Shedding and by Cut
 //     after that; a reading between Enter and saturation cuts only by what
@@ -204,7 +205,8 @@ type Adaptive struct {
 	FirstCut float64
 	// Cut multiplies the scale on later hot readings. Default 0.75.
 	Cut float64
-	// HoldOff is the least time between two cuts. Default 1 s.
+	// HoldOff is the least time between two cuts; half of it between
+	// cuts on saturated readings. Default 1 s.
 	HoldOff time.Duration
 	// Floor is the lowest scale, in (0, 1]. Default 0.05: limits are
 	// usually overbooked (their sum several times what the server
@@ -331,7 +333,7 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 		c.Level = math.Max(a.Floor, c.Scale()*a.cutFor(r.CPU, cut))
 		c.State, c.Since, c.LastCut, c.LastHot = Shedding, now, now, now
 	case hot: // Shedding
-		if now.Sub(c.LastCut) >= a.HoldOff {
+		if now.Sub(c.LastCut) >= a.holdOff(r) {
 			c.Level = math.Max(a.Floor, c.Level*a.cutFor(r.CPU, a.Cut))
 			c.LastCut = now
 		}
@@ -361,6 +363,18 @@ func (a Adaptive) Step(c Control, r Reading, now time.Time) Control {
 // capacity there is, only that there is more (readings average over an
 // interval, so a saturated server often reads a little under 100%).
 const saturated = 0.97
+
+// holdOff returns the least time from the last cut to one for reading r:
+// HoldOff, or half of it for a saturated reading. A saturated server's
+// queue grows by the excess every moment, and its calls start missing
+// their deadlines within a second or two, so it cannot wait as long for
+// the CPU to answer the last cut as a server that is merely hot.
+func (a Adaptive) holdOff(r Reading) time.Duration {
+	if r.CPU >= saturated {
+		return a.HoldOff / 2
+	}
+	return a.HoldOff
+}
 
 // cutFor returns the factor a hot reading of cpu cuts the scale by: base
 // when the reading is saturated or hot by SchedP99 alone, else the factor

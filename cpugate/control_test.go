@@ -133,18 +133,19 @@ func TestSchedGuardSignalCountsAsHot(t *testing.T) {
 }
 
 func TestAdaptiveCuts(t *testing.T) {
-	// Sustained saturation: ×0.5, then ×0.75 once per second, down to the
-	// floor.
+	// Sustained saturation: ×0.5, then ×0.75 every half HoldOff, down to
+	// the floor.
 	steps := trace(cpugate.Adaptive{}, 10*time.Second, func(time.Duration) float64 { return 1.0 })
 	want := map[time.Duration]float64{
-		0:                      0.5,
-		750 * time.Millisecond: 0.5,
-		time.Second:            0.375,
-		2 * time.Second:        0.28125,
-		3 * time.Second:        0.2109375,
-		4 * time.Second:        0.158203125,
-		8 * time.Second:        0.05005645751953125,
-		9 * time.Second:        0.05, // floor
+		0:                       0.5,
+		250 * time.Millisecond:  0.5,
+		500 * time.Millisecond:  0.375,
+		750 * time.Millisecond:  0.375,
+		time.Second:             0.28125,
+		2 * time.Second:         0.158203125,
+		4 * time.Second:         0.05005645751953125,
+		4500 * time.Millisecond: 0.05, // floor
+		9 * time.Second:         0.05,
 	}
 	for _, s := range steps {
 		if w, ok := want[s.at]; ok && s.scale != w {

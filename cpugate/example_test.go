@@ -71,7 +71,7 @@ func ExampleNew() {
 }
 
 // Adaptive under sustained saturation: cut by half on entry, then by a
-// quarter at most once a second, down to the floor. (A reading between
+// quarter at most every half second, down to the floor. (A reading between
 // Enter and saturation cuts less: only what would bring it to the middle
 // of the warm band.)
 func ExampleAdaptive() {
@@ -87,10 +87,10 @@ func ExampleAdaptive() {
 	}
 	// Output:
 	// 0s: shedding, scale 0.5
-	// 1s: shedding, scale 0.375
-	// 2s: shedding, scale 0.2812
-	// 3s: shedding, scale 0.2109
-	// 4s: shedding, scale 0.2
+	// 500ms: shedding, scale 0.375
+	// 1s: shedding, scale 0.2812
+	// 1.5s: shedding, scale 0.2109
+	// 2s: shedding, scale 0.2
 }
 
 // The controller is a pure function: a policy maps the previous Control, a
