@@ -8,8 +8,8 @@
 // A call meets the Limiter twice at most:
 //
 //	conn reader ─► TapHandle: constant work, no I/O. Exempt method? CPU gate
-//	               shedding at its floor and the caller inside a retry delay
-//	               the interceptor gave it? → reject before the body is read.
+//	               shedding and the caller inside a retry delay the
+//	               interceptor gave it? → reject before the body is read.
 //	handler g. ─►  interceptor: identity ─► tenant and method rule ─►
 //	               limit × gate scale ─► store.TakeN(key, limit, cost)
 //	               admitted → handler, with the Decision in the context

@@ -672,3 +672,51 @@ func TestExemptPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// TestTapFloor: by default the tap turns away callers inside their retry
+// delay whenever the gate sheds; WithTapFloor keeps it out of the way until
+// the gate has cut limits to the floor given.
+func TestTapFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opts     []middleware.Option
+		rejected bool
+	}{
+		{name: "default", rejected: true},
+		{name: "floor 0.2", opts: []middleware.Option{middleware.WithTapFloor(0.2)}, rejected: false},
+		{name: "floor 0.5", opts: []middleware.Option{middleware.WithTapFloor(0.5)}, rejected: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var next float64
+			g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
+				return cpugate.Reading{CPU: next, Source: "script"}, nil
+			}), cpugate.WithPolicy(cpugate.Fixed{Factor: 0.5}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := newFixture(t, append([]middleware.Option{middleware.WithGate(g)}, tc.opts...)...)
+			next = 0.95
+			if err := g.SampleAt(f.clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if g.Scale() != 0.5 {
+				t.Fatalf("gate scale = %v, want 0.5", g.Scale())
+			}
+			acme := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+			var err2 error
+			for range 20 {
+				if _, _, _, err2 = unary(f.l, acme, methodGet); err2 != nil {
+					break
+				}
+			}
+			if status.Code(err2) != codes.Unavailable {
+				t.Fatalf("interceptor while shedding: %v, want UNAVAILABLE", err2)
+			}
+			ctx, _ := acme.context(methodGet)
+			_, err = f.l.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: acme.md})
+			if got := status.Code(err) == codes.Unavailable; got != tc.rejected {
+				t.Errorf("tap at scale 0.5: %v, want rejected %v", err, tc.rejected)
+			}
+		})
+	}
+}

@@ -96,9 +96,10 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // before a goroutine is started for it or its request is read.
 //
 // It runs on the connection's reader under the transport's lock, so it does
-// constant work and no I/O, and rejects only in the worst case: the CPU gate
-// is shedding at or below its floor (WithTapFloor) and the caller is over its
-// share. A caller is over its share while a retry delay the interceptor gave
+// constant work and no I/O, and rejects only callers the interceptor would
+// reject too: the CPU gate is shedding (at or below WithTapFloor's scale,
+// by default at any scale) and the caller is over its share. A caller is
+// over its share while a retry delay the interceptor gave
 // it under the gate has not yet run out: for each overload rejection, the
 // interceptor remembers, per bucket subject (a tenant, or an anonymous
 // address), until when it told the caller to wait, in a fixed table of

@@ -15,12 +15,11 @@ import (
 // overloaded server still answers its load balancer and its operators.
 //
 // extra options come last (the metrics observer).
-func newLimiter(store floodgate.Store, tables middleware.Tables, gate *cpugate.Gate, floor float64, extra ...middleware.Option) (*middleware.Limiter, error) {
+func newLimiter(store floodgate.Store, tables middleware.Tables, gate *cpugate.Gate, extra ...middleware.Option) (*middleware.Limiter, error) {
 	return middleware.New(store, tables, append([]middleware.Option{
+		// While the gate sheds, the tap handle turns callers still inside
+		// their retry delay away before their request is read.
 		middleware.WithGate(gate),
-		// The tap handle turns callers away before their request is read
-		// once the gate has cut limits to its floor.
-		middleware.WithTapFloor(floor),
 		middleware.WithAPIKeyHeaders(apiKeyHeader),
 		middleware.WithDomain(rejectionDomain),
 	}, extra...)...)

@@ -165,7 +165,7 @@ func newServer(cfg serverConfig) (*server, error) {
 	} else {
 		s.source, s.budget = "scripted", float64(runtime.NumCPU())
 	}
-	policy, floor, err := newPolicy(cfg.Policy, cfg.SchedP99)
+	policy, err := newPolicy(cfg.Policy, cfg.SchedP99)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()))
 		offenders = s.obs.offenders
 	}
-	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, floor, extra...); err != nil {
+	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, extra...); err != nil {
 		s.closeListeners()
 		return nil, err
 	}
@@ -363,14 +363,13 @@ func samplerBudget(s cpugate.Sampler) float64 {
 }
 
 // newPolicy returns the named gate policy, with the scheduling-latency guard
-// at sched (0: off), and its floor, the scale at which the tap handle starts
-// rejecting.
-func newPolicy(name string, sched time.Duration) (cpugate.Policy, float64, error) {
+// at sched (0: off).
+func newPolicy(name string, sched time.Duration) (cpugate.Policy, error) {
 	switch name {
 	case "adaptive":
-		return cpugate.Adaptive{SchedP99: sched}, cpugate.DefaultAdaptiveFloor, nil
+		return cpugate.Adaptive{SchedP99: sched}, nil
 	case "fixed":
-		return cpugate.Fixed{SchedP99: sched}, cpugate.DefaultFactor, nil
+		return cpugate.Fixed{SchedP99: sched}, nil
 	}
-	return nil, 0, fmt.Errorf("unknown policy %q: want adaptive or fixed", name)
+	return nil, fmt.Errorf("unknown policy %q: want adaptive or fixed", name)
 }

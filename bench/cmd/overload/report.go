@@ -188,7 +188,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	for _, v := range vs {
 		f("| %s | %s |\n", v, variantNames[v])
 	}
-	f("\nB, C and D use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` and `WithTapFloor` at their policy's floor (0.2 for Fixed, 0.05 for Adaptive) as `examples/multitenant` does). ")
+	f("\nB, C and D use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` as `examples/multitenant` does, with the tap handle at its default: while the gate sheds, it rejects callers still inside a retry delay before their request is read). ")
 	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at the gate's floor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
 		heavyHeadroom, quota(heavyTenant, cap), lightHeadroom, quota(1, cap), burstSeconds)
 	f("P1's limiter is `rate.NewLimiter(capacity, capacity/10)` behind `ratelimit.UnaryServerInterceptor`; P2 is `load.NewAdaptiveShedder()` with go-zero's defaults (CPU threshold 90%%, 5 s window) wrapped as zrpc's shedding interceptor does. ")

@@ -248,12 +248,9 @@ func variantOptions(variant string, capacity float64, gate *cpugate.Gate) ([]grp
 		opts := []middleware.Option{middleware.WithAPIKeyHeaders(apiKeyHeader)}
 		if variant != "B" {
 			// As examples/multitenant does: the gate scales every quota, and
-			// the tap handle turns repeat callers away at its floor.
-			floor := cpugate.DefaultFactor // Fixed's factor
-			if variant == "D" {
-				floor = cpugate.DefaultAdaptiveFloor
-			}
-			opts = append(opts, middleware.WithGate(gate), middleware.WithTapFloor(floor))
+			// while it sheds the tap handle turns callers still inside their
+			// retry delay away (the default).
+			opts = append(opts, middleware.WithGate(gate))
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
 		if err != nil {
