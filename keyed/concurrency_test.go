@@ -163,3 +163,27 @@ func TestConcurrentMoves(t *testing.T) {
 		t.Errorf("no evictions: the test moved nothing: %+v", st)
 	}
 }
+
+// TestConcurrentPeekTake races peeks, which store a slot's meta back
+// unchanged, with takes on one key: a take whose compare-and-swap lost to a
+// peek must look again, not wait for the meta to change.
+func TestConcurrentPeekTake(t *testing.T) {
+	m := newMap(t, WithShards(1))
+	lim := floodgate.PerSecond(1e9, 1_000_000)
+	m.TakeAt("k", lim, 1, t0)
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20_000; i++ {
+				if (i+w)%2 == 0 {
+					m.Peek("k", lim)
+				} else {
+					m.TakeAt("k", lim, 1, t0)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}

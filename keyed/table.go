@@ -3,6 +3,7 @@ package keyed
 import (
 	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -121,11 +122,27 @@ func (t *table) acquire(k uint64) (*slot, uint64) {
 	}
 }
 
-// wait spins while s's meta is still m.
+// wait waits while s's meta is still m. A holder keeps a slot for a few
+// dozen instructions, so wait spins first; but the holder's thread may have
+// been descheduled (a busy machine, a CPU quota), and then spinning would
+// only burn the CPU it needs: after a while wait yields, then sleeps, as
+// sync.Mutex parks.
+//
+// A caller whose compare-and-swap failed passes the meta it expected: if
+// that was unlocked, the slot changed under it and it must look again at
+// once. (Waiting for a change there waited for ever when the holder stored
+// back exactly that meta.)
 func wait(s *slot, m uint64) {
+	if m&lockBit == 0 {
+		return
+	}
 	for spins := 1; s.meta.Load() == m; spins++ {
-		if spins%64 == 0 {
-			runtime.Gosched() // the holder may have been preempted
+		switch {
+		case spins < 100:
+		case spins < 120:
+			runtime.Gosched()
+		default:
+			time.Sleep(time.Microsecond)
 		}
 	}
 }
