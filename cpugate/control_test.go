@@ -59,7 +59,7 @@ func TestClassicScenario(t *testing.T) {
 func TestClassicScenarioThroughGate(t *testing.T) {
 	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
 		return cpugate.Reading{CPU: 0.9}, nil
-	}))
+	}), cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func Example() {
 		}
 		return r, nil
 	})
-	gate, err := cpugate.New(sampler) // Fixed: 80%, ×0.2, 5 s
+	gate, err := cpugate.New(sampler, cpugate.WithPolicy(cpugate.Fixed{})) // 80%, ×0.2, 5 s
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -105,9 +105,9 @@ func WithInterval(d time.Duration) Option {
 	}
 }
 
-// WithPolicy sets the policy that turns readings into a scale: [Fixed] (the
-// default) or [Adaptive], or one of your own. [New] validates it. A repeated
-// call replaces the policy.
+// WithPolicy sets the policy that turns readings into a scale: [Adaptive]
+// (the default), [Fixed] (the classic: 80%, ×0.2, 5 s), or one of your own.
+// [New] validates it. A repeated call replaces the policy.
 func WithPolicy(p Policy) Option {
 	return func(o *options) {
 		if p == nil {
@@ -144,7 +144,7 @@ func New(sampler Sampler, opts ...Option) (*Gate, error) {
 	if sampler == nil {
 		return nil, invalid("sampler", "nil", "a Sampler")
 	}
-	o := options{interval: DefaultInterval, policy: Fixed{}}
+	o := options{interval: DefaultInterval, policy: Adaptive{}}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -74,7 +74,7 @@ func TestNilGate(t *testing.T) {
 
 func TestApply(t *testing.T) {
 	s, _ := script(0.9)
-	g, err := cpugate.New(s)
+	g, err := cpugate.New(s, cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestSnapshotAndFailures(t *testing.T) {
 	s, _ := script(0.3, -1, -1, 0.9, 0.3)
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	g, err := cpugate.New(s, cpugate.WithLogger(logger))
+	g, err := cpugate.New(s, cpugate.WithLogger(logger), cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestOnChange(t *testing.T) {
 func TestRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, calls := script(0.3, 0.3, 0.9, 0.3)
-		g, err := cpugate.New(s)
+		g, err := cpugate.New(s, cpugate.WithPolicy(cpugate.Fixed{}))
 		if err != nil {
 			t.Fatal(err)
 		}

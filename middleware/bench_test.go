@@ -196,7 +196,7 @@ func BenchmarkStoreTake(b *testing.B) {
 // BenchmarkTapFloor is the tap handle while the gate sheds at its floor:
 // the caller's subject is resolved and its penalty looked up.
 func BenchmarkTapFloor(b *testing.B) {
-	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) { return cpugate.Reading{CPU: 1}, nil }))
+	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) { return cpugate.Reading{CPU: 1}, nil }), cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func scriptedGate(t *testing.T) (*cpugate.Gate, func(cpu float64, at time.Time))
 	var next float64
 	g, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
 		return cpugate.Reading{CPU: next, Source: "script"}, nil
-	}))
+	}), cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func TestDecisionsAndSources(t *testing.T) {
 	}
 	gate, err := cpugate.New(cpugate.SamplerFunc(func() (cpugate.Reading, error) {
 		return cpugate.Reading{CPU: 0.3, Source: "scripted"}, nil
-	}))
+	}), cpugate.WithPolicy(cpugate.Fixed{}))
 	if err != nil {
 		t.Fatal(err)
 	}
