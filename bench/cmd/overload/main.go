@@ -16,9 +16,14 @@
 //	cd bench && go run ./cmd/overload
 //
 // It measures the capacity first, then runs every scenario against every
-// variant, one fresh server process per pair, and writes the raw results as
-// JSON (-out), BENCHMARKS.md (-md) and charts (-charts). -render re-renders
+// variant, one fresh server process per pair (the rejection-cost scenario,
+// rejcost, only against the variants that reject: B, C, D and P1), and
+// writes the raw results as JSON (-out), BENCHMARKS.md (-md) and charts
+// (-charts). -render re-renders
 // the report and charts from saved JSON. -quick runs a tiny version.
+// -scenarios runs only some scenarios, for example
+//
+//	go run ./cmd/overload -scenarios rejcost -capacity 380 -out /tmp/x.json -md /tmp/x.md -charts /tmp/x
 //
 // The server is this program re-executed ("overload server ..."). Where the
 // machine allows, the load generator pins itself to CPU 1 and the server to
@@ -36,6 +41,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,7 +62,9 @@ type Config struct {
 	Pin      bool          `json:"pin"`
 	Cgroup   bool          `json:"cgroup"`
 	Variants []string      `json:"variants"`
-	Seed     uint64        `json:"seed"`
+	// Scenarios are the scenarios run, by name; empty is all of them.
+	Scenarios []string `json:"scenarios,omitempty"`
+	Seed      uint64   `json:"seed"`
 	// Capacity, when positive, skips the measurement.
 	Capacity float64 `json:"capacity_given,omitempty"`
 	// Exe is the command that starts a server: this program by default.
@@ -87,6 +95,9 @@ type Results struct {
 	Scenarios []Scenario     `json:"scenarios"`
 	Runs      []Run          `json:"runs"`
 	Fits      map[string]Fit `json:"cpu_fits"`
+	// RejCosts are the rejection-cost scenario's measurements, one per
+	// variant that rejects.
+	RejCosts []RejCost `json:"rejection_costs,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -181,6 +192,21 @@ func scenarios(quick bool) []Scenario {
 	}
 }
 
+// scenarioNames returns the names of the scenarios of a full or quick run,
+// besides rejcost.
+func scenarioNames(quick bool) []string {
+	var ns []string
+	for _, sc := range scenarios(quick) {
+		ns = append(ns, sc.Name)
+	}
+	return ns
+}
+
+// wants reports whether the run includes the scenario called name.
+func (cfg Config) wants(name string) bool {
+	return len(cfg.Scenarios) == 0 || slices.Contains(cfg.Scenarios, name)
+}
+
 func loadName(l float64) string { return strconv.FormatFloat(l, 'f', -1, 64) + "×" }
 
 func main() {
@@ -203,6 +229,7 @@ func main() {
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
 	variants := flag.String("variants", "", "comma-separated variants (default: all; A,D with -quick)")
+	scens := flag.String("scenarios", "", "comma-separated scenarios: sweep, step, capchange, burst, rejcost (default: all; the capacity is measured unless -capacity is given)")
 	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
 	md := flag.String("md", "../BENCHMARKS.md", "the report; with -quick, a temporary directory unless set")
 	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts; with -quick, a temporary directory unless set")
@@ -245,6 +272,16 @@ func main() {
 	}
 	if *variants != "" {
 		cfg.Variants = strings.Split(*variants, ",")
+	}
+	if *scens != "" {
+		cfg.Scenarios = strings.Split(*scens, ",")
+		known := append(scenarioNames(false), rejcostName)
+		for _, s := range cfg.Scenarios {
+			if !slices.Contains(known, s) {
+				fmt.Fprintf(os.Stderr, "overload: unknown scenario %q (known: %s)\n", s, strings.Join(known, ", "))
+				os.Exit(2)
+			}
+		}
 	}
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = func(format string, args ...any) {
@@ -358,7 +395,11 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	cfg.Log("capacity: %.0f calls/s", res.Capacity)
 
-	res.Scenarios = scenarios(cfg.Quick)
+	for _, sc := range scenarios(cfg.Quick) {
+		if cfg.wants(sc.Name) {
+			res.Scenarios = append(res.Scenarios, sc)
+		}
+	}
 	for _, sc := range res.Scenarios {
 		for _, v := range cfg.Variants {
 			if err := ctx.Err(); err != nil {
@@ -384,6 +425,32 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 			cfg.Log("%s/%s: sent %.0f/s goodput %.0f/s rejected %.0f/s deadline %.0f/s p99 %.1f ms", sc.Name, v, all.Sent, all.Goodput, all.Rejected, all.Deadline, all.P99)
 		}
 	}
+	if cfg.wants(rejcostName) {
+		for _, v := range cfg.Variants {
+			if !slices.Contains(rejcostVariants, v) {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p, err := start(v, res.Capacity)
+			if err != nil {
+				return nil, fmt.Errorf("%s server for %s: %w", v, rejcostName, err)
+			}
+			if res.Server.GRPC == "" {
+				res.Server = p.ready
+			}
+			time.Sleep(300 * time.Millisecond)
+			rc, err := measureRejCost(ctx, p, iso, v, res.Capacity, cfg)
+			p.stop()
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", rejcostName, v, err)
+			}
+			res.RejCosts = append(res.RejCosts, rc)
+			cfg.Log("%s/%s: idle %.3f CPU, %.0f µs per served call, %.1f µs per rejection (%d rejections, %d handlers), ratio %s",
+				rejcostName, v, rc.IdleCPU, rc.PerServedUs, rc.PerRejectedUs, rc.phase("reject").Rej, rc.phase("reject").Handle, pct(rc.Ratio))
+		}
+	}
 	for _, v := range cfg.Variants {
 		var runs []Run
 		for _, r := range res.Runs {
@@ -391,7 +458,9 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 				runs = append(runs, r)
 			}
 		}
-		res.Fits[v] = fitCPU(runs)
+		if len(runs) > 0 {
+			res.Fits[v] = fitCPU(runs)
+		}
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.Elapsed = time.Since(began).Seconds()

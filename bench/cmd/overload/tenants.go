@@ -26,6 +26,12 @@ func share(i int) float64 {
 // apiKey is tenant i's API key.
 func apiKey(i int) string { return fmt.Sprintf("overload-key-%d", i) }
 
+// rejectKey and rejectTenant are the rejection-cost scenario's caller.
+const (
+	rejectKey    = "overload-key-reject"
+	rejectTenant = "tenant-reject"
+)
+
 // tenantID is tenant i's ID.
 func tenantID(i int) string { return fmt.Sprintf("tenant-%d", i) }
 
@@ -75,6 +81,13 @@ func tenantTable(capacity float64) (*tenant.Table, error) {
 			Default: &tenant.LimitSpec{Rate: r, Burst: max(int(math.Ceil(r*burstSeconds)), 2)},
 		}
 	}
+	// The rejection-cost scenario's caller: a quota so small that nearly
+	// every one of its calls is rejected. No other scenario uses it.
+	digest, err := tenant.HashKey(rejectKey)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tenants[rejectTenant] = tenant.TenantSpec{Keys: []string{digest}, Default: &tenant.LimitSpec{Rate: 1, Burst: 1}}
 	// Callers without a key (none in this experiment) get little.
 	cfg.Anonymous = &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1, Burst: 1}}
 	return tenant.Compile(cfg)
