@@ -3,12 +3,13 @@
 #   make test   install what the tests need (redis-server), then go vet and
 #               go test -race over every package of both modules
 #   make bench  the side-by-side benchmarks against peer libraries
+#   make overload  the overload experiment (about 15 minutes; BENCHMARKS.md)
 
 GO        ?= go
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet unit bench fuzz generate
+.PHONY: test deps vet unit bench overload fuzz generate
 
 test: deps vet unit
 
@@ -33,6 +34,13 @@ unit:
 bench: deps
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 90m . | tee results.txt
 	cd bench && $(GO) run ./cmd/memory
+
+# Rewrites BENCHMARKS.md, bench/results/overload.json and docs/benchmarks/.
+# As root it pins the server and the load generator to different CPUs and
+# gives the server its own cgroup with a CPU quota; otherwise it says so in
+# the report and runs without.
+overload:
+	cd bench && $(GO) run ./cmd/overload
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
 fuzz:
