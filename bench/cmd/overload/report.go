@@ -203,69 +203,41 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 			f("![goodput against offered load](%s)\n\n", rel(c))
 		}
 		loads := res.sweepLoads()
-		f("Goodput, calls/s (%% of the measured capacity):\n\n| variant |")
-		for _, l := range loads {
-			f(" %s |", loadName(l))
-		}
-		f("\n|---|")
-		for range loads {
-			f("---:|")
-		}
-		f("\n")
-		for _, v := range vs {
-			r := res.run("sweep", v)
-			f("| %s |", v)
+		// table writes one row per variant and one column per load.
+		table := func(title string, cell func(w *Window) string) {
+			f("%s\n\n| variant |", title)
 			for _, l := range loads {
-				if w := r.window(loadName(l)); w != nil {
-					f(" %.0f (%.0f%%) |", w.Goodput, 100*w.Goodput/cap)
-				} else {
-					f(" – |")
-				}
+				f(" %s |", loadName(l))
+			}
+			f("\n|---|")
+			for range loads {
+				f("---:|")
 			}
 			f("\n")
-		}
-		f("\nAccepted latency p50 / p99 / p99.9, ms:\n\n| variant |")
-		for _, l := range loads {
-			f(" %s |", loadName(l))
-		}
-		f("\n|---|")
-		for range loads {
-			f("---:|")
-		}
-		f("\n")
-		for _, v := range vs {
-			r := res.run("sweep", v)
-			f("| %s |", v)
-			for _, l := range loads {
-				if w := r.window(loadName(l)); w != nil {
-					f(" %s / %s / %s |", num(w.P50, 1), num(w.P99, 0), num(w.P999, 0))
-				} else {
-					f(" – |")
+			for _, v := range vs {
+				r := res.run("sweep", v)
+				f("| %s |", v)
+				for _, l := range loads {
+					if w := r.window(loadName(l)); w != nil {
+						f(" %s |", cell(w))
+					} else {
+						f(" – |")
+					}
 				}
+				f("\n")
 			}
-			f("\n")
 		}
-		f("\nRejections and deadlines per second, and the server's CPU use (CPUs):\n\n| variant |")
-		for _, l := range loads {
-			f(" %s |", loadName(l))
-		}
-		f("\n|---|")
-		for range loads {
-			f("---:|")
-		}
+		table("Goodput, calls/s (% of the measured capacity):", func(w *Window) string {
+			return fmt.Sprintf("%.0f (%.0f%%)", w.Goodput, 100*w.Goodput/cap)
+		})
 		f("\n")
-		for _, v := range vs {
-			r := res.run("sweep", v)
-			f("| %s |", v)
-			for _, l := range loads {
-				if w := r.window(loadName(l)); w != nil {
-					f(" %.0f rej, %.0f late, %s CPU |", w.Rejected, w.Deadline, num(nonzero(w.ServerCPU), 2))
-				} else {
-					f(" – |")
-				}
-			}
-			f("\n")
-		}
+		table("Accepted latency p50 / p99 / p99.9, ms:", func(w *Window) string {
+			return num(w.P50, 1) + " / " + num(w.P99, 0) + " / " + num(w.P999, 0)
+		})
+		f("\n")
+		table("Rejections and deadlines per second, and the server's CPU use (CPUs):", func(w *Window) string {
+			return fmt.Sprintf("%.0f rej, %.0f late, %s CPU", w.Rejected, w.Deadline, num(nonzero(w.ServerCPU), 2))
+		})
 		f("\n")
 	}
 
