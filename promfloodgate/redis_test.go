@@ -245,20 +245,7 @@ func TestRedisMetricsHungServer(t *testing.T) {
 	ctx := context.Background()
 	// The first call dials, which under the race detector on a loaded
 	// machine may miss the deadline: wait for Redis to decide once.
-	fallbacks := 0
-	for end := time.Now().Add(10 * time.Second); ; {
-		res, err := store.TakeN(ctx, "warm", lim, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Source == floodgate.SourceRedis {
-			break
-		}
-		fallbacks++
-		if time.Now().After(end) {
-			t.Fatal("Redis did not decide within 10s")
-		}
-	}
+	fallbacks := untilRedis(t, store, "warm", lim, "at start")
 	errsBefore := redisSeries(t, m, "floodgate_redis_call_errors_total", "kind", "timeout")
 
 	srv.Stop()
@@ -288,20 +275,7 @@ func TestRedisMetricsHungServer(t *testing.T) {
 	}
 
 	srv.Cont()
-	for end := time.Now().Add(10 * time.Second); ; {
-		res, err := store.TakeN(ctx, "k", lim, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Source == floodgate.SourceRedis {
-			break
-		}
-		fallbacks++
-		if time.Now().After(end) {
-			t.Fatal("Redis did not decide within 10s of resuming")
-		}
-		runtime.Gosched() // the breaker's cooldown runs on real time
-	}
+	fallbacks += untilRedis(t, store, "k", lim, "after resuming")
 	for _, v := range []struct {
 		name, label, value string
 		want               float64
@@ -373,4 +347,25 @@ func ExampleNewRedisMetrics() {
 	}
 	prometheus.MustRegister(metrics)
 	_ = store
+}
+
+// untilRedis takes from key until Redis, not a fallback, decides, for at
+// most 10 s, and returns how many decisions fell back meanwhile.
+func untilRedis(t *testing.T, store *redisstore.Store, key string, lim floodgate.Limit, when string) int {
+	t.Helper()
+	fallbacks := 0
+	for end := time.Now().Add(10 * time.Second); ; {
+		res, err := store.TakeN(context.Background(), key, lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Source == floodgate.SourceRedis {
+			return fallbacks
+		}
+		fallbacks++
+		if time.Now().After(end) {
+			t.Fatalf("Redis did not decide within 10s %s", when)
+		}
+		runtime.Gosched() // the breaker's cooldown runs on real time
+	}
 }
