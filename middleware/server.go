@@ -131,7 +131,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	}
 	l.c.add(cTap)
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
+		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
 	}
 	return ctx, l.rej.tapError(left)
 }

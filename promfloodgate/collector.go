@@ -305,27 +305,18 @@ func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 // logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) {
 	// The counting is in the literal itself, not in a method value that
-	// would call a method: the Event is large enough to be passed on the
-	// stack, and a second call would copy it again.
+	// would call a method with the Event again.
 	return func(e middleware.Event) {
 		combo := int(e.Reason)
 		if combo >= numReasons {
 			return
 		}
-		flags := 0
-		if e.Allowed {
-			flags |= 1
-		}
-		if e.DryRun {
-			flags |= 2
-		}
-		if e.Tap {
-			flags |= 4
-		}
-		combo = combo*numFlags + flags
+		// The flags' bits are the slot's (middleware.FlagAllowed is 1,
+		// FlagDryRun 2, FlagTap 4; TestFlagBits).
+		combo = combo*numFlags + int(e.Flags)&(numFlags-1)
 		// Only the interceptors' decisions were made by a store.
 		src := 0
-		if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
+		if e.Flags&middleware.FlagTap == 0 && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
 			src = 1 + min(int(e.Source), len(sourceLabels)-2)
 		}
 		m, ok := c.memo.get(e.Method)
@@ -340,7 +331,7 @@ func (c *Collector) Observer() func(middleware.Event) {
 			key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
 		}
 		c.series.counter(key).n.Add(1)
-		if !e.Allowed && c.o.logger != nil {
+		if e.Flags&middleware.FlagAllowed == 0 && c.o.logger != nil {
 			c.logRejection(e)
 		}
 	}
@@ -391,7 +382,7 @@ func (c *Collector) logRejection(e middleware.Event) {
 		tier = LabelNone
 	}
 	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier,
-		"method", c.methodLabel(e.Method), "tap", e.Tap, "dry_run", e.DryRun,
+		"method", c.methodLabel(e.Method), "tap", e.Tap(), "dry_run", e.DryRun(),
 		"suppressed", c.suppressed.Swap(0))
 }
 
@@ -496,7 +487,7 @@ func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 		m := int(key >> methodShift & (1<<(tenantShift-methodShift) - 1))
 		reason := middleware.Reason(combo / numFlags)
 		flags := combo % numFlags
-		allowed, dry, tap := flags&1 != 0, flags&2 != 0, flags&4 != 0
+		allowed, dry, tap := flags&int(middleware.FlagAllowed) != 0, flags&int(middleware.FlagDryRun) != 0, flags&int(middleware.FlagTap) != 0
 		outcome, code := "admitted", codes.OK
 		if !allowed {
 			if dry {

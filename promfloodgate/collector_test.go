@@ -236,10 +236,10 @@ func TestCodesAndFlags(t *testing.T) {
 	obs := c.Observer()
 	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota})
 	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonOverload})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Flags: middleware.FlagTap})
 	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Allowed: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Flags: middleware.FlagAllowed})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Flags: middleware.FlagDryRun})
 	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // unknown: dropped
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
@@ -263,7 +263,7 @@ func TestTierCap(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, tier := range []string{"a", "b", "c", "d", "a", "c"} {
-		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Allowed: true})
+		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Flags: middleware.FlagAllowed})
 	}
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
@@ -288,9 +288,9 @@ func TestObserverAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		obs := c.Observer()
-		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
+		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Flags: middleware.FlagAllowed}
 		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
-		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
+		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Flags: middleware.FlagAllowed}
 		obs(accepted)
 		obs(rejected) // logs once; later rejections are suppressed
 		obs(overCap)
@@ -313,12 +313,12 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	obs := c.Observer()
 	for range 100 {
 		obs(middleware.Event{Method: methodGet, Tier: "free", Reason: middleware.ReasonQuota})
-		obs(middleware.Event{Method: methodGet, Tier: "free", Allowed: true})
+		obs(middleware.Event{Method: methodGet, Tier: "free", Flags: middleware.FlagAllowed})
 	}
 	now = now.Add(999 * time.Millisecond)
 	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload})
 	now = now.Add(time.Millisecond)
-	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Tap: true})
+	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Flags: middleware.FlagTap})
 
 	type line struct {
 		Msg, Reason, Tier, Method string
@@ -451,9 +451,9 @@ func TestConcurrentObserveAndCollect(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 1000 {
-				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Allowed: true}
+				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Flags: middleware.FlagAllowed}
 				if i%3 == 0 {
-					e.Allowed, e.Reason = false, middleware.ReasonQuota
+					e.Flags, e.Reason = 0, middleware.ReasonQuota
 				}
 				obs(e)
 			}
@@ -548,7 +548,7 @@ floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Invento
 		t.Error(err)
 	}
 	// A source newer than this package is counted, not dropped.
-	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Allowed: true, Source: floodgate.Source(42)})
+	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Source: floodgate.Source(42), Flags: middleware.FlagAllowed})
 	if got := seriesValue(t, c, map[string]string{"source": "unknown"}); got != 1 {
 		t.Errorf("unknown source counted %g times, want 1", got)
 	}
@@ -598,11 +598,11 @@ func TestTenantLabels(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, ten := range []string{"acme", "globex", "initech", "acme", "umbrella", "globex", "acme"} {
-		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Allowed: true})
+		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Flags: middleware.FlagAllowed})
 	}
 	obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: "initech", Reason: middleware.ReasonQuota})
-	obs(middleware.Event{Method: methodGet, Allowed: true})                                // anonymous
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}) // tap: no tenant
+	obs(middleware.Event{Method: methodGet, Flags: middleware.FlagAllowed})                                // anonymous
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Flags: middleware.FlagTap}) // tap: no tenant
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
@@ -732,4 +732,13 @@ func TestMethodMemoConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestFlagBits: the observer uses an Event's flags as the low bits of a
+// series' slot, which decode as allowed 1, dry run 2, tap 4.
+func TestFlagBits(t *testing.T) {
+	if middleware.FlagAllowed != 1 || middleware.FlagDryRun != 2 || middleware.FlagTap != 4 || numFlags != 8 {
+		t.Fatalf("flags %d, %d, %d in %d slots; the series key expects 1, 2, 4 in 8",
+			middleware.FlagAllowed, middleware.FlagDryRun, middleware.FlagTap, numFlags)
+	}
 }

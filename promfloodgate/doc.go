@@ -68,10 +68,13 @@
 // flags, source, the tier's slot (a scan of the few tiers seen), the
 // method's (remembered by the address of the method string, which the
 // middleware reuses, else a probe of a small open-addressing table built by
-// New) and, with tenant labels, the tenant's (a map lookup) into one word, finds the
-// series' counter by a lock-free probe and increments it. It allocates
-// nothing but a new series' counter. The atomic increment is most of its
-// cost. A rejection also reads the clock when WithLogger is set.
+// New) and, with tenant labels, the tenant's (a map lookup) into one word,
+// finds the series' counter by a lock-free probe and increments it. It
+// allocates nothing but a new series' counter; the atomic increment is half
+// its cost. On an admitted call through the interceptor it adds about 13 ns
+// (BenchmarkObserverOverhead, the median difference over alternating blocks
+// of calls without and with it). A rejection also reads the clock when
+// WithLogger is set.
 //
 // # Top offenders
 //
