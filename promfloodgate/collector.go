@@ -159,8 +159,10 @@ func WithCodes(quota, overload codes.Code) Option {
 
 // WithLogger makes the observer log rejections to l at Warn, at most one line
 // per interval (> 0; DefaultLogInterval when 0): the line names the latest
-// rejection's reason, tier and method and counts the rejections not logged
-// since the previous line ("suppressed"). Never a key or an address.
+// rejection's reason, tier, tenant ("none" when anonymous) and method and
+// counts the rejections not logged since the previous line ("suppressed").
+// Never a key or an address: a tenant is a name from the operator's
+// configuration, not a credential.
 func WithLogger(l *slog.Logger, interval time.Duration) Option {
 	return func(o *options) error {
 		if interval < 0 {
@@ -377,11 +379,14 @@ func (c *Collector) logRejection(e middleware.Event) {
 		c.suppressed.Add(1)
 		return
 	}
-	tier := e.Tier
+	tier, tenant := e.Tier, e.Tenant
 	if tier == "" {
 		tier = LabelNone
 	}
-	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier,
+	if tenant == "" {
+		tenant = LabelNone
+	}
+	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier, "tenant", tenant,
 		"method", c.methodLabel(e.Method), "tap", e.Tap(), "dry_run", e.DryRun(),
 		"suppressed", c.suppressed.Swap(0))
 }

@@ -312,8 +312,8 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	}
 	obs := c.Observer()
 	for range 100 {
-		obs(middleware.Event{Method: methodGet, Tier: "free", Reason: middleware.ReasonQuota})
-		obs(middleware.Event{Method: methodGet, Tier: "free", Flags: middleware.FlagAllowed})
+		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Reason: middleware.ReasonQuota})
+		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Flags: middleware.FlagAllowed})
 	}
 	now = now.Add(999 * time.Millisecond)
 	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload})
@@ -321,10 +321,10 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Flags: middleware.FlagTap})
 
 	type line struct {
-		Msg, Reason, Tier, Method string
-		Tap                       bool
-		DryRun                    bool `json:"dry_run"`
-		Suppressed                uint64
+		Msg, Reason, Tier, Tenant, Method string
+		Tap                               bool
+		DryRun                            bool `json:"dry_run"`
+		Suppressed                        uint64
 	}
 	var got []line
 	dec := json.NewDecoder(&buf)
@@ -336,8 +336,8 @@ func TestRejectionLogIsBounded(t *testing.T) {
 		got = append(got, l)
 	}
 	want := []line{
-		{Msg: "floodgate: call rejected", Reason: "quota", Tier: "free", Method: methodGet},
-		{Msg: "floodgate: call rejected", Reason: "overload", Tier: "none", Method: "other", Tap: true, Suppressed: 100},
+		{Msg: "floodgate: call rejected", Reason: "quota", Tier: "free", Tenant: "initech", Method: methodGet},
+		{Msg: "floodgate: call rejected", Reason: "overload", Tier: "none", Tenant: "none", Method: "other", Tap: true, Suppressed: 100},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("log lines (-want +got):\n%s", diff)
