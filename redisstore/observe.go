@@ -37,9 +37,12 @@ const (
 	KindScript
 	// KindOther: any other error.
 	KindOther
+	// KindBreakerOpen: no call was made, as the open breaker spared Redis
+	// (the errors of Peek, Refund and Reset; the observer never sees it).
+	KindBreakerOpen
 )
 
-var kindNames = [...]string{"none", "timeout", "canceled", "connection", "cluster", "script", "other"}
+var kindNames = [...]string{"none", "timeout", "canceled", "connection", "cluster", "script", "other", "breaker_open"}
 
 // String returns the kind's lower-case name, such as "timeout".
 func (k ErrorKind) String() string {
@@ -54,11 +57,13 @@ var clusterPrefixes = [...]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "
 
 // KindOf classifies err, an error of a call to Redis such as the ones
 // [WithOnError] receives or [ErrUnavailable] wraps; the error of a call the
-// open breaker spared is KindOther. It allocates nothing.
+// open breaker spared is KindBreakerOpen. It allocates nothing.
 func KindOf(err error) ErrorKind {
 	switch {
 	case err == nil:
 		return KindNone
+	case errors.Is(err, errBreakerOpen):
+		return KindBreakerOpen
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout):
 		return KindTimeout
 	case errors.Is(err, context.Canceled):

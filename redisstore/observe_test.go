@@ -150,6 +150,25 @@ func TestKindOf(t *testing.T) {
 	}
 }
 
+// TestKindOfBreakerOpen: once the breaker has opened, Reset fails without a
+// call, and says so.
+func TestKindOfBreakerOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, newClient(t, srv.Addr), redisstore.WithBreaker(1, time.Hour), redisstore.WithDeadline(time.Second))
+	srv.Kill()
+	err := s.Reset(bg, "k")
+	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != redisstore.KindConnection {
+		t.Fatalf("Reset with Redis down = %v (%v), want ErrUnavailable of kind connection", err, k)
+	}
+	err = s.Reset(bg, "k")
+	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != redisstore.KindBreakerOpen {
+		t.Errorf("Reset with the breaker open = %v (%v), want ErrUnavailable of kind breaker_open", err, k)
+	}
+	if got := redisstore.KindBreakerOpen.String(); got != "breaker_open" {
+		t.Errorf("KindBreakerOpen.String() = %q", got)
+	}
+}
+
 // TestKindOfAllocs checks that classifying the errors of a failing Redis
 // allocates nothing: the observer runs on every failed call.
 func TestKindOfAllocs(t *testing.T) {
