@@ -65,7 +65,7 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 			if err != nil || wait == 0 {
 				return err
 			}
-			return m.sleep(ctx, s, k, lim, n, wait)
+			return m.sleep(ctx, s, k, true, lim, n, wait)
 		}
 		s.mu.Unlock()
 	}
@@ -74,7 +74,7 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	if err != nil || wait == 0 {
 		return err
 	}
-	return m.sleep(ctx, s, k, lim, n, wait)
+	return m.sleep(ctx, s, k, false, lim, n, wait)
 }
 
 // reserve takes n tokens from st, which the caller holds locked, unless
@@ -96,9 +96,9 @@ func (m *Map) reserve(ctx context.Context, st *state, lim floodgate.Limit, n int
 	return wait, nil
 }
 
-// sleep waits for a reservation of n tokens in key k's bucket to come due,
-// and gives it back if ctx ends first.
-func (m *Map) sleep(ctx context.Context, s *shard, k uint64, lim floodgate.Limit, n int, wait int64) error {
+// sleep waits for a reservation of n tokens in key k's bucket, or in the
+// shard's overflow bucket, to come due, and gives it back if ctx ends first.
+func (m *Map) sleep(ctx context.Context, s *shard, k uint64, overflow bool, lim floodgate.Limit, n int, wait int64) error {
 	t := time.NewTimer(time.Duration(wait))
 	defer t.Stop()
 	select {
@@ -106,11 +106,18 @@ func (m *Map) sleep(ctx context.Context, s *shard, k uint64, lim floodgate.Limit
 		return nil
 	case <-ctx.Done():
 	}
-	// Give the reservation back. The bucket may have been evicted or
+	// Give the reservation back. A key's bucket may have been evicted or
 	// reset meanwhile; then there is nothing to give back to.
-	if sl, old := m.find(s, k); sl != nil {
-		tokens, at := sl.st.refill(lim, m.now())
-		sl.st.set(lim, min(tokens+int64(n)*unit, int64(lim.Burst)*unit), at)
+	give := func(st *state) {
+		tokens, at := st.refill(lim, m.now())
+		st.set(lim, min(tokens+int64(n)*unit, int64(lim.Burst)*unit), at)
+	}
+	if overflow {
+		s.mu.Lock()
+		give(&s.overflow)
+		s.mu.Unlock()
+	} else if sl, old := m.find(s, k); sl != nil {
+		give(&sl.st)
 		sl.meta.Store(old)
 	}
 	m.stripe().refunds.Add(1)

@@ -111,3 +111,36 @@ func TestWaitNCancelRefunds(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitNCancelRefundsOverflow: a key without a bucket of its own waits on
+// its shard's overflow bucket, and a canceled wait gives its tokens back
+// there, or the keys sharing it would wait for tokens nobody took.
+func TestWaitNCancelRefundsOverflow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := New(WithCapacity(1), WithShards(1))
+		lim := floodgate.PerSecond(1, 1)
+		bg := context.Background()
+		m.WaitN(bg, "resident", lim, 1) // not full: protected from eviction
+		m.WaitN(bg, "new-1", lim, 1)    // drains the overflow bucket
+		if st := m.Stats(); st.Overflowed != 1 {
+			t.Fatalf("Stats = %+v, want new-1 in the overflow bucket", st)
+		}
+		ctx, cancel := context.WithCancel(bg)
+		errc := make(chan error)
+		go func() { errc <- m.WaitN(ctx, "new-2", lim, 1) }()
+		synctest.Wait()
+		time.Sleep(300 * time.Millisecond)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("WaitN = %v, want context.Canceled", err)
+		}
+		// 0.3 tokens now: the next waiter waits 0.7 s, not 1.7 s.
+		start := time.Now()
+		if err := m.WaitN(bg, "new-3", lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Since(start); got != 700*time.Millisecond {
+			t.Errorf("WaitN after the refund waited %v, want 700ms", got)
+		}
+	})
+}
