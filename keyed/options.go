@@ -66,10 +66,13 @@ type options struct {
 // earlier one. The default is [DefaultCapacity].
 func WithCapacity(n int) Option { return func(o *options) { o.capacity = n } }
 
-// WithShards sets the number of independently locked shards: a power of two
-// from 1 to 1024. More shards mean less lock contention. A later call
-// replaces an earlier one. The default is 64, or fewer for capacities below 1024
-// (at least 16 keys per shard).
+// WithShards sets the number of shards: a power of two from 1 to 1024. A
+// take on a tracked key locks only its own slot, whatever the shard count;
+// the shard's mutex serializes inserts, evictions and resets, so more shards
+// help a workload that adds keys from many goroutines at once, and each
+// shard keeps its own overflow bucket under [Protect]. A later call replaces
+// an earlier one. The default is 64, or fewer for capacities below 1024 (at
+// least 16 keys per shard).
 func WithShards(n int) Option { return func(o *options) { o.shards = n } }
 
 // WithClock makes the Map read time from c instead of the monotonic clock:
