@@ -47,8 +47,9 @@
 // All methods are safe for concurrent use. A take on a tracked key locks
 // only that key's slot, so takes on different keys from different cores
 // share no written memory; new keys, evictions and resets also take their
-// shard's mutex. Eviction callbacks run after the shard's mutex is released. Nothing runs in the background: idle buckets cost
-// only their slot until evicted or reset.
+// shard's mutex. Eviction callbacks run after the shard's mutex is
+// released. Nothing runs in the background: idle buckets cost only their
+// slot until evicted or reset.
 //
 // # Edge cases
 //
