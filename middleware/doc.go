@@ -45,10 +45,14 @@
 // x-forwarded-for and x-real-ip are read only when the peer is a trusted
 // proxy (WithTrustedProxies), right to left, skipping trusted hops; the
 // first untrusted address is the client. Headers from anyone else are
-// ignored, so a client cannot pick its own bucket by spoofing them.
+// ignored, so a client cannot pick its own bucket by spoofing them. A proxy
+// that sets x-real-ip but passes the client's x-forwarded-for through
+// unchanged must be paired with WithClientAddressHeader("x-real-ip").
 //
 // Hostile metadata never causes a rejection: an oversized, repeated, non-ASCII
-// or malformed header is ignored and the caller is treated as anonymous.
+// or malformed header is ignored and the caller is treated as anonymous. Of
+// an oversized x-forwarded-for only the right end, where the trusted proxies
+// wrote, is read.
 // A connection without an IP address (a Unix socket, an in-memory pipe)
 // makes an anonymous caller share the bucket "a:-" with all such callers.
 //

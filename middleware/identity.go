@@ -113,12 +113,18 @@ func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {
 	if !a.IsValid() || !l.isTrusted(a) {
 		return a
 	}
-	if xff := h.get("x-forwarded-for"); len(xff) > 0 {
-		return walkForwarded(a, xff, l.isTrusted)
+	if l.o.fwdHeader != fwdRealIP {
+		if xff := h.get("x-forwarded-for"); len(xff) > 0 {
+			return walkForwarded(a, xff, l.isTrusted)
+		}
 	}
-	if rip := h.get("x-real-ip"); len(rip) == 1 {
-		if c, ok := parseHop(rip[0]); ok {
-			return c
+	if l.o.fwdHeader != fwdXFF {
+		// The last line: a proxy that adds a line rather than replacing
+		// the client's adds it last.
+		if rip := h.get("x-real-ip"); len(rip) > 0 {
+			if c, ok := parseHop(rip[len(rip)-1]); ok {
+				return c
+			}
 		}
 	}
 	return a
@@ -136,19 +142,30 @@ func (l *Limiter) isTrusted(a netip.Addr) bool {
 // walkForwarded walks x-forwarded-for values right to left, starting from
 // the trusted peer: each hop that is itself trusted passes the question on
 // to the hop before it, and the first untrusted hop is the client. A
-// malformed hop, an oversized value or more than maxHops trusted hops stop
-// the walk at the last trusted address reached: what lies beyond it cannot
-// be believed. Several header lines count as one list, in order.
+// malformed hop or more than maxHops trusted hops stop the walk at the last
+// trusted address reached: what lies beyond it cannot be believed. Several
+// header lines count as one list, in order.
+//
+// Of a value longer than maxForwardedLen only the last maxForwardedLen
+// bytes are read, and the entry they cut is malformed: proxies append to
+// what the client sent, so the entries the trusted hops wrote are on the
+// right, and a client that pads its own part must not push them out of
+// reach (which would leave the proxy's address, shared by all its clients,
+// as the caller's).
 func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
 	last := peer
 	hops := 0
 	for i := len(values) - 1; i >= 0; i-- {
 		rest := values[i]
-		if len(rest) > maxForwardedLen {
-			return last
+		cut := len(rest) > maxForwardedLen
+		if cut {
+			rest = rest[len(rest)-maxForwardedLen:]
 		}
 		for {
 			j := strings.LastIndexByte(rest, ',')
+			if j < 0 && cut {
+				return last
+			}
 			c, ok := parseHop(rest[j+1:])
 			if !ok {
 				return last
@@ -169,12 +186,19 @@ func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bo
 	return last
 }
 
-// parseHop parses one forwarding entry: an address, optionally with a port
-// ("1.2.3.4:80", "[::1]:80"), surrounded by optional spaces. Zones are
-// refused: they name an interface of the proxy, not a client.
+// parseHop parses one forwarding entry: an address, optionally in brackets
+// or with a port ("1.2.3.4:80", "[::1]", "[::1]:80"), surrounded by
+// optional spaces. Zones are refused: they name an interface of the proxy,
+// not a client.
 func parseHop(s string) (netip.Addr, bool) {
 	s = strings.TrimSpace(s)
 	if s == "" || len(s) > len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535") || strings.IndexByte(s, '%') >= 0 {
+		return netip.Addr{}, false
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil && a.Is6() {
+			return a.Unmap(), true
+		}
 		return netip.Addr{}, false
 	}
 	if a, err := netip.ParseAddr(s); err == nil {

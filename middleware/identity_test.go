@@ -66,8 +66,17 @@ func TestSubject(t *testing.T) {
 		{name: "xff garbage", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1, not-an-ip")}, want: "a:10.1.1.1"},
 		{name: "xff zone", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "fe80::1%eth0")}, want: "a:10.1.1.1"},
 		{name: "xff all trusted", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "10.9.9.9, 10.2.2.2")}, want: "a:10.9.9.9"},
-		{name: "xff oversized", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", strings.Repeat("1.1.1.1,", 1000)+"198.51.100.1")}, want: "a:10.1.1.1"},
+		{name: "xff oversized", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", strings.Repeat("1.1.1.1,", 1000)+"198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "xff padded by the client", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", strings.Repeat("x", 3000)+", 198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "xff cut among trusted hops", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", strings.Repeat("1", 3000)+", 10.2.2.2")}, want: "a:10.2.2.2"},
+		{name: "xff bracketed ipv6", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "[2001:db8:7:7::1]")}, want: "a:2001:db8:7:7::"},
+		{name: "xff bracketed ipv4", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "[198.51.100.1]")}, want: "a:10.1.1.1"},
 		{name: "x-real-ip from trusted proxy", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-real-ip", "198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "x-real-ip, last line", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-real-ip", "1.1.1.1", "x-real-ip", "198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "xff before x-real-ip", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1", "x-real-ip", "198.51.100.1")}, want: "a:1.1.1.1"},
+		{name: "x-real-ip only", opts: append(proxies, middleware.WithClientAddressHeader("x-real-ip")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1", "x-real-ip", "198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "x-real-ip only, missing", opts: append(proxies, middleware.WithClientAddressHeader("x-real-ip")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1")}, want: "a:10.1.1.1"},
+		{name: "xff only", opts: append(proxies, middleware.WithClientAddressHeader("X-Forwarded-For")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-real-ip", "198.51.100.1")}, want: "a:10.1.1.1"},
 		{name: "tenant behind proxy", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "198.51.100.1", "x-api-key", acmeKey)}, want: "t:acme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -384,6 +384,7 @@ func TestNewValidates(t *testing.T) {
 		{name: "nil tables", store: store},
 		{name: "no table", store: store, tables: middleware.Static(nil)},
 		{name: "v4 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(0, 64)}},
+		{name: "client address header", store: store, tables: tables, opts: []middleware.Option{middleware.WithClientAddressHeader("forwarded")}},
 		{name: "v6 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(32, 129)}},
 		{name: "OK code", store: store, tables: tables, opts: []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}},
 		{name: "pushback cap", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}},

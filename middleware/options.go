@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"time"
@@ -69,6 +70,7 @@ type Option func(*options)
 type options struct {
 	gate        *cpugate.Gate
 	trusted     []netip.Prefix
+	fwdHeader   uint8 // fwdBoth, fwdXFF or fwdRealIP
 	v4Bits      int
 	v6Bits      int
 	keyHeaders  []string
@@ -119,8 +121,10 @@ func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
 // WithTrustedProxies adds the networks whose x-forwarded-for and x-real-ip
 // headers are believed. Only when the immediate peer is in one of them is
 // x-forwarded-for read, right to left, skipping further trusted hops; the
-// first untrusted address is the client. Repeated calls add to the list;
-// the default is empty: headers are never believed.
+// first untrusted address is the client. Without x-forwarded-for, the last
+// x-real-ip line names the client; WithClientAddressHeader picks one header
+// when the proxy sets only one of them. Repeated calls add to the list; the
+// default is empty: headers are never believed.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 	return func(o *options) {
 		for _, p := range prefixes {
@@ -129,6 +133,36 @@ func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 				continue
 			}
 			o.trusted = append(o.trusted, p.Masked())
+		}
+	}
+}
+
+// Which forwarding headers a trusted proxy's calls are read by.
+const (
+	fwdBoth   = iota // x-forwarded-for, else x-real-ip
+	fwdXFF           // x-forwarded-for only
+	fwdRealIP        // x-real-ip only
+)
+
+// WithClientAddressHeader names the one header in which the trusted proxies
+// (WithTrustedProxies) pass on the client's address: "x-forwarded-for"
+// (walked right to left) or "x-real-ip" (its last line). By default both
+// are read, x-forwarded-for first, which suits proxies that append to
+// x-forwarded-for: Envoy, HAProxy's forwardfor, nginx with
+// $proxy_add_x_forwarded_for. A proxy that sets x-real-ip but passes the
+// client's own x-forwarded-for through (nginx with only
+// "proxy_set_header X-Real-IP $remote_addr") needs "x-real-ip": otherwise
+// each client names its own address, and picks its own bucket. A repeated
+// call replaces the header.
+func WithClientAddressHeader(name string) Option {
+	return func(o *options) {
+		switch strings.ToLower(name) {
+		case "x-forwarded-for":
+			o.fwdHeader = fwdXFF
+		case "x-real-ip":
+			o.fwdHeader = fwdRealIP
+		default:
+			o.fail(fmt.Sprintf("WithClientAddressHeader: %q is neither x-forwarded-for nor x-real-ip", name))
 		}
 	}
 }
