@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"sync"
@@ -576,5 +577,49 @@ func TestRateLimitHeadersOverGRPC(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+}
+
+// TestServeHTTPKeysByAddress serves through grpc.Server.ServeHTTP, where
+// grpc-go names the peer by the request's "ip:port" string rather than a
+// *net.TCPAddr: anonymous callers must still get a bucket per address, not
+// one shared by all.
+func TestServeHTTPKeysByAddress(t *testing.T) {
+	f := newFixture(t)
+	gs := grpc.NewServer(limiterServer(f.l)...)
+	gs.RegisterService(&echoDesc, &echo{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: gs, Protocols: new(http.Protocols)}
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	go hs.Serve(lis)
+	t.Cleanup(func() { hs.Close() })
+
+	dial := func(local string) *grpc.ClientConn {
+		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+				return d.DialContext(ctx, "tcp", addr)
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	ctx := context.Background()
+	noisy, quiet := dial("127.0.0.1"), dial("127.0.0.2")
+	for i := range 2 { // the anonymous burst
+		if err := invoke(ctx, noisy); err != nil {
+			t.Fatalf("call %d within the burst: %v", i, err)
+		}
+	}
+	if err := invoke(ctx, noisy); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call past the burst: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if err := invoke(ctx, quiet); err != nil {
+		t.Errorf("first call from another address: %v, want its own bucket", err)
 	}
 }

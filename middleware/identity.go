@@ -105,8 +105,22 @@ func addrOf(p *peer.Peer) netip.Addr {
 		if addr != nil {
 			a, _ = netip.AddrFromSlice(addr.IP)
 		}
+	case nil:
+	default:
+		// Other transports name the peer by a string: grpc.Server's
+		// ServeHTTP gives the HTTP request's "ip:port".
+		a = parseAddr(addr.String())
 	}
 	return a.Unmap()
+}
+
+// parseAddr parses "ip:port" or "ip", or returns the zero Addr.
+func parseAddr(s string) netip.Addr {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr()
+	}
+	a, _ := netip.ParseAddr(s)
+	return a
 }
 
 func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {

@@ -87,7 +87,8 @@ var noAddr byte
 // the address object of its connection, which grpc-go keeps for the
 // connection's life, or noAddr. It returns nil when the address must be
 // resolved on every call: the peer is a trusted proxy, whose forwarding
-// headers name the client.
+// headers name the client, or its address is not an object kept per
+// connection (ServeHTTP's is a string per request).
 func (l *Limiter) peerIdentity(p *peer.Peer) unsafe.Pointer {
 	if p == nil {
 		return unsafe.Pointer(&noAddr)
@@ -99,6 +100,9 @@ func (l *Limiter) peerIdentity(p *peer.Peer) unsafe.Pointer {
 	case *net.UDPAddr:
 		who = unsafe.Pointer(a)
 	default:
+		if addrOf(p).IsValid() {
+			return nil
+		}
 		return unsafe.Pointer(&noAddr)
 	}
 	if who == nil {
