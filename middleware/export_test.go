@@ -6,7 +6,7 @@ import "context"
 // with context ctx: "t:<tenant>" or "a:<address>".
 func Subject(l *Limiter, ctx context.Context) string {
 	var buf [keyBufLen]byte
-	_, _, b := l.resolve(ctx, incoming(ctx), l.tables.Table(), buf[:0], false)
+	_, _, b := l.resolve(ctx, incoming(ctx), l.tables.Table(), buf[:0])
 	return string(b)
 }
 

@@ -418,11 +418,9 @@ func FromContext(ctx context.Context) (Decision, bool) {
 }
 
 // identify finds the caller's tenant: the tenant and true, or the anonymous
-// policy and false. In the tap handle (inTap) it calls no KeyFunc, which may
-// expect the interceptor chain's context, and resolves only API keys
-// already cached: a map lookup, never a SHA-256 under the transport's lock.
-func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table, inTap bool) (*tenant.Tenant, bool) {
-	if l.o.keyFunc != nil && !inTap {
+// policy and false.
+func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table) (*tenant.Tenant, bool) {
+	if l.o.keyFunc != nil {
 		if id, ok := l.o.keyFunc(ctx, methodOf(ctx)); ok {
 			return table.TenantByID(id)
 		}
@@ -435,12 +433,33 @@ func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *t
 		}
 	}
 	if key := l.apiKey(h); key != "" {
-		if inTap {
-			return l.keys.lookup(table, key)
-		}
 		return l.keys.resolve(table, key)
 	}
 	return table.Anonymous(), false
+}
+
+// tapIdentify is identify as the tap handle can afford it, without a
+// SHA-256 under the transport's lock: it resolves only API keys already
+// cached. It reports ok false when it cannot tell what identify would say:
+// a KeyFunc is set (it may name any caller, and may expect the interceptor
+// chain's context), or the caller presents a key the cache does not hold.
+// Judged by its address instead, such a caller would answer for its
+// neighbours' penalties, and a tenant rejected at the tap would never reach
+// the interceptor to have its key cached.
+func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten *tenant.Tenant, found, ok bool) {
+	if l.o.keyFunc != nil {
+		return nil, false, false
+	}
+	if id, ok := l.tlsTenant(p); ok {
+		if ten, found := table.TenantByID(id); found {
+			return ten, true, true
+		}
+	}
+	if key := l.apiKey(h); key != "" {
+		ten, found := l.keys.lookup(table, key)
+		return ten, found, found
+	}
+	return table.Anonymous(), false, true
 }
 
 // appendSubject appends the bucket subject to buf: "t:<id>" for a known
@@ -459,9 +478,9 @@ func (l *Limiter) appendSubject(buf []byte, ten *tenant.Tenant, found bool, p *p
 }
 
 // resolve finds the caller's tenant and appends the bucket subject to buf.
-func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte, inTap bool) (*tenant.Tenant, bool, []byte) {
+func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte) (*tenant.Tenant, bool, []byte) {
 	p := peerOf(ctx)
-	ten, found := l.identify(ctx, p, h, table, inTap)
+	ten, found := l.identify(ctx, p, h, table)
 	return ten, found, l.appendSubject(buf, ten, found, p, h)
 }
 
@@ -477,7 +496,7 @@ func methodOf(ctx context.Context) string {
 func (l *Limiter) decide(ctx context.Context, method string, v *verdict) error {
 	h := incoming(ctx)
 	p := peerOf(ctx)
-	ten, found := l.identify(ctx, p, h, l.tables.Table(), false)
+	ten, found := l.identify(ctx, p, h, l.tables.Table())
 	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun}
 	return l.take(ctx, v)
 }

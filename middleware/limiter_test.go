@@ -533,6 +533,55 @@ func TestLimitImplementsRatelimit(t *testing.T) {
 	}
 }
 
+// TestTapPassesWhomItCannotIdentify: a caller that shares its address with
+// an anonymous neighbour under a retry delay is turned away at the tap only
+// when the tap knows it is that neighbour. A tenant whose API key the tap has
+// not seen yet, and any caller while a KeyFunc names tenants, pass to the
+// interceptor, which admits them.
+func TestTapPassesWhomItCannotIdentify(t *testing.T) {
+	keyFunc := middleware.WithKeyFunc(func(ctx context.Context, _ string) (string, bool) {
+		if v := metadata.ValueFromIncomingContext(ctx, "x-user"); len(v) == 1 {
+			return v[0], true
+		}
+		return "", false
+	})
+	for _, tc := range []struct {
+		name      string
+		opts      []middleware.Option
+		tenant    call
+		neighbour bool // whether the tap can still turn the neighbour away
+	}{
+		{"uncached api key", nil, call{addr: "203.0.113.7:6000", md: apiKeyMD(acmeKey)}, true},
+		{"key func", []middleware.Option{keyFunc}, call{addr: "203.0.113.7:6000", md: metadata.Pairs("x-user", "acme")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, sample := scriptedGate(t)
+			f := newFixture(t, append(tc.opts, middleware.WithGate(g))...)
+			tapCall := func(c call) error {
+				ctx, _ := c.context(methodGet)
+				_, err := f.l.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: c.md})
+				return err
+			}
+			sample(0.95, f.clock.Now())
+			neighbour := call{addr: "203.0.113.7:5000"}
+			for range 5 { // past the anonymous burst: overload rejections
+				unary(f.l, neighbour, methodGet)
+			}
+			if err := tapCall(neighbour); (status.Code(err) == codes.Unavailable) != tc.neighbour {
+				t.Errorf("tap on the neighbour: %v; want rejected: %v", err, tc.neighbour)
+			}
+			for i := range 3 {
+				if err := tapCall(tc.tenant); err != nil {
+					t.Fatalf("tap attempt %d rejected tenant acme for its neighbour's retry delay: %v", i, err)
+				}
+			}
+			if ran, d, _, err := unary(f.l, tc.tenant, methodGet); !ran || d.Tenant != "acme" {
+				t.Errorf("interceptor: ran %v as %q (%v), want acme admitted", ran, d.Tenant, err)
+			}
+		})
+	}
+}
+
 func TestTapHandle(t *testing.T) {
 	g, sample := scriptedGate(t)
 	var events []middleware.Event

@@ -210,7 +210,9 @@ func WithAPIKeyHeaders(names ...string) Option {
 func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tlsIdentity = f } }
 
 // WithKeyFunc sets a hook consulted before TLS identities and API keys.
-// The default is none. A repeated call replaces the hook.
+// The default is none. A repeated call replaces the hook. The tap handle
+// does not call it, and so, with a hook set, passes every call to the
+// interceptors.
 func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
 
 // WithCodes sets the status codes of rejections: quota for a caller over its

@@ -105,10 +105,11 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // address), until when it told the caller to wait, in a fixed table of
 // atomic words. The tap resolves the subject from the
 // connection's address, the forwarding headers of trusted proxies, a TLS
-// client certificate and API keys it has already seen; it does not call a
-// KeyFunc, so callers identified only by a KeyFunc are left to the
-// interceptor. Everything else passes to the interceptor, which decides
-// exactly.
+// client certificate and API keys it has already seen. A caller with an
+// API key not seen yet passes, and with a KeyFunc set every caller does:
+// the tap cannot tell whose bucket they take from, and must not judge them
+// by a neighbour's penalty on the same address. Everything else passes to
+// the interceptor, which decides exactly.
 //
 // A rejection carries the overload status with its details; the tap cannot
 // send metadata, so it has no pushback trailer and clients back off by
@@ -122,8 +123,13 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
 	}
+	p, h := peerOf(ctx), header{md: info.Header}
+	ten, found, ok := l.tapIdentify(p, h, l.tables.Table())
+	if !ok {
+		return ctx, nil
+	}
 	var buf [keyBufLen]byte
-	_, _, subject := l.resolve(ctx, header{md: info.Header}, l.tables.Table(), buf[:0], true)
+	subject := l.appendSubject(buf[:0], ten, found, p, h)
 	// The subject is hashed, not kept, so it may alias the stack buffer.
 	left := l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), l.sinceEpoch())
 	if left <= 0 {
