@@ -10,7 +10,11 @@
 //     the process is saturated and restores it after a cooldown;
 //   - tenant: tenants, tiers and per-method quotas from a validated config;
 //   - middleware: gRPC interceptors and a tap handle built on the above;
-//   - redisstore: a Redis-backed Store for limits shared by many instances.
+//   - redisstore: a Redis-backed Store for limits shared by many instances;
+//   - promfloodgate: Prometheus metrics, a summary of the callers rejected
+//     most often and rate-limited rejection logs;
+//   - floodgatetest: a harness that runs a quota config through the real
+//     gRPC path with a simulated clock and a scripted CPU gate.
 //
 // # The model
 //

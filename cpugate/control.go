@@ -172,13 +172,15 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 //   - A reading at or above Enter is hot. Hot readings cut the scale
 //     multiplicatively, at most once per HoldOff (half of it when the
 //     reading is saturated) so that the CPU has time to answer a cut
-//     before the next one. A saturated reading (97% or
-//     more, where CPU no longer tells how far the load exceeds what the
-//     server can carry) cuts by FirstCut on entering Shedding and by Cut
-//     after that; a reading between Enter and saturation cuts only by what
-//     would bring it to the middle of the warm band, (Enter+Recover)/2,
-//     never harsher than those. A reading hot by SchedP99 alone cuts by
-//     FirstCut or Cut. The scale never goes below Floor.
+//     before the next one. A saturated reading (97% or more, where CPU no
+//     longer tells how far the load exceeds what the server can carry)
+//     cuts by FirstCut on entering Shedding from Open, and by Cut on
+//     re-entering it from Ramping (the scale already reflects earlier
+//     cuts) and on every cut after that; a reading between Enter and
+//     saturation cuts only by what would bring it to the middle of the
+//     warm band, (Enter+Recover)/2, never harsher than those. A reading
+//     hot by SchedP99 alone cuts by FirstCut or Cut. The scale never goes
+//     below Floor.
 //   - Readings between Recover and Enter are warm: they neither cut nor let
 //     the gate recover. While Shedding they restart the cooldown; while
 //     Ramping they pause the ramp. This band is where the gate settles
@@ -201,9 +203,11 @@ type Adaptive struct {
 	// Recover is the CPU fraction below which a reading is calm, less than
 	// Enter. Default 0.8.
 	Recover float64
-	// FirstCut multiplies the scale on entering Shedding. Default 0.5.
+	// FirstCut multiplies the scale on entering Shedding from Open.
+	// Default 0.5.
 	FirstCut float64
-	// Cut multiplies the scale on later hot readings. Default 0.75.
+	// Cut multiplies the scale on re-entering Shedding from Ramping and on
+	// later hot readings. Default 0.75.
 	Cut float64
 	// HoldOff is the least time between two cuts; half of it between
 	// cuts on saturated readings. Default 1 s.

@@ -382,7 +382,9 @@ func (k Counts) Plus(o Counts) Counts {
 
 // A Load is a caller calling a method at a steady rate.
 type Load struct {
+	// Caller is the simulated client that makes the calls.
 	Caller *Caller
+	// Method is the full method name called, one of Config.Methods.
 	Method string
 	// Rate is in calls per second of simulated time.
 	Rate float64

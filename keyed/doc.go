@@ -53,8 +53,10 @@
 //
 // # Edge cases
 //
-// A take of n ≤ 0 tokens reports the bucket without changing it. A take of
-// more than the burst is rejected with RetryAfter [floodgate.Never] and
-// creates nothing. [floodgate.Inf] admits everything and keeps no state. The
-// empty key is an ordinary key.
+// A take of 0 tokens reports the bucket without changing it. [Map.TakeN]
+// and [Map.WaitN] reject a negative n with [ErrNegativeN]; [Map.TakeAt],
+// which validates nothing, treats it like 0. A take of more than the burst
+// is rejected with RetryAfter [floodgate.Never] and creates nothing.
+// [floodgate.Inf] admits everything and keeps no state. The empty key is an
+// ordinary key.
 package keyed

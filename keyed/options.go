@@ -43,6 +43,8 @@ const (
 // Map keeps no key strings, so it names the bucket by its key's hash, as
 // [Map.Hash] computes it.
 type Eviction struct {
+	// Hash is the evicted key's 62-bit hash, as [Map.Hash] returns it for
+	// that key.
 	Hash uint64
 	// Full reports whether the bucket had refilled. Evicting a full bucket
 	// changes no decision; evicting one that was not full hands its client

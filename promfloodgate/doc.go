@@ -57,10 +57,11 @@
 // rejections, which resolve no tier. Tenant labels are off by default;
 // WithTenantLabels(n) names the first n tenants seen and labels later ones
 // "other" (anonymous callers and tap rejections "none"). The source label
-// has eight values, of which a deployment meets few. The decision series
-// are therefore bounded by 40 outcomes × 9 sources × (tiers + 2) ×
-// (methods + 1) × (n + 2), and in practice are the few combinations that
-// occur: a series exists from its first count.
+// has nine values (none, the seven sources and "unknown"), of which a
+// deployment meets few. The decision series are therefore bounded by 40
+// reason-and-flag combinations (5 reasons × 8 flag sets) × 9 sources ×
+// (tiers + 2) × (methods + 1) × (n + 2), and in practice are the few
+// combinations that occur: a series exists from its first count.
 //
 // # Cost
 //

@@ -462,7 +462,23 @@ func (s *Store) unavailable(ctx context.Context, err error) error {
 
 // Stats counts a Store's decisions by source since New.
 type Stats struct {
-	Redis, Cache, Lease, Fallback, FailOpen, FailClosed uint64
+	// Redis counts takes that Redis decided, peeks (n = 0) included, and
+	// takes under floodgate.Inf, which Redis admits without a call.
+	Redis uint64
+	// Cache counts takes denied without a call, from the local cache of
+	// Redis's recent denials.
+	Cache uint64
+	// Lease counts takes served from tokens leased ahead of time.
+	Lease uint64
+	// Fallback counts takes decided by the fallback store under the [Local]
+	// policy while Redis could not decide.
+	Fallback uint64
+	// FailOpen counts takes admitted by the [Open] policy while Redis could
+	// not decide.
+	FailOpen uint64
+	// FailClosed counts takes rejected by the [Closed] policy while Redis
+	// could not decide.
+	FailClosed uint64
 	// Errors counts Redis calls that failed or missed the deadline (not
 	// those the open breaker spared).
 	Errors uint64
