@@ -188,7 +188,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("| %s | %s |\n", v, variantNames[v])
 	}
 	f("\nB, C and D use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` as `examples/multitenant` does, with the tap handle at its default: while the gate sheds, it rejects callers still inside a retry delay before their request is read). ")
-	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at the gate's floor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
+	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at Fixed's factor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
 		heavyHeadroom, quota(heavyTenant, cap), lightHeadroom, quota(1, cap), burstSeconds)
 	f("P1's limiter is `rate.NewLimiter(capacity, capacity/10)` behind `ratelimit.UnaryServerInterceptor`; P2 is `load.NewAdaptiveShedder()` with go-zero's defaults (CPU threshold 90%%, 5 s window) wrapped as zrpc's shedding interceptor does. ")
 	f("Every variant exempts the health service (the middleware by default, the peers through go-grpc-middleware's `selector`). ")

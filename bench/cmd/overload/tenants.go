@@ -42,9 +42,9 @@ func tenantID(i int) string { return fmt.Sprintf("tenant-%d", i) }
 //     (0.75 × capacity): it can use half the server and then some;
 //   - each light tenant's quota is lightHeadroom × its share of capacity
 //     (4/18 ≈ 0.22 × capacity), sized in the spirit of
-//     examples/multitenant/tenants.yaml's steady tenants: even at the
-//     gate's floor (scale 0.2) the quota still covers the tenant's traffic
-//     at 0.8× capacity.
+//     examples/multitenant/tenants.yaml's steady tenants: even at Fixed's
+//     factor (scale 0.2) the quota still covers the tenant's traffic at
+//     0.8× capacity.
 //
 // Together the quotas are overbooked (2.75 × capacity), as real contracts
 // are: the buckets alone keep each tenant to its contract, and the CPU gate
