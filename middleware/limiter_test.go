@@ -478,6 +478,70 @@ func (s *serverStream) RecvMsg(any) error {
 	return nil
 }
 
+// TestStreamFollowsReload: with WithPerMessage, an open stream's messages
+// are limited by the tenant table in force. A reload that lowers the
+// tenant's limit applies to the next message, and one that revokes its key
+// makes the caller anonymous, as for a new call.
+func TestStreamFollowsReload(t *testing.T) {
+	mk := func(rate float64, burst int, keys ...string) *tenant.Table {
+		tbl, err := tenant.Compile(&tenant.Config{
+			Tenants:   map[string]tenant.TenantSpec{"acme": {Default: &tenant.LimitSpec{Rate: rate, Burst: burst}, Keys: keys}},
+			Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1, Burst: 1}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}
+	key := hashKey(t, acmeKey)
+	for _, tc := range []struct {
+		name        string
+		next        *tenant.Table
+		wantMsgs    int    // messages admitted after the reload
+		wantSubject string // whose bucket the last message took from
+	}{
+		{"limit lowered", mk(1, 3, key), 3, "t:acme"},
+		{"key revoked", mk(1000, 1000), 1, "a:203.0.113.7"},
+		{"no reload", nil, 200, "t:acme"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg, err := tenant.New(tenant.WithLogger(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg.Set(mk(1000, 1000, key))
+			f := newFixture(t)
+			var last middleware.Event
+			l, err := middleware.New(f.store, reg, middleware.WithPerMessage(true), middleware.WithClock(f.clock.Now),
+				middleware.WithObserver(func(e middleware.Event) { last = e }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, _ := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}.context(methodGet)
+			msgs := 0
+			handler := func(_ any, s grpc.ServerStream) error {
+				if tc.next != nil {
+					reg.Set(tc.next)
+				}
+				for {
+					if err := s.RecvMsg(nil); err != nil {
+						return err
+					}
+					msgs++
+				}
+			}
+			ss := &serverStream{ctx: ctx, n: 200}
+			err = l.StreamServerInterceptor()(nil, ss, &grpc.StreamServerInfo{FullMethod: methodGet, IsClientStream: true}, handler)
+			if msgs != tc.wantMsgs {
+				t.Errorf("%d messages admitted after the reload (stream ended with %v), want %d", msgs, err, tc.wantMsgs)
+			}
+			if got := last.Tenant; (got == "") != (tc.wantSubject[0] == 'a') {
+				t.Errorf("last message decided for tenant %q, want the bucket %s", got, tc.wantSubject)
+			}
+		})
+	}
+}
+
 func TestStreamInterceptor(t *testing.T) {
 	for _, perMessage := range []bool{false, true} {
 		f := newFixture(t, middleware.WithPerMessage(perMessage))

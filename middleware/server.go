@@ -14,6 +14,7 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -51,6 +52,10 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			l.c.add(cExempt)
 			return handler(srv, ss)
 		}
+		// The table is read before the decision: if a reload comes between
+		// the two, the first message resolves the route again, needlessly
+		// but harmlessly.
+		table := l.tables.Table()
 		dc, err := l.admit(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
@@ -58,27 +63,42 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if l.o.rateHeaders {
 			_ = ss.SetHeader(rateHeaders(dc.verdict().res))
 		}
-		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc})
+		if !l.o.perMessage {
+			return handler(srv, &stream{ServerStream: ss, dc: dc})
+		}
+		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, table: table, r: dc.verdict().r})
 	}
 }
 
 // stream is an admitted server stream: its context carries the decision,
-// and with WithPerMessage each received message is limited.
+// and with WithPerMessage (l set) each received message is limited, by the
+// route of the tenant table in force: a reload that lowers the caller's
+// limit or revokes its key applies to the streams already open. gRPC does
+// not call RecvMsg from two goroutines at once, so the fields need no lock.
 type stream struct {
 	grpc.ServerStream
-	l  *Limiter
-	dc *decisionCtx
+	l     *Limiter
+	dc    *decisionCtx
+	table *tenant.Table // the table r was resolved in
+	r     *route
 }
 
 func (s *stream) Context() context.Context { return s.dc }
 
 func (s *stream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil || !s.l.o.perMessage {
+	if err := s.ServerStream.RecvMsg(m); err != nil || s.l == nil {
 		return err
+	}
+	if t := s.l.tables.Table(); t != s.table {
+		ctx := s.dc.Context
+		h, p := incoming(ctx), peerOf(ctx)
+		ten, found := s.l.identify(ctx, p, h, t)
+		s.r, s.table = s.l.route(ten, found, p, h, s.r.method), t
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
 	v := s.dc.verdict()
+	v.r = s.r
 	return s.l.take(s.dc.Context, &v)
 }
 
