@@ -114,7 +114,7 @@ func (r *Registry) Set(t *Table) {
 func (r *Registry) Load(path string) error {
 	data, err := readConfig(path)
 	if err != nil {
-		r.report(path, err)
+		r.report(path, r.Table(), err)
 		return err
 	}
 	_, err = r.apply(path, data, sha256.Sum256(data))
@@ -133,15 +133,20 @@ func (r *Registry) apply(path string, data []byte, sum [32]byte) (changed bool, 
 	if err == nil {
 		r.table.Store(t)
 		r.loaded = source{path, sum}
+	} else {
+		t = r.table.Load()
 	}
 	r.mu.Unlock()
-	r.report(path, err)
+	// t, not Table(): a reload racing this one may have put another
+	// table in force since, and the callback must see the table this
+	// attempt left in force.
+	r.report(path, t, err)
 	return err == nil, err
 }
 
-func (r *Registry) report(path string, err error) {
+func (r *Registry) report(path string, t *Table, err error) {
 	if f := r.opts.onReload; f != nil {
-		f(path, r.Table(), err)
+		f(path, t, err)
 	}
 }
 
@@ -273,6 +278,6 @@ func (w *watcher) fail(err error) {
 	// apply reports its own outcome; other failures are reported here.
 	var ce *ConfigError
 	if !errors.As(err, &ce) {
-		w.r.report(w.path, err)
+		w.r.report(w.path, w.r.Table(), err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -372,5 +373,46 @@ func TestConcurrentLookupsDuringReloads(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// TestOnReloadSeesItsOwnTable: loads of two files race; each successful
+// load's callback must receive the table that load built, not whichever
+// table a racing load put in force since. The window is narrow: against the
+// fault, a run catches it about once in a few thousand loads.
+func TestOnReloadSeesItsOwnTable(t *testing.T) {
+	dir := t.TempDir()
+	paths := map[string]int{filepath.Join(dir, "a.yaml"): 1, filepath.Join(dir, "b.yaml"): 2}
+	for p, burst := range paths {
+		writeFile(t, p, map[int]string{1: goodA, 2: goodB}[burst])
+	}
+	var mismatches, reports atomic.Int64
+	r, err := tenant.New(tenant.WithLogger(nil), tenant.WithOnReload(func(path string, tbl *tenant.Table, err error) {
+		if err != nil {
+			return
+		}
+		reports.Add(1)
+		tn, ok := tbl.TenantByKey("demo-key-acme-1")
+		if !ok || tn.Rule(export).Limit.Burst != paths[path] {
+			mismatches.Add(1)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for p := range paths {
+		wg.Go(func() {
+			for range 3000 {
+				if err := r.Load(p); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := mismatches.Load(); n != 0 {
+		t.Errorf("%d of %d callbacks received another load's table", n, reports.Load())
 	}
 }
