@@ -54,14 +54,16 @@
 // an oversized x-forwarded-for only the right end, where the trusted proxies
 // wrote, is read.
 // A connection without an IP address (a Unix socket, an in-memory pipe)
-// makes an anonymous caller share the bucket "a:-" with all such callers.
+// makes an anonymous caller share the buckets "a:-:<rule ID>" with all such
+// callers.
 //
 // # Rejections and what clients do with them
 //
 // A caller over its quota gets RESOURCE_EXHAUSTED; a caller rejected while
 // the CPU gate sheds load gets UNAVAILABLE (WithCodes changes both). The
 // status carries details a client can decode with status.FromError and
-// Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED or OVERLOADED,
+// Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED, OVERLOADED, or
+// LIMITER_UNAVAILABLE for a failed store under WithFailClosed,
 // domain from WithDomain), errdetails.RetryInfo with the wait until the
 // caller's tokens return, and errdetails.QuotaFailure for quota rejections.
 // Messages are short and static: never a key, an address, a method or a

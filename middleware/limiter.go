@@ -43,7 +43,8 @@ const (
 	// ReasonQuota: the caller is over its quota at full limits.
 	ReasonQuota
 	// ReasonOverload: the caller is over its quota while the CPU gate scales
-	// limits down, or the tap handle turned it away at the gate's floor.
+	// limits down, or the tap handle turned it away while the gate sheds
+	// (WithTapFloor).
 	ReasonOverload
 	// ReasonStoreError: the store could not decide.
 	ReasonStoreError
@@ -88,10 +89,11 @@ type Decision struct {
 // it names the tenant, so an observer that labels by tenant must bound its
 // labels (promfloodgate caps them).
 //
-// An Event is nine machine words, which Go's register ABI passes to the
-// observer in registers: passed on the stack instead, it doubled the cost
-// of observing an admitted call. This is why the yes/no facts of a decision
-// are bits of Flags rather than fields of their own.
+// An Event's fields take nine integer registers (two per string, one for
+// each other field), as many as Go's register ABI uses to pass a struct
+// argument: passed on the stack instead, it doubled the cost of observing an
+// admitted call. This is why the yes/no facts of a decision are bits of
+// Flags rather than fields of their own.
 type Event struct {
 	// Method is the full method name, "/pkg.Svc/Method".
 	Method string

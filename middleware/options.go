@@ -114,7 +114,7 @@ func (o *options) fail(msg string) { o.errs = append(o.errs, msg) }
 
 // WithGate scales every limit by g's scale, so that all tenants shed load
 // together while the CPU is saturated, and lets the tap handle reject early
-// at the gate's floor. A nil g, the default, scales nothing. A repeated call
+// while the gate sheds (WithTapFloor). A nil g, the default, scales nothing. A repeated call
 // replaces the gate.
 func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
 
@@ -303,9 +303,9 @@ func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = o
 // them. The default, 1, lets the tap reject them whenever the gate sheds:
 // such a caller would find its bucket empty and be rejected by the
 // interceptor anyway, at the cost of a stream, a goroutine and a trailer
-// (in two back-to-back runs of the overload experiment, BENCHMARKS.md, the
-// Adaptive gate's goodput at 4× load rose from 78% to 94% of its peak when
-// the tap took these callers). A lower value, such as the
+// (in the overload experiment, BENCHMARKS.md, the Adaptive gate kept 74% of
+// its peak goodput at 2× and 4× load before the tap took these callers, and
+// 83–90% after). A lower value, such as the
 // policy's floor, keeps the tap out of the way until limits are cut that
 // far, for callers that ignore pushback but honour the interceptor's
 // details. A repeated call replaces it.

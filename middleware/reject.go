@@ -24,8 +24,13 @@ const PushbackKey = "grpc-retry-pushback-ms"
 
 // ErrorInfo reasons of rejections, in the domain set by WithDomain.
 const (
+	// ErrorReasonRateLimited: the caller is over its quota.
 	ErrorReasonRateLimited = "RATE_LIMITED"
-	ErrorReasonOverloaded  = "OVERLOADED"
+	// ErrorReasonOverloaded: the caller is over its share while the CPU
+	// gate sheds load.
+	ErrorReasonOverloaded = "OVERLOADED"
+	// ErrorReasonUnavailable: the store could not decide, and the Limiter
+	// fails closed (WithFailClosed).
 	ErrorReasonUnavailable = "LIMITER_UNAVAILABLE"
 )
 

@@ -21,9 +21,10 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 
 // UnaryServerInterceptor returns an interceptor that admits each unary call
 // or rejects it before the handler runs. An admitted call's context carries
-// its Decision (FromContext). Install it first in the chain, or at least
-// before anything that sets header metadata, so that a rejection is a
-// Trailers-Only response whose pushback grpc-go's retry honours.
+// its Decision (FromContext). Install it after recovery, logging and
+// promfloodgate's Offenders interceptor, and before anything that sets
+// header metadata, so that a rejection is a Trailers-Only response whose
+// pushback grpc-go's retry honours.
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if l.Exempt(info.FullMethod) {
