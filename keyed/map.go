@@ -190,7 +190,7 @@ func check(lim floodgate.Limit, n int) error {
 	if n < 0 {
 		return ErrNegativeN
 	}
-	if lim.Rate >= 0 && lim.Burst >= 0 && lim.Burst <= floodgate.MaxBurst {
+	if lim.Rate >= 0 && lim.Burst > 0 && lim.Burst <= floodgate.MaxBurst {
 		return nil // the common case, without a call
 	}
 	return lim.Validate()
