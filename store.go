@@ -86,7 +86,8 @@ type Result struct {
 //
 // It returns at once with [ErrExceedsBurst] when n exceeds the burst, with
 // [ErrWouldExceedDeadline] when the store's retry hint already passes ctx's
-// deadline, with ctx.Err() when ctx ends first, and with the store's error
+// deadline or is [Never] (a zero rate and a short bucket: no deadline is
+// late enough), with ctx.Err() when ctx ends first, and with the store's error
 // when the store cannot decide. Wait works with any [Store] and so cannot
 // reserve tokens: under contention another caller may take them first, and
 // Wait tries again. Each sleep is stretched by a random tenth at most, so
@@ -112,7 +113,7 @@ func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error 
 		}
 		d := res.RetryAfter
 		if d == Never {
-			return ErrExceedsBurst
+			return ErrWouldExceedDeadline
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 			return ErrWouldExceedDeadline

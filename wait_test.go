@@ -47,6 +47,19 @@ func TestWait(t *testing.T) {
 		if err := floodgate.Wait(ctx, m, "k", lim, 2); !errors.Is(err, floodgate.ErrExceedsBurst) {
 			t.Errorf("Wait(n > burst) = %v, want ErrExceedsBurst", err)
 		}
+		// A zero rate never refills a short bucket: as keyed.Map.WaitN says.
+		zero := floodgate.PerSecond(0, 1)
+		if err := floodgate.Wait(ctx, m, "z", zero, 1); err != nil {
+			t.Fatalf("Wait on a full bucket at rate 0 = %v", err)
+		}
+		for name, w := range map[string]func() error{
+			"floodgate.Wait": func() error { return floodgate.Wait(ctx, m, "z", zero, 1) },
+			"keyed.WaitN":    func() error { return m.WaitN(ctx, "z", zero, 1) },
+		} {
+			if err := w(); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+				t.Errorf("%s on an empty bucket at rate 0 = %v, want ErrWouldExceedDeadline", name, err)
+			}
+		}
 		if err := floodgate.Wait(ctx, failing{}, "k", lim, 1); !errors.Is(err, errDown) {
 			t.Errorf("Wait on a failing store = %v, want its error", err)
 		}
