@@ -90,8 +90,12 @@ func (m *Map) tally(allowed bool) {
 
 // Stats counts a Map's decisions and evictions since it was built.
 type Stats struct {
-	Takes    uint64 // takes with n ≥ 1, allowed or not
-	Allowed  uint64
+	// Takes counts takes with n ≥ 1, allowed or not: Allowed + Rejected.
+	Takes uint64
+	// Allowed counts the takes that got their tokens. A WaitN reservation
+	// given back because its context ended counts as rejected instead.
+	Allowed uint64
+	// Rejected counts the takes refused, WaitN's included.
 	Rejected uint64
 	// Evictions counts buckets dropped to make room for new keys.
 	Evictions uint64
