@@ -138,7 +138,7 @@ func TestTakeNErrors(t *testing.T) {
 		{floodgate.PerSecond(1, -1), 1, floodgate.ErrInvalidLimit},
 		{floodgate.PerSecond(1, floodgate.MaxBurst+1), 1, floodgate.ErrInvalidLimit},
 		{floodgate.PerSecond(5, 0), 1, floodgate.ErrInvalidLimit}, // as Limit.Validate and redisstore say
-		{floodgate.Limit{}, 1, nil},                                // the zero Limit: admits nothing, validly
+		{floodgate.Limit{}, 1, nil},                               // the zero Limit: admits nothing, validly
 	} {
 		if _, err := m.TakeN(ctx, "k", c.lim, c.n); !errors.Is(err, c.want) {
 			t.Errorf("TakeN(%v, %d) error = %v, want %v", c.lim, c.n, err, c.want)
