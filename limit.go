@@ -69,6 +69,11 @@ func (l Limit) Scale(f float64) Limit {
 		return l
 	}
 	b := float64(l.Burst) * f
+	// A product that should be whole may come out a hair below it (98 ×
+	// (1/49) is 1.9999…): snap it, or rounding down would lose a token.
+	if r := math.Round(b); math.Abs(b-r) <= 1e-12*r {
+		b = r
+	}
 	burst := MaxBurst
 	if b < MaxBurst {
 		burst = int(b)

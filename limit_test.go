@@ -54,6 +54,10 @@ func TestScale(t *testing.T) {
 		{floodgate.PerSecond(0, 4), 0.5, floodgate.PerSecond(0, 2)},
 		{floodgate.Inf, 0.2, floodgate.Inf},
 		{floodgate.PerSecond(1, floodgate.MaxBurst), 4, floodgate.PerSecond(4, floodgate.MaxBurst)},
+		{floodgate.PerSecond(0, 98), 1.0 / 49, floodgate.PerSecond(0, 2)},    // 1.9999… is 2
+		{floodgate.PerSecond(0, 100), 0.29, floodgate.PerSecond(0, 29)},      // 28.9999… is 29
+		{floodgate.PerSecond(0, 100), 0.295, floodgate.PerSecond(0, 29)},     // 29.5 is 29
+		{floodgate.PerSecond(0, 3), 0.1 / 3 * 10, floodgate.PerSecond(0, 1)}, // a third of 3
 	} {
 		if got := c.lim.Scale(c.f); got != c.want {
 			t.Errorf("%v.Scale(%v) = %v, want %v", c.lim, c.f, got, c.want)
