@@ -258,12 +258,7 @@ func fill(replies []result1, idx []int, vals []int64, err error) {
 			replies[j].err = err
 			continue
 		}
-		r, ok := parse(vals, i)
-		if !ok {
-			replies[j].err = errShortReply
-			continue
-		}
-		replies[j].r = r
+		replies[j].r, replies[j].err = parse(vals, i)
 	}
 }
 

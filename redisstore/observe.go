@@ -68,7 +68,7 @@ func KindOf(err error) ErrorKind {
 		return KindTimeout
 	case errors.Is(err, context.Canceled):
 		return KindCanceled
-	case errors.Is(err, errShortReply):
+	case errors.Is(err, errShortReply), errors.Is(err, errNotBucket):
 		return KindScript
 	case errors.Is(err, redis.ErrClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
 		return KindConnection

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -31,10 +32,14 @@ import (
 // leases and refunds write, always with a TTL: the time until the bucket is
 // full again plus ARGV[3], at least 1 ms and at most ARGV[2] ms. Once a
 // bucket is full, a missing key means the same thing, so the TTL may run
-// late but must not run early.
+// late but must not run early: a decision that writes nothing on a bucket
+// not yet full (a refused take, a peek) lengthens the TTL when the limit in
+// force would take longer to fill it.
 //
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
-// micro-tokens after the decision, and the whole tokens taken.
+// micro-tokens after the decision, and the whole tokens taken. A key that
+// holds something other than a bucket answers -1, 0, 0 and is left alone;
+// the script's other decisions are made as usual.
 const bucketLua = `
 local now = tonumber(ARGV[1])
 local maxttl = tonumber(ARGV[2])
@@ -56,71 +61,86 @@ for i = 1, #KEYS do
     mode = '3'
   end
   local key = KEYS[i]
-  local tokens, at = burst, now
-  local exists = false
-  local v = redis.call('GET', key)
-  if v then
-    exists = true
-    tokens, at = struct.unpack('<d<d', v)
-    if now > at then
-      if tokens < burst and rate > 0 then
-        local add = (now - at) * rate
-        if add >= burst - tokens then
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' or (v and #v ~= 16) then
+    -- Not a bucket (WRONGTYPE, or another value): this decision fails,
+    -- the batch's others go on, and nothing is written.
+    out[#out + 1] = -1
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+  else
+    local tokens, at = burst, now
+    local exists = false
+    if v then
+      exists = true
+      tokens, at = struct.unpack('<d<d', v)
+      if now > at then
+        if tokens < burst and rate > 0 then
+          local add = (now - at) * rate
+          if add >= burst - tokens then
+            tokens = burst
+          else
+            tokens = tokens + math.floor(add)
+          end
+        end
+        at = now
+      end
+      if tokens > burst then
+        tokens = burst
+      end
+    end
+    local allowed, taken, write = 0, 0, false
+    if mode == '0' then
+      if n <= burst and tokens >= n then
+        tokens = tokens - n
+        allowed, taken, write = 1, n, true
+      end
+    elseif mode == '1' then
+      allowed = 1
+    elseif mode == '2' then
+      allowed = 1
+      if exists and n > 0 then
+        tokens = tokens + n
+        if tokens >= burst then
           tokens = burst
+          redis.call('DEL', key)
         else
-          tokens = tokens + math.floor(add)
+          write = true
         end
       end
-      at = now
-    end
-    if tokens > burst then
-      tokens = burst
-    end
-  end
-  local allowed, taken, write = 0, 0, false
-  if mode == '0' then
-    if n <= burst and tokens >= n then
-      tokens = tokens - n
-      allowed, taken, write = 1, n, true
-    end
-  elseif mode == '1' then
-    allowed = 1
-  elseif mode == '2' then
-    allowed = 1
-    if exists and n > 0 then
-      tokens = tokens + n
-      if tokens >= burst then
-        tokens = burst
-        redis.call('DEL', key)
-      else
-        write = true
+    else
+      local give = math.floor(tokens / 1000000) * 1000000
+      if give > n then
+        give = n
+      end
+      if give >= min and give > 0 then
+        tokens = tokens - give
+        allowed, taken, write = 1, give, true
       end
     end
-  else
-    local give = math.floor(tokens / 1000000) * 1000000
-    if give > n then
-      give = n
-    end
-    if give >= min and give > 0 then
-      tokens = tokens - give
-      allowed, taken, write = 1, give, true
-    end
-  end
-  if write then
-    local ttl = maxttl
-    if rate > 0 then
-      ttl = math.ceil((burst - tokens) / rate / 1000) + slack
-      if ttl < 1 then
-        ttl = 1
-      elseif ttl > maxttl then
-        ttl = maxttl
+    if write or (exists and tokens < burst) then
+      local ttl = maxttl
+      if rate > 0 then
+        ttl = math.ceil((burst - tokens) / rate / 1000) + slack
+        if ttl < 1 then
+          ttl = 1
+        elseif ttl > maxttl then
+          ttl = maxttl
+        end
+      end
+      if write then
+        redis.call('SET', key, struct.pack('<d<d', tokens, at), 'PX', ttl)
+      elseif redis.call('PTTL', key) < ttl then
+        -- The limit changed since the last write (a lower rate, a
+        -- higher burst): the key must not expire before the bucket
+        -- is full under the limit in force.
+        redis.call('PEXPIRE', key, ttl)
       end
     end
-    redis.call('SET', key, struct.pack('<d<d', tokens, at), 'PX', ttl)
+    out[#out + 1] = allowed
+    out[#out + 1] = tokens
+    out[#out + 1] = taken / 1000000
   end
-  out[#out + 1] = allowed
-  out[#out + 1] = tokens
-  out[#out + 1] = taken / 1000000
 end
 return out
 `
@@ -165,6 +185,10 @@ type reply struct {
 	tokens  int64 // micro-tokens after the decision
 	taken   int64 // whole tokens taken
 }
+
+// errNotBucket is the error of a decision on a key that holds something
+// other than a bucket. Redis answered: the key, not Redis, is at fault.
+var errNotBucket = errors.New("redisstore: key holds a value that is not a bucket")
 
 // appendArgs appends op's four script arguments. The limit's two come
 // preformatted from a one-entry cache: most stores apply few limits, and
@@ -227,21 +251,28 @@ func appendHead(args []any, now int64) []any {
 	return append(args, now, maxTTLArg, slack)
 }
 
-// parse reads the i-th reply out of vals.
-func parse(vals []int64, i int) (reply, bool) {
+// parse reads the i-th reply out of vals: errShortReply when it is missing,
+// errNotBucket when the key held something else.
+func parse(vals []int64, i int) (reply, error) {
 	if len(vals) < 3*(i+1) {
-		return reply{}, false
+		return reply{}, errShortReply
 	}
 	v := vals[3*i:]
-	return reply{allowed: v[0] == 1, tokens: v[1], taken: v[2]}, true
+	if v[0] < 0 {
+		return reply{}, errNotBucket
+	}
+	return reply{allowed: v[0] == 1, tokens: v[1], taken: v[2]}, nil
 }
 
 // unit converts micro-tokens to the 1e-9 token units of the duration math:
 // the nanosecond arithmetic below is then the same as the keyed store's.
 const unit = 1000
 
-// waitFor returns how long lim takes to add need units of 1e-9 token, in
-// ns, rounded up so that a retry after exactly that long succeeds, or Never.
+// waitFor returns how long lim takes to add need units of 1e-9 token,
+// rounded up to the microsecond so that a retry after exactly that long
+// succeeds, or Never. The script counts time in whole microseconds: a wait
+// of a whole number of them is refilled in full however the clock's
+// readings are truncated, where a wait in nanoseconds may lose one.
 func waitFor(lim floodgate.Limit, need int64) time.Duration {
 	if need <= 0 {
 		return 0
@@ -250,14 +281,14 @@ func waitFor(lim floodgate.Limit, need int64) time.Duration {
 		return floodgate.Never
 	}
 	f := math.Ceil(float64(need) / lim.Rate)
-	if f >= float64(floodgate.Never) {
+	if f >= float64(floodgate.Never-time.Microsecond) {
 		return floodgate.Never
 	}
 	ns := int64(f)
 	if float64(ns)*lim.Rate < float64(need) {
 		ns++
 	}
-	return time.Duration(ns)
+	return time.Duration(ns+999) / time.Microsecond * time.Microsecond
 }
 
 // result turns a reply into a Result under the op's limit.

@@ -253,6 +253,13 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 	switch {
 	case err == nil:
 		s.br.success(probe)
+	case err == errNotBucket:
+		// Redis answered; one key's content says nothing about it.
+		s.br.success(probe)
+		s.errs.Add(1)
+		if s.opts.onError != nil {
+			s.opts.onError(err)
+		}
 	case ctx.Err() != nil:
 		// The caller gave up: that says nothing about Redis.
 		s.br.abandon(probe)
@@ -326,11 +333,7 @@ func (s *Store) run(ctx context.Context, o *op) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	r, ok := parse(vals, 0)
-	if !ok {
-		return reply{}, errShortReply
-	}
-	return r, nil
+	return parse(vals, 0)
 }
 
 var errShortReply = errors.New("redisstore: short script reply")
@@ -480,7 +483,8 @@ type Stats struct {
 	// could not decide.
 	FailClosed uint64
 	// Errors counts Redis calls that failed or missed the deadline (not
-	// those the open breaker spared).
+	// those the open breaker spared), and decisions on keys that hold
+	// something other than a bucket.
 	Errors uint64
 	// Trips counts transitions of the breaker to open.
 	Trips uint64
