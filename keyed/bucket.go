@@ -16,6 +16,16 @@ const unit = 1_000_000_000
 // never is the fullAt of a bucket that will not refill (rate 0, not full).
 const never = math.MaxInt64
 
+// less returns a − b, or math.MaxInt64 when that does not fit: with bursts
+// near MaxBurst, a bucket deep in WaitN debt is further below its burst than
+// an int64 counts, and such a gap is as good as endless.
+func less(a, b int64) int64 {
+	if b < 0 && a > math.MaxInt64+b {
+		return math.MaxInt64
+	}
+	return a - b
+}
+
 // state is one bucket: 24 bytes, no pointers. Times are nanoseconds on the
 // Map's monotonic clock.
 type state struct {
@@ -33,8 +43,9 @@ func (s *state) refill(lim floodgate.Limit, now int64) (tokens, at int64) {
 	tokens, at = s.tokens, s.last
 	if now > at {
 		if tokens < burst && lim.Rate > 0 {
+			// now−at fits: Map.at keeps times within ±2^62.
 			add := float64(now-at) * lim.Rate
-			if add >= float64(burst-tokens) {
+			if add >= float64(burst)-float64(tokens) {
 				tokens = burst
 			} else {
 				tokens += int64(add)
@@ -97,10 +108,10 @@ func (s *state) take(res *floodgate.Result, lim floodgate.Limit, n int, now int6
 		res.ResetAfter = toDuration(s.set(lim, tokens, at))
 	case n > lim.Burst:
 		res.RetryAfter = floodgate.Never
-		res.ResetAfter = toDuration(waitFor(lim, burst-tokens))
+		res.ResetAfter = toDuration(waitFor(lim, less(burst, tokens)))
 	default:
-		res.RetryAfter = toDuration(waitFor(lim, need-tokens))
-		res.ResetAfter = toDuration(waitFor(lim, burst-tokens))
+		res.RetryAfter = toDuration(waitFor(lim, less(need, tokens)))
+		res.ResetAfter = toDuration(waitFor(lim, less(burst, tokens)))
 	}
 	if tokens > 0 {
 		res.Remaining = int(tokens / unit)
@@ -109,8 +120,15 @@ func (s *state) take(res *floodgate.Result, lim floodgate.Limit, n int, now int6
 
 // set stores tokens counted at at and returns the time until the bucket is
 // full under lim, or never.
+//
+// Full, for eviction (fullAt), means full under lim, the last limit that
+// took: a bucket drained while the CPU gate cut limits is full sooner than
+// under the restored limit, and evicting it then hands its key a bucket
+// fuller than the one it had, by at most the part of the burst the cut
+// removed. Counting a whole burst's refill time instead would keep lightly
+// used buckets from eviction for as long, at every capacity.
 func (s *state) set(lim floodgate.Limit, tokens, at int64) int64 {
-	reset := waitFor(lim, int64(lim.Burst)*unit-tokens)
+	reset := waitFor(lim, less(int64(lim.Burst)*unit, tokens))
 	s.tokens, s.last, s.fullAt = tokens, at, never
 	if reset != never {
 		s.fullAt = at + reset
@@ -125,7 +143,7 @@ func (s *state) peek(lim floodgate.Limit, now int64) floodgate.Result {
 	if tokens > 0 {
 		res.Remaining = int(tokens / unit)
 	}
-	res.ResetAfter = toDuration(waitFor(lim, int64(lim.Burst)*unit-tokens))
+	res.ResetAfter = toDuration(waitFor(lim, less(int64(lim.Burst)*unit, tokens)))
 	return res
 }
 

@@ -3,6 +3,7 @@ package keyed
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -83,7 +84,13 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 func (m *Map) reserve(ctx context.Context, st *state, lim floodgate.Limit, n int, now int64) (int64, error) {
 	tokens, at := st.refill(lim, now)
 	need := int64(n) * unit
-	wait := waitFor(lim, need-tokens)
+	if tokens < math.MinInt64+need {
+		// Reservations already owe more than an int64 counts: with a
+		// burst above 2^32, the queue is bounded by the arithmetic.
+		m.tally(false)
+		return 0, floodgate.ErrWouldExceedDeadline
+	}
+	wait := waitFor(lim, less(need, tokens))
 	if wait > 0 {
 		deadline, ok := ctx.Deadline()
 		if wait == never || ok && at+wait > m.at(deadline) {
@@ -106,10 +113,14 @@ func (m *Map) sleep(ctx context.Context, s *shard, k uint64, overflow bool, lim 
 		return nil
 	case <-ctx.Done():
 	}
-	// Give the reservation back. A key's bucket may have been evicted or
-	// reset meanwhile; then there is nothing to give back to.
+	// Give the reservation back while it is still owed. Until it comes
+	// due the bucket is in debt; one that is not was reset or evicted and
+	// made anew, and owes this reservation nothing.
 	give := func(st *state) {
 		tokens, at := st.refill(lim, m.now())
+		if tokens >= 0 {
+			return
+		}
 		st.set(lim, min(tokens+int64(n)*unit, int64(lim.Burst)*unit), at)
 	}
 	if overflow {

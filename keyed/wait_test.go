@@ -144,3 +144,84 @@ func TestWaitNCancelRefundsOverflow(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitNCancelAfterReset: a waiter canceled after its key was reset owes
+// the new bucket nothing, and gives it nothing: the new bucket must not
+// admit more than its burst.
+func TestWaitNCancelAfterReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := New()
+		lim := floodgate.PerSecond(1, 2)
+		bg := context.Background()
+		m.WaitN(bg, "k", lim, 2) // drain
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() { errc <- m.WaitN(ctx, "k", lim, 1) }()
+		synctest.Wait() // reserved: one token owed
+		if !m.Reset("k") {
+			t.Fatal("Reset found no bucket")
+		}
+		admitted := 0
+		for range 3 {
+			if res, _ := m.TakeN(bg, "k", lim, 1); res.Allowed {
+				admitted++
+			}
+			if admitted == 1 {
+				cancel()
+				<-errc
+			}
+		}
+		if admitted != 2 {
+			t.Errorf("a new bucket of burst 2 admitted %d takes at one instant", admitted)
+		}
+	})
+}
+
+// TestWaitNLargeBursts: bursts near MaxBurst put WaitN debts beyond what
+// the difference of two int64 unit counts can hold; the bucket must stay in
+// debt, and a reservation that cannot be counted is refused, not served at
+// once.
+func TestWaitNLargeBursts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := New()
+		const burst = 5_000_000_000
+		bg := context.Background()
+
+		slow := floodgate.PerSecond(1, burst)
+		m.WaitN(bg, "slow", slow, burst) // drain
+		ctx, cancel := context.WithCancel(bg)
+		errc := make(chan error)
+		go func() { errc <- m.WaitN(ctx, "slow", slow, burst) }()
+		synctest.Wait()
+		time.Sleep(time.Millisecond)
+		if tok := m.Tokens("slow", slow); tok > -burst+1 {
+			t.Errorf("Tokens with %d owed = %v", burst, tok)
+		}
+		if res, _ := m.TakeN(bg, "slow", slow, 1); res.Allowed {
+			t.Errorf("take with %d tokens owed: %+v", burst, res)
+		}
+		cancel()
+		<-errc
+
+		fast := floodgate.PerSecond(1e9, burst) // 5 s per burst
+		m.WaitN(bg, "fast", fast, burst)
+		start := time.Now()
+		if err := m.WaitN(bg, "fast", fast, burst); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Since(start); got != 5*time.Second {
+			t.Errorf("a wait for a whole burst at 1e9/s took %v, want 5s", got)
+		}
+		// The bucket is drained: one more burst is owed as soon as it is
+		// reserved, and a second on top no longer fits the arithmetic.
+		go func() { errc <- m.WaitN(bg, "fast", fast, burst) }()
+		synctest.Wait()
+		if err := m.WaitN(bg, "fast", fast, burst); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+			t.Errorf("a second reservation of a whole burst = %v, want ErrWouldExceedDeadline", err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("first reservation: %v", err)
+		}
+	})
+}
