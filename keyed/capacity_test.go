@@ -3,6 +3,8 @@ package keyed
 import (
 	"hash/maphash"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +179,50 @@ func TestEvictPrefersIdle(t *testing.T) {
 	m.TakeAt("new2", lim, 1, at)
 	if tracks(m, resident[1]) {
 		t.Errorf("idle %q survived while a used bucket was evicted", resident[1])
+	}
+}
+
+// TestLenNeverExceedsCapacity: while new keys race into a full Map, Len
+// never reports more keys than the capacity.
+func TestLenNeverExceedsCapacity(t *testing.T) {
+	const capacity = 64
+	m := newMap(t, WithCapacity(capacity), WithShards(16))
+	lim := floodgate.PerSecond(0.001, 1)
+	for i := 0; m.Len() < capacity; i++ {
+		m.TakeAt("fill"+strconv.Itoa(i), lim, 1, t0) // drained: protected
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				m.TakeAt("new"+strconv.Itoa(g)+"-"+strconv.Itoa(i), lim, 1, t0)
+			}
+		})
+	}
+	most := 0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		most = max(most, m.Len())
+	}
+	stop.Store(true)
+	wg.Wait()
+	if most > capacity {
+		t.Errorf("Len() reported %d, capacity %d", most, capacity)
+	}
+}
+
+// TestFarTimes: times further from the Map's base than an int64 of
+// nanoseconds spans (time.Time{} is two thousand years back) must not
+// break a bucket.
+func TestFarTimes(t *testing.T) {
+	m := newMap(t)
+	lim := floodgate.PerSecond(10, 5)
+	m.TakeAt("k", lim, 5, time.Time{})
+	if res := m.TakeAt("k", lim, 1, time.Now()); !res.Allowed || res.Remaining != 4 {
+		t.Errorf("take today on a bucket drained in year 1 = %+v, want allowed with 4 left", res)
+	}
+	far := time.Now().AddDate(500, 0, 0)
+	if res := m.TakeAt("k", lim, 5, far); !res.Allowed {
+		t.Errorf("take in 500 years = %+v, want allowed", res)
 	}
 }

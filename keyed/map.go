@@ -157,7 +157,12 @@ func (m *Map) now() int64 {
 	return int64(time.Since(m.base))
 }
 
-func (m *Map) at(t time.Time) int64 { return int64(t.Sub(m.base)) }
+// at converts t to the Map's clock, within ±2^62 ns (146 years) of its
+// base, so that the difference of two times always fits an int64.
+func (m *Map) at(t time.Time) int64 {
+	const bound = 1 << 62
+	return min(max(int64(t.Sub(m.base)), -bound), bound)
+}
 
 // TakeN takes n tokens from key's bucket under lim, reading the clock once.
 // See [Map.TakeAt] for the semantics. The context is not used: a memory
@@ -270,23 +275,27 @@ func (m *Map) takeLocked(res *floodgate.Result, s *shard, k uint64, lim floodgat
 // slot, locked, holding a full bucket; or nil when there is no room, and
 // the caller uses the shard's overflow bucket, which insert initializes.
 func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (sl *slot, evicted bool, ev Eviction) {
-	if m.tracked.Add(1) > m.capacity {
-		evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
-		m.tracked.Add(-1)
-		c := m.stripe()
-		if !evicted {
-			c.overflowed.Add(1)
-			if !s.ovInit {
-				s.overflow, s.ovInit = fullState(lim, now), true
-			}
-			return nil, false, ev
-		}
-		c.evictions.Add(1)
-		if !ev.Full {
-			c.evictedNotFull.Add(1)
+	// Count the key in only while below capacity, so that Len never
+	// exceeds it; at capacity an eviction makes room one for one.
+	for n := m.tracked.Load(); n < m.capacity; n = m.tracked.Load() {
+		if m.tracked.CompareAndSwap(n, n+1) {
+			return s.tab.insert(k, fullState(lim, now)), false, ev
 		}
 	}
-	return s.tab.insert(k, fullState(lim, now)), evicted, ev
+	evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
+	c := m.stripe()
+	if !evicted {
+		c.overflowed.Add(1)
+		if !s.ovInit {
+			s.overflow, s.ovInit = fullState(lim, now), true
+		}
+		return nil, false, ev
+	}
+	c.evictions.Add(1)
+	if !ev.Full {
+		c.evictedNotFull.Add(1)
+	}
+	return s.tab.insert(k, fullState(lim, now)), true, ev
 }
 
 // Peek reports key's bucket under lim now without taking anything or
