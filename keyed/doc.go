@@ -32,7 +32,9 @@
 // so a flood of made-up keys cannot hand a drained client a fresh burst;
 // such new keys share their shard's overflow bucket instead, and
 // [Stats].Overflowed tells the operator to raise the capacity. [Evict]
-// trades that guarantee for a bucket per key.
+// trades that guarantee for a bucket per key. "Full" means full under the
+// last limit that took from the bucket: one drained while the CPU gate cut
+// limits counts as full sooner than under the restored limit.
 //
 // # Time
 //

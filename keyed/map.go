@@ -103,7 +103,8 @@ type Stats struct {
 	// each handed a client a fresh burst. Only the [Evict] policy does it.
 	EvictedNotFull uint64
 	// Overflowed counts takes by new keys that found no room and were
-	// decided by their shard's shared overflow bucket ([Protect] policy).
+	// decided by their shard's shared overflow bucket (under [Protect], or
+	// under [Evict] when their shard tracked no bucket to evict).
 	// A steady rise means the capacity is too small for the active keys.
 	Overflowed uint64
 }

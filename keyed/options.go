@@ -34,8 +34,12 @@ const (
 	Protect Pressure = iota
 	// Evict evicts the not-yet-full bucket closest to full, preferring
 	// buckets not used recently, and counts it in [Stats].EvictedNotFull.
-	// Every key gets a bucket of its own, at the price of handing the
-	// evicted client a fresh burst when it returns.
+	// A key gets a bucket of its own, at the price of handing the evicted
+	// client a fresh burst when it returns, unless its shard tracks no
+	// bucket at all: eviction looks in the new key's shard only, so a shard
+	// left empty while the others fill the capacity sends its new keys to
+	// its overflow bucket under either policy. The default shard count
+	// (at least 16 keys of capacity per shard) makes that rare.
 	Evict
 )
 
