@@ -69,7 +69,15 @@ func (h *HostSampler) Sample() (Reading, error) {
 	db, dt := busy-h.busy, total-h.total
 	// /proc/stat counts in clock ticks (10 ms): until a tick has passed
 	// there is nothing to divide by.
-	if dt <= 0 {
+	if dt == 0 {
+		return Reading{Source: SourceHost}, ErrNoReading
+	}
+	// Totals that went backwards (iowait may decrease, proc(5) says, and
+	// an unplugged CPU takes its idle time with it) start a new baseline:
+	// kept, the old one would refuse every reading until the totals
+	// climbed back past it.
+	if dt < 0 {
+		h.busy, h.total = busy, total
 		return Reading{Source: SourceHost}, ErrNoReading
 	}
 	h.busy, h.total = busy, total

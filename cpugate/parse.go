@@ -23,17 +23,22 @@ func malformed(file string, content []byte) error {
 }
 
 // parseDecimal parses an unsigned decimal integer without allocating: the
-// usage counter is parsed on every sample.
+// usage counter is parsed on every sample. It takes up to 20 digits, all a
+// uint64 counter such as cpuacct.usage can reach, and refuses overflow.
 func parseDecimal(b []byte) (uint64, bool) {
-	if len(b) == 0 || len(b) > 19 { // 19 digits always fit a uint64
+	if len(b) == 0 || len(b) > 20 {
 		return 0, false
 	}
 	var n uint64
-	for _, c := range b {
+	for i, c := range b {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		n = n*10 + uint64(c-'0')
+		d := uint64(c - '0')
+		if i == 19 && (n > (math.MaxUint64-d)/10) { // only a 20th digit can overflow
+			return 0, false
+		}
+		n = n*10 + d
 	}
 	return n, true
 }

@@ -6,11 +6,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/shirou/gopsutil/v3/cpu"
 )
 
 const fixtures = "../testdata/cgroup"
@@ -118,6 +120,45 @@ func TestParseCounters(t *testing.T) {
 	}
 	if _, ok := parseDecimal([]byte("99999999999999999999")); ok {
 		t.Error("parseDecimal(20 digits) ok, want overflow rejected")
+	}
+	if _, ok := parseDecimal([]byte("18446744073709551616")); ok {
+		t.Error("parseDecimal(2^64) ok, want overflow rejected")
+	}
+	// A uint64 counter such as cpuacct.usage reaches 20 digits.
+	for _, s := range []string{"10000000000000000000", "18446744073709551615"} {
+		if got, err := parseCounter("cpuacct.usage", []byte(s+"\n")); err != nil || strconv.FormatUint(got, 10) != s {
+			t.Errorf("parseCounter(%s) = %d, %v", s, got, err)
+		}
+	}
+}
+
+// TestHostTotalsBackwards: host totals that go backwards start a new
+// baseline, and readings resume at the next sample.
+func TestHostTotalsBackwards(t *testing.T) {
+	tick := 0.0
+	drop := false
+	h, err := newHostSampler(func() (cpu.TimesStat, error) {
+		tick++
+		idle := 100 * tick
+		if drop {
+			idle -= 5000 // iowait or an unplugged CPU's idle time gone
+		}
+		return cpu.TimesStat{User: 100 * tick, Idle: idle}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := h.Sample(); err != nil || r.CPU != 0.5 {
+		t.Fatalf("Sample = %+v, %v; want 0.5", r, err)
+	}
+	drop = true
+	if _, err := h.Sample(); !errors.Is(err, ErrNoReading) {
+		t.Fatalf("Sample after the totals dropped: %v, want ErrNoReading", err)
+	}
+	for i := range 3 {
+		if r, err := h.Sample(); err != nil || r.CPU != 0.5 {
+			t.Errorf("Sample %d after the drop = %+v, %v; want 0.5", i, r, err)
+		}
 	}
 }
 
