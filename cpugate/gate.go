@@ -93,12 +93,13 @@ type options struct {
 // An Option configures a [Gate].
 type Option func(*options)
 
-// WithInterval sets how often [Gate.Run] samples. It must be positive; the
-// default is [DefaultInterval]. A repeated call replaces the interval.
+// WithInterval sets how often [Gate.Run] samples. It must be at least 1 ms,
+// the shortest interval the samplers turn into a reading; the default is
+// [DefaultInterval]. A repeated call replaces the interval.
 func WithInterval(d time.Duration) Option {
 	return func(o *options) {
-		if d <= 0 {
-			o.errs = append(o.errs, invalid("WithInterval", d, "a positive duration"))
+		if d < minInterval {
+			o.errs = append(o.errs, invalid("WithInterval", d, "at least 1ms"))
 			return
 		}
 		o.interval = d

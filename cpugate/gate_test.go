@@ -45,6 +45,7 @@ func TestNewValidates(t *testing.T) {
 		{"nil sampler", nil, nil, "sampler"},
 		{"zero interval", s, []cpugate.Option{cpugate.WithInterval(0)}, "WithInterval"},
 		{"negative interval", s, []cpugate.Option{cpugate.WithInterval(-time.Second)}, "WithInterval"},
+		{"sub-millisecond interval", s, []cpugate.Option{cpugate.WithInterval(200 * time.Microsecond)}, "WithInterval"},
 		{"nil policy", s, []cpugate.Option{cpugate.WithPolicy(nil)}, "WithPolicy"},
 		{"bad policy", s, []cpugate.Option{cpugate.WithPolicy(cpugate.Fixed{Factor: 2})}, "Fixed.Factor"},
 	}
