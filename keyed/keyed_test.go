@@ -217,3 +217,16 @@ func TestShardSize(t *testing.T) {
 		t.Errorf("sizeof(shard) = %d, want %d (two cache lines, no sharing)", got, want)
 	}
 }
+
+// TestInfCounted: a take under Inf is a take like any other in Stats.
+func TestInfCounted(t *testing.T) {
+	m := newMap(t)
+	m.TakeN(context.Background(), "k", floodgate.Inf, 1)
+	m.TakeN(context.Background(), "k", floodgate.Inf, 0) // a peek: not a take
+	if st := m.Stats(); st.Takes != 1 || st.Allowed != 1 {
+		t.Errorf("Stats after one take under Inf = %+v, want 1 take allowed", st)
+	}
+	if m.Len() != 0 {
+		t.Errorf("Len() = %d, want 0: Inf keeps no state", m.Len())
+	}
+}

@@ -210,6 +210,9 @@ func check(lim floodgate.Limit, n int) error {
 func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int, now int64) {
 	if lim.Rate > math.MaxFloat64 { // Inf
 		*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
+		if n > 0 {
+			m.tally(true)
+		}
 		return
 	}
 	h := maphash.String(m.seed, key)
