@@ -105,11 +105,15 @@ func (b *breaker) allow(now time.Time) (probe, ok bool) {
 	return true, true
 }
 
+// success records a call that Redis answered. Only the probe closes an open
+// breaker: another success while it is open comes from a call that left
+// before it opened, and says little about Redis now (a slow server answers
+// some calls within the deadline while most miss it).
 func (b *breaker) success(probe bool) {
 	if b.fails.Load() != 0 {
 		b.fails.Store(0)
 	}
-	if !probe && !b.open.Load() {
+	if !probe {
 		return
 	}
 	b.mu.Lock()
