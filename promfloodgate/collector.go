@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -102,7 +104,7 @@ func WithRedis(s *redisstore.Store) Option {
 func WithMethods(fullMethods ...string) Option {
 	return func(o *options) error {
 		for _, m := range fullMethods {
-			if m == "" || m[0] != '/' {
+			if m == "" || m[0] != '/' || !utf8.ValidString(m) {
 				return fmt.Errorf("%w: WithMethods: %q is not a full method name", ErrInvalidOption, m)
 			}
 		}
@@ -232,7 +234,8 @@ type Collector struct {
 	nTier   int // tier slots: "none", maxTiers tiers, "other"
 	nMethod int
 
-	nextLog    atomic.Int64 // unix nanos before which rejections are not logged
+	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
+	logBase    time.Time    // read from the clock at New: monotonic by default
 	suppressed atomic.Uint64
 
 	descs descs
@@ -254,7 +257,7 @@ func New(opts ...Option) (*Collector, error) {
 			return nil, err
 		}
 	}
-	c := &Collector{o: o, methods: newMethodTable(o.methods), memo: &methodMemo{}}
+	c := &Collector{o: o, methods: newMethodTable(o.methods), memo: &methodMemo{}, logBase: o.now()}
 	c.mnames = append(c.mnames, c.methods.names...)
 	c.mnames = append(c.mnames, LabelOther)
 	c.nMethod = len(c.mnames)
@@ -373,9 +376,11 @@ func (c *Collector) tierIndex(tier string) int {
 // logRejection logs e unless a line was logged less than an interval ago, in
 // which case it counts e as suppressed.
 func (c *Collector) logRejection(e middleware.Event) {
-	now := c.o.now().UnixNano()
+	// Time since New, on the monotonic clock unless a test set its own
+	// clock: a wall clock stepped back must not silence the log.
+	now := int64(c.o.now().Sub(c.logBase))
 	next := c.nextLog.Load()
-	if now < next || !c.nextLog.CompareAndSwap(next, now+int64(c.o.logInterval)) {
+	if now < next && next-now <= int64(c.o.logInterval) || !c.nextLog.CompareAndSwap(next, now+int64(c.o.logInterval)) {
 		c.suppressed.Add(1)
 		return
 	}
@@ -482,6 +487,13 @@ func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 	tiers := *c.tiers.Load()
 	tenants := c.tenants.Load().names
 	withTenant := c.o.maxTenants > 0
+	// Distinct series may come out with the same labels: a tier or tenant
+	// named "none" or "other" next to the slots of those names, admitted
+	// decisions with and without dry run, names made valid UTF-8. A scrape
+	// that sends one label set twice fails whole, so equal ones are summed.
+	type labelSet [8]string
+	sums := make(map[labelSet]float64)
+	var order []labelSet
 	c.series.each(func(key, v uint64) {
 		if v == 0 {
 			return
@@ -510,16 +522,45 @@ func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 			stage = "tap"
 		}
 		tier := LabelOther
+		if t > 0 && t < c.nTier-1 && t-1 >= len(tiers) {
+			// Named after the lists were read: the observer publishes
+			// a name before counting under it, so read them again.
+			tiers = *c.tiers.Load()
+		}
 		switch {
 		case t == 0:
 			tier = LabelNone
 		case t-1 < len(tiers):
 			tier = tiers[t-1]
 		}
-		labels := []string{outcome, reason.String(), code.String(), sourceLabels[src], tier, c.mnames[m], stage}
+		ls := labelSet{outcome, reason.String(), code.String(), sourceLabels[src], validLabel(tier), c.mnames[m], stage}
 		if withTenant {
-			labels = append(labels, tenantLabel(tenants, int(key>>tenantShift&(1<<(63-tenantShift)-1))))
+			slot := int(key >> tenantShift & (1<<(63-tenantShift) - 1))
+			if slot >= tenantFirst && slot-tenantFirst >= len(tenants) {
+				tenants = c.tenants.Load().names
+			}
+			ls[7] = validLabel(tenantLabel(tenants, slot))
 		}
-		ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, float64(v), labels...)
+		if _, ok := sums[ls]; !ok {
+			order = append(order, ls)
+		}
+		sums[ls] += float64(v)
 	})
+	n := 7
+	if withTenant {
+		n = 8
+	}
+	for _, ls := range order {
+		ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, sums[ls], ls[:n]...)
+	}
+}
+
+// validLabel returns s with invalid UTF-8 replaced: a label value that is
+// not valid UTF-8 fails the whole scrape. Names from a validated tenant
+// table always are; an Observer fed by other code may pass anything.
+func validLabel(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }

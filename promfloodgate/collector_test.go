@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -740,5 +741,123 @@ func TestFlagBits(t *testing.T) {
 	if middleware.FlagAllowed != 1 || middleware.FlagDryRun != 2 || middleware.FlagTap != 4 || numFlags != 8 {
 		t.Fatalf("flags %d, %d, %d in %d slots; the series key expects 1, 2, 4 in 8",
 			middleware.FlagAllowed, middleware.FlagDryRun, middleware.FlagTap, numFlags)
+	}
+}
+
+// TestScrapeNeverRepeatsALabelSet: distinct series that come out with the
+// same labels are summed into one, since a scrape that sends a label set
+// twice fails whole.
+func TestScrapeNeverRepeatsALabelSet(t *testing.T) {
+	admit := func(tier, tenant string, flags middleware.EventFlags) middleware.Event {
+		return middleware.Event{Method: methodGet, Tier: tier, Tenant: tenant, Flags: middleware.FlagAllowed | flags}
+	}
+	for _, tc := range []struct {
+		name       string
+		opts       []Option
+		events     []middleware.Event
+		label, val string // of the one series the events count in
+	}{
+		{"a tier named other, over the cap", []Option{WithMaxTiers(1)},
+			[]middleware.Event{admit("other", "", 0), admit("gold", "", 0)}, "tier", "other"},
+		{"a tier named none, and anonymous", nil,
+			[]middleware.Event{admit("none", "", 0), admit("", "", 0)}, "tier", "none"},
+		{"dry run and not", nil,
+			[]middleware.Event{admit("pro", "", 0), admit("pro", "", middleware.FlagDryRun)}, "tier", "pro"},
+		{"a tier that is not UTF-8", nil,
+			[]middleware.Event{admit("pro\xff", "", 0), admit("pro\xfe", "", 0)}, "tier", "pro\ufffd"},
+		{"a tenant named none, and anonymous", []Option{WithTenantLabels(4)},
+			[]middleware.Event{admit("pro", "none", 0), admit("pro", "", 0)}, "tenant", "none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(append(tc.opts, WithMethods(methodGet))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obs := c.Observer()
+			for _, e := range tc.events {
+				obs(e)
+			}
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(c)
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatalf("Gather: %v", err)
+			}
+			var got []string
+			for _, mf := range mfs {
+				if mf.GetName() != "floodgate_decisions_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					for _, lp := range m.GetLabel() {
+						if lp.GetName() == tc.label {
+							got = append(got, fmt.Sprintf("%s=%q %v", tc.label, lp.GetValue(), m.GetCounter().GetValue()))
+						}
+					}
+				}
+			}
+			if want := fmt.Sprintf("%s=%q 2", tc.label, tc.val); len(got) != 1 || got[0] != want {
+				t.Errorf("series %v, want one: %s", got, want)
+			}
+		})
+	}
+}
+
+// TestScrapeRacesANewTier: a tier named after a scrape read the tier list
+// is labelled by its name, not as "other", and the scrape still succeeds.
+func TestScrapeRacesANewTier(t *testing.T) {
+	c, err := New(WithMethods(methodGet), WithMaxTiers(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			obs(middleware.Event{Method: methodGet, Tier: []string{"gold", "silver", "bronze"}[i%3], Flags: middleware.FlagAllowed})
+		}
+	})
+	for range 200 {
+		if _, err := reg.Gather(); err != nil {
+			t.Fatalf("Gather while tiers are named: %v", err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func TestWithMethodsRefusesInvalidUTF8(t *testing.T) {
+	if _, err := New(WithMethods("/svc.S/\xff")); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("New(WithMethods(invalid UTF-8)) error = %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestRejectionLogSurvivesClockStep: a wall clock stepped back an hour must
+// not silence the rejection log for that hour.
+func TestRejectionLogSurvivesClockStep(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(100000, 0)
+	c, err := New(WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)), time.Second),
+		withClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota})
+	now = now.Add(-time.Hour)
+	for range 60 { // a rejection a second for a minute
+		now = now.Add(time.Second)
+		obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota})
+	}
+	if lines := strings.Count(buf.String(), "\n"); lines < 50 {
+		t.Errorf("%d log lines in the minute after the clock stepped back, want about 60", lines)
 	}
 }
