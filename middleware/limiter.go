@@ -97,8 +97,9 @@ type Decision struct {
 type Event struct {
 	// Method is the full method name, "/pkg.Svc/Method".
 	Method string
-	// Tier is the caller's tier, "" when anonymous or unknown (the tap
-	// handle does not resolve tiers).
+	// Tier is the tier of the caller's policy: its tenant's, or the
+	// anonymous policy's for an anonymous caller; "" when that names none,
+	// and in the tap handle's events (the tap does not resolve tiers).
 	Tier string
 	// Tenant is the caller's tenant ID, "" for an anonymous caller and in
 	// the tap handle's events.

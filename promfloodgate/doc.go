@@ -53,8 +53,10 @@
 // for. A method labels itself only when registered with WithMethods, else
 // it is "other", so clients calling made-up methods add no series. The
 // first WithMaxTiers tiers seen label themselves, later ones "other";
-// anonymous callers are tier "none", and so are the tap handle's
-// rejections, which resolve no tier. Tenant labels are off by default;
+// anonymous callers are tier "none" unless the anonymous policy names a
+// tier, and so are the tap handle's rejections, which resolve no tier. Two
+// series whose labels come out equal (a tier named "none" or "other", say)
+// are reported as one, their sum. Tenant labels are off by default;
 // WithTenantLabels(n) names the first n tenants seen and labels later ones
 // "other" (anonymous callers and tap rejections "none"). The source label
 // has nine values (none, the seven sources and "unknown"), of which a
@@ -82,8 +84,10 @@
 // Offenders keeps the callers rejected most often in fixed memory, by the
 // Space-Saving algorithm over k keys: every caller with more than 1/k of the
 // recorded rejections is listed, with a count that is an upper bound, off by
-// at most its Err. Keys are kept as the first 12 hex digits of their SHA-256
-// unless WithRawKeys; Offenders.Handler serves the list as JSON for an
+// at most its Err. Keys are kept as the first 12 hex digits of their
+// HMAC-SHA-256 under a per-process secret (WithHashSecret to share one)
+// unless WithRawKeys: a plain hash of an IPv4 address would be undone by
+// hashing them all. Offenders.Handler serves the list as JSON for an
 // operators' port. Offenders.UnaryServerInterceptor and
 // Offenders.StreamServerInterceptor, installed before the Limiter's, record
 // the callers of the Limiter's rejections by a key function (the peer's IP by

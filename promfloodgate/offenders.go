@@ -1,14 +1,19 @@
 package promfloodgate
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -25,7 +30,7 @@ import (
 const DefaultOffenders = 64
 
 // HashedKeyLen is the length of a hashed key: the first 12 hex digits
-// (48 bits) of its SHA-256.
+// (48 bits) of its HMAC-SHA-256.
 const HashedKeyLen = 12
 
 // An OffendersOption configures an Offenders.
@@ -34,6 +39,7 @@ type OffendersOption func(*offendersOptions) error
 type offendersOptions struct {
 	k      int
 	raw    bool
+	secret []byte // the HMAC key of hashed keys
 	key    func(ctx context.Context, fullMethod string) string
 	quota  codes.Code
 	over   codes.Code
@@ -54,11 +60,29 @@ func WithCapacity(k int) OffendersOption {
 }
 
 // WithRawKeys sets whether keys are kept and shown as given. The default,
-// false, keeps only the first HashedKeyLen hex digits of each key's SHA-256,
-// so the summary and its handler never reveal an API key or an address.
-// Turn it on only where the debug handler is reachable by operators alone.
+// false, keeps only the first HashedKeyLen hex digits of each key's
+// HMAC-SHA-256 under a secret (random per Offenders unless WithHashSecret),
+// so the summary and its handler never reveal an API key or an address:
+// a plain hash of an IPv4 address is undone by hashing all 2^32 of them,
+// in minutes. Offenders.HashKey hashes a key the same way, to look one up.
+// Turn raw keys on only where the debug handler is reachable by operators
+// alone; a raw key that is not valid UTF-8 is shown Go-quoted.
 func WithRawKeys(on bool) OffendersOption {
 	return func(o *offendersOptions) error { o.raw = on; return nil }
+}
+
+// WithHashSecret sets the HMAC key of hashed keys, at least 16 bytes, so
+// that several processes (a fleet's instances, or one across restarts)
+// hash a caller alike. Keep it as secret as the keys it hides. The default
+// is 32 random bytes per Offenders.
+func WithHashSecret(secret []byte) OffendersOption {
+	return func(o *offendersOptions) error {
+		if len(secret) < 16 {
+			return fmt.Errorf("%w: WithHashSecret: %d bytes, want at least 16", ErrInvalidOption, len(secret))
+		}
+		o.secret = bytes.Clone(secret)
+		return nil
+	}
 }
 
 // WithKeyFunc sets how UnaryServerInterceptor names the caller of a rejected
@@ -120,6 +144,10 @@ func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.secret == nil {
+		o.secret = make([]byte, 32)
+		rand.Read(o.secret) // never fails (crypto/rand)
+	}
 	return &Offenders{o: o, s: s}, nil
 }
 
@@ -129,7 +157,7 @@ func (f *Offenders) Record(key string) {
 		return
 	}
 	if !f.o.raw {
-		key = HashKey(key)
+		key = f.HashKey(key)
 	}
 	f.s.Add(key, 1)
 }
@@ -139,7 +167,13 @@ func (f *Offenders) Top(n int) []Offender {
 	items := f.s.Top(n)
 	out := make([]Offender, len(items))
 	for i, it := range items {
-		out[i] = Offender{Key: it.Key, Rejections: it.Count, Err: it.Err}
+		key := it.Key
+		if !utf8.ValidString(key) {
+			// JSON would turn every invalid byte into U+FFFD, and distinct
+			// keys into one.
+			key = strconv.Quote(key)
+		}
+		out[i] = Offender{Key: key, Rejections: it.Count, Err: it.Err}
 	}
 	return out
 }
@@ -147,11 +181,12 @@ func (f *Offenders) Top(n int) []Offender {
 // Total returns the rejections recorded.
 func (f *Offenders) Total() uint64 { return f.s.Total() }
 
-// HashKey returns the first HashedKeyLen hex digits of key's SHA-256, the
-// form keys take in an Offenders without WithRawKeys.
-func HashKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:HashedKeyLen/2])
+// HashKey returns the form key takes in f without WithRawKeys: the first
+// HashedKeyLen hex digits of its HMAC-SHA-256 under f's secret.
+func (f *Offenders) HashKey(key string) string {
+	m := hmac.New(sha256.New, f.o.secret)
+	io.WriteString(m, key)
+	return hex.EncodeToString(m.Sum(nil)[:HashedKeyLen/2])
 }
 
 // PeerIP is the default key of UnaryServerInterceptor: the IP address of the

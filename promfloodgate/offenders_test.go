@@ -2,6 +2,8 @@ package promfloodgate
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -40,11 +42,11 @@ func TestOffendersHashesKeys(t *testing.T) {
 	for _, k := range []string{"secret-a", "secret-b", "secret-a", "", "secret-a"} {
 		f.Record(k)
 	}
-	want := []Offender{{Key: HashKey("secret-a"), Rejections: 3}, {Key: HashKey("secret-b"), Rejections: 1}}
+	want := []Offender{{Key: f.HashKey("secret-a"), Rejections: 3}, {Key: f.HashKey("secret-b"), Rejections: 1}}
 	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
 		t.Errorf("Top (-want +got):\n%s", diff)
 	}
-	if got := HashKey("secret-a"); len(got) != HashedKeyLen || strings.Contains(got, "secret") {
+	if got := f.HashKey("secret-a"); len(got) != HashedKeyLen || strings.Contains(got, "secret") {
 		t.Errorf("HashKey = %q", got)
 	}
 	if f.Total() != 4 {
@@ -162,7 +164,7 @@ func TestHandler(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatal(err)
 	}
-	want := []Offender{{Key: HashKey("a"), Rejections: 3}}
+	want := []Offender{{Key: f.HashKey("a"), Rejections: 3}}
 	if body.Total != 4 || body.Capacity != 3 || !body.Hashed || !cmp.Equal(want, body.Offenders) {
 		t.Errorf("body = %+v, want total 4, capacity 3, hashed, offenders %v", body, want)
 	}
@@ -180,5 +182,49 @@ func TestHandler(t *testing.T) {
 		if rec.Code != tc.code {
 			t.Errorf("%s %s: %d, want %d", tc.method, tc.target, rec.Code, tc.code)
 		}
+	}
+}
+
+// TestOffendersHashSecret: hashed keys are keyed by a secret, random per
+// Offenders unless given: a plain hash of an address would be undone by
+// hashing every address.
+func TestOffendersHashSecret(t *testing.T) {
+	a, _ := NewOffenders()
+	b, _ := NewOffenders()
+	plain := sha256.Sum256([]byte("203.0.113.7"))
+	if got := a.HashKey("203.0.113.7"); got == hex.EncodeToString(plain[:HashedKeyLen/2]) {
+		t.Errorf("HashKey = %s, the plain SHA-256 prefix", got)
+	}
+	if a.HashKey("203.0.113.7") == b.HashKey("203.0.113.7") {
+		t.Error("two Offenders without a shared secret hash alike")
+	}
+	secret := []byte("0123456789abcdef0123")
+	c, err := NewOffenders(WithHashSecret(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := NewOffenders(WithHashSecret(secret))
+	if c.HashKey("203.0.113.7") != d.HashKey("203.0.113.7") {
+		t.Error("two Offenders with one secret hash differently")
+	}
+	if _, err := NewOffenders(WithHashSecret([]byte("short"))); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("WithHashSecret(5 bytes) error = %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestRawKeysNotUTF8: raw keys that are not valid UTF-8 stay distinct in
+// the summary's JSON.
+func TestRawKeysNotUTF8(t *testing.T) {
+	f, _ := NewOffenders(WithRawKeys(true))
+	f.Record("a\xffb")
+	f.Record("a\xfeb")
+	rec := httptest.NewRecorder()
+	f.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	var body struct{ Offenders []Offender }
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if len(body.Offenders) != 2 || body.Offenders[0].Key == body.Offenders[1].Key {
+		t.Errorf("offenders %+v, want two distinct keys", body.Offenders)
 	}
 }

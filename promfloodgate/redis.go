@@ -3,6 +3,7 @@ package promfloodgate
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -109,7 +110,9 @@ var (
 // wrapping ErrInvalidOption. The breaker gauge starts closed, as a new
 // Store's breaker does.
 func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
-	o := redisOptions{buckets: DefaultCallBuckets}
+	// A copy: the histogram keeps its bounds, and DefaultCallBuckets is a
+	// variable anyone can change.
+	o := redisOptions{buckets: slices.Clone(DefaultCallBuckets)}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
