@@ -167,7 +167,35 @@ func mustCompile(cfg *Config) *Table {
 // defaultPattern is the Pattern of a rule whose limit is a level's default.
 const defaultPattern = "default"
 
+// MaxRules bounds the rules a config resolves to. A tenant with limits of
+// its own resolves every method pattern of its tier again, so rules grow
+// as tenants × patterns: past this bound (about 50 MB of rules) a config
+// is refused before anything is resolved, whatever its size in bytes.
+const MaxRules = 1 << 18
+
+// ruleCount bounds the rules cfg resolves to, from above.
+func ruleCount(cfg *Config) int {
+	n := 1 // the anonymous policy's fallback
+	if a := cfg.Anonymous; a != nil {
+		n += len(a.Methods) + len(cfg.Tiers[a.Tier].Methods)
+	}
+	for _, tier := range cfg.Tiers {
+		n += len(tier.Methods) + 1
+	}
+	for _, spec := range cfg.Tenants {
+		if spec.Default != nil || len(spec.Methods) > 0 {
+			n += len(spec.Methods) + len(cfg.Tiers[spec.Tier].Methods) + 1
+		}
+	}
+	return n
+}
+
 func compile(cfg *Config, p *problems) (*Table, error) {
+	if n := ruleCount(cfg); n > MaxRules {
+		p.add("tenants", "the config resolves to "+strconv.Itoa(n)+" rules, more than "+strconv.Itoa(MaxRules)+
+			": tenants with limits of their own repeat their tier's method patterns; move shared limits into tiers")
+		return nil, p.err()
+	}
 	validate(cfg, p)
 	if len(p.errs) > 0 {
 		checkSound(cfg, p)

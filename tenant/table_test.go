@@ -3,9 +3,11 @@ package tenant_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -345,5 +347,33 @@ func TestLookupAllocs(t *testing.T) {
 				t.Errorf("%s allocates %v times per call, want 0", tt.name, n)
 			}
 		})
+	}
+}
+
+// TestRuleBudget: a config whose tenants override limits of a tier with
+// many method patterns resolves tenants × patterns rules; past MaxRules it
+// is refused before any is resolved, with a message that says why.
+func TestRuleBudget(t *testing.T) {
+	build := func(tenants, patterns int) *tenant.Config {
+		methods := make(map[string]tenant.MethodSpec, patterns)
+		for i := range patterns {
+			methods["/svc.S/M"+strconv.Itoa(i)] = tenant.MethodSpec{Limit: &tenant.LimitSpec{Rate: 1, Burst: 1}}
+		}
+		cfg := &tenant.Config{
+			Tiers:   map[string]tenant.TierSpec{"t": {Default: &tenant.LimitSpec{Rate: 1, Burst: 1}, Methods: methods}},
+			Tenants: make(map[string]tenant.TenantSpec, tenants),
+		}
+		for i := range tenants {
+			cfg.Tenants["c"+strconv.Itoa(i)] = tenant.TenantSpec{Tier: "t", Default: &tenant.LimitSpec{Rate: 2, Burst: 2}}
+		}
+		return cfg
+	}
+	if _, err := tenant.Compile(build(100, 100)); err != nil {
+		t.Fatalf("100 tenants × 100 patterns: %v", err)
+	}
+	var ce *tenant.ConfigError
+	_, err := tenant.Compile(build(600, 600))
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "rules") {
+		t.Errorf("600 tenants × 600 patterns: %v, want a ConfigError about rules", err)
 	}
 }
