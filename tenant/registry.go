@@ -172,17 +172,21 @@ func readConfig(path string) ([]byte, error) {
 // changes, until ctx is done; it returns ctx.Err(). It checks at once, then
 // every poll interval ([WithPollInterval]).
 //
-// Each poll stats the file and reads it only when its size or modification
-// time changed, or when the modification time is recent enough that a
-// same-size rewrite within the file system's timestamp granularity could
-// hide behind it; the content's SHA-256 then decides whether anything
-// changed. Content that fails to load is reported once (through
+// Each poll stats the file and reads it only when it is another file than
+// at the last read (a symlink or rename swap), or its size, modification
+// time or (on Linux) change time differ, or its modification time was
+// within the file system's timestamp granularity of the last read, where a
+// same-size rewrite could hide behind it; the content's SHA-256 then
+// decides whether anything changed. Content that fails to load is reported once (through
 // [WithOnReload] and the logger) and leaves the table in force; the next
 // change is tried again. Writers should replace the file atomically
 // (write a temporary file, then rename it over the config, as Kubernetes
 // does for mounted ConfigMaps): a half-written file that happens to be
 // valid would otherwise be loaded.
 func (r *Registry) Watch(ctx context.Context, path string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	w := r.watcher(path)
 	w.poll()
 	tick := time.NewTicker(r.opts.interval)
@@ -197,19 +201,20 @@ func (r *Registry) Watch(ctx context.Context, path string) error {
 	}
 }
 
-// racyWindow bounds how close to now a modification time must be for Watch
-// to distrust an unchanged stat (the "racily clean" problem git's index
-// has): coarse file system clocks can let a rewrite keep its size and time.
+// racyWindow bounds how close to the last read a modification time must be
+// for Watch to distrust an unchanged stat (the "racily clean" problem git's
+// index has): coarse file system clocks can let a rewrite made just after
+// the read keep the size and time the read saw.
 const racyWindow = 3 * time.Second
 
 // watcher is one Watch loop's memory of the file.
 type watcher struct {
 	r    *Registry
 	path string
-	// stat is the size and time last seen; statOK whether there is one.
-	size   int64
-	mtime  time.Time
-	statOK bool
+	// fi is the file as stat saw it at the last read, and readAt when
+	// that read was; fi is nil before the first.
+	fi     os.FileInfo
+	readAt time.Time
 	// tried is the last content tried, good or bad, so that a bad file is
 	// reported once rather than every poll.
 	tried   [32]byte
@@ -230,7 +235,7 @@ func (r *Registry) watcher(path string) *watcher {
 func (w *watcher) poll() {
 	fi, err := os.Stat(w.path)
 	if err != nil {
-		w.statOK = false
+		w.fi = nil
 		w.fail(fmt.Errorf("tenant: %w", err))
 		return
 	}
@@ -238,16 +243,16 @@ func (w *watcher) poll() {
 		w.fail(errors.New("tenant: " + w.path + ": not a regular file"))
 		return
 	}
-	same := w.statOK && fi.Size() == w.size && fi.ModTime().Equal(w.mtime)
-	if same && time.Since(fi.ModTime()).Abs() > racyWindow {
+	if w.unchanged(fi) {
 		return
 	}
+	readAt := time.Now()
 	data, err := readConfig(w.path)
 	if err != nil {
 		w.fail(err)
 		return
 	}
-	w.size, w.mtime, w.statOK = fi.Size(), fi.ModTime(), true
+	w.fi, w.readAt = fi, readAt
 	// The file is readable again: its next failure is news.
 	w.lastErr = ""
 	sum := sha256.Sum256(data)
@@ -263,6 +268,16 @@ func (w *watcher) poll() {
 	if l := w.r.opts.logger; changed && l != nil {
 		l.Info("tenant: config loaded", "path", w.path, "tenants", len(w.r.Table().tenants))
 	}
+}
+
+// unchanged reports whether fi shows the file read last, not rewritten
+// since: the same file (a swapped symlink or a file renamed over the path
+// is another), with the same size, modification and change times, and
+// modified well before the last read.
+func (w *watcher) unchanged(fi os.FileInfo) bool {
+	return w.fi != nil && os.SameFile(w.fi, fi) && fi.Size() == w.fi.Size() &&
+		fi.ModTime().Equal(w.fi.ModTime()) && changeTime(fi).Equal(changeTime(w.fi)) &&
+		fi.ModTime().Before(w.readAt.Add(-racyWindow))
 }
 
 // fail reports a problem unless it is the one reported last.

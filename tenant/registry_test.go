@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -414,5 +415,81 @@ func TestOnReloadSeesItsOwnTable(t *testing.T) {
 	wg.Wait()
 	if n := mismatches.Load(); n != 0 {
 		t.Errorf("%d of %d callbacks received another load's table", n, reports.Load())
+	}
+}
+
+// TestWatchSwappedWithSameStat: a config swapped for another of the same
+// size and modification time is reloaded, whether a symlink is swapped
+// (as Kubernetes does for a mounted ConfigMap) or the file is rewritten in
+// place with its time restored (cp -p, rsync -a, tar). Otherwise a revoked
+// key would stay in force.
+func TestWatchSwappedWithSameStat(t *testing.T) {
+	old := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	if len(goodA) != len(goodB) {
+		t.Fatal("fixtures must have the same size")
+	}
+	mustDo := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("symlink swap", func(t *testing.T) {
+		dir := t.TempDir()
+		for name, content := range map[string]string{"..v1": goodA, "..v2": goodB} {
+			mustDo(os.Mkdir(filepath.Join(dir, name), 0o755))
+			p := filepath.Join(dir, name, "tenants.yaml")
+			writeFile(t, p, content)
+			mustDo(os.Chtimes(p, old, old))
+		}
+		mustDo(os.Symlink("..v1", filepath.Join(dir, "..data")))
+		mustDo(os.Symlink("..data/tenants.yaml", filepath.Join(dir, "tenants.yaml")))
+		r, _ := newRegistry(t)
+		w := r.NewWatcher(filepath.Join(dir, "tenants.yaml"))
+		w.Poll()
+		if got := exportBurst(r); got != 1 {
+			t.Fatalf("first load: Export burst = %d, want 1", got)
+		}
+		mustDo(os.Symlink("..v2", filepath.Join(dir, "..data_tmp")))
+		mustDo(os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+		w.Poll()
+		if got := exportBurst(r); got != 2 {
+			t.Errorf("after the swap: Export burst = %d, want 2", got)
+		}
+	})
+	t.Run("rewrite with the time restored", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tenants.yaml")
+		writeFile(t, path, goodA)
+		mustDo(os.Chtimes(path, old, old))
+		r, _ := newRegistry(t)
+		w := r.NewWatcher(path)
+		w.Poll()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		mustDo(err)
+		_, err = f.WriteString(goodB)
+		mustDo(err)
+		mustDo(f.Close())
+		mustDo(os.Chtimes(path, old, old))
+		w.Poll()
+		if runtime.GOOS == "linux" {
+			if got := exportBurst(r); got != 2 {
+				t.Errorf("after an in-place rewrite: Export burst = %d, want 2", got)
+			}
+		}
+	})
+}
+
+// TestWatchDoneContext: Watch with a context already done loads nothing.
+func TestWatchDoneContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tenants.yaml")
+	writeFile(t, path, goodA)
+	r, rec := newRegistry(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Watch(ctx, path); !errors.Is(err, context.Canceled) {
+		t.Errorf("Watch = %v, want context.Canceled", err)
+	}
+	if got := exportBurst(r); got != -1 || len(rec.take()) != 0 {
+		t.Errorf("Watch with a done context loaded the file (Export burst %d)", got)
 	}
 }
