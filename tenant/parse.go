@@ -9,9 +9,12 @@ import (
 	"math"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -53,8 +56,10 @@ func decode(name string, data []byte) (*Config, *problems) {
 			p.addAt(line, "", msg)
 			return cfg, p
 		}
-		// Valid JSON is valid YAML: from here on one decoder serves both
+		// Valid JSON is valid YAML, once yamlSafe has rewritten the few
+		// forms YAML reads otherwise: from here on one decoder serves both
 		// formats and gives both their line numbers.
+		data = yamlSafe(data)
 	}
 	root, line, err := parseYAML(data)
 	if err != nil {
@@ -90,6 +95,93 @@ func checkJSON(data []byte) (line int, msg string, ok bool) {
 		return 0, "config is empty", false
 	}
 	return lineAt(data, len(data)), "invalid JSON: " + err.Error(), false
+}
+
+// yamlSafe rewrites valid JSON that YAML would refuse, keeping every
+// newline where it was so that line numbers stay true: the escape "\/"
+// becomes "/", a surrogate pair (or a lone surrogate, as U+FFFD) becomes
+// the character itself, and a colon on a later line than its key moves up
+// to the key's (YAML keeps an implicit key on one line).
+func yamlSafe(data []byte) []byte {
+	if !bytes.Contains(data, []byte(`\/`)) && !bytes.Contains(data, []byte(`\u`)) && !bytes.Contains(data, []byte("\n")) {
+		return data
+	}
+	out := make([]byte, 0, len(data))
+	inString := false
+	ws := -1 // where a run of whitespace outside strings starts in out
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if !inString {
+			switch c {
+			case ' ', '\t', '\r', '\n':
+				if ws < 0 {
+					ws = len(out)
+				}
+				out = append(out, c)
+				continue
+			case ':':
+				if ws >= 0 && bytes.IndexByte(out[ws:], '\n') >= 0 {
+					out = slices.Insert(out, ws, ':')
+					ws = -1
+					continue
+				}
+			case '"':
+				inString = true
+			}
+			ws = -1
+			out = append(out, c)
+			continue
+		}
+		switch {
+		case c == '"':
+			inString = false
+			out = append(out, c)
+		case c != '\\':
+			out = append(out, c)
+		case data[i+1] == '/':
+			out = append(out, '/')
+			i++
+		case data[i+1] == 'u':
+			r := hex4(data[i+2 : i+6])
+			n := 6
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if i+12 <= len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
+					r2 = hex4(data[i+8 : i+12])
+				}
+				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+					r, n = d, 12
+				} else {
+					r = utf8.RuneError
+				}
+				out = utf8.AppendRune(out, r)
+			} else {
+				out = append(out, data[i:i+6]...)
+			}
+			i += n - 1
+		default:
+			out = append(out, c, data[i+1])
+			i++
+		}
+	}
+	return out
+}
+
+// hex4 decodes four hex digits, known valid.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 func lineAt(data []byte, off int) int {

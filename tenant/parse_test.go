@@ -127,3 +127,43 @@ func TestDocExample(t *testing.T) {
 		t.Errorf("doc example has %d tenants, want 2", got)
 	}
 }
+
+// TestParseJSONThatYAMLReadsOtherwise: a .json config is strict JSON, and
+// JSON that YAML would refuse (the escape "\/", which PHP's json_encode
+// writes in every method pattern; a colon on a later line than its key; a
+// surrogate pair) parses, with its line numbers true.
+func TestParseJSONThatYAMLReadsOtherwise(t *testing.T) {
+	good := `{"tiers": {"free": {"default": {"rate": 10, "burst": 20},
+  "methods": {"\/inventory.v1.Inventory\/Export": {"rate": 1, "burst": 2}}}},
+ "tenants": {"acme"
+   : {"tier": "free"}}}`
+	tbl, err := tenant.Parse("tenants.json", []byte(good))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	acme, ok := tbl.TenantByID("acme")
+	if !ok {
+		t.Fatal("acme missing")
+	}
+	if got := acme.Rule("/inventory.v1.Inventory/Export").Limit.Burst; got != 2 {
+		t.Errorf("Export burst = %d, want 2", got)
+	}
+	bad := `{"tiers": {"free": {"default": {"rate": 10, "burst": 20}}},
+ "tenants": {"acme"
+   : {"tier": "gold"},
+  "\ud83d\ude00": {"tier": "free"}}}`
+	_, err = tenant.Parse("tenants.json", []byte(bad))
+	var ce *tenant.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Parse(bad) = %v, want a ConfigError", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"tenants.json:3:", "gold", "tenants.json:4:"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "escape") {
+		t.Errorf("error %q is about an escape, not the config", msg)
+	}
+}
