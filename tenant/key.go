@@ -17,7 +17,8 @@ const MaxKeyLen = 256
 var ErrMalformedKey = errors.New("tenant: malformed API key: want 1 to 256 printable ASCII characters without spaces")
 
 // Digest returns the SHA-256 digest of key, the form in which tables hold
-// API keys. It does not allocate. It costs one SHA-256 over the key (a few
+// API keys. It does not allocate for keys of up to [MaxKeyLen] bytes (no
+// table holds a longer one). It costs one SHA-256 over the key (a few
 // hundred nanoseconds for a typical key), which is why [Table.TenantByDigest]
 // exists for callers that can hash once and look up many times.
 func Digest(key string) [32]byte {
