@@ -188,7 +188,7 @@ func TestMetricsUnderLoad(t *testing.T) {
 	if err := json.Unmarshal(body, &got); err != nil {
 		t.Fatalf("%v: %s", err, body)
 	}
-	want := []promfloodgate.Offender{{Key: promfloodgate.HashKey("key:demo-key-noisy"), Rejections: uint64(noisy[codes.ResourceExhausted])}}
+	want := []promfloodgate.Offender{{Key: srv.obs.offenders.HashKey("key:demo-key-noisy"), Rejections: uint64(noisy[codes.ResourceExhausted])}}
 	if !got.Hashed || got.Total != uint64(noisy[codes.ResourceExhausted]) || len(got.Offenders) != 1 || got.Offenders[0] != want[0] {
 		t.Errorf("offenders = %s, want hashed, total %d, %v", body, noisy[codes.ResourceExhausted], want)
 	}
