@@ -3,6 +3,8 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -85,11 +87,7 @@ func newUpstream(store floodgate.Store, lim floodgate.Limit, opts []ClientOption
 		o.errs = append(o.errs, "invalid limit")
 	}
 	if len(o.errs) > 0 {
-		msg := ErrInvalidOption.Error() + ":"
-		for _, e := range o.errs {
-			msg += " " + e + ";"
-		}
-		return nil, errors.New(msg[:len(msg)-1])
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOption, strings.Join(o.errs, "; "))
 	}
 	return &upstream{store: store, lim: lim, o: o}, nil
 }
@@ -106,15 +104,23 @@ func (u *upstream) acquire(ctx context.Context, method string) error {
 		key = u.o.key(ctx, method)
 	}
 	if u.o.failFast {
+		// A call gRPC will not send must not spend a token.
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
 		res, err := u.store.TakeN(ctx, key, u.lim, u.o.cost)
 		switch {
+		case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			return status.FromContextError(err).Err()
 		case err != nil:
 			return ErrUpstreamStore
 		case res.Allowed:
 			return nil
-		case res.RetryAfter == floodgate.Never:
+		case !u.lim.IsInf() && u.o.cost > u.lim.Burst:
 			return ErrUpstreamCost
 		}
+		// Short, or never refilled (rate 0): limited either way, as the
+		// waiting mode says.
 		return ErrUpstreamLimited
 	}
 	var err error

@@ -2,7 +2,7 @@ package middleware
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -250,7 +250,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		o.fail("New: tables supply no table")
 	}
 	if len(o.errs) > 0 {
-		return nil, errors.New(ErrInvalidOption.Error() + ": " + strings.Join(o.errs, "; "))
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOption, strings.Join(o.errs, "; "))
 	}
 	l := &Limiter{
 		store:  store,

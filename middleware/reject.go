@@ -80,6 +80,7 @@ func gridIndex(d time.Duration) (int, time.Duration) {
 type entry struct {
 	err error
 	md  metadata.MD
+	d   time.Duration // the delay, rounded up to the grid, that md asks for
 }
 
 // abortMD tells a retrying client not to retry: the wait exceeds its
@@ -164,6 +165,7 @@ func (r *rejecter) lookup(k kind, d time.Duration) *entry {
 		return e
 	}
 	e := &entry{
+		d:   rounded,
 		err: r.build(k, rounded),
 		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(rounded/time.Millisecond), 10)}},
 	}
@@ -191,9 +193,16 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 		_ = grpc.SetTrailer(ctx, abortMD)
 		return r.never[k]
 	}
+	// The cap and the deadline are checked against the delay the trailer
+	// will ask for, which the grid rounds up: grpc-go sleeps for the
+	// pushback without checking the deadline.
 	e := r.lookup(k, retry)
+	if e.d > r.o.maxPushback {
+		_ = grpc.SetTrailer(ctx, abortMD)
+		return r.never[k]
+	}
 	md := e.md
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < retry {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < e.d {
 		md = abortMD
 	}
 	// SetTrailer fails only outside a gRPC call (a direct call in a test);

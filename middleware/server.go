@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"unsafe"
 
@@ -18,6 +19,10 @@ import (
 )
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
+
+// ErrNotServerCall is Limit's error for a context that is not a server
+// call's.
+var ErrNotServerCall = errors.New("middleware: Limit needs a server call's context")
 
 // UnaryServerInterceptor returns an interceptor that admits each unary call
 // or rejects it before the handler runs. An admitted call's context carries
@@ -170,8 +175,16 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 // becomes RESOURCE_EXHAUSTED with the interceptor's own message and without
 // details, and the decision is not left in the handler's context: prefer
 // UnaryServerInterceptor unless the chain must use the ratelimit package.
+//
+// A context that is not a server call's (the ratelimit package's client
+// interceptors pass one) names no method, peer or caller: Limit returns
+// ErrNotServerCall rather than judge every such call as one anonymous
+// caller. Use UnaryClientInterceptor to limit outgoing calls.
 func (l *Limiter) Limit(ctx context.Context) error {
-	method := methodOf(ctx)
+	method, ok := grpc.Method(ctx)
+	if !ok {
+		return ErrNotServerCall
+	}
 	if l.Exempt(method) {
 		l.c.add(cExempt)
 		return nil
