@@ -115,13 +115,18 @@ func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error 
 		if d == Never {
 			return ErrWouldExceedDeadline
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		dl, hasDeadline := ctx.Deadline()
+		if hasDeadline && time.Until(dl) < d {
 			return ErrWouldExceedDeadline
 		}
 		if d <= 0 {
 			d = time.Millisecond
 		}
 		d += rand.N(d/10 + 1)
+		if hasDeadline {
+			// The jitter must not carry a wait that fits past the deadline.
+			d = min(d, time.Until(dl))
+		}
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {

@@ -77,3 +77,25 @@ func TestWait(t *testing.T) {
 		}
 	})
 }
+
+// takeOnly hides keyed.Map's WaitN, so that Wait cannot reserve.
+type takeOnly struct{ floodgate.Store }
+
+// TestWaitJitterWithinDeadline: a wait that fits the deadline succeeds; the
+// jitter added to spread retries must not carry it past the deadline.
+func TestWaitJitterWithinDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := keyed.New()
+		s := takeOnly{m}
+		lim := floodgate.PerSecond(10, 1)
+		for i := range 20 {
+			key := "k" + string(rune('a'+i))
+			m.TakeN(context.Background(), key, lim, 1) // next token in 100 ms
+			ctx, cancel := context.WithTimeout(context.Background(), 101*time.Millisecond)
+			if err := floodgate.Wait(ctx, s, key, lim, 1); err != nil {
+				t.Errorf("wait %d for a token due 1ms before the deadline: %v", i, err)
+			}
+			cancel()
+		}
+	})
+}
