@@ -61,6 +61,18 @@ func decode(name string, data []byte) (*Config, *problems) {
 		// formats and gives both their line numbers.
 		data = yamlSafe(data)
 	}
+	if !utf8.Valid(data) {
+		off := 0
+		for off < len(data) {
+			r, n := utf8.DecodeRune(data[off:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			off += n
+		}
+		p.addAt(lineAt(data, off), "", "config is not valid UTF-8")
+		return cfg, p
+	}
 	root, line, err := parseYAML(data)
 	if err != nil {
 		p.addAt(line, "", err.Error())
@@ -230,14 +242,46 @@ func parseYAML(data []byte) (root *yaml.Node, line int, err error) {
 	return n, 0, nil
 }
 
-// yamlError moves the library's "yaml: line N: " prefix into a line number.
+// parserProblems are the syntax errors the YAML library's parser reports,
+// as opposed to its scanner. It counts their lines from 0, and the
+// scanner's from 1, and reports no line for a problem on the first.
+var parserProblems = []string{
+	"did not find expected <stream-start>", "did not find expected <document start>",
+	"found undefined tag handle", "did not find expected node content",
+	"did not find expected '-' indicator", "did not find expected key",
+	"did not find expected ',' or ']'", "did not find expected ',' or '}'",
+	"found duplicate %YAML directive", "found incompatible YAML document", "found duplicate %TAG directive",
+}
+
+// yamlError moves the library's "yaml: line N: " prefix into a line number,
+// correcting the library's count (see parserProblems).
 func yamlError(err error) (int, error) {
 	msg := err.Error()
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		return line, errors.New(msg[len(m[0]):])
+		msg = msg[len(m[0]):]
+		if slices.Contains(parserProblems, msg) {
+			line++
+		}
+		return line, errors.New(msg)
 	}
-	return 0, errors.New(strings.TrimPrefix(msg, "yaml: "))
+	// Without a line, a syntax error is on the first; a problem reading
+	// the bytes (as UTF-8) has no line to tell.
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	for _, p := range readerProblems {
+		if strings.HasPrefix(msg, p) {
+			return 0, errors.New(msg)
+		}
+	}
+	return 1, errors.New(msg)
+}
+
+// readerProblems start the YAML library's errors about the bytes rather
+// than the syntax.
+var readerProblems = []string{
+	"control characters are not allowed", "expected low surrogate area", "incomplete UTF-",
+	"input error", "invalid Unicode character", "invalid leading UTF-8 octet",
+	"invalid length of a UTF-8 sequence", "invalid trailing UTF-8 octet", "unexpected low surrogate area",
 }
 
 // decoder walks a node tree into a Config.

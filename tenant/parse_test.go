@@ -167,3 +167,24 @@ func TestParseJSONThatYAMLReadsOtherwise(t *testing.T) {
 		t.Errorf("error %q is about an escape, not the config", msg)
 	}
 }
+
+// TestSyntaxErrorLines: a YAML syntax error names the line it is on, or the
+// line of the construct it breaks, for the library's parser and scanner
+// errors alike, on the first line too; bytes that are not UTF-8 name theirs.
+func TestSyntaxErrorLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, config, want string
+	}{
+		{"unclosed flow mapping", "tiers:\n  free:\n    default: {rate: 10, burst: 20\ntenants: {}\n", "x.yaml:3:"},
+		{"stray brace", "tiers: {}\ntenants: {}\nanonymous: {}}\n", "x.yaml:3:"},
+		{"bad escape on line 1", "tiers: \"\\q\"\n", "x.yaml:1:"},
+		{"not UTF-8 on line 2", "tiers: {}\ntenants: \"\xff\"\n", "x.yaml:2: config is not valid UTF-8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tenant.Parse("x.yaml", []byte(tc.config))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Parse = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
