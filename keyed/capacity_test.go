@@ -226,3 +226,43 @@ func TestFarTimes(t *testing.T) {
 		t.Errorf("take in 500 years = %+v, want allowed", res)
 	}
 }
+
+// TestEvictFromOtherShards: a new key whose shard holds less than its share
+// of the capacity makes room in another shard, under either policy, and
+// still never evicts a bucket that is not full under Protect.
+func TestEvictFromOtherShards(t *testing.T) {
+	otherShard := func(m *Map, of string, n int) []string {
+		var keys []string
+		for i := 0; len(keys) < n; i++ {
+			k := "b" + strconv.Itoa(i)
+			if m.shardOf(maphash.String(m.seed, k)) != m.shardOf(maphash.String(m.seed, of)) {
+				keys = append(keys, k)
+			}
+		}
+		return keys
+	}
+	lim := floodgate.PerSecond(1, 1)
+	later := t0.Add(time.Hour)
+	for _, p := range []Pressure{Protect, Evict} {
+		m := newMap(t, WithCapacity(1), WithShards(2), WithPressure(p))
+		m.TakeAt("a", lim, 1, t0) // full again by later
+		b := otherShard(m, "a", 1)[0]
+		m.TakeAt(b, lim, 1, later)
+		if res := m.TakeAt(b, lim, 1, later); res.Allowed || !tracks(m, b) || tracks(m, "a") {
+			t.Errorf("%v: a new key beside a full bucket in another shard: tracked %v, second take %+v; want its own bucket, drained",
+				p, tracks(m, b), res)
+		}
+		if st := m.Stats(); st.Overflowed != 0 || st.Evictions != 1 || m.Len() != 1 {
+			t.Errorf("%v: Stats = %+v, Len %d; want one eviction, no overflow", p, st, m.Len())
+		}
+	}
+	// Under Protect a drained bucket stays, wherever the new key falls.
+	m := newMap(t, WithCapacity(1), WithShards(2))
+	m.TakeAt("a", lim, 1, t0)
+	for _, b := range otherShard(m, "a", 3) {
+		m.TakeAt(b, lim, 1, t0)
+	}
+	if !tracks(m, "a") {
+		t.Error("Protect evicted a drained bucket from another shard")
+	}
+}

@@ -25,7 +25,8 @@
 //
 // The capacity bounds the keys tracked across all shards, whichever shards
 // they fall in. When a new key arrives at capacity, its shard evicts a bucket
-// that has refilled, preferring one not used since the eviction scan last
+// (or, if the shard holds less than its share of the capacity, another
+// shard does) that has refilled, preferring one not used since the eviction scan last
 // passed (CLOCK, a cheap approximation of least-recently-used). Evicting a
 // full bucket changes no decision: the key would start full anyway. A bucket
 // that has not refilled is never evicted under the default [Protect] policy,

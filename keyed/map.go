@@ -104,7 +104,7 @@ type Stats struct {
 	EvictedNotFull uint64
 	// Overflowed counts takes by new keys that found no room and were
 	// decided by their shard's shared overflow bucket (under [Protect], or
-	// under [Evict] when their shard tracked no bucket to evict).
+	// rarely under [Evict], when no shard scanned had a bucket to evict).
 	// A steady rise means the capacity is too small for the active keys.
 	Overflowed uint64
 }
@@ -287,6 +287,11 @@ func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (sl *sl
 		}
 	}
 	evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
+	if !evicted && s.tab.n*len(m.shards) < int(m.capacity) {
+		// This shard holds less than its share of the capacity, so others
+		// hold more: make room in one of them.
+		evicted, ev = m.evictElsewhere(s, k, now)
+	}
 	c := m.stripe()
 	if !evicted {
 		c.overflowed.Add(1)
@@ -300,6 +305,30 @@ func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (sl *sl
 		c.evictedNotFull.Add(1)
 	}
 	return s.tab.insert(k, fullState(lim, now)), true, ev
+}
+
+// evictElsewhere evicts from up to four shards other than s, whose lock the
+// caller holds: it only tries their locks, so two shards making room in
+// each other cannot deadlock, and a busy shard is skipped.
+func (m *Map) evictElsewhere(s *shard, k uint64, now int64) (bool, Eviction) {
+	n := len(m.shards)
+	start := int(k * 0x9e3779b97f4a7c15 >> 32)
+	for i, tried := 0, 0; i < n && tried < 4; i++ {
+		o := &m.shards[(start+i)%n]
+		if o == s {
+			continue
+		}
+		tried++
+		if !o.mu.TryLock() {
+			continue
+		}
+		ok, hash, full := o.tab.evict(now, m.evictNF)
+		o.mu.Unlock()
+		if ok {
+			return true, Eviction{Hash: hash, Full: full}
+		}
+	}
+	return false, Eviction{}
 }
 
 // Peek reports key's bucket under lim now without taking anything or

@@ -35,11 +35,10 @@ const (
 	// Evict evicts the not-yet-full bucket closest to full, preferring
 	// buckets not used recently, and counts it in [Stats].EvictedNotFull.
 	// A key gets a bucket of its own, at the price of handing the evicted
-	// client a fresh burst when it returns, unless its shard tracks no
-	// bucket at all: eviction looks in the new key's shard only, so a shard
-	// left empty while the others fill the capacity sends its new keys to
-	// its overflow bucket under either policy. The default shard count
-	// (at least 16 keys of capacity per shard) makes that rare.
+	// client a fresh burst when it returns. (Eviction scans the new key's
+	// shard, and, when that shard holds less than its share of the
+	// capacity, up to four others whose locks are free; a key that still
+	// finds no room shares the overflow bucket.)
 	Evict
 )
 
