@@ -25,17 +25,17 @@
 //
 // The capacity bounds the keys tracked across all shards, whichever shards
 // they fall in. When a new key arrives at capacity, its shard evicts a bucket
-// (or, if the shard holds less than its share of the capacity, another
-// shard does) that has refilled, preferring one not used since the eviction scan last
-// passed (CLOCK, a cheap approximation of least-recently-used). Evicting a
-// full bucket changes no decision: the key would start full anyway. A bucket
-// that has not refilled is never evicted under the default [Protect] policy,
-// so a flood of made-up keys cannot hand a drained client a fresh burst;
-// such new keys share their shard's overflow bucket instead, and
-// [Stats].Overflowed tells the operator to raise the capacity. [Evict]
-// trades that guarantee for a bucket per key. "Full" means full under the
-// last limit that took from the bucket: one drained while the CPU gate cut
-// limits counts as full sooner than under the restored limit.
+// (or, if the shard holds less than its share of the capacity, another shard
+// does) that has refilled, preferring one not used since the eviction scan
+// last passed (CLOCK, a cheap approximation of least-recently-used). Evicting
+// a full bucket changes no decision: the key would start full anyway. A
+// bucket that has not refilled is never evicted under the default [Protect]
+// policy, so a flood of made-up keys cannot hand a drained client a fresh
+// burst; such new keys share their shard's overflow bucket instead, and
+// [Stats].Overflowed tells the operator to raise the capacity. [Evict] trades
+// that guarantee for a bucket per key. "Full" means full under the last limit
+// that took from the bucket: one drained while the CPU gate cut limits counts
+// as full sooner than under the restored limit.
 //
 // # Time
 //
