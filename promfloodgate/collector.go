@@ -149,6 +149,8 @@ func WithTenantLabels(n int) Option {
 // WithCodes tells the collector the status codes the Limiter rejects with,
 // as given to middleware.WithCodes, for the code label. The defaults are
 // the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
+// Behind go-grpc-middleware's ratelimit interceptors (Limiter.Limit) every
+// rejection reaches the client as RESOURCE_EXHAUSTED: pass that code twice.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) error {
 		if quota == codes.OK || overload == codes.OK || quota > codes.Unauthenticated || overload > codes.Unauthenticated {
