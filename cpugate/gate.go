@@ -250,8 +250,16 @@ func (g *Gate) Observe(r Reading, now time.Time) {
 	snap := *s
 	// Published under mu, so that concurrent Observes publish in the order
 	// they stepped and the atomics never go back to an older decision.
-	g.scale.Store(math.Float64bits(snap.Scale))
-	g.state.Store(uint32(snap.State))
+	// A reader that loads State and then Scale (the tap handle) must not
+	// see Shedding with a scale from outside it: entering Shedding, the
+	// scale goes first; otherwise the state does.
+	if snap.State == Shedding {
+		g.scale.Store(math.Float64bits(snap.Scale))
+		g.state.Store(uint32(snap.State))
+	} else {
+		g.state.Store(uint32(snap.State))
+		g.scale.Store(math.Float64bits(snap.Scale))
+	}
 	g.mu.Unlock()
 
 	if recovered && g.o.logger != nil {
