@@ -3,6 +3,7 @@ package floodgatetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sort"
@@ -47,7 +48,8 @@ type Config struct {
 	// readings SetCPU scripts. Without it limits are never scaled.
 	Policy cpugate.Policy
 	// Capacity is the store's capacity (keyed.WithCapacity); 0 means the
-	// keyed default.
+	// keyed default. A capacity also makes the store one shard, so that
+	// which new callers share its overflow bucket repeats from run to run.
 	Capacity int
 	// Options are added to the Limiter's options after the harness's own
 	// (its clock, its gate, and the trusted proxy through which callers'
@@ -109,6 +111,9 @@ func Start(cfg Config) (*Harness, error) {
 	if cfg.Tables == nil {
 		return nil, errors.New("floodgatetest: Config.Tables is required")
 	}
+	if cfg.Capacity < 0 {
+		return nil, errors.New("floodgatetest: Config.Capacity is negative")
+	}
 	methods := cfg.Methods
 	if len(methods) == 0 {
 		methods = []string{DefaultMethod}
@@ -116,7 +121,10 @@ func Start(cfg Config) (*Harness, error) {
 	h := &Harness{clock: &clock{now: Epoch}, methods: map[string]bool{}, done: make(chan struct{})}
 	kopts := []keyed.Option{keyed.WithClock(keyed.ClockFunc(h.clock.Now))}
 	if cfg.Capacity > 0 {
-		kopts = append(kopts, keyed.WithCapacity(cfg.Capacity))
+		// One shard: with several, which new callers share an overflow
+		// bucket would depend on the store's random hash seed, and a
+		// run would not repeat.
+		kopts = append(kopts, keyed.WithCapacity(cfg.Capacity), keyed.WithShards(1))
 	}
 	store, err := keyed.New(kopts...)
 	if err != nil {
@@ -304,14 +312,27 @@ func (h *Harness) Tenant(apiKey string) *Caller {
 }
 
 // Anonymous returns a caller without credentials from address addr, an
-// IPv4 or IPv6 address such as "198.51.100.7".
-func (h *Harness) Anonymous(addr string) *Caller { return &Caller{h: h, addr: addr} }
+// IPv4 or IPv6 address such as "198.51.100.7". It panics on anything else:
+// the Limiter would key such a caller by the harness's proxy, with every
+// other malformed one.
+func (h *Harness) Anonymous(addr string) *Caller {
+	mustAddr("Anonymous", addr)
+	return &Caller{h: h, addr: addr}
+}
 
-// From returns a copy of c calling from address addr.
+// From returns a copy of c calling from address addr, which must be an
+// IPv4 or IPv6 address.
 func (c *Caller) From(addr string) *Caller {
+	mustAddr("From", addr)
 	d := *c
 	d.addr = addr
 	return &d
+}
+
+func mustAddr(fn, addr string) {
+	if _, err := netip.ParseAddr(addr); err != nil {
+		panic(fmt.Sprintf("floodgatetest: %s(%q): not an IP address", fn, addr))
+	}
 }
 
 // WithMetadata returns a copy of c that also sends the given key-value
@@ -393,10 +414,23 @@ type Load struct {
 // Run simulates d of time in steps of step: at each step every load makes
 // the calls its rate has accrued (loads interleaved, one call each in
 // turn), then the gate takes a reading of the scripted CPU, then the clock
-// advances by step. It returns the counts of each load, in order.
+// advances by step. It returns the counts of each load, in order. It panics
+// on a step that is not positive or does not divide d, and on a load whose
+// caller is nil or from another Harness or whose method is not one of
+// Config.Methods: such a run could not mean what it seems to.
 func (h *Harness) Run(d, step time.Duration, loads ...Load) []Counts {
-	if step <= 0 {
-		panic("floodgatetest: Run with a step ≤ 0")
+	if step <= 0 || d%step != 0 {
+		panic(fmt.Sprintf("floodgatetest: Run(%v, %v): the step must be positive and divide the duration", d, step))
+	}
+	for i, ld := range loads {
+		switch {
+		case ld.Caller == nil:
+			panic(fmt.Sprintf("floodgatetest: Run: load %d has no caller", i))
+		case ld.Caller.h != h:
+			panic(fmt.Sprintf("floodgatetest: Run: load %d's caller belongs to another Harness", i))
+		case !h.methods[ld.Method]:
+			panic(fmt.Sprintf("floodgatetest: Run: load %d calls %q, which is not one of Config.Methods", i, ld.Method))
+		}
 	}
 	counts := make([]Counts, len(loads))
 	due := make([]float64, len(loads))

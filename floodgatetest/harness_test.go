@@ -2,6 +2,7 @@ package floodgatetest_test
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,5 +147,71 @@ func TestHarnessBasics(t *testing.T) {
 	}
 	if _, err := floodgatetest.Start(floodgatetest.Config{Tables: middleware.Static(tenants(t, 1)), Methods: []string{"nope"}}); err == nil {
 		t.Error("Start with a malformed method succeeded")
+	}
+}
+
+// TestCapacityRepeats: with a capacity, the same calls give the same
+// outcomes in every harness, though each store seeds its hashing anew.
+func TestCapacityRepeats(t *testing.T) {
+	seen := map[string]int{}
+	for range 20 {
+		h, err := floodgatetest.Start(floodgatetest.Config{Tables: middleware.Static(tenants(t, 1)), Methods: []string{method}, Capacity: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 32 { // fill the store with drained buckets
+			h.Anonymous("198.51.100." + strconv.Itoa(i+1)).Call(method)
+		}
+		pattern := ""
+		for i := range 4 {
+			if h.Anonymous("203.0.113."+strconv.Itoa(i+1)).Call(method) == nil {
+				pattern += "Y"
+			} else {
+				pattern += "n"
+			}
+		}
+		seen[pattern]++
+		h.Close()
+	}
+	if len(seen) != 1 {
+		t.Errorf("the same calls admitted new callers differently: %v", seen)
+	}
+}
+
+// TestMisuse: calls that could not mean what they seem to fail loudly.
+func TestMisuse(t *testing.T) {
+	tbl := middleware.Static(tenants(t, 1))
+	h := floodgatetest.New(t, floodgatetest.Config{Tables: tbl, Methods: []string{method}})
+	other := floodgatetest.New(t, floodgatetest.Config{Tables: tbl, Methods: []string{method}})
+	for name, f := range map[string]func(){
+		"Anonymous(not an address)": func() { h.Anonymous("not-an-address") },
+		"Anonymous(a prefix)":       func() { h.Anonymous("198.51.100.7/24") },
+		"From(empty)":               func() { h.Tenant(key(0)).From("") },
+		"Run(step not dividing d)":  func() { h.Run(time.Second, 300*time.Millisecond) },
+		"Run(another harness's caller)": func() {
+			h.Run(time.Second, 100*time.Millisecond, floodgatetest.Load{Caller: other.Tenant(key(0)), Method: method, Rate: 1})
+		},
+		"Run(no caller)": func() { h.Run(time.Second, 100*time.Millisecond, floodgatetest.Load{Method: method, Rate: 1}) },
+		"Run(unknown method)": func() {
+			h.Run(time.Second, 100*time.Millisecond, floodgatetest.Load{Caller: h.Tenant(key(0)), Method: "/x.Y/Z", Rate: 1})
+		},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Errorf("%s did not panic", name)
+				} else if msg, _ := r.(string); !strings.HasPrefix(msg, "floodgatetest: ") {
+					t.Errorf("%s panicked with %v, want a floodgatetest message", name, r)
+				}
+			}()
+			f()
+		}()
+	}
+	if _, err := floodgatetest.Start(floodgatetest.Config{Tables: tbl, Capacity: -1}); err == nil {
+		t.Error("Start with a negative capacity succeeded")
+	}
+	var reg *tenant.Registry
+	if _, err := floodgatetest.Start(floodgatetest.Config{Tables: reg}); err == nil {
+		t.Error("Start with a nil *tenant.Registry succeeded")
 	}
 }

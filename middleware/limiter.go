@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -246,6 +247,8 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 	}
 	if tables == nil {
 		o.fail("New: nil tables")
+	} else if v := reflect.ValueOf(tables); v.Kind() == reflect.Pointer && v.IsNil() {
+		o.fail("New: nil tables") // a typed nil, such as a nil *tenant.Registry
 	} else if tables.Table() == nil {
 		o.fail("New: tables supply no table")
 	}
