@@ -13,11 +13,13 @@
 // is stripped from standard input. A key that tenant lookups would treat as
 // malformed (empty, longer than 256 bytes, or not printable ASCII without
 // spaces) is an error rather than a digest that could never match.
+//
+// The command has no flags: an argument is the key, even one that starts
+// with "-" (as one random key in 64 does), except a lone -h or --help. An
+// argument "--" before the key is skipped.
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -33,19 +35,18 @@ func main() {
 // run is the command with its environment passed in, for tests. It returns
 // the exit status: 0 on success, 1 for a bad key, 2 for bad usage.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("floodgate-keyhash", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
+	usage := func() {
 		fmt.Fprintln(stderr, "usage: floodgate-keyhash [KEY] (reads the key from standard input when no KEY is given)")
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		usage()
+		return 0
+	}
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
 	}
 	var key string
-	switch fs.NArg() {
+	switch len(args) {
 	case 0:
 		// Read a little more than the longest valid key, so that an
 		// over-long key is reported as such rather than truncated.
@@ -54,11 +55,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "floodgate-keyhash:", err)
 			return 1
 		}
-		key = strings.TrimSuffix(strings.TrimSuffix(string(data), "\n"), "\r")
+		key = string(data)
+		if k, ok := strings.CutSuffix(key, "\n"); ok {
+			key = strings.TrimSuffix(k, "\r") // a CRLF line end
+		}
 	case 1:
-		key = fs.Arg(0)
+		key = args[0]
 	default:
-		fs.Usage()
+		usage()
 		return 2
 	}
 	hash, err := tenant.HashKey(key)

@@ -4,10 +4,17 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 func TestRun(t *testing.T) {
 	const acme = "52aeec85af00794a9d685869f6e086bae037282ef483189cbc4ac286d096fe32\n"
+	dashHash, err := tenant.HashKey("-demo-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dash := dashHash + "\n"
 	tests := []struct {
 		name       string
 		args       []string
@@ -25,8 +32,11 @@ func TestRun(t *testing.T) {
 		{"space inside", nil, "demo key", "", 1},
 		{"too long", nil, strings.Repeat("k", 257), "", 1},
 		{"two arguments", []string{"a", "b"}, "", "", 2},
-		{"unknown flag", []string{"-x"}, "", "", 2},
+		{"key starting with -", []string{"-demo-key"}, "", dash, 0},
+		{"key starting with - after --", []string{"--", "-demo-key"}, "", dash, 0},
+		{"bare CR is part of the key", nil, "demo-key-acme-1\r", "", 1},
 		{"help", []string{"-h"}, "", "", 0},
+		{"long help", []string{"--help"}, "", "", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
