@@ -52,3 +52,24 @@ func TestRun(t *testing.T) {
 		t.Errorf("provider observed %.1f/s, want within 10%% of %.0f/s", sum.observed, sum.rate)
 	}
 }
+
+// TestWorkerHonoursRetryAfter: without the limiter, a sender that gets a
+// 429 waits as its Retry-After says and sends the same notification again,
+// as a well-behaved push client does, rather than hammering the provider
+// with the next one.
+func TestWorkerHonoursRetryAfter(t *testing.T) {
+	p, err := startProvider(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if err := workerMain([]string{"-provider", p.url, "-limit=false", "-senders", "2", "-duration", "1500ms"}); err != nil {
+		t.Fatal(err)
+	}
+	accepted, rejected, _ := p.observed()
+	// Each sender is throttled at most once per Retry-After (1 s), and the
+	// first attempts can all be accepted.
+	if rejected > 4 || accepted == 0 {
+		t.Errorf("provider accepted %d and answered 429 %d times in 1.5 s from 2 senders; want at most 4 429s", accepted, rejected)
+	}
+}

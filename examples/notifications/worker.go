@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,15 @@ import (
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/redis/go-redis/v9"
 )
+
+// retryAfter reads a Retry-After header in seconds, as push providers send
+// it; 1 s when it is missing or not a number of seconds.
+func retryAfter(v string) time.Duration {
+	if s, err := strconv.Atoi(v); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return time.Second
+}
 
 // report is what a worker prints (as JSON) when it is done.
 type report struct {
@@ -101,35 +111,46 @@ func workerMain(args []string) error {
 			body := []byte(fmt.Sprintf(`{"to":"device-%d","title":"hello"}`, i))
 			ss := &senderStore{s: store, fallback: &fallback}
 			defer func() { retries.Add(ss.retries) }()
+			// One notification per turn, sent until the provider takes it:
+			// a 429 is waited out as its Retry-After says, and retried.
 			for ctx.Err() == nil {
-				if *limit {
-					ss.waited = false
-					err := floodgate.Wait(ctx, ss, "provider:fcm", lim, 1)
-					if ss.waited && err == nil {
-						delayed.Add(1)
+				for ctx.Err() == nil {
+					if *limit {
+						ss.waited = false
+						err := floodgate.Wait(ctx, ss, "provider:fcm", lim, 1)
+						if ss.waited && err == nil {
+							delayed.Add(1)
+						}
+						if errors.Is(err, floodgate.ErrWouldExceedDeadline) || ctx.Err() != nil {
+							return
+						}
+						if err != nil {
+							failed.Add(1)
+							break
+						}
 					}
-					if errors.Is(err, floodgate.ErrWouldExceedDeadline) || ctx.Err() != nil {
-						return
-					}
+					resp, err := httpc.Post(*url, "application/json", bytes.NewReader(body))
 					if err != nil {
 						failed.Add(1)
+						break
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusTooManyRequests {
+						throttled.Add(1)
+						select {
+						case <-ctx.Done():
+							return
+						case <-time.After(retryAfter(resp.Header.Get("Retry-After"))):
+						}
 						continue
 					}
-				}
-				resp, err := httpc.Post(*url, "application/json", bytes.NewReader(body))
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case http.StatusOK:
-					sent.Add(1)
-				case http.StatusTooManyRequests:
-					throttled.Add(1)
-				default:
-					failed.Add(1)
+					if resp.StatusCode == http.StatusOK {
+						sent.Add(1)
+					} else {
+						failed.Add(1)
+					}
+					break
 				}
 			}
 		}()
