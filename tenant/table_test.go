@@ -377,3 +377,14 @@ func TestRuleBudget(t *testing.T) {
 		t.Errorf("600 tenants × 600 patterns: %v, want a ConfigError about rules", err)
 	}
 }
+
+// TestRateUnderflow: a positive rate too small to count per second is an
+// error, not a bucket that never refills.
+func TestRateUnderflow(t *testing.T) {
+	_, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{"t": {Default: &tenant.LimitSpec{Rate: 5e-324, Per: 2000000 * time.Hour, Burst: 1}}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "too small for its period") {
+		t.Errorf("Compile = %v, want an error saying the rate is too small", err)
+	}
+}

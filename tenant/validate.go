@@ -140,6 +140,12 @@ func checkLimit(p *problems, path string, l LimitSpec) {
 		p.add(rp, "too large for its period")
 		return
 	}
+	if !inf && lim.Rate == 0 {
+		// A positive rate so small that per second it is no number at
+		// all: it would admit one burst and never refill.
+		p.add(rp, "too small for its period")
+		return
+	}
 	if err := lim.Validate(); err != nil {
 		p.add(path, strings.TrimPrefix(err.Error(), floodgate.ErrInvalidLimit.Error()+": "))
 	}
