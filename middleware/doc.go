@@ -25,7 +25,10 @@
 // per client address. An admitted call allocates one object: its context,
 // which carries the Decision. A rejected call allocates nothing: each
 // caller's route (its rule and bucket key, per method) is cached in a fixed
-// table, by tenant or, for anonymous callers, by the connection.
+// table, by tenant or, for anonymous callers, by the connection. (Under
+// grpc.Server's ServeHTTP, which names the peer afresh on every request,
+// and behind a trusted proxy, anonymous routes are built per call: two
+// small allocations.)
 //
 // # Identity and trust
 //
@@ -52,8 +55,8 @@
 // Hostile metadata never causes a rejection: an oversized, repeated, non-ASCII
 // or malformed header is ignored and the caller is treated as anonymous. Of
 // an oversized x-forwarded-for only the right end, where the trusted proxies
-// wrote, is read.
-// A connection without an IP address (a Unix socket, an in-memory pipe)
+// wrote, is read; of a repeated x-real-ip, the last line (a proxy that adds
+// a line adds it last). A connection without an IP address (a Unix socket, an in-memory pipe)
 // makes an anonymous caller share the buckets "a:-:<rule ID>" with all such
 // callers.
 //

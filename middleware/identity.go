@@ -105,7 +105,7 @@ func addrOf(p *peer.Peer) netip.Addr {
 		if addr != nil {
 			a, _ = netip.AddrFromSlice(addr.IP)
 		}
-	case nil:
+	case nil, *net.UnixAddr:
 	default:
 		// Other transports name the peer by a string: grpc.Server's
 		// ServeHTTP gives the HTTP request's "ip:port".
@@ -114,8 +114,20 @@ func addrOf(p *peer.Peer) netip.Addr {
 	return a.Unmap()
 }
 
-// parseAddr parses "ip:port" or "ip", or returns the zero Addr.
+// parseAddr parses "ip:port" or "ip", or returns the zero Addr. Strings
+// that cannot be either (a pipe's "bufconn", say) are refused before
+// parsing, whose errors allocate.
 func parseAddr(s string) netip.Addr {
+	if s == "" || len(s) > len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535") {
+		return netip.Addr{}
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '.', c == ':', c == '[', c == ']':
+		default:
+			return netip.Addr{}
+		}
+	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap.Addr()
 	}

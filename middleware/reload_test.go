@@ -78,19 +78,29 @@ func TestAllocations(t *testing.T) {
 			t.Errorf("%s: %v allocations per call, want ≤ %v", tc.name, got, tc.want)
 		}
 	}
-	for _, details := range []bool{false, true} {
-		rf := newFixture(t, middleware.WithDetails(details))
-		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 8), Port: 1}})
-		ctx = grpc.NewContextWithServerTransportStream(ctx, nopStream{})
-		ricpt := rf.l.UnaryServerInterceptor()
-		for range 3 {
-			_, _ = ricpt(ctx, nil, info, open)
-		}
-		if got := testing.AllocsPerRun(200, func() { _, _ = ricpt(ctx, nil, info, open) }); got != 0 {
-			t.Errorf("rejection (details %v): %v allocations per call, want 0", details, got)
+	// Connections without an IP address (a Unix socket, an in-memory pipe
+	// naming itself by a string) are rejected without allocating too.
+	for _, addr := range []net.Addr{&net.TCPAddr{IP: net.IPv4(203, 0, 113, 8), Port: 1}, &net.UnixAddr{Name: "/run/x.sock", Net: "unix"}, pipeAddr("bufconn")} {
+		for _, details := range []bool{false, true} {
+			rf := newFixture(t, middleware.WithDetails(details))
+			ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: addr})
+			ctx = grpc.NewContextWithServerTransportStream(ctx, nopStream{})
+			ricpt := rf.l.UnaryServerInterceptor()
+			for range 3 {
+				_, _ = ricpt(ctx, nil, info, open)
+			}
+			if got := testing.AllocsPerRun(200, func() { _, _ = ricpt(ctx, nil, info, open) }); got != 0 {
+				t.Errorf("rejection from %v (details %v): %v allocations per call, want 0", addr, details, got)
+			}
 		}
 	}
 }
+
+// pipeAddr is an address that names itself by a string, as bufconn's does.
+type pipeAddr string
+
+func (a pipeAddr) Network() string { return "pipe" }
+func (a pipeAddr) String() string  { return string(a) }
 
 // TestConcurrent runs interceptors, the tap handle and reloads at once,
 // for the race detector, and checks the counters add up.
