@@ -451,7 +451,8 @@ func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *t
 // chain's context), or the caller presents a key the cache does not hold.
 // Judged by its address instead, such a caller would answer for its
 // neighbours' penalties, and a tenant rejected at the tap would never reach
-// the interceptor to have its key cached.
+// the interceptor to have its key cached; TapHandle hashes the key when the
+// address's penalty makes that matter.
 func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten *tenant.Tenant, found, ok bool) {
 	if l.o.keyFunc != nil {
 		return nil, false, false

@@ -646,6 +646,26 @@ func TestTapPassesWhomItCannotIdentify(t *testing.T) {
 	}
 }
 
+// TestTapSeesThroughMadeUpKeys: a caller under a retry delay cannot slip
+// past the tap by sending an API key that names no tenant, fresh or the
+// same each time.
+func TestTapSeesThroughMadeUpKeys(t *testing.T) {
+	g, sample := scriptedGate(t)
+	f := newFixture(t, middleware.WithGate(g))
+	sample(0.95, f.clock.Now())
+	caller := call{addr: "198.51.100.9:5000"}
+	for range 5 { // past the anonymous burst: overload rejections
+		unary(f.l, caller, methodGet)
+	}
+	for _, key := range []string{"made-up-key-a", "made-up-key-a", "made-up-key-b"} {
+		c := call{addr: caller.addr, md: apiKeyMD(key)}
+		ctx, _ := c.context(methodGet)
+		if _, err := f.l.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: c.md}); status.Code(err) != codes.Unavailable {
+			t.Errorf("tap with the made-up key %q: %v, want UNAVAILABLE", key, err)
+		}
+	}
+}
+
 func TestTapHandle(t *testing.T) {
 	g, sample := scriptedGate(t)
 	var events []middleware.Event

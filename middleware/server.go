@@ -131,11 +131,13 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // address), until when it told the caller to wait, in a fixed table of
 // atomic words. The tap resolves the subject from the
 // connection's address, the forwarding headers of trusted proxies, a TLS
-// client certificate and API keys it has already seen. A caller with an
-// API key not seen yet passes, and with a KeyFunc set every caller does:
-// the tap cannot tell whose bucket they take from, and must not judge them
-// by a neighbour's penalty on the same address. Everything else passes to
-// the interceptor, which decides exactly.
+// client certificate and API keys: those it has already seen, and, for a
+// caller whose address is under a retry delay, any other key, hashed then
+// (a key that names no tenant leaves the caller judged by its address).
+// With a KeyFunc set every caller passes: the tap cannot tell whose bucket
+// they take from, and must not judge them by a neighbour's penalty on the
+// same address. Everything else passes to the interceptor, which decides
+// exactly.
 //
 // A rejection carries the overload status with its details; the tap cannot
 // send metadata, so it has no pushback trailer and clients back off by
@@ -149,15 +151,27 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
 	}
-	p, h := peerOf(ctx), header{md: info.Header}
-	ten, found, ok := l.tapIdentify(p, h, l.tables.Table())
-	if !ok {
-		return ctx, nil
-	}
+	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
+	now := l.sinceEpoch()
 	var buf [keyBufLen]byte
+	ten, found, ok := l.tapIdentify(p, h, table)
+	if !ok {
+		if l.o.keyFunc != nil {
+			return ctx, nil
+		}
+		// An API key the cache does not hold: a tenant's first call, or a
+		// made-up key. Only if its address is under a retry delay is the
+		// key worth a SHA-256 here, to tell the tenant, judged by its own
+		// bucket, from a caller hiding behind a key that names no one.
+		anon := l.appendSubject(buf[:0], table.Anonymous(), false, p, h)
+		if l.pen.left(unsafe.String(unsafe.SliceData(anon), len(anon)), now) <= 0 {
+			return ctx, nil
+		}
+		ten, found = l.keys.resolve(table, l.apiKey(h))
+	}
 	subject := l.appendSubject(buf[:0], ten, found, p, h)
 	// The subject is hashed, not kept, so it may alias the stack buffer.
-	left := l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), l.sinceEpoch())
+	left := l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), now)
 	if left <= 0 {
 		return ctx, nil
 	}
