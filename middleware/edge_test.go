@@ -166,3 +166,29 @@ func TestLimitNeedsServerContext(t *testing.T) {
 		t.Errorf("%d decisions observed, want none", events)
 	}
 }
+
+// TestPushbackWithinOffGridCap: a cap off the pushback grid is rounded down
+// to it, so a wait within the rounded cap asks for no more than the cap and
+// a wait between the two is told not to retry.
+func TestPushbackWithinOffGridCap(t *testing.T) {
+	tbl := testTable(t)
+	for _, tc := range []struct {
+		retry time.Duration
+		want  string
+	}{
+		{995 * time.Millisecond, "995"},
+		{1_001 * time.Millisecond, "-1"}, // would round up to 1010 ms, past 1005 ms
+	} {
+		l, err := middleware.New(fixedStore{tc.retry}, middleware.Static(tbl), middleware.WithMaxPushback(1_005*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, ts := anon.context(methodGet)
+		if _, err := l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop); err == nil {
+			t.Fatal("admitted")
+		}
+		if got := ts.trailer.Get(middleware.PushbackKey); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("wait %v under a 1005 ms cap: pushback %q, want %s", tc.retry, got, tc.want)
+		}
+	}
+}

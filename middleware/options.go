@@ -236,14 +236,16 @@ func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 
 // WithMaxPushback caps the retry delay a rejection asks for, in (0, 1h].
 // A wait beyond it (or beyond the caller's deadline) is sent as pushback -1:
-// do not retry. The default is DefaultMaxPushback. A repeated call replaces
-// the cap.
+// do not retry. Pushbacks are rounded up to a grid (whole milliseconds up
+// to 1 s, tens of them up to 10 s, whole seconds beyond), and the cap is
+// rounded down to it, so that no wait within the cap asks for more. The
+// default is DefaultMaxPushback. A repeated call replaces the cap.
 func WithMaxPushback(d time.Duration) Option {
 	return func(o *options) {
 		if d <= 0 || d > MaxPushbackLimit {
 			o.fail("WithMaxPushback: must be in (0, 1h]")
 		}
-		o.maxPushback = d
+		o.maxPushback = gridFloor(d)
 	}
 }
 

@@ -61,6 +61,20 @@ const (
 	gridSize   = gridMedium + int((MaxPushbackLimit-10*time.Second)/time.Second)
 )
 
+// gridFloor rounds d down to the grid, or returns it when it is below the
+// grid's first step.
+func gridFloor(d time.Duration) time.Duration {
+	switch {
+	case d < time.Millisecond:
+		return d
+	case d <= time.Second:
+		return d.Truncate(time.Millisecond)
+	case d <= 10*time.Second:
+		return d.Truncate(10 * time.Millisecond)
+	}
+	return d.Truncate(time.Second)
+}
+
 func gridIndex(d time.Duration) (int, time.Duration) {
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	switch {
