@@ -122,11 +122,14 @@ func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error 
 		if d <= 0 {
 			d = time.Millisecond
 		}
-		d += rand.N(d/10 + 1)
+		j := rand.N(d/10 + 1)
 		if hasDeadline {
-			// The jitter must not carry a wait that fits past the deadline.
-			d = min(d, time.Until(dl))
+			// The jitter must not carry a wait that fits past the deadline,
+			// nor up to it: a store that checks the context (Redis's does)
+			// would refuse a take made as it ends.
+			j = min(j, max(time.Until(dl)-d-time.Millisecond, 0))
 		}
+		d += j
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {

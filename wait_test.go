@@ -81,19 +81,30 @@ func TestWait(t *testing.T) {
 // takeOnly hides keyed.Map's WaitN, so that Wait cannot reserve.
 type takeOnly struct{ floodgate.Store }
 
+// ctxStore refuses takes once the context is done, as redisstore does.
+type ctxStore struct{ floodgate.Store }
+
+func (s ctxStore) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return floodgate.Result{}, err
+	}
+	return s.Store.TakeN(ctx, key, lim, n)
+}
+
 // TestWaitJitterWithinDeadline: a wait that fits the deadline succeeds; the
-// jitter added to spread retries must not carry it past the deadline.
+// jitter added to spread retries must not carry it past the deadline, nor
+// up to it, where a store that checks the context refuses.
 func TestWaitJitterWithinDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m, _ := keyed.New()
-		s := takeOnly{m}
+		s := ctxStore{takeOnly{m}}
 		lim := floodgate.PerSecond(10, 1)
 		for i := range 20 {
 			key := "k" + string(rune('a'+i))
 			m.TakeN(context.Background(), key, lim, 1) // next token in 100 ms
-			ctx, cancel := context.WithTimeout(context.Background(), 101*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 102*time.Millisecond)
 			if err := floodgate.Wait(ctx, s, key, lim, 1); err != nil {
-				t.Errorf("wait %d for a token due 1ms before the deadline: %v", i, err)
+				t.Errorf("wait %d for a token due 2ms before the deadline: %v", i, err)
 			}
 			cancel()
 		}
