@@ -34,7 +34,8 @@ import (
 // bucket is full, a missing key means the same thing, so the TTL may run
 // late but must not run early: a decision that writes nothing on a bucket
 // not yet full (a refused take, a peek) lengthens the TTL when the limit in
-// force would take longer to fill it.
+// force would take longer to fill it (a TTL at ARGV[2], only once a
+// sixteenth of it has passed).
 //
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
 // micro-tokens after the decision, and the whole tokens taken. A key that
@@ -130,11 +131,19 @@ for i = 1, #KEYS do
       end
       if write then
         redis.call('SET', key, struct.pack('<d<d', tokens, at), 'PX', ttl)
-      elseif redis.call('PTTL', key) < ttl then
+      else
         -- The limit changed since the last write (a lower rate, a
         -- higher burst): the key must not expire before the bucket
-        -- is full under the limit in force.
-        redis.call('PEXPIRE', key, ttl)
+        -- is full under the limit in force. A TTL at the cap is
+        -- renewed only once a sixteenth of it has passed: every
+        -- refusal of a rate-0 bucket would write otherwise.
+        local want = ttl
+        if ttl == maxttl then
+          want = ttl - ttl / 16
+        end
+        if redis.call('PTTL', key) < want then
+          redis.call('PEXPIRE', key, ttl)
+        end
       end
     end
     out[#out + 1] = allowed
@@ -147,7 +156,8 @@ return out
 
 // maxTTL bounds every key's TTL. Only buckets that refill slower than one
 // burst in maxTTL (including rate 0) ever reach it; they forget their state
-// after maxTTL and start full again.
+// maxTTL after the last decision that set their TTL (a take, or a refusal
+// at least a sixteenth of maxTTL later) and start full again.
 const maxTTL = 400 * 24 * time.Hour
 
 var maxTTLArg = strconv.FormatInt(maxTTL.Milliseconds(), 10)

@@ -173,3 +173,28 @@ func TestLocalShare(t *testing.T) {
 		t.Errorf("the local fallback admitted %d, want 98/49 = 2", admitted)
 	}
 }
+
+// TestRefusalsDoNotWrite: refusals under an unchanged limit leave the key's
+// TTL alone, also for a bucket that never refills (rate 0), whose TTL sits
+// at the cap: otherwise each refusal would be a replicated write.
+func TestRefusalsDoNotWrite(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	s := newStore(t, c)
+	for _, lim := range []floodgate.Limit{floodgate.PerSecond(0, 2), floodgate.PerSecond(10, 2)} {
+		key := "k" + lim.String()
+		if res, _ := s.TakeN(bg, key, lim, 2); !res.Allowed {
+			t.Fatalf("%v: drain refused", lim)
+		}
+		before := c.PTTL(bg, s.Key(key)).Val()
+		time.Sleep(20 * time.Millisecond)
+		for range 5 {
+			if res, _ := s.TakeN(bg, key, lim, 2); res.Allowed {
+				t.Fatalf("%v: a take on the drained bucket was allowed", lim)
+			}
+		}
+		if after := c.PTTL(bg, s.Key(key)).Val(); after > before {
+			t.Errorf("%v: refusals moved the TTL from %v to %v", lim, before, after)
+		}
+	}
+}
