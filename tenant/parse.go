@@ -112,12 +112,10 @@ func checkJSON(data []byte) (line int, msg string, ok bool) {
 // yamlSafe rewrites valid JSON that YAML would refuse, keeping every
 // newline where it was so that line numbers stay true: the escape "\/"
 // becomes "/", a surrogate pair (or a lone surrogate, as U+FFFD) becomes
-// the character itself, and a colon on a later line than its key moves up
-// to the key's (YAML keeps an implicit key on one line).
+// the character itself, characters YAML reads as line breaks or refuses
+// are escaped, and a colon on a later line than its key moves up to the
+// key's (YAML keeps an implicit key on one line).
 func yamlSafe(data []byte) []byte {
-	if !bytes.Contains(data, []byte(`\/`)) && !bytes.Contains(data, []byte(`\u`)) && !bytes.Contains(data, []byte("\n")) {
-		return data
-	}
 	out := make([]byte, 0, len(data))
 	inString := false
 	ws := -1 // where a run of whitespace outside strings starts in out
@@ -132,7 +130,7 @@ func yamlSafe(data []byte) []byte {
 				out = append(out, c)
 				continue
 			case ':':
-				if ws >= 0 && bytes.IndexByte(out[ws:], '\n') >= 0 {
+				if ws >= 0 && bytes.IndexAny(out[ws:], "\r\n") >= 0 {
 					out = slices.Insert(out, ws, ':')
 					ws = -1
 					continue
@@ -148,6 +146,18 @@ func yamlSafe(data []byte) []byte {
 		case c == '"':
 			inString = false
 			out = append(out, c)
+		case c >= utf8.RuneSelf:
+			// A character YAML reads as a line break (NEL, LS, PS) or
+			// refuses (C1 controls, U+FFFE, U+FFFF) is written escaped.
+			r, n := utf8.DecodeRune(data[i:])
+			if r == 0x85 || r == 0x2028 || r == 0x2029 || r >= 0x80 && r <= 0x9f || r == 0xfffe || r == 0xffff {
+				out = fmt.Appendf(out, `\u%04x`, r)
+			} else {
+				out = append(out, data[i:i+n]...)
+			}
+			i += n - 1
+		case c == 0x7f:
+			out = append(out, `\u007f`...)
 		case c != '\\':
 			out = append(out, c)
 		case data[i+1] == '/':

@@ -188,3 +188,27 @@ func TestSyntaxErrorLines(t *testing.T) {
 		})
 	}
 }
+
+// TestParseJSONRawCharacters: raw characters that YAML reads as line
+// breaks or refuses, inside JSON strings, and a bare CR between a key and
+// its colon, still give the config's own errors at the right lines.
+func TestParseJSONRawCharacters(t *testing.T) {
+	config := "{\"tiers\": {\"free\": {\"default\": {\"rate\": 10, \"burst\": 20}}},\r \"tenants\": {\"acme\"\r: {\"tier\": \"free\"},\n" +
+		"  \"a\u2028b\": {\"tier\": \"free\"},\n" +
+		"  \"c\x7fd\u0085e\": {\"tier\": \"free\"}}}"
+	_, err := tenant.Parse("tenants.json", []byte(config))
+	var ce *tenant.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Parse = %v, want a ConfigError", err)
+	}
+	msg := err.Error()
+	// A bare CR ends a line too: the two bad names are on lines 4 and 5.
+	for _, want := range []string{"tenants.json:4: tenants[", "tenants.json:5: tenants["} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "acme") {
+		t.Errorf("error %q is about acme, which is valid", msg)
+	}
+}
