@@ -9,10 +9,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
+	"hash"
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -118,6 +119,9 @@ func WithRejectionCodes(quota, overload codes.Code, domain string) OffendersOpti
 type Offenders struct {
 	o offendersOptions
 	s *topk.Summary
+	// macs holds keyed HMACs for reuse: a new one costs several
+	// allocations and a hash of the secret, per rejection.
+	macs sync.Pool
 }
 
 // An Offender is one entry of the summary.
@@ -148,7 +152,11 @@ func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
 		o.secret = make([]byte, 32)
 		rand.Read(o.secret) // never fails (crypto/rand)
 	}
-	return &Offenders{o: o, s: s}, nil
+	f := &Offenders{o: o, s: s}
+	f.macs.New = func() any {
+		return &mac{h: hmac.New(sha256.New, f.o.secret), in: make([]byte, 0, 64), sum: make([]byte, 0, sha256.Size)}
+	}
+	return f, nil
 }
 
 // Record counts one rejection of key. An empty key is ignored.
@@ -184,9 +192,22 @@ func (f *Offenders) Total() uint64 { return f.s.Total() }
 // HashKey returns the form key takes in f without WithRawKeys: the first
 // HashedKeyLen hex digits of its HMAC-SHA-256 under f's secret.
 func (f *Offenders) HashKey(key string) string {
-	m := hmac.New(sha256.New, f.o.secret)
-	io.WriteString(m, key)
-	return hex.EncodeToString(m.Sum(nil)[:HashedKeyLen/2])
+	m := f.macs.Get().(*mac)
+	m.h.Reset()
+	m.in = append(m.in[:0], key...)
+	m.h.Write(m.in)
+	m.sum = m.h.Sum(m.sum[:0])
+	var out [HashedKeyLen]byte
+	hex.Encode(out[:], m.sum[:HashedKeyLen/2])
+	f.macs.Put(m)
+	return string(out[:])
+}
+
+// mac is a keyed HMAC with buffers for its input and sum, which the hash's
+// interface methods would otherwise make escape, once per key.
+type mac struct {
+	h       hash.Hash
+	in, sum []byte
 }
 
 // PeerIP is the default key of UnaryServerInterceptor: the IP address of the

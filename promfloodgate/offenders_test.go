@@ -228,3 +228,16 @@ func TestRawKeysNotUTF8(t *testing.T) {
 		t.Errorf("offenders %+v, want two distinct keys", body.Offenders)
 	}
 }
+
+// TestRecordAllocs: recording a rejection of a key already listed costs
+// only the hashed key's string.
+func TestRecordAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	f, _ := NewOffenders()
+	f.Record("203.0.113.7")
+	if n := testing.AllocsPerRun(200, func() { f.Record("203.0.113.7") }); n > 1 {
+		t.Errorf("Record allocates %v times, want at most 1", n)
+	}
+}

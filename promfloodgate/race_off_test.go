@@ -1,0 +1,5 @@
+//go:build !race
+
+package promfloodgate
+
+const raceEnabled = false
