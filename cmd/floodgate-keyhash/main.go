@@ -15,8 +15,8 @@
 // spaces) is an error rather than a digest that could never match.
 //
 // The command has no flags: an argument is the key, even one that starts
-// with "-" (as one random key in 64 does), except a lone -h or --help. An
-// argument "--" before the key is skipped.
+// with "-" (as one random key in 64 does), except a lone -h, -help or
+// --help. An argument "--" before the key is skipped.
 package main
 
 import (
