@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -621,5 +622,24 @@ func TestServeHTTPKeysByAddress(t *testing.T) {
 	}
 	if err := invoke(ctx, quiet); err != nil {
 		t.Errorf("first call from another address: %v, want its own bucket", err)
+	}
+}
+
+// TestStringPeerAddresses: addresses that name themselves by a string, as
+// under ServeHTTP, are read like connection addresses, IPv6 zones included;
+// strings that are no address key the caller as having none.
+func TestStringPeerAddresses(t *testing.T) {
+	f := newFixture(t)
+	for addr, want := range map[string]string{
+		"203.0.113.7:443":       "a:203.0.113.7",
+		"[2001:db8::1]:443":     "a:2001:db8::",
+		"[fe80::1%eth0]:443":    "a:fe80::",
+		"bufconn":               "a:-",
+		"[fe80::1%eth0]:443zzz": "a:-",
+	} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: pipeAddr(addr)})
+		if got := middleware.Subject(f.l, ctx); got != want {
+			t.Errorf("peer %q: subject %q, want %q", addr, got, want)
+		}
 	}
 }

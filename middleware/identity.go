@@ -124,6 +124,8 @@ func parseAddr(s string) netip.Addr {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '.', c == ':', c == '[', c == ']':
+		case c == '%':
+			i = len(s) // an IPv6 zone ("fe80::1%eth0"): any name
 		default:
 			return netip.Addr{}
 		}

@@ -388,6 +388,7 @@ func TestNewValidates(t *testing.T) {
 		{name: "v6 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(32, 129)}},
 		{name: "OK code", store: store, tables: tables, opts: []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}},
 		{name: "pushback cap", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}},
+		{name: "pushback cap below the grid", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(500 * time.Microsecond)}},
 		{name: "domain", store: store, tables: tables, opts: []middleware.Option{middleware.WithDomain("")}},
 		{name: "tap floor", store: store, tables: tables, opts: []middleware.Option{middleware.WithTapFloor(0)}},
 		{name: "header case", store: store, tables: tables, opts: []middleware.Option{middleware.WithAPIKeyHeaders("X-Api-Key")}},

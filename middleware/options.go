@@ -234,7 +234,8 @@ func WithCodes(quota, overload codes.Code) Option {
 // repeated call replaces the setting.
 func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 
-// WithMaxPushback caps the retry delay a rejection asks for, in (0, 1h].
+// WithMaxPushback caps the retry delay a rejection asks for, in [1ms, 1h]
+// (pushback counts milliseconds).
 // A wait beyond it (or beyond the caller's deadline) is sent as pushback -1:
 // do not retry. Pushbacks are rounded up to a grid (whole milliseconds up
 // to 1 s, tens of them up to 10 s, whole seconds beyond), and the cap is
@@ -242,8 +243,8 @@ func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 // default is DefaultMaxPushback. A repeated call replaces the cap.
 func WithMaxPushback(d time.Duration) Option {
 	return func(o *options) {
-		if d <= 0 || d > MaxPushbackLimit {
-			o.fail("WithMaxPushback: must be in (0, 1h]")
+		if d < time.Millisecond || d > MaxPushbackLimit {
+			o.fail("WithMaxPushback: must be in [1ms, 1h]")
 		}
 		o.maxPushback = gridFloor(d)
 	}
