@@ -206,11 +206,24 @@ func hex4(b []byte) rune {
 	return r
 }
 
+// lineAt returns the line of data[off], counting line breaks as YAML does:
+// LF, CR, or CR LF as one.
 func lineAt(data []byte, off int) int {
 	if off > len(data) {
 		off = len(data)
 	}
-	return 1 + bytes.Count(data[:off], []byte{'\n'})
+	line := 1
+	for i := 0; i < off; i++ {
+		switch data[i] {
+		case '\n':
+			line++
+		case '\r':
+			if i+1 >= len(data) || data[i+1] != '\n' {
+				line++
+			}
+		}
+	}
+	return line
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)

@@ -179,6 +179,8 @@ func TestSyntaxErrorLines(t *testing.T) {
 		{"stray brace", "tiers: {}\ntenants: {}\nanonymous: {}}\n", "x.yaml:3:"},
 		{"bad escape on line 1", "tiers: \"\\q\"\n", "x.yaml:1:"},
 		{"not UTF-8 on line 2", "tiers: {}\ntenants: \"\xff\"\n", "x.yaml:2: config is not valid UTF-8"},
+		{"not UTF-8 on line 3 of CR lines", "tiers: {}\rtenants: {}\ranonymous: \"\xff\"\r", "x.yaml:3: config is not valid UTF-8"},
+		{"not UTF-8 on line 3 of CRLF lines", "tiers: {}\r\ntenants: {}\r\nanonymous: \"\xff\"\r\n", "x.yaml:3: config is not valid UTF-8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tenant.Parse("x.yaml", []byte(tc.config))
