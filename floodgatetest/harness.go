@@ -330,8 +330,10 @@ func (c *Caller) From(addr string) *Caller {
 }
 
 func mustAddr(fn, addr string) {
-	if _, err := netip.ParseAddr(addr); err != nil {
-		panic(fmt.Sprintf("floodgatetest: %s(%q): not an IP address", fn, addr))
+	// A zone names an interface of the proxy, not a client: the Limiter
+	// refuses it in forwarding headers.
+	if a, err := netip.ParseAddr(addr); err != nil || a.Zone() != "" {
+		panic(fmt.Sprintf("floodgatetest: %s(%q): not an IP address without a zone", fn, addr))
 	}
 }
 

@@ -187,6 +187,7 @@ func TestMisuse(t *testing.T) {
 		"Anonymous(not an address)": func() { h.Anonymous("not-an-address") },
 		"Anonymous(a prefix)":       func() { h.Anonymous("198.51.100.7/24") },
 		"From(empty)":               func() { h.Tenant(key(0)).From("") },
+		"From(zoned)":               func() { h.Tenant(key(0)).From("fe80::1%eth0") },
 		"Run(step not dividing d)":  func() { h.Run(time.Second, 300*time.Millisecond) },
 		"Run(another harness's caller)": func() {
 			h.Run(time.Second, 100*time.Millisecond, floodgatetest.Load{Caller: other.Tenant(key(0)), Method: method, Rate: 1})
