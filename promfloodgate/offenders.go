@@ -199,6 +199,11 @@ func (f *Offenders) HashKey(key string) string {
 	m.sum = m.h.Sum(m.sum[:0])
 	var out [HashedKeyLen]byte
 	hex.Encode(out[:], m.sum[:HashedKeyLen/2])
+	if cap(m.in) > 1024 {
+		m.in = make([]byte, 0, 64) // keep no long key, nor its bytes
+	} else {
+		clear(m.in)
+	}
 	f.macs.Put(m)
 	return string(out[:])
 }

@@ -114,11 +114,13 @@ func workerMain(args []string) error {
 			// One notification per turn, sent until the provider takes it:
 			// a 429 is waited out as its Retry-After says, and retried.
 			for ctx.Err() == nil {
+				waited := false // counted once per notification, not per send
 				for ctx.Err() == nil {
 					if *limit {
 						ss.waited = false
 						err := floodgate.Wait(ctx, ss, "provider:fcm", lim, 1)
-						if ss.waited && err == nil {
+						if ss.waited && err == nil && !waited {
+							waited = true
 							delayed.Add(1)
 						}
 						if errors.Is(err, floodgate.ErrWouldExceedDeadline) || ctx.Err() != nil {
