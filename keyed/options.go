@@ -108,8 +108,8 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	if o.shards == 0 {
 		// Enough shards that two cores rarely meet on one lock, but at
-		// least 16 keys of capacity per shard: a shard evicts only its own
-		// buckets, so a nearly empty shard could find nothing to evict.
+		// least 16 keys of capacity per shard: a shard short of its share
+		// evicts from a few others, and more shards would make that common.
 		o.shards = 64
 		for o.shards > 1 && o.shards*16 > o.capacity {
 			o.shards /= 2
