@@ -133,7 +133,13 @@ func workerMain(args []string) error {
 					}
 					resp, err := httpc.Post(*url, "application/json", bytes.NewReader(body))
 					if err != nil {
+						// The provider is unreachable: pause before the
+						// next notification rather than spin on failures.
 						failed.Add(1)
+						select {
+						case <-ctx.Done():
+						case <-time.After(100 * time.Millisecond):
+						}
 						break
 					}
 					io.Copy(io.Discard, resp.Body)
