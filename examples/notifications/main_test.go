@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"testing"
@@ -71,5 +72,36 @@ func TestWorkerHonoursRetryAfter(t *testing.T) {
 	// first attempts can all be accepted.
 	if rejected > 4 || accepted == 0 {
 		t.Errorf("provider accepted %d and answered 429 %d times in 1.5 s from 2 senders; want at most 4 429s", accepted, rejected)
+	}
+}
+
+// TestWorkerPausesWhenProviderIsDown: an unreachable provider makes a
+// sender pause between notifications, not spin on connection errors.
+func TestWorkerPausesWhenProviderIsDown(t *testing.T) {
+	p, err := startProvider(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := p.url
+	p.close() // nothing listens there now
+	old := os.Stdout
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout = w
+	err = workerMain([]string{"-provider", url, "-limit=false", "-senders", "2", "-duration", "500ms"})
+	os.Stdout = old
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.NewDecoder(r).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	// Two senders pausing 100 ms after each failure: about 10 in 500 ms.
+	if rep.Failed == 0 || rep.Failed > 20 {
+		t.Errorf("%d failed sends in 500 ms from 2 senders, want about 10", rep.Failed)
 	}
 }
