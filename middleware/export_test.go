@@ -6,8 +6,9 @@ import "context"
 // with context ctx: "t:<tenant>" or "a:<address>".
 func Subject(l *Limiter, ctx context.Context) string {
 	var buf [keyBufLen]byte
-	_, _, b := l.resolve(ctx, incoming(ctx), l.tables.Table(), buf[:0])
-	return string(b)
+	p, h := peerOf(ctx), incoming(ctx)
+	ten, found := l.identify(ctx, p, h, l.tables.Table())
+	return string(l.appendSubject(buf[:0], ten, found, p, h))
 }
 
 var (

@@ -484,13 +484,6 @@ func (l *Limiter) appendSubject(buf []byte, ten *tenant.Tenant, found bool, p *p
 	return a.AppendTo(buf)
 }
 
-// resolve finds the caller's tenant and appends the bucket subject to buf.
-func (l *Limiter) resolve(ctx context.Context, h header, table *tenant.Table, buf []byte) (*tenant.Tenant, bool, []byte) {
-	p := peerOf(ctx)
-	ten, found := l.identify(ctx, p, h, table)
-	return ten, found, l.appendSubject(buf, ten, found, p, h)
-}
-
 // methodOf returns the method of a server call's context, for KeyFuncs.
 func methodOf(ctx context.Context) string {
 	m, _ := grpc.Method(ctx)

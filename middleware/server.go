@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -152,26 +153,23 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		return ctx, nil
 	}
 	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
+	ten, found, ok := l.tapIdentify(p, h, table)
+	if !ok && l.o.keyFunc != nil {
+		return ctx, nil
+	}
 	now := l.sinceEpoch()
 	var buf [keyBufLen]byte
-	ten, found, ok := l.tapIdentify(p, h, table)
 	if !ok {
-		if l.o.keyFunc != nil {
-			return ctx, nil
-		}
 		// An API key the cache does not hold: a tenant's first call, or a
 		// made-up key. Only if its address is under a retry delay is the
 		// key worth a SHA-256 here, to tell the tenant, judged by its own
 		// bucket, from a caller hiding behind a key that names no one.
-		anon := l.appendSubject(buf[:0], table.Anonymous(), false, p, h)
-		if l.pen.left(unsafe.String(unsafe.SliceData(anon), len(anon)), now) <= 0 {
+		if l.penalty(l.appendSubject(buf[:0], table.Anonymous(), false, p, h), now) <= 0 {
 			return ctx, nil
 		}
 		ten, found = l.keys.resolve(table, l.apiKey(h))
 	}
-	subject := l.appendSubject(buf[:0], ten, found, p, h)
-	// The subject is hashed, not kept, so it may alias the stack buffer.
-	left := l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), now)
+	left := l.penalty(l.appendSubject(buf[:0], ten, found, p, h), now)
 	if left <= 0 {
 		return ctx, nil
 	}
@@ -180,6 +178,13 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
 	}
 	return ctx, l.rej.tapError(left)
+}
+
+// penalty returns how much of the retry delay last given to subject is
+// left at now. The subject is hashed, not kept, so it may alias a stack
+// buffer.
+func (l *Limiter) penalty(subject []byte, now time.Duration) time.Duration {
+	return l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), now)
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
