@@ -16,11 +16,9 @@ import (
 	"github.com/floodgate-go/floodgate/middleware"
 )
 
-// fixedStore rejects every take with the same RetryAfter.
-type fixedStore struct{ retry time.Duration }
-
-func (s fixedStore) TakeN(_ context.Context, _ string, lim floodgate.Limit, _ int) (floodgate.Result, error) {
-	return floodgate.Result{Limit: lim, RetryAfter: s.retry}, nil
+// refusing is a store that refuses every take with the same RetryAfter.
+func refusing(retry time.Duration) floodgate.Store {
+	return sourceStore{floodgate.Result{RetryAfter: retry}}
 }
 
 // ctxStore behaves like redisstore on a done context: it returns ctx.Err().
@@ -52,7 +50,7 @@ func TestInvalidOptionsWrapErrInvalidOption(t *testing.T) {
 	if err == nil || !errors.Is(err, middleware.ErrInvalidOption) {
 		t.Errorf("UnaryClientInterceptor(nil store) = %v; errors.Is(ErrInvalidOption) = false", err)
 	}
-	_, err = middleware.StreamClientInterceptor(fixedStore{}, floodgate.PerSecond(1, 1), middleware.WithUpstreamCost(0))
+	_, err = middleware.StreamClientInterceptor(refusing(0), floodgate.PerSecond(1, 1), middleware.WithUpstreamCost(0))
 	if err == nil || !errors.Is(err, middleware.ErrInvalidOption) {
 		t.Errorf("StreamClientInterceptor(cost 0) = %v; errors.Is(ErrInvalidOption) = false", err)
 	}
@@ -130,7 +128,7 @@ func TestPushbackRoundedWithinDeadlineAndCap(t *testing.T) {
 		{name: "cap", retry: 10_100 * time.Millisecond, opts: []middleware.Option{middleware.WithMaxPushback(10_500 * time.Millisecond)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := middleware.New(fixedStore{tc.retry}, middleware.Static(tbl), tc.opts...)
+			l, err := middleware.New(refusing(tc.retry), middleware.Static(tbl), tc.opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,7 +177,7 @@ func TestPushbackWithinOffGridCap(t *testing.T) {
 		{995 * time.Millisecond, "995"},
 		{1_001 * time.Millisecond, "-1"}, // would round up to 1010 ms, past 1005 ms
 	} {
-		l, err := middleware.New(fixedStore{tc.retry}, middleware.Static(tbl), middleware.WithMaxPushback(1_005*time.Millisecond))
+		l, err := middleware.New(refusing(tc.retry), middleware.Static(tbl), middleware.WithMaxPushback(1_005*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
