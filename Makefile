@@ -1,7 +1,8 @@
 # floodgate: build, test and benchmark entry points.
 #
 #   make test   install what the tests need (redis-server), then go vet and
-#               go test -race over every package of both modules
+#               go test -race over every package of both modules, and the
+#               allocation tests again without the race detector
 #   make bench  the side-by-side benchmarks against peer libraries
 #   make overload  the overload experiment (about 15 minutes; BENCHMARKS.md)
 
@@ -9,9 +10,9 @@ GO        ?= go
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet unit bench overload fuzz generate
+.PHONY: test deps vet unit allocs bench overload fuzz generate
 
-test: deps vet unit
+test: deps vet unit allocs
 
 # Tests start their own redis-server processes on free loopback ports; they
 # need the binaries, not a running service.
@@ -29,6 +30,11 @@ vet:
 unit:
 	$(GO) test $(TESTFLAGS) ./...
 	cd bench && $(GO) test $(TESTFLAGS) ./...
+
+# The race detector changes allocation counts (sync.Pool drops what it is
+# given), so tests that count allocations and skip under it run here.
+allocs:
+	$(GO) test -count=1 -run 'Allocs' ./...
 
 # Results and how to read them: bench/README.md.
 bench: deps
