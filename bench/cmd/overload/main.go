@@ -10,6 +10,8 @@
 //	P1  go-grpc-middleware's ratelimit with one global x/time/rate limiter
 //	    at the measured capacity
 //	P2  go-zero's adaptive shedder (core/load) as a unary interceptor
+//	P3  go-kratos/aegis' BBR limiter, wrapped as kratos' ratelimit
+//	    middleware wraps it
 //
 // Run it from the bench module, as root for the cgroup:
 //
@@ -140,7 +142,7 @@ func loadavg() string {
 }
 
 // allVariants are the variants in report order.
-var allVariants = []string{"A", "B", "C", "D", "P1", "P2"}
+var allVariants = []string{"A", "B", "C", "D", "P1", "P2", "P3"}
 
 var variantNames = map[string]string{
 	"A":  "no admission control",
@@ -149,6 +151,16 @@ var variantNames = map[string]string{
 	"D":  "buckets + Adaptive gate",
 	"P1": "go-grpc-middleware ratelimit, global x/time/rate at capacity",
 	"P2": "go-zero adaptive shedder (core/load)",
+	"P3": "go-kratos/aegis BBR limiter, as kratos' ratelimit middleware",
+}
+
+// unavailableVariants are peers the experiment would compare but cannot
+// build: what each would be, and why it is not.
+var unavailableVariants = map[string]struct{ What, Why string }{
+	"P4": {
+		What: "platinummonkey/go-concurrency-limits, a Gradient2 limit behind its gRPC server interceptor",
+		Why:  "the Go module proxy refuses that module (403, \"This module version is not available\", for its version list, for v1.0.1 and for a commit), so the bench module cannot depend on it",
+	},
 }
 
 // sweepLoads are the sweep's offered loads, × capacity.
@@ -272,6 +284,16 @@ func main() {
 	}
 	if *variants != "" {
 		cfg.Variants = strings.Split(*variants, ",")
+		for _, v := range cfg.Variants {
+			if u, ok := unavailableVariants[v]; ok {
+				fmt.Fprintf(os.Stderr, "overload: variant %s (%s) is not available: %s\n", v, u.What, u.Why)
+				os.Exit(2)
+			}
+			if !slices.Contains(allVariants, v) {
+				fmt.Fprintf(os.Stderr, "overload: unknown variant %q (known: %s)\n", v, strings.Join(allVariants, ", "))
+				os.Exit(2)
+			}
+		}
 	}
 	if *scens != "" {
 		cfg.Scenarios = strings.Split(*scens, ",")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -191,6 +192,21 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at Fixed's factor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
 		heavyHeadroom, quota(heavyTenant, cap), lightHeadroom, quota(1, cap), burstSeconds)
 	f("P1's limiter is `rate.NewLimiter(capacity, capacity/10)` behind `ratelimit.UnaryServerInterceptor`; P2 is `load.NewAdaptiveShedder()` with go-zero's defaults (CPU threshold 90%%, 5 s window) wrapped as zrpc's shedding interceptor does. ")
+	if slices.Contains(vs, "P3") {
+		f("P3 is aegis' `bbr.NewLimiter()` with its defaults (a 10 s window of 100 buckets, CPU threshold 800‰) wrapped as kratos v2's `ratelimit.Server` middleware wraps it: `Allow()`, the handler, then `done(DoneInfo{Err: err})`. kratos rejects with its `ErrLimitExceed` (HTTP 429, reason `RATELIMIT`), which its errors turn into RESOURCE_EXHAUSTED on gRPC, as here. BBR drops a call only while its CPU reading (a moving average updated every 500 ms with decay 0.95) is at or above 80%% and its in-flight count exceeds its estimate of the maximum (the highest pass rate of a bucket × the lowest mean latency of a bucket), and for a second after such a drop. ")
+	}
+	if slices.Contains(vs, "P2") || slices.Contains(vs, "P3") {
+		f("On cgroup v1 both go-zero (P2) and aegis (P3) read the root cgroup: go-zero reads `/sys/fs/cgroup/cpuacct` and `/sys/fs/cgroup/cpu` at their roots whatever the process's cgroup path, and aegis takes any cgroup path other than `/` for a container's and reads the hierarchy's root as well. ")
+		if iso != nil && iso.Quota > 0 {
+			f("Here, with the server in a cgroup of its own, both measure the whole machine (%d CPUs) rather than the server against its %.2f-CPU quota; in a container with its own cgroup namespace they would read their own cgroup, which this experiment does not show. ", res.Machine.CPUs, iso.Quota)
+		} else {
+			f("This run put the server in no cgroup, so they read the machine, as the server's sampler does. ")
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(unavailableVariants)) {
+		u := unavailableVariants[v]
+		f("%s, %s, is not in this experiment: %s. ", v, u.What, u.Why)
+	}
 	f("Every variant exempts the health service (the middleware by default, the peers through go-grpc-middleware's `selector`). ")
 	f("A and B run the same gate for its CPU reading only. One fresh server process per scenario and variant; the scenarios run one after another, each against every variant in turn, so that drifting background load spreads over all variants.\n\n")
 

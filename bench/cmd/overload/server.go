@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	aegisrl "github.com/go-kratos/aegis/ratelimit"
+	"github.com/go-kratos/aegis/ratelimit/bbr"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
@@ -23,6 +25,7 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/stat"
 	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -57,6 +60,12 @@ type serverStats struct {
 	Handled uint64  `json:"handled"` // Allocate calls whose handler ran
 	Served  uint64  `json:"served"`  // Allocate calls the handler completed
 	CostNs  int64   `json:"cost_ns"` // the handler's CPU cost in force
+	// Limit, Inflight and Queued are a concurrency limiter's: its limit,
+	// the calls it has let in and not seen complete, and the calls waiting
+	// for a slot (E; P3 reports its in-flight count).
+	Limit    float64 `json:"limit,omitempty"`
+	Inflight int     `json:"inflight,omitempty"`
+	Queued   int     `json:"queued,omitempty"`
 }
 
 // inventory is the example inventory service reduced to what the experiment
@@ -95,7 +104,7 @@ const healthService = "grpc.health.v1.Health"
 
 func serverMain(args []string) error {
 	fs := flag.NewFlagSet("overload server", flag.ContinueOnError)
-	variant := fs.String("variant", "A", "admission control: A, B, C, D, P1 or P2")
+	variant := fs.String("variant", "A", "admission control: "+strings.Join(allVariants, ", "))
 	cost := fs.Duration("cost", 2*time.Millisecond, "CPU time of one Allocate")
 	capacity := fs.Float64("capacity", 0, "measured capacity in calls/s, for the quotas (B, C, D) and P1's limit")
 	perIter := fs.Duration("per-iter", 0, "the burn loop's cost per iteration, from the load generator's calibration (0: calibrate here)")
@@ -148,11 +157,11 @@ func serverMain(args []string) error {
 	inv := &inventory{burner: burner}
 	inv.cost.Store(int64(*cost))
 
-	opts, err := variantOptions(*variant, *capacity, gate)
+	vs, err := variantServer(*variant, *capacity, gate)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(opts...)
+	srv := grpc.NewServer(vs.opts...)
 	inventoryv1.RegisterInventoryServer(srv, inv)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -166,7 +175,6 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	gated := *variant == "C" || *variant == "D"
 	mux := http.NewServeMux()
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		snap := gate.Snapshot()
@@ -178,12 +186,8 @@ func serverMain(args []string) error {
 			Served:  inv.served.Load(),
 			CostNs:  inv.cost.Load(),
 		}
-		if gated {
-			st.Scale, st.State = snap.Scale, snap.State.String()
-		}
-		if *variant == "P2" {
-			// What go-zero's shedder compares with its threshold (‰).
-			st.Reading = float64(stat.CpuUsage()) / 1000
+		if vs.stats != nil {
+			vs.stats(&st, snap)
 		}
 		_ = json.NewEncoder(w).Encode(st)
 	})
@@ -228,54 +232,90 @@ func serverMain(args []string) error {
 	}
 }
 
-// variantOptions returns the server options of a variant.
-func variantOptions(variant string, capacity float64, gate *cpugate.Gate) ([]grpc.ServerOption, error) {
+// A variant is a variant's server options and what it adds to the stats.
+type variant struct {
+	opts []grpc.ServerOption
+	// stats, when set, fills in the variant's own fields of the stats,
+	// given the gate's snapshot.
+	stats func(*serverStats, cpugate.Snapshot)
+}
+
+// variantServer returns a variant's server options and stats.
+func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, error) {
 	notHealth := selector.MatchFunc(func(_ context.Context, cm interceptors.CallMeta) bool {
 		return cm.Service != healthService
 	})
-	switch variant {
+	gated := func(st *serverStats, snap cpugate.Snapshot) {
+		st.Scale, st.State = snap.Scale, snap.State.String()
+	}
+	switch name {
 	case "A":
-		return nil, nil
+		return variant{}, nil
 	case "B", "C", "D":
 		table, err := tenantTable(capacity)
 		if err != nil {
-			return nil, err
+			return variant{}, err
 		}
 		store, err := keyed.New()
 		if err != nil {
-			return nil, err
+			return variant{}, err
 		}
 		opts := []middleware.Option{middleware.WithAPIKeyHeaders(apiKeyHeader)}
-		if variant != "B" {
+		v := variant{}
+		if name != "B" {
 			// As examples/multitenant does: the gate scales every quota, and
 			// while it sheds the tap handle turns callers still inside their
 			// retry delay away (the default).
 			opts = append(opts, middleware.WithGate(gate))
+			v.stats = gated
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
 		if err != nil {
-			return nil, err
+			return variant{}, err
 		}
-		return []grpc.ServerOption{
+		v.opts = []grpc.ServerOption{
 			grpc.InTapHandle(l.TapHandle),
 			grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor()),
-		}, nil
+		}
+		return v, nil
 	case "P1":
 		if capacity <= 0 {
-			return nil, errors.New("P1 needs -capacity")
+			return variant{}, errors.New("P1 needs -capacity")
 		}
 		// One global limiter at the measured capacity, with 100 ms of burst.
 		lim := rate.NewLimiter(rate.Limit(capacity), max(int(capacity/10), 1))
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+		return variant{opts: []grpc.ServerOption{grpc.ChainUnaryInterceptor(
 			selector.UnaryServerInterceptor(ratelimit.UnaryServerInterceptor(xrateLimiter{lim}), notHealth),
-		)}, nil
+		)}}, nil
 	case "P2":
 		shedder := load.NewAdaptiveShedder() // go-zero's defaults: CPU threshold 90%, 5 s window
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
-			selector.UnaryServerInterceptor(sheddingInterceptor(shedder), notHealth),
-		)}, nil
+		return variant{
+			opts: []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+				selector.UnaryServerInterceptor(sheddingInterceptor(shedder), notHealth),
+			)},
+			stats: func(st *serverStats, _ cpugate.Snapshot) {
+				// What go-zero's shedder compares with its threshold (‰).
+				st.Reading = float64(stat.CpuUsage()) / 1000
+			},
+		}, nil
+	case "P3":
+		// aegis' defaults, as kratos' ratelimit.Server builds it: a 10 s
+		// window of 100 buckets, CPU threshold 800‰.
+		lim := bbr.NewLimiter()
+		return variant{
+			opts: []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+				selector.UnaryServerInterceptor(kratosRateLimit(lim), notHealth),
+			)},
+			stats: func(st *serverStats, _ cpugate.Snapshot) {
+				// What BBR compares with its threshold (‰), and its
+				// in-flight count.
+				bs := lim.Stat()
+				st.Reading = float64(bs.CPU) / 1000
+				st.Inflight = int(bs.InFlight)
+			},
+		}, nil
 	}
-	return nil, fmt.Errorf("unknown variant %q", variant)
+	return variant{}, fmt.Errorf("unknown variant %q", name)
 }
 
 // xrateLimiter adapts a rate.Limiter to ratelimit.Limiter.
@@ -306,6 +346,34 @@ func sheddingInterceptor(shedder load.Shedder) grpc.UnaryServerInterceptor {
 		}()
 		return handler(ctx, req)
 	}
+}
+
+// kratosRateLimit is kratos' ratelimit.Server middleware (kratos v2, over
+// aegis) as a unary interceptor: Allow, the handler, then done with the
+// handler's error. kratos rejects with its ErrLimitExceed, an HTTP 429 with
+// reason RATELIMIT, which kratos' errors turn into RESOURCE_EXHAUSTED with
+// an ErrorInfo detail when the gRPC transport sends it.
+func kratosRateLimit(l aegisrl.Limiter) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		done, e := l.Allow()
+		if e != nil {
+			return nil, kratosLimitExceeded()
+		}
+		resp, err = handler(ctx, req)
+		done(aegisrl.DoneInfo{Err: err})
+		return resp, err
+	}
+}
+
+// kratosLimitExceeded is the status kratos' ErrLimitExceed becomes on the
+// wire, built per rejection as kratos builds it.
+func kratosLimitExceeded() error {
+	st, err := status.New(codes.ResourceExhausted, "service unavailable due to rate limit exceeded").
+		WithDetails(&errdetails.ErrorInfo{Reason: "RATELIMIT"})
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, "service unavailable due to rate limit exceeded")
+	}
+	return st.Err()
 }
 
 // processCPU returns the process's user and system CPU time.
