@@ -1,0 +1,803 @@
+package overload
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+)
+
+// ErrShed is wrapped by every [ShedError]: errors.Is(err, ErrShed) tells a
+// call the controller turned away from one its context ended.
+var ErrShed = errors.New("overload: shed")
+
+// ShedCause says why a call was shed.
+type ShedCause uint8
+
+const (
+	// ShedQueueFull: every slot was taken, the queue was full, and the call's
+	// flow was at least as far over its fair share as any waiting flow.
+	ShedQueueFull ShedCause = iota
+	// ShedDisplaced: the call waited, and a call of a flow further under its
+	// fair share (or of a higher priority) took its place in the full queue.
+	ShedDisplaced
+	// ShedTimeout: the call waited for a slot for the longest wait.
+	ShedTimeout
+	// ShedDeadline: the call's deadline was too close for it to complete
+	// even without waiting.
+	ShedDeadline
+	nShedCauses
+)
+
+var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline"}
+
+// String returns the cause's lower-case name, such as "queue_full", fit for
+// a metric label.
+func (s ShedCause) String() string {
+	if int(s) < len(shedNames) {
+		return shedNames[s]
+	}
+	return "unknown"
+}
+
+// A ShedError is the error of a call the controller shed. It wraps
+// [ErrShed].
+type ShedError struct {
+	Cause ShedCause
+	// RetryAfter is a hint of when capacity may be free again.
+	RetryAfter time.Duration
+}
+
+func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String() + ")" }
+
+// Unwrap returns ErrShed.
+func (e *ShedError) Unwrap() error { return ErrShed }
+
+// Priority orders calls when the controller must shed: a waiting call of a
+// higher priority is admitted before any of a lower one, and the queue makes
+// room for it by displacing the lowest. Within a priority, fairness decides.
+type Priority int8
+
+const (
+	// Sheddable calls (batch jobs, prefetches, retries that can wait) are
+	// shed first.
+	Sheddable Priority = -1
+	// Default is the priority of calls nobody ranked.
+	Default Priority = 0
+	// Critical calls (interactive, user-facing) are shed last.
+	Critical Priority = 1
+)
+
+const nPriorities = 3
+
+func (p Priority) index() int { return int(p) + 1 }
+
+var priorityNames = [...]string{"sheddable", "default", "critical"}
+
+// String returns the priority's lower-case name, such as "critical".
+func (p Priority) String() string {
+	if p >= Sheddable && p <= Critical {
+		return priorityNames[p.index()]
+	}
+	return "unknown"
+}
+
+// ParsePriority returns the priority named s ("sheddable", "default" or
+// "critical"; "" is Default), and false for any other name.
+func ParsePriority(s string) (Priority, bool) {
+	if s == "" {
+		return Default, true
+	}
+	for i, n := range priorityNames {
+		if n == s {
+			return Priority(i - 1), true
+		}
+	}
+	return Default, false
+}
+
+// A Flow says whose a call is, for fairness: calls of one Key share a fair
+// share of the server in proportion to Weight.
+type Flow struct {
+	// Key names the flow: a tenant, or an anonymous caller's address. The
+	// controller keeps it only while the flow has calls in flight or
+	// waiting, so it must not be a buffer the caller reuses.
+	Key string
+	// Weight is the flow's share relative to other flows; ≤ 0 means 1.
+	Weight float64
+	// Priority ranks the call (see [Priority]).
+	Priority Priority
+}
+
+// State is the controller's regime.
+type State uint8
+
+const (
+	// Open: nothing has been shed for a whole control interval.
+	Open State = iota
+	// Shedding: calls are being shed.
+	Shedding
+)
+
+var stateNames = [...]string{"open", "shedding"}
+
+// String returns the state's lower-case name.
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "unknown"
+}
+
+// A Snapshot is the controller's observable state.
+type Snapshot struct {
+	// State is the regime and Since when it began.
+	State State
+	Since time.Time
+	// Limit is the concurrency limit in force (during a probe, the probe's
+	// limit), Inflight the calls holding a slot and Queued those waiting.
+	Limit    float64
+	Inflight int
+	Queued   int
+	// Probing reports a baseline probe in progress.
+	Probing bool
+	// Cause is what set the limit last.
+	Cause Cause
+	// RTT is the mean latency of the calls completed in the last control
+	// interval, Baseline the latency of a call that does not queue, as
+	// last probed, and QueueDelay the mean wait for a slot of the calls
+	// that waited in the last interval (0 when none did).
+	RTT, Baseline, QueueDelay time.Duration
+	// CPU and SchedP99 are the guard's latest readings (WithGuard); 0
+	// without a guard.
+	CPU      float64
+	SchedP99 time.Duration
+	// Admitted counts admitted calls, Waited those of them that waited for
+	// a slot, and Shed the shed calls by cause, since the controller was
+	// made.
+	Admitted, Waited uint64
+	Shed             [nShedCauses]uint64
+}
+
+// ShedTotal returns the shed calls of every cause.
+func (s Snapshot) ShedTotal() uint64 {
+	var n uint64
+	for _, v := range s.Shed {
+		n += v
+	}
+	return n
+}
+
+// A Controller admits calls up to an adaptive concurrency limit, the number
+// of calls the server completes without queueing them, and makes the rest
+// wait briefly for a slot or sheds them. Its limit follows the latency of
+// the calls it admits (see [Law]); it is never told the server's capacity.
+//
+// When calls must wait, slots go to the highest priority first and, within
+// a priority, to the flow with the fewest calls in flight for its weight;
+// when the queue is full, the flow furthest over its fair share loses its
+// newest waiting call. So a tenant under its fair share keeps its calls
+// while another floods, and a flood takes whatever capacity the others
+// leave.
+//
+// Make one with [New]; it is safe for concurrent use and starts no
+// goroutine: the limit is updated by the calls themselves, at most once per
+// [Law.Interval]. The zero Controller is not usable.
+type Controller struct {
+	law Law
+	o   options
+
+	mu       sync.Mutex
+	ctl      Control
+	inflight int
+	queued   int
+	flows    map[flowKey]*flow
+	free     []*flow
+	active   [nPriorities][]*flow // flows with waiting calls, by priority
+	weights  float64              // sum of the weights of the flows in flows
+	gen      uint64               // increments when a probe starts
+
+	// Since the last step.
+	n                int
+	sum              time.Duration
+	probeN           int
+	probeSum         time.Duration
+	binding          bool
+	shedInterval     int
+	waitSum          time.Duration
+	waitN            int
+	lastRTT, lastQD  time.Duration
+	state            State
+	since            time.Time
+	cpu              float64
+	sched            time.Duration
+	admitted, waited uint64
+	shed             [nShedCauses]uint64
+}
+
+type flowKey struct {
+	key  string
+	prio Priority
+}
+
+type flow struct {
+	k        flowKey
+	weight   float64
+	inflight int
+	q        []*waiter
+}
+
+type waiter struct {
+	ch       chan struct{}
+	f        *flow
+	at       time.Time
+	granted  bool
+	evicted  bool
+	grantAt  time.Time
+	grantGen uint64
+}
+
+type options struct {
+	law      Law
+	logger   *slog.Logger
+	guard    *cpugate.Gate
+	now      func() time.Time
+	maxWait  time.Duration
+	retry    time.Duration
+	errs     []error
+	onChange func(Snapshot)
+}
+
+// An Option configures a [Controller].
+type Option func(*options)
+
+// WithLaw sets the control law; [New] validates it. The zero Law is the
+// default. A repeated call replaces the law.
+func WithLaw(l Law) Option { return func(o *options) { o.law = l } }
+
+// WithLogger sets the logger for the controller's events, each with the
+// signals that drove it (latency, baseline, queueing delay, in-flight
+// calls and limit, and the guard's CPU and scheduler readings): entering
+// Shedding at Warn, back to Open and each probe's result at Info, every
+// change of the limit at Debug. A nil logger, the default, logs nothing. A
+// repeated call replaces the logger.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithGuard sets a CPU gate whose readings the controller reports in its
+// log lines and snapshots, so that an operator can tell a server that is
+// slow because it is busy from one that is slow for other reasons, and
+// which [Law.GuardCPU] acts on when set. The gate must be running
+// (cpugate.Gate.Run). Only its readings are used: its scale is not. A nil
+// gate, the default, means no CPU readings. A repeated call replaces it.
+func WithGuard(g *cpugate.Gate) Option { return func(o *options) { o.guard = g } }
+
+// WithClock sets the clock, for tests; the default is time.Now. A repeated
+// call replaces it.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) {
+		if now == nil {
+			o.errs = append(o.errs, invalid("WithClock", "nil", "a clock"))
+			return
+		}
+		o.now = now
+	}
+}
+
+// WithMaxWait sets the longest a call waits for a slot before it is shed.
+// The default, 0, is four times the baseline (before the first probe ends,
+// 50 ms), between 1 ms and 100 ms: long enough to keep the server busy
+// between arrivals, short enough that an admitted call's latency stays a
+// few times its baseline. A call also never waits past the point where its
+// deadline leaves less than the baseline to run. A repeated call replaces
+// the wait.
+func WithMaxWait(d time.Duration) Option {
+	return func(o *options) {
+		if d < 0 {
+			o.errs = append(o.errs, invalid("WithMaxWait", d, "0 (adaptive) or a positive duration"))
+			return
+		}
+		o.maxWait = d
+	}
+}
+
+// WithRetryAfter sets the retry delay a shed call is given (ShedError's
+// RetryAfter). The default, 0, is two control intervals. A repeated call
+// replaces it.
+func WithRetryAfter(d time.Duration) Option {
+	return func(o *options) {
+		if d < 0 {
+			o.errs = append(o.errs, invalid("WithRetryAfter", d, "0 (default) or a positive duration"))
+			return
+		}
+		o.retry = d
+	}
+}
+
+// WithOnChange sets a function called after every change of state or of
+// the limit, with the new snapshot, outside the controller's lock, from
+// the goroutine of the call that caused it. It should return quickly. A
+// repeated call replaces it; nil removes it.
+func WithOnChange(f func(Snapshot)) Option { return func(o *options) { o.onChange = f } }
+
+// New returns a Controller. It returns an error wrapping
+// [ErrInvalidConfig], naming the option or field, when the configuration
+// is invalid.
+func New(opts ...Option) (*Controller, error) {
+	o := options{now: time.Now}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
+	if err := o.law.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Controller{law: o.law.withDefaults(), o: o, flows: make(map[flowKey]*flow)}
+	if c.o.retry == 0 {
+		c.o.retry = 2 * c.law.Interval
+	}
+	c.ctl = c.law.Step(Control{}, Sample{}, o.now())
+	c.since = c.ctl.LastStep
+	return c, nil
+}
+
+// Law returns the controller's law, with its defaults filled in.
+func (c *Controller) Law() Law { return c.law }
+
+// A Permit is an admitted call's slot. Call Done exactly once, when the
+// call ends; the zero Permit's Done does nothing.
+type Permit struct {
+	c     *Controller
+	f     *flow
+	start time.Time
+	gen   uint64
+}
+
+// Acquire admits a call of flow f, waiting for a slot if the limit is
+// reached, or sheds it. It returns a Permit whose Done must be called when
+// the call ends, or a *[ShedError], or ctx's error when ctx ends while the
+// call waits. It waits at most the controller's longest wait
+// (WithMaxWait), and never once ctx's deadline leaves less than the
+// baseline latency.
+func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
+	now := c.o.now()
+	c.mu.Lock()
+	fl := c.flow(f)
+	if c.queued == 0 && c.inflight < c.slots() {
+		c.grant(fl)
+		c.admitted++
+		p := Permit{c: c, f: fl, start: now, gen: c.gen}
+		c.mu.Unlock()
+		return p, nil
+	}
+	c.binding = true
+	wait := c.maxWait()
+	if dl, ok := ctx.Deadline(); ok {
+		left := dl.Sub(now) - c.ctl.Baseline
+		if left <= 0 {
+			return Permit{}, c.shedLocked(fl, ShedDeadline, now)
+		}
+		wait = min(wait, left)
+	}
+	if c.queued >= c.queueCap() {
+		v := c.victim(fl)
+		if v == nil {
+			return Permit{}, c.shedLocked(fl, ShedQueueFull, now)
+		}
+		c.evict(v)
+	}
+	w := &waiter{ch: make(chan struct{}, 1), f: fl, at: now}
+	c.enqueue(w)
+	c.mu.Unlock()
+
+	t := time.NewTimer(wait)
+	var ctxErr error
+	select {
+	case <-w.ch:
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+	case <-t.C:
+	}
+	t.Stop()
+
+	c.mu.Lock()
+	switch {
+	case w.granted && ctxErr == nil:
+		c.admitted++
+		c.waited++
+		c.mu.Unlock()
+		return Permit{c: c, f: fl, start: w.grantAt, gen: w.grantGen}, nil
+	case w.granted:
+		// Admitted as the context ended: give the slot to the next.
+		c.release(fl)
+		c.dispatch(c.o.now())
+		c.mu.Unlock()
+		return Permit{}, ctxErr
+	case w.evicted:
+		return Permit{}, c.shedLocked(fl, ShedDisplaced, c.o.now())
+	}
+	c.dequeue(w)
+	if ctxErr != nil {
+		c.drop(fl)
+		c.mu.Unlock()
+		return Permit{}, ctxErr
+	}
+	return Permit{}, c.shedLocked(fl, ShedTimeout, c.o.now())
+}
+
+// Done ends the call: its slot goes to the next waiting call, and its
+// latency to the control law.
+func (p Permit) Done() {
+	c := p.c
+	if c == nil {
+		return
+	}
+	now := c.o.now()
+	rtt := now.Sub(p.start)
+	c.mu.Lock()
+	c.release(p.f)
+	c.n++
+	c.sum += rtt
+	if c.ctl.Probing && p.gen == c.gen {
+		c.probeN++
+		c.probeSum += rtt
+	}
+	var ev event
+	if c.law.Due(c.ctl, c.n, now) {
+		ev = c.step(now)
+	}
+	c.dispatch(now)
+	c.mu.Unlock()
+	c.emit(ev)
+}
+
+// Overloaded reports whether a call of flow f would be shed now: every
+// slot is taken, the queue is full, and f holds at least its fair share of
+// the slots and the queue. It takes the controller's lock for a few
+// arithmetic operations and is meant for the tap handle, which can turn
+// such a call away before its request is read.
+func (c *Controller) Overloaded(f Flow) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight < c.slots() || c.queued < c.queueCap() {
+		return false
+	}
+	fl, ok := c.flows[flowKey{f.Key, f.Priority}]
+	if !ok {
+		return false
+	}
+	share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
+	return float64(fl.inflight+len(fl.q)+1) > share
+}
+
+// Shedding reports whether the controller is in the Shedding state.
+func (c *Controller) Shedding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state == Shedding
+}
+
+// Snapshot returns the controller's observable state.
+func (c *Controller) Snapshot() Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.snapshotLocked()
+}
+
+func (c *Controller) snapshotLocked() Snapshot {
+	return Snapshot{
+		State: c.state, Since: c.since,
+		Limit: c.ctl.Limit, Inflight: c.inflight, Queued: c.queued,
+		Probing: c.ctl.Probing, Cause: c.ctl.Cause,
+		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastQD,
+		CPU: c.cpu, SchedP99: c.sched,
+		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
+	}
+}
+
+// slots returns the limit as a count of calls, at least 1.
+func (c *Controller) slots() int { return max(1, int(c.ctl.Limit)) }
+
+// queueCap returns how many calls may wait: as many as may run, at least
+// 4, so that the server finds a call waiting whenever one completes.
+func (c *Controller) queueCap() int { return max(4, int(math.Ceil(c.ctl.Limit))) }
+
+func (c *Controller) maxWait() time.Duration {
+	d := c.o.maxWait
+	switch {
+	case d > 0:
+	case c.ctl.Baseline == 0:
+		d = 50 * time.Millisecond
+	default:
+		d = min(100*time.Millisecond, max(time.Millisecond, 4*c.ctl.Baseline))
+	}
+	if c.ctl.Probing {
+		// A probe admits nothing until the calls admitted before it have
+		// drained: waiting calls are given that long too, so that a
+		// probe delays calls rather than shedding them.
+		d += 2 * c.lastRTT
+	}
+	return d
+}
+
+// flow returns f's flow, making it if needed.
+func (c *Controller) flow(f Flow) *flow {
+	k := flowKey{f.Key, f.Priority}
+	if fl, ok := c.flows[k]; ok {
+		return fl
+	}
+	var fl *flow
+	if n := len(c.free); n > 0 {
+		fl, c.free = c.free[n-1], c.free[:n-1]
+	} else {
+		fl = new(flow)
+	}
+	w := f.Weight
+	if !(w > 0) || math.IsInf(w, 0) {
+		w = 1
+	}
+	fl.k, fl.weight, fl.inflight = k, w, 0
+	c.flows[k] = fl
+	c.weights += w
+	return fl
+}
+
+// drop forgets fl once it has nothing in flight or waiting.
+func (c *Controller) drop(fl *flow) {
+	if fl == nil || fl.inflight > 0 || len(fl.q) > 0 {
+		return
+	}
+	if c.flows[fl.k] != fl {
+		return
+	}
+	delete(c.flows, fl.k)
+	c.weights -= fl.weight
+	if len(c.flows) == 0 {
+		c.weights = 0 // no drift from float sums
+	}
+	fl.q = fl.q[:0]
+	fl.k = flowKey{}
+	if len(c.free) < 64 {
+		c.free = append(c.free, fl)
+	}
+}
+
+func (c *Controller) grant(fl *flow) {
+	fl.inflight++
+	c.inflight++
+}
+
+func (c *Controller) release(fl *flow) {
+	fl.inflight--
+	c.inflight--
+	c.drop(fl)
+}
+
+func (c *Controller) enqueue(w *waiter) {
+	fl := w.f
+	if len(fl.q) == 0 {
+		i := fl.k.prio.index()
+		c.active[i] = append(c.active[i], fl)
+	}
+	fl.q = append(fl.q, w)
+	c.queued++
+}
+
+// dequeue removes w from its flow's queue.
+func (c *Controller) dequeue(w *waiter) {
+	fl := w.f
+	for i, x := range fl.q {
+		if x == w {
+			copy(fl.q[i:], fl.q[i+1:])
+			fl.q[len(fl.q)-1] = nil
+			fl.q = fl.q[:len(fl.q)-1]
+			c.queued--
+			break
+		}
+	}
+	if len(fl.q) == 0 {
+		c.deactivate(fl)
+	}
+}
+
+func (c *Controller) deactivate(fl *flow) {
+	a := c.active[fl.k.prio.index()]
+	for i, x := range a {
+		if x == fl {
+			a[i] = a[len(a)-1]
+			a[len(a)-1] = nil
+			c.active[fl.k.prio.index()] = a[:len(a)-1]
+			return
+		}
+	}
+}
+
+// dispatch hands free slots to waiting calls: the highest priority first,
+// then the flow with the fewest calls in flight for its weight, the one
+// waiting longest on a tie.
+func (c *Controller) dispatch(now time.Time) {
+	for c.queued > 0 && c.inflight < c.slots() {
+		var best *flow
+		for i := nPriorities - 1; i >= 0 && best == nil; i-- {
+			for _, fl := range c.active[i] {
+				if best == nil {
+					best = fl
+					continue
+				}
+				a, b := float64(fl.inflight)/fl.weight, float64(best.inflight)/best.weight
+				if a < b || (a == b && fl.q[0].at.Before(best.q[0].at)) {
+					best = fl
+				}
+			}
+		}
+		w := best.q[0]
+		c.dequeue(w)
+		c.grant(best)
+		w.granted, w.grantAt, w.grantGen = true, now, c.gen
+		c.waitSum += now.Sub(w.at)
+		c.waitN++
+		w.ch <- struct{}{}
+	}
+}
+
+// victim returns the flow that should lose a waiting call so that a call
+// of fl can wait, or nil when fl's call should be shed instead: the lowest
+// priority first, then the flow holding the most slots and queue places
+// for its weight. A flow no further under its share than the victim does
+// not displace it.
+func (c *Controller) victim(fl *flow) *flow {
+	for i := 0; i < nPriorities; i++ {
+		var worst *flow
+		var worstLoad float64
+		for _, v := range c.active[i] {
+			if l := float64(v.inflight+len(v.q)) / v.weight; worst == nil || l > worstLoad {
+				worst, worstLoad = v, l
+			}
+		}
+		if worst == nil {
+			continue
+		}
+		if p := fl.k.prio.index(); p != i {
+			if p > i {
+				return worst
+			}
+			return nil
+		}
+		if float64(fl.inflight+len(fl.q)+1)/fl.weight < worstLoad && worst != fl {
+			return worst
+		}
+		return nil
+	}
+	return nil
+}
+
+// evict displaces v's newest waiting call.
+func (c *Controller) evict(v *flow) {
+	w := v.q[len(v.q)-1]
+	c.dequeue(w)
+	w.evicted = true
+	w.ch <- struct{}{}
+}
+
+// shedLocked counts a shed call of cause, forgets fl if it is empty,
+// unlocks, logs a change of state and returns the error.
+func (c *Controller) shedLocked(fl *flow, cause ShedCause, now time.Time) error {
+	c.shed[cause]++
+	c.shedInterval++
+	c.drop(fl)
+	var ev event
+	if c.state != Shedding {
+		ev = c.transition(Shedding, now)
+	}
+	c.mu.Unlock()
+	c.emit(ev)
+	return &ShedError{Cause: cause, RetryAfter: c.o.retry}
+}
+
+// event is what to log and report after the lock is released.
+type event struct {
+	snap         Snapshot
+	from         State
+	state, limit bool
+	probeEnded   bool
+}
+
+func (c *Controller) transition(to State, now time.Time) event {
+	ev := event{from: c.state, state: true}
+	c.state, c.since = to, now
+	ev.snap = c.snapshotLocked()
+	return ev
+}
+
+// step feeds the control law the sample since the last step.
+func (c *Controller) step(now time.Time) event {
+	s := Sample{N: c.n, ProbeN: c.probeN, Binding: c.binding}
+	if c.n > 0 {
+		s.RTT = c.sum / time.Duration(c.n)
+	}
+	if c.probeN > 0 {
+		s.ProbeRTT = c.probeSum / time.Duration(c.probeN)
+	}
+	if g := c.o.guard; g != nil {
+		snap := g.Snapshot()
+		c.cpu, c.sched = snap.CPU, snap.SchedP99
+		s.CPU = snap.CPU
+	}
+	prev := c.ctl
+	c.ctl = c.law.Step(prev, s, now)
+	if c.ctl.Probing && !prev.Probing {
+		c.gen++
+		c.probeN, c.probeSum = 0, 0
+	}
+	if s.N > 0 {
+		c.lastRTT = s.RTT
+	}
+	c.lastQD = 0
+	if c.waitN > 0 {
+		c.lastQD = c.waitSum / time.Duration(c.waitN)
+	}
+	shed := c.shedInterval
+	c.n, c.sum, c.binding, c.shedInterval, c.waitSum, c.waitN = 0, 0, false, 0, 0, 0
+
+	var ev event
+	if c.state == Shedding && shed == 0 {
+		ev = c.transition(Open, now)
+	}
+	if c.ctl.Limit != prev.Limit {
+		ev.limit = true
+		ev.from = c.state
+		ev.snap = c.snapshotLocked()
+	}
+	if prev.Probing && !c.ctl.Probing {
+		ev.probeEnded = true
+		ev.snap = c.snapshotLocked()
+	}
+	return ev
+}
+
+// emit logs an event and reports it, outside the lock.
+func (c *Controller) emit(ev event) {
+	if !ev.state && !ev.limit && !ev.probeEnded {
+		return
+	}
+	if l := c.o.logger; l != nil {
+		s := ev.snap
+		attrs := []slog.Attr{
+			slog.String("decided_by", s.Cause.String()),
+			slog.Float64("limit", math.Round(s.Limit*10)/10),
+			slog.Int("inflight", s.Inflight),
+			slog.Int("queued", s.Queued),
+			slog.Duration("rtt", s.RTT),
+			slog.Duration("baseline", s.Baseline),
+			slog.Duration("queue_delay", s.QueueDelay),
+		}
+		if c.o.guard != nil {
+			attrs = append(attrs, slog.Float64("cpu", math.Round(s.CPU*1000)/1000), slog.Duration("sched_p99", s.SchedP99))
+		}
+		ctx := context.Background()
+		switch {
+		case ev.state && s.State == Shedding:
+			l.LogAttrs(ctx, slog.LevelWarn, "overload: shedding: the concurrency limit is reached and the queue is full", attrs...)
+		case ev.state:
+			l.LogAttrs(ctx, slog.LevelInfo, "overload: open: nothing shed for a control interval", attrs...)
+		}
+		switch {
+		case ev.probeEnded:
+			l.LogAttrs(ctx, slog.LevelInfo, "overload: baseline probed", attrs...)
+		case ev.limit && s.Probing:
+			l.LogAttrs(ctx, slog.LevelDebug, "overload: probing the baseline", attrs...)
+		case ev.limit:
+			l.LogAttrs(ctx, slog.LevelDebug, "overload: limit changed", attrs...)
+		}
+	}
+	if c.o.onChange != nil {
+		c.o.onChange(ev.snap)
+	}
+}

@@ -1,0 +1,471 @@
+package overload
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// testLaw starts at 4 slots, ends its start-up probe after one sample and
+// steps on every completion a millisecond apart, so that tests control the
+// limit with a few calls.
+var testLaw = Law{InitialLimit: 4, MinLimit: 1, MinSamples: 1, Interval: ms, ProbeSamples: 1, ProbeEvery: time.Hour}
+
+// warm ends c's start-up probe with one call of cost.
+func warm(t *testing.T, c *Controller, cost time.Duration) {
+	t.Helper()
+	for c.Snapshot().Probing {
+		p, err := c.Acquire(context.Background(), Flow{Key: "warm"})
+		if err != nil {
+			t.Fatalf("warm-up Acquire: %v", err)
+		}
+		time.Sleep(cost)
+		p.Done()
+	}
+}
+
+func newTest(t *testing.T, opts ...Option) *Controller {
+	t.Helper()
+	c, err := New(append([]Option{WithLaw(testLaw)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, c, 2*ms)
+	if s := c.Snapshot(); s.Limit != 4 || s.Baseline != 2*ms {
+		t.Fatalf("after the warm-up: limit %v baseline %v, want 4 and 2ms", s.Limit, s.Baseline)
+	}
+	return c
+}
+
+// acquireAsync starts an Acquire and returns where its outcome will arrive.
+func acquireAsync(ctx context.Context, c *Controller, f Flow) chan result {
+	ch := make(chan result, 1)
+	go func() {
+		p, err := c.Acquire(ctx, f)
+		ch <- result{p, err}
+	}()
+	return ch
+}
+
+type result struct {
+	p   Permit
+	err error
+}
+
+func shedCause(err error) (ShedCause, bool) {
+	var se *ShedError
+	if errors.As(err, &se) {
+		return se.Cause, true
+	}
+	return 0, false
+}
+
+func TestFairShareOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithMaxWait(time.Second))
+		heavy, light := Flow{Key: "heavy"}, Flow{Key: "light"}
+		var held []Permit
+		for range 4 {
+			p, err := c.Acquire(t.Context(), heavy)
+			if err != nil {
+				t.Fatalf("Acquire with free slots: %v", err)
+			}
+			held = append(held, p)
+		}
+		var queued []chan result
+		for range 4 {
+			queued = append(queued, acquireAsync(t.Context(), c, heavy))
+			synctest.Wait()
+		}
+		if s := c.Snapshot(); s.Inflight != 4 || s.Queued != 4 {
+			t.Fatalf("in flight %d, queued %d, want 4 and 4", s.Inflight, s.Queued)
+		}
+		if !c.Overloaded(heavy) || c.Overloaded(light) {
+			t.Errorf("Overloaded(heavy, light) = %v, %v, want true, false", c.Overloaded(heavy), c.Overloaded(light))
+		}
+
+		// The light flow, under its share, displaces heavy's newest waiter.
+		lightCh := acquireAsync(t.Context(), c, light)
+		synctest.Wait()
+		r := <-queued[3]
+		if cause, ok := shedCause(r.err); !ok || cause != ShedDisplaced {
+			t.Fatalf("heavy's newest waiter got %v, want displaced", r.err)
+		}
+		// More of heavy's calls are shed at once: heavy is the one over
+		// its share.
+		if _, err := c.Acquire(t.Context(), heavy); !errors.Is(err, ErrShed) {
+			t.Fatalf("heavy over its share: %v, want shed", err)
+		} else if cause, _ := shedCause(err); cause != ShedQueueFull {
+			t.Fatalf("cause %v, want queue_full", cause)
+		}
+
+		// A freed slot goes to light, though heavy's calls waited longer.
+		time.Sleep(2 * ms)
+		held[0].Done()
+		synctest.Wait()
+		select {
+		case r := <-lightCh:
+			if r.err != nil {
+				t.Fatalf("light: %v", r.err)
+			}
+			r.p.Done()
+		default:
+			t.Fatal("the freed slot did not go to the light flow")
+		}
+		// Then heavy's waiters, oldest first.
+		held[1].Done()
+		synctest.Wait()
+		select {
+		case r := <-queued[0]:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.p.Done()
+		default:
+			t.Fatal("heavy's oldest waiter was not admitted next")
+		}
+		for _, p := range held[2:] {
+			p.Done()
+		}
+		for _, ch := range queued[1:3] {
+			if r := <-ch; r.err != nil {
+				t.Fatal(r.err)
+			} else {
+				r.p.Done()
+			}
+		}
+		s := c.Snapshot()
+		if s.Inflight != 0 || s.Queued != 0 || len(c.flows) != 0 {
+			t.Fatalf("after every call ended: %d in flight, %d queued, %d flows kept", s.Inflight, s.Queued, len(c.flows))
+		}
+		if s.Shed[ShedDisplaced] != 1 || s.Shed[ShedQueueFull] != 1 {
+			t.Errorf("Shed = %v, want one displaced and one queue_full", s.Shed)
+		}
+	})
+}
+
+func TestWeights(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithMaxWait(time.Second))
+		big, small := Flow{Key: "big", Weight: 3}, Flow{Key: "small"}
+		// big holds 3 slots, small 1: both at 1 per unit of weight.
+		var held []Permit
+		for _, f := range []Flow{big, big, big, small} {
+			p, err := c.Acquire(t.Context(), f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, p)
+		}
+		bigCh := acquireAsync(t.Context(), c, big)
+		synctest.Wait()
+		smallCh := acquireAsync(t.Context(), c, small)
+		synctest.Wait()
+		// big has 3/3 = 1 in flight per weight, small 1/1: a tie, so the
+		// older waiter (big) gets the slot.
+		held[0].Done()
+		synctest.Wait()
+		select {
+		case r := <-bigCh:
+			r.p.Done()
+		default:
+			t.Fatal("the weighted tie did not go to the older waiter")
+		}
+		synctest.Wait()
+		r := <-smallCh // the slot big's call freed
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		r.p.Done()
+		for _, p := range held[1:] {
+			p.Done()
+		}
+	})
+}
+
+func TestPriorities(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithMaxWait(time.Second))
+		def, batch, crit := Flow{Key: "a"}, Flow{Key: "b", Priority: Sheddable}, Flow{Key: "c", Priority: Critical}
+		var held []Permit
+		for range 4 {
+			p, _ := c.Acquire(t.Context(), def)
+			held = append(held, p)
+		}
+		var waiting []chan result
+		for range 4 {
+			waiting = append(waiting, acquireAsync(t.Context(), c, def))
+			synctest.Wait()
+		}
+		// A sheddable call finds the queue full of default ones: shed.
+		if _, err := c.Acquire(t.Context(), batch); !errors.Is(err, ErrShed) {
+			t.Fatalf("sheddable call into a full queue: %v, want shed", err)
+		}
+		// A critical one displaces a default waiter even of a lighter flow.
+		critCh := acquireAsync(t.Context(), c, crit)
+		synctest.Wait()
+		if r := <-waiting[3]; !errors.Is(r.err, ErrShed) {
+			t.Fatalf("default waiter: %v, want displaced", r.err)
+		}
+		held[0].Done()
+		synctest.Wait()
+		select {
+		case r := <-critCh:
+			r.p.Done()
+		default:
+			t.Fatal("the critical call was not admitted first")
+		}
+		for _, p := range held[1:] {
+			p.Done()
+		}
+		for _, ch := range waiting[:3] {
+			r := <-ch
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.p.Done()
+		}
+	})
+}
+
+func TestTimeoutDeadlineAndCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithMaxWait(10*ms))
+		f := Flow{Key: "f"}
+		var held []Permit
+		for range 4 {
+			p, _ := c.Acquire(t.Context(), f)
+			held = append(held, p)
+		}
+		start := time.Now()
+		_, err := c.Acquire(t.Context(), f)
+		if cause, ok := shedCause(err); !ok || cause != ShedTimeout {
+			t.Fatalf("a call that found no slot: %v, want wait_timeout", err)
+		}
+		if waited := time.Since(start); waited != 10*ms {
+			t.Errorf("waited %v, want the 10ms maximum", waited)
+		}
+
+		// A deadline closer than the baseline (2ms): shed at once.
+		ctx, cancel := context.WithTimeout(t.Context(), ms)
+		_, err = c.Acquire(ctx, f)
+		cancel()
+		if cause, ok := shedCause(err); !ok || cause != ShedDeadline {
+			t.Fatalf("a call without time to run: %v, want deadline", err)
+		}
+		// A deadline sooner than the longest wait bounds the wait, less
+		// the baseline the call needs to run.
+		ctx, cancel = context.WithTimeout(t.Context(), 6*ms)
+		start = time.Now()
+		_, err = c.Acquire(ctx, f)
+		cancel()
+		if cause, _ := shedCause(err); cause != ShedTimeout || time.Since(start) != 4*ms {
+			t.Fatalf("Acquire with 6ms left = %v after %v, want wait_timeout after 4ms", err, time.Since(start))
+		}
+
+		// A caller that gives up gets its context's error, not a shed.
+		ctx, cancel = context.WithCancel(t.Context())
+		ch := acquireAsync(ctx, c, f)
+		synctest.Wait()
+		cancel()
+		if r := <-ch; !errors.Is(r.err, context.Canceled) || errors.Is(r.err, ErrShed) {
+			t.Fatalf("canceled wait: %v, want context.Canceled", r.err)
+		}
+		s := c.Snapshot()
+		if s.Queued != 0 || s.Shed[ShedTimeout] != 2 || s.Shed[ShedDeadline] != 1 {
+			t.Errorf("snapshot %+v, want nothing queued, 2 timeouts and 1 deadline", s)
+		}
+		for _, p := range held {
+			p.Done()
+		}
+	})
+}
+
+func TestStateChangesAreLoggedWithTheirSignals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		var mu sync.Mutex
+		logger := slog.New(slog.NewTextHandler(lockedWriter{&buf, &mu}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		var changes []State
+		c := newTest(t, WithMaxWait(ms), WithLogger(logger), WithOnChange(func(s Snapshot) {
+			changes = append(changes, s.State)
+		}))
+		f := Flow{Key: "f"}
+		var held []Permit
+		for range 4 {
+			p, _ := c.Acquire(t.Context(), f)
+			held = append(held, p)
+		}
+		if _, err := c.Acquire(t.Context(), f); !errors.Is(err, ErrShed) {
+			t.Fatalf("Acquire = %v, want shed", err)
+		}
+		if !c.Shedding() {
+			t.Fatal("not Shedding after a shed call")
+		}
+		// A step with nothing shed since the last one: Open again.
+		time.Sleep(2 * ms)
+		held[0].Done()
+		time.Sleep(2 * ms)
+		held[1].Done()
+		if c.Shedding() {
+			t.Fatal("still Shedding after a clean interval")
+		}
+		for _, p := range held[2:] {
+			p.Done()
+		}
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		for _, want := range []string{
+			"level=WARN msg=\"overload: shedding", "level=INFO msg=\"overload: open",
+			"decided_by=", "limit=", "inflight=4", "queued=", "rtt=", "baseline=2ms", "queue_delay=",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("log lacks %q:\n%s", want, out)
+			}
+		}
+		if !slices.Contains(changes, Shedding) || !slices.Contains(changes, Open) {
+			t.Errorf("OnChange saw %v, want Shedding and Open", changes)
+		}
+	})
+}
+
+type lockedWriter struct {
+	b  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func TestNewRejectsInvalidOptions(t *testing.T) {
+	for _, o := range []Option{WithMaxWait(-1), WithRetryAfter(-1), WithClock(nil), WithLaw(Law{Tolerance: 1})} {
+		if _, err := New(o); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New = %v, want ErrInvalidConfig", err)
+		}
+	}
+}
+
+// simulate serves Poisson calls from the flows on one simulated CPU that
+// runs one call at a time for cost, for dur, with deadline on every call,
+// and returns the calls completed within slo per flow, the calls sent per
+// flow, and the admitted calls' latencies.
+func simulate(t *testing.T, c *Controller, rates map[string]float64, cost, deadline, slo, dur time.Duration) (ok, sent map[string]int, lat []time.Duration) {
+	t.Helper()
+	cpu := make(chan struct{}, 1)
+	var mu sync.Mutex
+	ok, sent = map[string]int{}, map[string]int{}
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(1, 2))
+	start := time.Now()
+	names := slices.Sorted(maps.Keys(rates))
+	for _, name := range names {
+		rate := rates[name]
+		wg.Add(1)
+		seed := rng.Uint64()
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, 7))
+			for time.Since(start) < dur {
+				time.Sleep(time.Duration(r.ExpFloat64() / rate * float64(time.Second)))
+				mu.Lock()
+				sent[name]++
+				mu.Unlock()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					begin := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					defer cancel()
+					p, err := c.Acquire(ctx, Flow{Key: name})
+					if err != nil {
+						return
+					}
+					defer p.Done()
+					// The handler: wait for the CPU, then burn cost on it.
+					select {
+					case cpu <- struct{}{}:
+					case <-ctx.Done():
+						return
+					}
+					time.Sleep(cost)
+					<-cpu
+					d := time.Since(begin)
+					mu.Lock()
+					lat = append(lat, d)
+					if d <= slo {
+						ok[name]++
+					}
+					mu.Unlock()
+				}()
+			}
+		}()
+	}
+	wg.Wait()
+	return ok, sent, lat
+}
+
+// Under three times the load one CPU can serve, one flow sending most of
+// it, the controller keeps the CPU busy with calls that meet their SLO, and
+// the quiet flows keep all of theirs.
+func TestSimulatedOverload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		const cost = 3 * ms // capacity 333/s
+		rates := map[string]float64{"noisy": 900}
+		for _, q := range []string{"q1", "q2", "q3", "q4", "q5"} {
+			rates[q] = 20
+		}
+		dur := 10 * time.Second
+		ok, sent, lat := simulate(t, c, rates, cost, 500*ms, 100*ms, dur)
+		total := 0
+		for _, n := range ok {
+			total += n
+		}
+		capacity := int(dur / cost)
+		if total < capacity*90/100 {
+			t.Errorf("goodput %d of a capacity of %d calls (%.0f%%), want ≥ 90%%", total, capacity, 100*float64(total)/float64(capacity))
+		}
+		for name, n := range sent {
+			if name != "noisy" && ok[name] < n*99/100 {
+				t.Errorf("quiet flow %s: %d of %d calls within the SLO, want ≥ 99%%", name, ok[name], n)
+			}
+		}
+		slices.Sort(lat)
+		if p99 := lat[len(lat)*99/100]; p99 > 100*ms {
+			t.Errorf("admitted p99 %v, want within the 100ms SLO", p99)
+		}
+		s := c.Snapshot()
+		t.Logf("goodput %d/%d, limit %.1f, baseline %v, rtt %v, shed %v", total, capacity, s.Limit, s.Baseline, s.RTT, s.Shed)
+	})
+}
+
+// At half the load one CPU can serve, nothing is shed.
+func TestSimulatedHalfLoadShedsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rates := map[string]float64{"a": 80, "b": 40, "c": 40}
+		_, _, _ = simulate(t, c, rates, 3*ms, 500*ms, 100*ms, 10*time.Second)
+		if s := c.Snapshot(); s.ShedTotal() != 0 {
+			t.Errorf("shed %v at half load, want none", s.Shed)
+		}
+	})
+}

@@ -1,0 +1,269 @@
+package overload
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+
+const ms = time.Millisecond
+
+// probed returns a Control after the start-up probe measured baseline.
+func probed(t *testing.T, l Law, baseline time.Duration) (Control, time.Time) {
+	t.Helper()
+	c := l.Step(Control{}, Sample{}, t0)
+	if !c.Probing || c.Limit != ProbeLimit(DefaultInitialLimit) {
+		t.Fatalf("first Step = %+v, want a probe at limit %v", c, ProbeLimit(DefaultInitialLimit))
+	}
+	now := t0.Add(200 * ms)
+	c = l.Step(c, Sample{N: 20, RTT: baseline, ProbeN: 20, ProbeRTT: baseline}, now)
+	if c.Probing || c.Baseline != baseline || c.Limit != DefaultInitialLimit {
+		t.Fatalf("after the probe: %+v, want baseline %v and limit %d restored", c, baseline, DefaultInitialLimit)
+	}
+	return c, now
+}
+
+func TestLawProbeNeedsSamples(t *testing.T) {
+	var l Law
+	c := l.Step(Control{}, Sample{}, t0)
+	c = l.Step(c, Sample{N: 5, ProbeN: 5, ProbeRTT: 3 * ms}, t0.Add(100*ms))
+	if !c.Probing {
+		t.Fatalf("probe ended after 5 of %d samples", DefaultProbeSamples)
+	}
+	// Ten intervals end it with what it has.
+	c = l.Step(c, Sample{N: 5, ProbeN: 5, ProbeRTT: 3 * ms}, t0.Add(time.Second))
+	if c.Probing || c.Baseline != 3*ms {
+		t.Fatalf("after 1 s: %+v, want the probe ended with baseline 3ms", c)
+	}
+}
+
+func TestLawIdleStartProbesAgain(t *testing.T) {
+	var l Law
+	c := l.Step(Control{}, Sample{}, t0)
+	c = l.Step(c, Sample{}, t0.Add(time.Second))
+	if c.Probing || c.Baseline != 0 {
+		t.Fatalf("idle probe: %+v", c)
+	}
+	c = l.Step(c, Sample{N: 1, RTT: ms, Binding: true}, t0.Add(1100*ms))
+	if !c.Probing {
+		t.Fatalf("without a baseline the next step must probe again: %+v", c)
+	}
+}
+
+func TestLawCutsQueueingAndGrowsWhenFast(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	// 16 calls in flight on one CPU: each waits behind the others.
+	now = now.Add(100 * ms)
+	c = l.Step(c, Sample{N: 30, RTT: 48 * ms, Binding: true}, now)
+	want := 16*0.5 + 4.0
+	if c.Limit != want || c.Cause != CauseLatency {
+		t.Fatalf("Limit = %v (%v), want %v by latency", c.Limit, c.Cause, want)
+	}
+	// Within tolerance: grows by √limit.
+	now = now.Add(100 * ms)
+	c = l.Step(c, Sample{N: 30, RTT: 5 * ms, Binding: true}, now)
+	if want := 12 + math.Sqrt(12); math.Abs(c.Limit-want) > 1e-9 {
+		t.Fatalf("Limit = %v, want %v", c.Limit, want)
+	}
+}
+
+func TestLawHoldsWhenNotBinding(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	before := c
+	c = l.Step(c, Sample{N: 30, RTT: 90 * ms}, now.Add(100*ms))
+	if c.Limit != before.Limit {
+		t.Fatalf("an interval where the limit did not bind changed it: %v → %v", before.Limit, c.Limit)
+	}
+}
+
+// The plant: one CPU serving calls in turn, each taking cost. With limit L
+// calls in flight, the mean call waits behind about L−1 others.
+func plantRTT(limit float64, cost time.Duration) time.Duration {
+	return time.Duration(max(1, limit) * float64(cost))
+}
+
+func TestLawConvergesAboveTheKnee(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	for range 100 {
+		now = now.Add(100 * ms)
+		c = l.Step(c, Sample{N: 30, RTT: plantRTT(c.Limit, 3*ms), Binding: true}, now)
+	}
+	// limit = 2 + √limit at the fixed point: 4. Enough to keep one CPU
+	// busy, not so much that calls wait long.
+	if c.Limit < 3 || c.Limit > 5 {
+		t.Fatalf("Limit = %v after 10 s of overload, want about 4", c.Limit)
+	}
+}
+
+// ioPlant is a server whose calls take base each up to knee calls in flight
+// and queue beyond it, all slow times slower.
+func ioPlant(limit float64, base time.Duration, knee, slow float64) time.Duration {
+	return time.Duration(slow * float64(base) * max(1, limit/knee))
+}
+
+// Calls become four times slower whatever the limit (a slow dependency, a
+// neighbour taking the CPU): the law may cut while cutting brings the
+// latency down, then must re-measure its baseline rather than ratchet the
+// server down to its floor, and come back.
+func TestLawSlowCallsDoNotRatchet(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 10*ms)
+	step := func(slow float64) {
+		now = now.Add(100 * ms)
+		rtt := ioPlant(c.Limit, 10*ms, 50, slow)
+		s := Sample{N: 30, RTT: rtt, Binding: true}
+		if c.Probing {
+			s.ProbeN, s.ProbeRTT = 20, ioPlant(c.Limit, 10*ms, 50, slow)
+		}
+		c = l.Step(c, s, now)
+	}
+	for range 50 {
+		step(1)
+	}
+	settled := c.Limit
+	if settled < 50 {
+		t.Fatalf("settled at %v, below the knee of 50", settled)
+	}
+	lowest, stale := c.Limit, false
+	for range 100 {
+		step(4)
+		if c.Cause == CauseStale {
+			stale = true
+		}
+		if !c.Probing {
+			lowest = min(lowest, c.Limit)
+		}
+	}
+	if !stale {
+		t.Error("the baseline was never re-measured for a cut that did not help")
+	}
+	if c.Baseline != 40*ms {
+		t.Errorf("Baseline = %v, want 40ms re-measured", c.Baseline)
+	}
+	if lowest < 20 {
+		t.Errorf("the limit fell to %v: cuts went on after they stopped helping", lowest)
+	}
+	if c.Limit < 0.9*settled {
+		t.Errorf("Limit = %v 10 s later, want back near %v", c.Limit, settled)
+	}
+}
+
+// On one CPU the law's fixed point is about 4 calls in flight; a neighbour
+// that doubles every call's cost does not move it below that.
+func TestLawNoisyNeighbourOnOneCPU(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	for range 400 {
+		now = now.Add(100 * ms)
+		cost := 3 * ms
+		if now.Sub(t0) > 5*time.Second {
+			cost = 6 * ms
+		}
+		s := Sample{N: 30, RTT: plantRTT(c.Limit, cost), Binding: true}
+		if c.Probing {
+			s.ProbeN, s.ProbeRTT = 20, plantRTT(c.Limit, cost)
+		}
+		c = l.Step(c, s, now)
+		if !c.Probing && c.Limit < 3 {
+			t.Fatalf("Limit = %v at %v", c.Limit, now.Sub(t0))
+		}
+	}
+	if c.Baseline != 6*ms {
+		t.Errorf("Baseline = %v after 40 s, want the periodic probe's 6ms", c.Baseline)
+	}
+}
+
+func TestLawObjective(t *testing.T) {
+	l := Law{Objective: 20 * ms}
+	c, now := probed(t, l, 15*ms)
+	c = l.Step(c, Sample{N: 30, RTT: 29 * ms, Binding: true}, now.Add(100*ms))
+	// Tolerance alone (2 × 15 ms) would grow it; the objective cuts.
+	if c.Cause != CauseObjective || c.Limit >= DefaultInitialLimit {
+		t.Fatalf("Step over the objective = %+v, want a cut by objective", c)
+	}
+}
+
+func TestLawGuardCPU(t *testing.T) {
+	l := Law{GuardCPU: 0.95}
+	c, now := probed(t, l, 3*ms)
+	c = l.Step(c, Sample{N: 30, RTT: 3 * ms, Binding: true, CPU: 0.99}, now.Add(100*ms))
+	if c.Cause != CauseCPU || c.Limit != DefaultInitialLimit/2 {
+		t.Fatalf("Step = %+v, want halved by cpu", c)
+	}
+	c = l.Step(c, Sample{N: 30, RTT: 3 * ms, CPU: 0.99}, now.Add(200*ms))
+	if c.Limit != DefaultInitialLimit/2 {
+		t.Fatalf("an idle server was cut for its CPU: %+v", c)
+	}
+}
+
+func TestLawPeriodicProbe(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	next := c.NextProbe
+	if d := next.Sub(now); d < 27*time.Second || d > 33*time.Second {
+		t.Fatalf("next probe in %v, want 30 s ± 10%%", d)
+	}
+	c = l.Step(c, Sample{N: 30, RTT: 3 * ms}, next)
+	if !c.Probing || c.Saved != DefaultInitialLimit {
+		t.Fatalf("at NextProbe: %+v, want a probe saving the limit", c)
+	}
+}
+
+func TestLawDue(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	for _, tc := range []struct {
+		after time.Duration
+		n     int
+		want  bool
+	}{
+		{50 * ms, 100, false},
+		{100 * ms, 7, false},
+		{100 * ms, 8, true},
+		{999 * ms, 1, false},
+		{time.Second, 0, true},
+	} {
+		if got := l.Due(c, tc.n, now.Add(tc.after)); got != tc.want {
+			t.Errorf("Due(%v later, n=%d) = %v, want %v", tc.after, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestLawValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    Law
+	}{
+		{"MinLimit", Law{MinLimit: -1}},
+		{"MaxLimit", Law{MinLimit: 10, MaxLimit: 5, InitialLimit: 7}},
+		{"InitialLimit", Law{InitialLimit: 2000}},
+		{"Tolerance", Law{Tolerance: 0.9}},
+		{"Tolerance", Law{Tolerance: math.Inf(1)}},
+		{"Objective", Law{Objective: -1}},
+		{"Interval", Law{Interval: time.Microsecond}},
+		{"MinSamples", Law{MinSamples: -3}},
+		{"ProbeEvery", Law{ProbeEvery: ms}},
+		{"ProbeSamples", Law{ProbeSamples: -1}},
+		{"GuardCPU", Law{GuardCPU: 1.5}},
+		{"GuardCPU", Law{GuardCPU: math.NaN()}},
+	} {
+		err := tc.l.Validate()
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", tc.l, err)
+			continue
+		}
+		if want := "Law." + tc.name; !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error %q does not name %s", err, want)
+		}
+	}
+	if err := (Law{}).Validate(); err != nil {
+		t.Errorf("zero Law: %v", err)
+	}
+}
