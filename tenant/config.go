@@ -30,7 +30,24 @@ type TierSpec struct {
 	// Methods are per-method entries keyed by pattern: "/pkg.Svc/Method",
 	// "/pkg.Svc/*" or "*".
 	Methods map[string]MethodSpec
+	// Weight is each of the tier's tenants' share of the server when the
+	// overload controller must shed, relative to other tenants': a tenant
+	// of weight 2 keeps twice the calls in flight of a tenant of weight 1
+	// before it is shed. 0 means 1.
+	Weight float64
+	// Priority ranks the tier's calls when the overload controller must
+	// shed: "sheddable" (shed first), "default" or "critical" (shed
+	// last); "" means "default".
+	Priority string
 }
+
+// Priority names, for TierSpec.Priority, TenantSpec.Priority and
+// MethodSpec.Priority.
+const (
+	PrioritySheddable = "sheddable"
+	PriorityDefault   = "default"
+	PriorityCritical  = "critical"
+)
 
 // TenantSpec is one tenant, or the anonymous policy.
 type TenantSpec struct {
@@ -46,6 +63,10 @@ type TenantSpec struct {
 	Default *LimitSpec
 	// Methods are per-method overrides keyed by pattern, as in [TierSpec].
 	Methods map[string]MethodSpec
+	// Weight and Priority override the tier's (see [TierSpec]); 0 and ""
+	// inherit them.
+	Weight   float64
+	Priority string
 }
 
 // MethodSpec is the entry for one method pattern: a limit, a cost, or both.
@@ -57,6 +78,10 @@ type MethodSpec struct {
 	// (from a less specific entry, else 1). Costs resolve independently of
 	// limits, so an entry may set only a cost and keep the inherited bucket.
 	Cost int
+	// Priority, when set, overrides the tenant's priority for the methods
+	// the pattern covers (see [TierSpec]): a batch export can be
+	// "sheddable" while the rest of a tenant's calls are not.
+	Priority string
 }
 
 // LimitSpec is a token bucket in config units: Rate tokens per Per, holding

@@ -315,10 +315,10 @@ type decoder struct {
 // The field names of each kind of mapping. Anything else is an error.
 var (
 	configFields = []string{"tiers", "tenants", "anonymous"}
-	tierFields   = []string{"default", "methods"}
-	tenantFields = []string{"tier", "keys", "default", "methods"}
+	tierFields   = []string{"default", "methods", "weight", "priority"}
+	tenantFields = []string{"tier", "keys", "default", "methods", "weight", "priority"}
 	limitFields  = []string{"rate", "burst", "per"}
-	methodFields = []string{"rate", "burst", "per", "cost"}
+	methodFields = []string{"rate", "burst", "per", "cost", "priority"}
 )
 
 func (d *decoder) config(n *yaml.Node, cfg *Config) {
@@ -355,9 +355,29 @@ func (d *decoder) tier(n *yaml.Node, path string) TierSpec {
 			t.Default = d.limit(v, path)
 		case "methods":
 			t.Methods = d.methods(v, path)
+		case "weight":
+			t.Weight = d.weight(v, path)
+		case "priority":
+			t.Priority, _ = d.str(v, path)
 		}
 	})
 	return t
+}
+
+// weight accepts a number; a value of another type is reported and read as
+// 0 (inherit), so that validation does not report it again.
+func (d *decoder) weight(n *yaml.Node, path string) float64 {
+	if n.Kind == yaml.ScalarNode && (n.ShortTag() == "!!int" || n.ShortTag() == "!!float") {
+		var f float64
+		if err := n.Decode(&f); err == nil {
+			return f
+		}
+	}
+	if !d.alias(n, path) {
+		d.p.broken[path] = true
+		d.p.add(path, "must be a number")
+	}
+	return 0
 }
 
 func (d *decoder) tenant(n *yaml.Node, path string) TenantSpec {
@@ -372,6 +392,10 @@ func (d *decoder) tenant(n *yaml.Node, path string) TenantSpec {
 			t.Default = d.limit(v, path)
 		case "methods":
 			t.Methods = d.methods(v, path)
+		case "weight":
+			t.Weight = d.weight(v, path)
+		case "priority":
+			t.Priority, _ = d.str(v, path)
 		}
 	})
 	return t
@@ -424,6 +448,10 @@ func (d *decoder) method(n *yaml.Node, path string) MethodSpec {
 	}
 	hasLimit := false
 	d.fields(n, path, methodFields, func(name, path string, v *yaml.Node) {
+		if name == "priority" {
+			ms.Priority, _ = d.str(v, path)
+			return
+		}
 		if name == "cost" {
 			c, ok := d.int(v, path)
 			switch {

@@ -27,10 +27,37 @@ type Table struct {
 // the rule for each method. A Tenant belongs to one [Table] and is
 // immutable.
 type Tenant struct {
-	id    string
-	tier  string
-	anon  bool
-	rules *ruleSet
+	id     string
+	tier   string
+	anon   bool
+	rules  *ruleSet
+	weight float64
+	prio   string
+}
+
+// Weight returns the tenant's weight for fair shedding (its own, else its
+// tier's, else 1): see [TierSpec.Weight].
+func (t *Tenant) Weight() float64 { return t.weight }
+
+// Priority returns the tenant's priority name for shedding (its own, else
+// its tier's): "sheddable", "default" or "critical", or "" for the
+// default. A method's [Rule.Priority] overrides it.
+func (t *Tenant) Priority() string { return t.prio }
+
+// share resolves a tenant's weight and priority from its spec and its tier.
+func share(cfg *Config, spec TenantSpec) (float64, string) {
+	tier := cfg.Tiers[spec.Tier]
+	w, prio := spec.Weight, spec.Priority
+	if w == 0 {
+		w = tier.Weight
+	}
+	if w == 0 {
+		w = 1
+	}
+	if prio == "" {
+		prio = tier.Priority
+	}
+	return w, prio
 }
 
 // ID returns the tenant's ID, or "" for the anonymous policy.
@@ -84,6 +111,9 @@ type Rule struct {
 	// Pattern is the method pattern that supplied the limit ("/pkg.Svc/M",
 	// "/pkg.Svc/*" or "*"), or "default".
 	Pattern string
+	// Priority is the priority the most specific method entry that sets
+	// one gives these calls, or "" to use the tenant's (Tenant.Priority).
+	Priority string
 }
 
 // ruleSet is the resolved rules of one tenant. Tenants without overrides
@@ -228,6 +258,7 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 			rs = resolve(p, cfg, path, spec)
 		}
 		tn := &Tenant{id: id, tier: spec.Tier, rules: rs}
+		tn.weight, tn.prio = share(cfg, spec)
 		for _, k := range spec.Keys {
 			if d, ok := parseDigest(k); ok { // always, after validation
 				t.byDigest[d] = tn
@@ -238,8 +269,9 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 	}
 	if a := cfg.Anonymous; a != nil {
 		t.anon = &Tenant{tier: a.Tier, anon: true, rules: resolve(p, cfg, "anonymous", *a)}
+		t.anon.weight, t.anon.prio = share(cfg, *a)
 	} else {
-		t.anon = &Tenant{anon: true, rules: &ruleSet{fallback: Rule{Cost: 1, ID: ruleID(defaultPattern), Pattern: defaultPattern}}}
+		t.anon = &Tenant{anon: true, weight: 1, rules: &ruleSet{fallback: Rule{Cost: 1, ID: ruleID(defaultPattern), Pattern: defaultPattern}}}
 	}
 	if err := p.err(); err != nil {
 		return nil, err
@@ -364,6 +396,7 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 		pattern, limPath string
 		cost             int
 		costPath         string
+		prio             string
 	)
 	for _, l := range levels {
 		mpath := fieldPath(l.path, "methods")
@@ -378,6 +411,9 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 			if cost == 0 && m.Cost > 0 {
 				cost, costPath = m.Cost, fieldPath(quotedPath(mpath, c), "cost")
 			}
+			if prio == "" {
+				prio = m.Priority
+			}
 		}
 		if lim == nil && l.def != nil {
 			lim, pattern, limPath = l.def, defaultPattern, fieldPath(l.path, "default")
@@ -386,7 +422,7 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 	if cost == 0 {
 		cost = 1
 	}
-	r := Rule{Cost: cost, ID: ruleID(pattern), Pattern: pattern}
+	r := Rule{Cost: cost, ID: ruleID(pattern), Pattern: pattern, Priority: prio}
 	if lim == nil {
 		// Unreachable after validation; a zero limit fails closed.
 		return r

@@ -388,3 +388,62 @@ func TestRateUnderflow(t *testing.T) {
 		t.Errorf("Compile = %v, want an error saying the rate is too small", err)
 	}
 }
+
+func TestWeightsAndPriorities(t *testing.T) {
+	table, err := tenant.Parse("share.yaml", []byte(`
+tiers:
+  free:
+    default: {rate: 10, burst: 10}
+  batch:
+    default: {rate: 10, burst: 10}
+    weight: 0.5
+    priority: sheddable
+  gold:
+    default: {rate: 10, burst: 10}
+    weight: 4
+    priority: critical
+    methods:
+      "/x.Y/Export": {priority: sheddable}
+tenants:
+  a: {tier: free}
+  b: {tier: batch}
+  c: {tier: gold}
+  d: {tier: gold, weight: 2, priority: default}
+anonymous:
+  default: {rate: 1, burst: 1}
+  weight: 0.25
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		id, method string
+		weight     float64
+		tenantPrio string
+		rulePrio   string
+	}{
+		{"a", "/x.Y/Get", 1, "", ""},
+		{"b", "/x.Y/Get", 0.5, tenant.PrioritySheddable, ""},
+		{"c", "/x.Y/Get", 4, tenant.PriorityCritical, ""},
+		{"c", "/x.Y/Export", 4, tenant.PriorityCritical, tenant.PrioritySheddable},
+		{"d", "/x.Y/Get", 2, tenant.PriorityDefault, ""},
+		{"d", "/x.Y/Export", 2, tenant.PriorityDefault, tenant.PrioritySheddable},
+	} {
+		ten, ok := table.TenantByID(tc.id)
+		if !ok {
+			t.Fatalf("no tenant %s", tc.id)
+		}
+		if got := ten.Weight(); got != tc.weight {
+			t.Errorf("%s.Weight() = %v, want %v", tc.id, got, tc.weight)
+		}
+		if got := ten.Priority(); got != tc.tenantPrio {
+			t.Errorf("%s.Priority() = %q, want %q", tc.id, got, tc.tenantPrio)
+		}
+		if got := ten.Rule(tc.method).Priority; got != tc.rulePrio {
+			t.Errorf("%s.Rule(%s).Priority = %q, want %q", tc.id, tc.method, got, tc.rulePrio)
+		}
+	}
+	if got := table.Anonymous().Weight(); got != 0.25 {
+		t.Errorf("Anonymous().Weight() = %v, want 0.25", got)
+	}
+}

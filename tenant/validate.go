@@ -19,6 +19,7 @@ func validate(cfg *Config, p *problems) {
 		tier := cfg.Tiers[name]
 		checkName(p, path, name)
 		checkLevel(p, path, tier.Default, tier.Methods)
+		checkShare(p, path, tier.Weight, tier.Priority)
 		if !hasFallback(tier.Default, tier.Methods) && !brokenLevel(p, path) {
 			p.add(path, `no default limit: set default or a methods["*"] limit`)
 		}
@@ -33,7 +34,7 @@ func validate(cfg *Config, p *problems) {
 		if len(a.Keys) > 0 {
 			p.add("anonymous.keys", "not allowed: anonymous callers have no key")
 		}
-		checkTenant(p, cfg, "anonymous", TenantSpec{Tier: a.Tier, Default: a.Default, Methods: a.Methods}, owners)
+		checkTenant(p, cfg, "anonymous", TenantSpec{Tier: a.Tier, Default: a.Default, Methods: a.Methods, Weight: a.Weight, Priority: a.Priority}, owners)
 	}
 }
 
@@ -46,6 +47,7 @@ func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map
 		p.add(path, `no tier and no default limit: set tier, default or a methods["*"] limit`)
 	}
 	checkLevel(p, path, t.Default, t.Methods)
+	checkShare(p, path, t.Weight, t.Priority)
 	for i, k := range t.Keys {
 		kp := indexPath(fieldPath(path, "keys"), i)
 		if p.broken[kp] {
@@ -62,6 +64,27 @@ func checkTenant(p *problems, cfg *Config, path string, t TenantSpec, owners map
 			continue
 		}
 		owners[d] = kp
+	}
+}
+
+// MaxWeight is the largest weight a tier or tenant may have.
+const MaxWeight = 1e6
+
+// checkShare checks a level's weight and priority.
+func checkShare(p *problems, path string, weight float64, priority string) {
+	if wp := fieldPath(path, "weight"); !p.broken[wp] && (weight < 0 || weight > MaxWeight || math.IsNaN(weight)) {
+		p.add(wp, "must be a number in (0, 1e6], or 0 to inherit")
+	}
+	checkPriority(p, fieldPath(path, "priority"), priority)
+}
+
+func checkPriority(p *problems, path, priority string) {
+	switch priority {
+	case "", PrioritySheddable, PriorityDefault, PriorityCritical:
+		return
+	}
+	if !p.broken[path] {
+		p.add(path, "unknown priority "+strconv.Quote(priority)+`: want "sheddable", "default" or "critical"`)
 	}
 }
 
@@ -88,9 +111,10 @@ func checkLevel(p *problems, path string, def *LimitSpec, methods map[string]Met
 		if !validPattern(pat) {
 			p.add(ep, `invalid method pattern: want "/package.Service/Method", "/package.Service/*" or "*"`)
 		}
-		if m.Limit == nil && m.Cost == 0 {
-			p.add(ep, "sets neither a limit nor a cost")
+		if m.Limit == nil && m.Cost == 0 && m.Priority == "" {
+			p.add(ep, "sets neither a limit, a cost nor a priority")
 		}
+		checkPriority(p, fieldPath(ep, "priority"), m.Priority)
 		if m.Cost < 0 {
 			p.add(fieldPath(ep, "cost"), "must be ≥ 1")
 		}
