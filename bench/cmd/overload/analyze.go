@@ -58,10 +58,13 @@ type Window struct {
 	LightSuccess float64 `json:"light_success"`
 	HeavySuccess float64 `json:"heavy_success"`
 	Jain         float64 `json:"jain"`
-	HealthOK     int     `json:"health_ok"`
-	HealthSent   int     `json:"health_sent"`
-	MeanScale    float64 `json:"mean_scale"`
-	ServerCPU    float64 `json:"server_cpu"` // CPUs the server used on average
+	// Rejections and Deadlines are counts of calls, not rates.
+	Rejections int     `json:"rejections"`
+	Deadlines  int     `json:"deadlines"`
+	HealthOK   int     `json:"health_ok"`
+	HealthSent int     `json:"health_sent"`
+	MeanScale  float64 `json:"mean_scale"`
+	ServerCPU  float64 `json:"server_cpu"` // CPUs the server used on average
 }
 
 // Run is one scenario against one variant, analysed.
@@ -73,6 +76,9 @@ type Run struct {
 	Gate      []GatePoint `json:"gate"`
 	Windows   []Window    `json:"windows"`
 	Reversals float64     `json:"reversals_per_min"` // scale reversals per minute
+	// Neighbour is what the scenario's CPU-burning neighbour did, if it
+	// had one.
+	Neighbour *NeighbourStat `json:"neighbour,omitempty"`
 	// ShedS and RecoverS are the step scenario's time to shed and to
 	// recover, in seconds; -1 when it did not happen within the segment.
 	ShedS    float64 `json:"shed_s,omitempty"`
@@ -130,6 +136,7 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	w.LightSuccess = ratio(lg, ls)
 	w.HeavySuccess = ratio(good[heavyTenant], sent[heavyTenant])
 	w.Jain = jain(ratios)
+	w.Rejections, w.Deadlines = nrej, ndl
 	for _, p := range raw.Probes {
 		if p.At >= from && p.At < to {
 			w.HealthSent++

@@ -55,6 +55,9 @@ type Scenario struct {
 	Name     string    `json:"name"`
 	Title    string    `json:"title"`
 	Segments []Segment `json:"segments"`
+	// Neighbour runs a CPU-burning neighbour beside the server for the
+	// whole scenario.
+	Neighbour bool `json:"neighbour,omitempty"`
 }
 
 // Duration returns the scenario's length.

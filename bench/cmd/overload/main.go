@@ -17,20 +17,25 @@
 //
 //	cd bench && go run ./cmd/overload
 //
-// It measures the capacity first, then runs every scenario against every
+// It measures the capacity first, then runs every scenario (a sweep of the
+// offered load, a step, a capacity change, a tenant burst, and an idle and
+// an overloaded server beside a CPU-burning neighbour) against every
 // variant, one fresh server process per pair (the rejection-cost scenario,
 // rejcost, only against the variants that reject: B, C, D and P1), and
 // writes the raw results as JSON (-out), BENCHMARKS.md (-md) and charts
-// (-charts). -render re-renders
-// the report and charts from saved JSON. -quick runs a tiny version.
-// -scenarios runs only some scenarios, for example
+// (-charts). -render re-renders the report and charts from saved JSON.
+// -quick runs a tiny version. -scenarios runs only some scenarios, and
+// -variants only some variants, for example
 //
 //	go run ./cmd/overload -scenarios rejcost -capacity 380 -out /tmp/x.json -md /tmp/x.md -charts /tmp/x
+//	go run ./cmd/overload -quick -capacity 330 -variants A,D,P3 -scenarios neighbour-idle,neighbour-overload
 //
-// The server is this program re-executed ("overload server ..."). Where the
-// machine allows, the load generator pins itself to CPU 1 and the server to
+// The server is this program re-executed ("overload server ..."), and so is
+// the neighbour ("overload neighbour ..."). Where the machine allows, the
+// load generator pins itself to CPU 1 and the server, and the neighbour, to
 // CPU 0 with taskset, and the server runs in its own cgroup (v1 cpu and
-// cpuacct) with a CPU quota; what applied is in the report.
+// cpuacct) with a CPU quota, the neighbour outside it; what applied is in
+// the report.
 package main
 
 import (
@@ -67,6 +72,9 @@ type Config struct {
 	// Scenarios are the scenarios run, by name; empty is all of them.
 	Scenarios []string `json:"scenarios,omitempty"`
 	Seed      uint64   `json:"seed"`
+	// NeighbourWorkers is the neighbour scenarios' number of spinning
+	// threads.
+	NeighbourWorkers int `json:"neighbour_workers,omitempty"`
 	// Capacity, when positive, skips the measurement.
 	Capacity float64 `json:"capacity_given,omitempty"`
 	// Exe is the command that starts a server: this program by default.
@@ -166,6 +174,15 @@ var unavailableVariants = map[string]struct{ What, Why string }{
 // sweepLoads are the sweep's offered loads, × capacity.
 var sweepLoads = []float64{0.5, 1, 1.5, 2, 3, 4}
 
+// Names of the scenarios that the analysis and the report single out.
+const (
+	neighbourIdle     = "neighbour-idle"
+	neighbourOverload = "neighbour-overload"
+)
+
+// quickScenarios are the scenarios a quick run runs unless told otherwise.
+var quickScenarios = []string{"sweep", "step", rejcostName}
+
 // scenarios returns the scenarios of a full or quick run.
 func scenarios(quick bool) []Scenario {
 	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
@@ -178,6 +195,19 @@ func scenarios(quick bool) []Scenario {
 			{Name: "before", Dur: sec(0.7), Load: 0.7, Measure: true},
 			{Name: "high", Dur: sec(1), Load: 3, Measure: true},
 			{Name: "after", Dur: sec(1), Load: 0.7, Measure: true},
+		}}, {Name: "capchange", Title: "Capacity change", Segments: []Segment{
+			{Name: "before", Dur: sec(1), Load: 1.2, Skip: sec(0.2), Measure: true},
+			{Name: "change", Dur: sec(1), Load: 1.2, CostX: 2, Measure: true},
+			{Name: "converged", Dur: sec(1), Load: 1.2, CostX: 2, Measure: true},
+		}}, {Name: "burst", Title: "Tenant burst", Segments: []Segment{
+			{Name: "before", Dur: sec(0.5), Load: 0.6, Measure: true},
+			{Name: "burst", Dur: sec(1.5), Load: 0.6, HeavyX: 5, Measure: true},
+			{Name: "after", Dur: sec(0.5), Load: 0.6, Measure: true},
+		}}, {Name: neighbourIdle, Title: "Neighbour, idle server", Neighbour: true, Segments: []Segment{
+			{Name: "idle", Dur: sec(2), Load: 0.5, Skip: sec(0.3), Measure: true},
+		}}, {Name: neighbourOverload, Title: "Neighbour, overload", Neighbour: true, Segments: []Segment{
+			{Name: "warm-up", Dur: sec(0.3), Load: 0.5},
+			{Name: "overload", Dur: sec(1.7), Load: 2, Skip: sec(0.5), Measure: true},
 		}}}
 	}
 	sweep := Scenario{Name: "sweep", Title: "Sweep of the offered load", Segments: []Segment{{Name: "warm-up", Dur: sec(3), Load: 0.5}}}
@@ -201,6 +231,16 @@ func scenarios(quick bool) []Scenario {
 			{Name: "burst", Dur: sec(10), Load: 0.6, HeavyX: 5, Measure: true},
 			{Name: "after", Dur: sec(5), Load: 0.6, Measure: true},
 		}},
+		// A neighbour burns CPU on the server's CPU, outside its cgroup,
+		// for the whole scenario: at half the capacity nothing should be
+		// shed; at twice it, goodput should stay near the sweep's 2×.
+		{Name: neighbourIdle, Title: "Idle server (0.5×) beside a CPU-burning neighbour", Neighbour: true, Segments: []Segment{
+			{Name: "idle", Dur: sec(16), Load: 0.5, Skip: sec(2), Measure: true},
+		}},
+		{Name: neighbourOverload, Title: "Overload (2×) beside a CPU-burning neighbour", Neighbour: true, Segments: []Segment{
+			{Name: "warm-up", Dur: sec(2), Load: 0.5},
+			{Name: "overload", Dur: sec(16), Load: 2, Skip: sec(4), Measure: true},
+		}},
 	}
 }
 
@@ -214,17 +254,39 @@ func scenarioNames(quick bool) []string {
 	return ns
 }
 
-// wants reports whether the run includes the scenario called name.
+// wants reports whether the run includes the scenario called name: those
+// asked for, else every one (a quick run: quickScenarios).
 func (cfg Config) wants(name string) bool {
-	return len(cfg.Scenarios) == 0 || slices.Contains(cfg.Scenarios, name)
+	switch {
+	case len(cfg.Scenarios) > 0:
+		return slices.Contains(cfg.Scenarios, name)
+	case cfg.Quick:
+		return slices.Contains(quickScenarios, name)
+	}
+	return true
+}
+
+// subcommand returns the hidden subcommand args name, if any: "server" (a
+// server of the experiment) or "neighbour" (a CPU-burning neighbour).
+func subcommand(args []string) (string, func([]string) error, bool) {
+	if len(args) < 2 {
+		return "", nil, false
+	}
+	switch args[1] {
+	case "server":
+		return args[1], serverMain, true
+	case "neighbour":
+		return args[1], neighbourMain, true
+	}
+	return "", nil, false
 }
 
 func loadName(l float64) string { return strconv.FormatFloat(l, 'f', -1, 64) + "×" }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "server" {
-		if err := serverMain(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "overload server:", err)
+	if sub, run, ok := subcommand(os.Args); ok {
+		if err := run(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "overload %s: %v\n", sub, err)
 			os.Exit(1)
 		}
 		return
@@ -232,7 +294,7 @@ func main() {
 	// go-zero, linked in for P2, logs its CPU statistics every minute.
 	logx.Disable()
 	cfg := Config{}
-	flag.BoolVar(&cfg.Quick, "quick", false, "run a tiny version: two variants, two short scenarios")
+	flag.BoolVar(&cfg.Quick, "quick", false, "run a tiny version: two variants, two short scenarios and rejcost unless -variants and -scenarios say otherwise")
 	flag.DurationVar(&cfg.Cost, "cost", 2*time.Millisecond, "CPU time of one Allocate")
 	flag.DurationVar(&cfg.Deadline, "deadline", 500*time.Millisecond, "deadline of every call")
 	flag.DurationVar(&cfg.SLO, "slo", 100*time.Millisecond, "latency within which an OK call counts as goodput")
@@ -241,7 +303,8 @@ func main() {
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
 	variants := flag.String("variants", "", "comma-separated variants (default: all; A,D with -quick)")
-	scens := flag.String("scenarios", "", "comma-separated scenarios: sweep, step, capchange, burst, rejcost (default: all; the capacity is measured unless -capacity is given)")
+	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
+	flag.IntVar(&cfg.NeighbourWorkers, "neighbour-workers", neighbourWorkers, "spinning threads of the neighbour scenarios' CPU-burning neighbour")
 	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
 	md := flag.String("md", "../BENCHMARKS.md", "the report; with -quick, a temporary directory unless set")
 	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts; with -quick, a temporary directory unless set")
@@ -422,26 +485,51 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 			res.Scenarios = append(res.Scenarios, sc)
 		}
 	}
+	// runOne runs scenario sc against a fresh server of variant v, with
+	// the scenario's neighbour when it has one, and stops both whatever
+	// happens.
+	runOne := func(sc Scenario, v string) (Run, error) {
+		var nb *neighbourProc
+		if sc.Neighbour {
+			var err error
+			// The neighbour is already busy when the server starts.
+			nb, err = startNeighbour(ctx, iso, cfg.Exe, max(cfg.NeighbourWorkers, 1), sc.Duration()+neighbourSlack)
+			if err != nil {
+				return Run{}, fmt.Errorf("neighbour: %w", err)
+			}
+			defer nb.stop()
+		}
+		p, err := start(v, res.Capacity)
+		if err != nil {
+			return Run{}, fmt.Errorf("server: %w", err)
+		}
+		defer p.stop()
+		if res.Server.GRPC == "" {
+			res.Server = p.ready
+		}
+		// Let the gate take its first readings of an idle server.
+		time.Sleep(300 * time.Millisecond)
+		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: res.Capacity, Deadline: cfg.Deadline, Seed: cfg.Seed})
+		if err != nil {
+			return Run{}, err
+		}
+		p.stop()
+		run := analyse(raw, sc, v, p.ready, res.Capacity, cfg.SLO)
+		if nb != nil {
+			ns := nb.stop()
+			run.Neighbour = &ns
+		}
+		return run, nil
+	}
 	for _, sc := range res.Scenarios {
 		for _, v := range cfg.Variants {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			p, err := start(v, res.Capacity)
-			if err != nil {
-				return nil, fmt.Errorf("%s server for %s: %w", v, sc.Name, err)
-			}
-			if res.Server.GRPC == "" {
-				res.Server = p.ready
-			}
-			// Let the gate take its first readings of an idle server.
-			time.Sleep(300 * time.Millisecond)
-			raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: res.Capacity, Deadline: cfg.Deadline, Seed: cfg.Seed})
-			p.stop()
+			run, err := runOne(sc, v)
 			if err != nil {
 				return nil, fmt.Errorf("%s/%s: %w", sc.Name, v, err)
 			}
-			run := analyse(raw, sc, v, p.ready, res.Capacity, cfg.SLO)
 			res.Runs = append(res.Runs, run)
 			all := run.Windows[len(run.Windows)-1]
 			cfg.Log("%s/%s: sent %.0f/s goodput %.0f/s rejected %.0f/s deadline %.0f/s p99 %.1f ms", sc.Name, v, all.Sent, all.Goodput, all.Rejected, all.Deadline, all.P99)

@@ -11,12 +11,13 @@ import (
 	"time"
 )
 
-// TestMain lets the test binary be the experiment's server: the quick run
-// below re-executes it with "server" as its first argument.
+// TestMain lets the test binary be the experiment's server and neighbour:
+// the tests re-execute it with "server" or "neighbour" as its first
+// argument.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "server" {
-		if err := serverMain(os.Args[2:]); err != nil {
-			os.Stderr.WriteString("overload server: " + err.Error() + "\n")
+	if sub, run, ok := subcommand(os.Args); ok {
+		if err := run(os.Args[2:]); err != nil {
+			os.Stderr.WriteString("overload " + sub + ": " + err.Error() + "\n")
 			os.Exit(1)
 		}
 		os.Exit(0)

@@ -71,6 +71,16 @@ func (res *Results) hasScenario(name string) bool {
 	return slices.ContainsFunc(res.Runs, func(r Run) bool { return r.Scenario == name })
 }
 
+// scenario returns the scenario called name, nil when the run has none.
+func (res *Results) scenario(name string) *Scenario {
+	for i := range res.Scenarios {
+		if res.Scenarios[i].Name == name {
+			return &res.Scenarios[i]
+		}
+	}
+	return nil
+}
+
 // peak is variant v's highest goodput over the sweep's points.
 func (res *Results) peak(v string) float64 {
 	r := res.run("sweep", v)
@@ -310,6 +320,10 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("\nSuccess: calls OK within the SLO over calls sent. Jain's index is over the ten tenants' success ratios.\n\n")
 	}
 
+	if res.hasScenario(neighbourIdle) || res.hasScenario(neighbourOverload) {
+		res.neighbourSection(b, charts, rel)
+	}
+
 	f("## Cost of a rejection\n\n")
 	res.rejCostSection(b)
 	f("### Estimates from the other scenarios\n\n")
@@ -478,6 +492,103 @@ func (res *Results) targets(b *strings.Builder) {
 	f("Where a target is missed, the discussion below says why.\n\n")
 }
 
+// neighbourSection writes the neighbour scenarios' tables.
+func (res *Results) neighbourSection(b *strings.Builder, charts map[string]string, rel func(string) string) {
+	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	vs := res.variants()
+	f("## CPU-burning neighbour\n\n")
+	var ns *NeighbourStat
+	for _, r := range res.Runs {
+		if r.Neighbour != nil {
+			ns = r.Neighbour
+			break
+		}
+	}
+	f("A separate process, this program re-executed as `overload neighbour`, spins %s goroutines, each on a thread of its own, for the whole scenario: it starts before the server and is killed when the scenario ends (it would stop by itself %v after the scenario's end, and dies with the load generator). ",
+		func() string {
+			if ns == nil {
+				return "a few"
+			}
+			return fmt.Sprint(ns.Workers)
+		}(), neighbourSlack)
+	switch {
+	case ns != nil && ns.Pinned != "":
+		f("It is pinned to the server's CPU (%s, `taskset`)", ns.Pinned)
+	default:
+		f("It is not pinned (pinning did not apply), so it competes with the server for whichever CPU it gets")
+	}
+	if ns != nil && ns.Cgroup != "" {
+		f(" and runs in the root cpu cgroup, where the host's other work runs: outside the server's cgroup, whose quota and CPU accounting do not see it. ")
+		f("The server's cgroup has cpu.shares %d against the neighbour threads' 1024 each, so when both want the CPU the server still gets most of it, up to its quota: the neighbour mostly takes what the server leaves, and delays the server's goroutines when it runs. ", cgroupShares)
+	} else {
+		f(", in no cgroup of the server's. ")
+	}
+	f("The tables give the CPU each got: the server's from its own accounting, the neighbour's as its average over its life.\n\n")
+	if res.hasScenario(neighbourIdle) {
+		sc := res.scenario(neighbourIdle)
+		f("### Idle server beside the neighbour\n\n")
+		if sc != nil && len(sc.Segments) > 0 {
+			f("%.1f× capacity for %v; the target is that nothing is shed.\n\n", sc.Segments[0].Load, sc.Duration())
+		}
+		if c, ok := charts[neighbourIdle]; ok {
+			f("![idle server beside the neighbour](%s)\n\n", rel(c))
+		}
+		f("| variant | calls rejected | deadline exceeded | goodput/s | p99, ms | server CPU | neighbour CPU | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range vs {
+			r := res.run(neighbourIdle, v)
+			if r == nil {
+				continue
+			}
+			all := r.window("all")
+			sent := 0
+			for _, s := range r.Seconds {
+				sent += s.Sent
+			}
+			f("| %s | %d of %d | %d | %.0f | %s | %s | %s | %d/%d |\n", v, all.Rejections, sent, all.Deadlines, all.Goodput, num(all.P99, 1), num(nonzero(all.ServerCPU), 2), neighbourCPU(r), all.HealthOK, all.HealthSent)
+		}
+		f("\nFigures over the whole run.\n\n")
+	}
+	if res.hasScenario(neighbourOverload) {
+		sc := res.scenario(neighbourOverload)
+		f("### Overload beside the neighbour\n\n")
+		if sc != nil && len(sc.Segments) > 1 {
+			s := sc.Segments[1]
+			f("%v at %.1f× capacity, then %v at %.0f×; figures from %v into the overload to its end, compared with the same variant's goodput at %.0f× in the sweep, without the neighbour.\n\n", sc.Segments[0].Dur, sc.Segments[0].Load, s.Dur, s.Load, s.Skip, s.Load)
+		}
+		if c, ok := charts[neighbourOverload]; ok {
+			f("![overload beside the neighbour](%s)\n\n", rel(c))
+		}
+		f("| variant | goodput/s | sweep's 2×, goodput/s | ratio | p99, ms | rejected/s | deadline exceeded/s | server CPU | neighbour CPU | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range vs {
+			r := res.run(neighbourOverload, v)
+			if r == nil {
+				continue
+			}
+			w, all := r.window("overload"), r.window("all")
+			if w == nil {
+				continue
+			}
+			ref, ratioS := "–", "–"
+			if sw := res.run("sweep", v).window(loadName(w.Load)); sw != nil {
+				ref = fmt.Sprintf("%.0f", sw.Goodput)
+				if sw.Goodput > 0 {
+					ratioS = fmt.Sprintf("%.2f", w.Goodput/sw.Goodput)
+				}
+			}
+			f("| %s | %.0f | %s | %s | %s | %.0f | %.0f | %s | %s | %d/%d |\n", v, w.Goodput, ref, ratioS, num(w.P99, 0), w.Rejected, w.Deadline, num(nonzero(w.ServerCPU), 2), neighbourCPU(r), all.HealthOK, all.HealthSent)
+		}
+		f("\n")
+	}
+}
+
+// neighbourCPU returns the CPU a run's neighbour used, for the tables.
+func neighbourCPU(r *Run) string {
+	if r.Neighbour == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.Neighbour.CPU)
+}
+
 // writeCharts draws the charts and returns their paths by name.
 func writeCharts(res *Results, dir string) (map[string]string, error) {
 	out := map[string]string{}
@@ -525,6 +636,8 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		{"step", "Step 0.7× → 3× → 0.7×"},
 		{"capchange", "Capacity change at 1.2× (cost doubles at 10 s)"},
 		{"burst", "Tenant burst (heavy tenant 5× from 5 s to 15 s)"},
+		{neighbourIdle, "Idle server (0.5×) beside a CPU-burning neighbour"},
+		{neighbourOverload, "Overload (2×) beside a CPU-burning neighbour"},
 	} {
 		if !res.hasScenario(sc.name) {
 			continue
