@@ -32,6 +32,10 @@ type GatePoint struct {
 	Scale   float64 `json:"scale"`
 	Reading float64 `json:"reading"`
 	State   string  `json:"state,omitempty"`
+	// Limit, Inflight and Queued are a concurrency limiter's (E's).
+	Limit    float64 `json:"limit,omitempty"`
+	Inflight int     `json:"inflight,omitempty"`
+	Queued   int     `json:"queued,omitempty"`
 }
 
 // Window summarises the calls that started within [From, To).
@@ -56,11 +60,21 @@ type Window struct {
 	// within the SLO; Jain is Jain's fairness index over the ten tenants'
 	// success ratios.
 	LightSuccess float64 `json:"light_success"`
+	LightP99     float64 `json:"light_p99_ms"` // the light tenants' accepted calls
 	HeavySuccess float64 `json:"heavy_success"`
 	Jain         float64 `json:"jain"`
+	// TenantSent and TenantGood are each tenant's calls sent and goodput,
+	// calls/s; FairJain is Jain's index over the tenants' shares of their
+	// max-min fair share of the capacity (see fairShares).
+	TenantSent []float64 `json:"tenant_sent,omitempty"`
+	TenantGood []float64 `json:"tenant_good,omitempty"`
+	FairJain   float64   `json:"fair_jain"`
 	// Rejections and Deadlines are counts of calls, not rates.
-	Rejections int     `json:"rejections"`
-	Deadlines  int     `json:"deadlines"`
+	Rejections int `json:"rejections"`
+	Deadlines  int `json:"deadlines"`
+	// Reversals counts the reversals of the admission control's direction
+	// within the window (see Run.Reversals).
+	Reversals  int     `json:"reversals"`
 	HealthOK   int     `json:"health_ok"`
 	HealthSent int     `json:"health_sent"`
 	MeanScale  float64 `json:"mean_scale"`
@@ -69,16 +83,24 @@ type Window struct {
 
 // Run is one scenario against one variant, analysed.
 type Run struct {
-	Scenario  string      `json:"scenario"`
-	Variant   string      `json:"variant"`
-	Ready     serverReady `json:"server"`
-	Seconds   []Second    `json:"seconds"`
-	Gate      []GatePoint `json:"gate"`
-	Windows   []Window    `json:"windows"`
-	Reversals float64     `json:"reversals_per_min"` // scale reversals per minute
+	Scenario string      `json:"scenario"`
+	Variant  string      `json:"variant"`
+	Ready    serverReady `json:"server"`
+	Seconds  []Second    `json:"seconds"`
+	Gate     []GatePoint `json:"gate"`
+	Windows  []Window    `json:"windows"`
+	// Reversals is the admission control's reversals of direction per
+	// minute over the run: of the gate's scale for C and D (every change
+	// of direction), of the concurrency limit for E (a change of direction
+	// by at least limitHysteresis of the limit; see limitReversals).
+	Reversals float64 `json:"reversals_per_min"`
 	// Neighbour is what the scenario's CPU-burning neighbour did, if it
 	// had one.
 	Neighbour *NeighbourStat `json:"neighbour,omitempty"`
+	// CapS is, in the capacity change, the time from the change to the
+	// start of the first capSustain seconds whose goodput each reached
+	// capTarget of the new capacity; -1 when that never happened.
+	CapS float64 `json:"cap_s,omitempty"`
 	// ShedS and RecoverS are the step scenario's time to shed and to
 	// recover, in seconds; -1 when it did not happen within the segment.
 	ShedS    float64 `json:"shed_s,omitempty"`
@@ -92,7 +114,7 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	if secs <= 0 {
 		return w
 	}
-	var okLat, rejLat []time.Duration
+	var okLat, rejLat, lightLat []time.Duration
 	var sent, good [numTenants]int
 	var n, nok, ngood, nrej, ndl int
 	for _, c := range raw.Calls {
@@ -105,6 +127,9 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 		case outOK:
 			nok++
 			okLat = append(okLat, c.Lat)
+			if int(c.Tenant) != heavyTenant {
+				lightLat = append(lightLat, c.Lat)
+			}
 			if c.Lat <= slo {
 				ngood++
 				good[c.Tenant]++
@@ -118,6 +143,8 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	}
 	slices.Sort(okLat)
 	slices.Sort(rejLat)
+	slices.Sort(lightLat)
+	w.LightP99 = ms(lightLat, 0.99)
 	w.Sent, w.OKRate, w.Goodput = float64(n)/secs, float64(nok)/secs, float64(ngood)/secs
 	w.Rejected, w.Deadline = float64(nrej)/secs, float64(ndl)/secs
 	w.P50, w.P99, w.P999 = ms(okLat, 0.5), ms(okLat, 0.99), ms(okLat, 0.999)
@@ -137,6 +164,11 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	w.HeavySuccess = ratio(good[heavyTenant], sent[heavyTenant])
 	w.Jain = jain(ratios)
 	w.Rejections, w.Deadlines = nrej, ndl
+	w.TenantSent, w.TenantGood = make([]float64, numTenants), make([]float64, numTenants)
+	for i := range numTenants {
+		w.TenantSent[i], w.TenantGood[i] = float64(sent[i])/secs, float64(good[i])/secs
+	}
+	w.FairJain = -1
 	for _, p := range raw.Probes {
 		if p.At >= from && p.At < to {
 			w.HealthSent++
@@ -279,9 +311,10 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 	}
 	run.Seconds = secs
 	for _, p := range raw.Polls {
-		run.Gate = append(run.Gate, GatePoint{T: p.At.Seconds(), Scale: p.Scale, Reading: p.Reading, State: p.State})
+		run.Gate = append(run.Gate, GatePoint{T: p.At.Seconds(), Scale: p.Scale, Reading: p.Reading, State: p.State,
+			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued})
 	}
-	run.Reversals = reversals(run.Gate, total)
+	run.Reversals = float64(directionReversals(variant, run.Gate, 0, total.Seconds())) / total.Minutes()
 
 	for i, s := range sc.Segments {
 		if !s.Measure {
@@ -290,7 +323,23 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 		from := sc.segmentStart(i)
 		run.Windows = append(run.Windows, raw.window(s.Name, from+s.Skip, from+s.Dur, s.Load, slo))
 	}
+	// The capacity change's settled window: from Settle after the change
+	// to the end.
+	change := slices.IndexFunc(sc.Segments, func(s Segment) bool { return s.CostX > 1 })
+	if sc.Settle > 0 && change >= 0 {
+		at := sc.segmentStart(change)
+		if at+sc.Settle < total {
+			run.Windows = append(run.Windows, raw.window(settledWindow, at+sc.Settle, total, sc.Segments[change].Load, slo))
+		}
+		newCap := capacity / sc.Segments[change].CostX
+		run.CapS = reachTime(secs[int(at/time.Second):], newCap*capTarget, capSustain)
+	}
 	run.Windows = append(run.Windows, raw.window("all", 0, total, -1, slo))
+	for i := range run.Windows {
+		w := &run.Windows[i]
+		w.Reversals = directionReversals(variant, run.Gate, w.From, w.To)
+		w.FairJain = fairJain(capacity, w.TenantSent, w.TenantGood)
+	}
 	if sc.Name == "step" && len(sc.Segments) == 3 {
 		up, down := sc.segmentStart(1), sc.segmentStart(2)
 		run.ShedS = raw.timeToShed(up, down, slo)
@@ -299,25 +348,144 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 	return run
 }
 
-// reversals counts the scale's changes of direction per minute.
-func reversals(g []GatePoint, total time.Duration) float64 {
-	n, dir := 0, 0
-	for i := 1; i < len(g); i++ {
-		d := 0
-		switch {
-		case g[i].Scale > g[i-1].Scale+1e-9:
-			d = 1
-		case g[i].Scale < g[i-1].Scale-1e-9:
-			d = -1
-		}
-		if d != 0 {
-			if dir != 0 && d != dir {
-				n++
+// settledWindow names the capacity change's window from Settle after the
+// change to the end.
+const settledWindow = "settled"
+
+// The capacity change's convergence: goodput at capTarget of the new
+// capacity for capSustain whole seconds in a row.
+const (
+	capTarget  = 0.90
+	capSustain = 3
+)
+
+// reachTime returns the offset, in seconds, of the first of n consecutive
+// seconds whose goodput each reached target; -1 when none. secs[0] starts
+// at offset 0.
+func reachTime(secs []Second, target float64, n int) float64 {
+	run := 0
+	for i, s := range secs {
+		if float64(s.Good) >= target {
+			run++
+			if run == n {
+				return float64(i - n + 1)
 			}
-			dir = d
+		} else {
+			run = 0
 		}
 	}
-	return float64(n) / total.Minutes()
+	return -1
+}
+
+// limitHysteresis is how far, as a fraction of its last peak or trough, a
+// concurrency limit must move back before its change of direction counts
+// as a reversal. A gradient limit moves by a little at every control
+// interval around its operating point; reversals are meant to count the
+// swings an operator would see on a dashboard, not that ripple.
+const limitHysteresis = 0.25
+
+// directionReversals counts the reversals of variant's admission control
+// within [from, to) seconds: of E's concurrency limit, with hysteresis
+// limitHysteresis, or of the gate's scale, every one.
+func directionReversals(variant string, g []GatePoint, from, to float64) int {
+	var xs []float64
+	hyst := 0.0
+	for _, p := range g {
+		if p.T < from || p.T >= to {
+			continue
+		}
+		if variant == "E" {
+			if p.Limit <= 0 {
+				continue
+			}
+			xs = append(xs, p.Limit)
+			hyst = limitHysteresis
+		} else {
+			xs = append(xs, p.Scale)
+		}
+	}
+	return swings(xs, hyst)
+}
+
+// swings counts the changes of direction of xs, each counted once xs has
+// moved back from its last peak (or trough) by at least hyst × that peak
+// (trough); with hyst 0, every change of direction.
+func swings(xs []float64, hyst float64) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	const eps = 1e-9
+	n, dir := 0, 0
+	lo, hi := xs[0], xs[0] // the trough and the peak of the current move
+	for _, x := range xs[1:] {
+		switch {
+		case dir >= 0 && x < hi*(1-hyst)-eps: // turning (or setting off) down
+			if dir > 0 {
+				n++
+			}
+			dir, lo = -1, x
+		case dir <= 0 && x > lo*(1+hyst)+eps: // turning (or setting off) up
+			if dir < 0 {
+				n++
+			}
+			dir, hi = 1, x
+		default:
+			lo, hi = min(lo, x), max(hi, x)
+		}
+	}
+	return n
+}
+
+// maxMinFair returns the max-min fair shares of capacity among demands:
+// every demand below the equal split of what is left gets all of it, and
+// the rest share the remainder equally.
+func maxMinFair(capacity float64, demands []float64) []float64 {
+	shares := make([]float64, len(demands))
+	idx := make([]int, 0, len(demands))
+	for i, d := range demands {
+		if d > 0 {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmpFloat(demands[a], demands[b]) })
+	left := max(capacity, 0)
+	for k, i := range idx {
+		eq := left / float64(len(idx)-k)
+		shares[i] = min(demands[i], eq)
+		left -= shares[i]
+	}
+	return shares
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// fairJain is Jain's index over the tenants' goodput as shares of their
+// max-min fair share of capacity given their demand (what they sent),
+// each capped at 1: 1 when every tenant got its fair share. Tenants that
+// sent nothing are left out; -1 when there is nothing to compute.
+func fairJain(capacity float64, sent, good []float64) float64 {
+	if len(sent) == 0 || len(sent) != len(good) || capacity <= 0 {
+		return -1
+	}
+	fair := maxMinFair(capacity, sent)
+	var xs []float64
+	for i, f := range fair {
+		if f > 0 {
+			xs = append(xs, min(good[i]/f, 1))
+		}
+	}
+	if len(xs) == 0 {
+		return -1
+	}
+	return jain(xs)
 }
 
 // bucket is how finely the step scenario's times are resolved.

@@ -58,6 +58,10 @@ type Scenario struct {
 	// Neighbour runs a CPU-burning neighbour beside the server for the
 	// whole scenario.
 	Neighbour bool `json:"neighbour,omitempty"`
+	// Settle is, in the capacity change, how long after the change its
+	// "settled" window begins: the window in which goodput must have
+	// reached the new capacity.
+	Settle time.Duration `json:"settle,omitempty"`
 }
 
 // Duration returns the scenario's length.

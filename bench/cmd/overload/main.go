@@ -195,7 +195,7 @@ func scenarios(quick bool) []Scenario {
 			{Name: "before", Dur: sec(0.7), Load: 0.7, Measure: true},
 			{Name: "high", Dur: sec(1), Load: 3, Measure: true},
 			{Name: "after", Dur: sec(1), Load: 0.7, Measure: true},
-		}}, {Name: "capchange", Title: "Capacity change", Segments: []Segment{
+		}}, {Name: "capchange", Title: "Capacity change", Settle: sec(0.5), Segments: []Segment{
 			{Name: "before", Dur: sec(1), Load: 1.2, Skip: sec(0.2), Measure: true},
 			{Name: "change", Dur: sec(1), Load: 1.2, CostX: 2, Measure: true},
 			{Name: "converged", Dur: sec(1), Load: 1.2, CostX: 2, Measure: true},
@@ -221,7 +221,7 @@ func scenarios(quick bool) []Scenario {
 			{Name: "high", Dur: sec(15), Load: 3, Measure: true},
 			{Name: "after", Dur: sec(15), Load: 0.7, Measure: true},
 		}},
-		{Name: "capchange", Title: "Capacity change at 1.2× (request cost doubles at 10 s)", Segments: []Segment{
+		{Name: "capchange", Title: "Capacity change at 1.2× (request cost doubles at 10 s)", Settle: sec(5), Segments: []Segment{
 			{Name: "before", Dur: sec(10), Load: 1.2, Skip: sec(2), Measure: true},
 			{Name: "change", Dur: sec(8), Load: 1.2, CostX: 2, Measure: true},
 			{Name: "converged", Dur: sec(12), Load: 1.2, CostX: 2, Measure: true},

@@ -131,7 +131,7 @@ func TestQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Overload experiment", "## Targets for D", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost", "a rejection costs ≤ 1% of a served request"} {
+	for _, want := range []string{"# Overload experiment", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost"} {
 		if !bytes.Contains(report, []byte(want)) {
 			t.Errorf("the report lacks %q", want)
 		}
@@ -155,7 +155,7 @@ func TestAnalysisHelpers(t *testing.T) {
 		t.Errorf("jain(one has all) = %v, want 0.25", j)
 	}
 	g := []GatePoint{{Scale: 1}, {Scale: 0.5}, {Scale: 0.5}, {Scale: 0.6}, {Scale: 0.4}, {Scale: 0.4}}
-	if r := reversals(g, time.Minute); r != 2 {
+	if r := directionReversals("D", g, 0, 1); r != 2 {
 		t.Errorf("reversals = %v, want 2", r)
 	}
 	// CPU = 2 ms per served call + 20 µs per rejection + 0.05 CPU.
@@ -172,5 +172,105 @@ func TestAnalysisHelpers(t *testing.T) {
 	}
 	if countCPUList("0-3,6") != 5 {
 		t.Error("countCPUList")
+	}
+}
+
+func TestSwings(t *testing.T) {
+	for _, c := range []struct {
+		xs   []float64
+		hyst float64
+		want int
+	}{
+		{nil, 0, 0},
+		{[]float64{3, 3, 3}, 0, 0},
+		{[]float64{1, 2, 3, 4}, 0, 0},
+		{[]float64{1, 2, 1, 2, 1}, 0, 3},
+		// A ripple of ±10% around 10 is no reversal at 25% hysteresis...
+		{[]float64{10, 11, 10, 11, 10, 9, 10, 11}, 0.25, 0},
+		// ...but counts at 0.
+		{[]float64{10, 11, 10, 11}, 0, 2},
+		// A climb from 4 to 20, a fall to 8, a climb to 16: two swings,
+		// whatever the ripple on the way.
+		{[]float64{4, 6, 5, 9, 14, 13, 20, 18, 12, 13, 8, 10, 16}, 0.25, 2},
+		// A fall first: setting off is no reversal.
+		{[]float64{20, 10, 5, 10}, 0.25, 1},
+	} {
+		if got := swings(c.xs, c.hyst); got != c.want {
+			t.Errorf("swings(%v, %v) = %d, want %d", c.xs, c.hyst, got, c.want)
+		}
+	}
+	// E counts its limit, with hysteresis; points without a limit are
+	// skipped, and the window bounds apply.
+	g := []GatePoint{{T: 0, Scale: 1, Limit: 10}, {T: 1, Scale: 1, Limit: 20}, {T: 2, Scale: 1}, {T: 3, Scale: 1, Limit: 11}, {T: 4, Scale: 1, Limit: 19}, {T: 5, Scale: 1, Limit: 5}}
+	if got := directionReversals("E", g, 0, 10); got != 3 {
+		t.Errorf("E reversals = %d, want 3", got)
+	}
+	if got := directionReversals("E", g, 0, 4); got != 1 {
+		t.Errorf("E reversals in [0, 4) = %d, want 1", got)
+	}
+	if got := directionReversals("A", g, 0, 10); got != 0 {
+		t.Errorf("A reversals = %d, want 0 (a constant scale)", got)
+	}
+}
+
+func TestMaxMinFair(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	for _, c := range []struct {
+		capacity float64
+		demands  []float64
+		want     []float64
+	}{
+		// Everyone fits: everyone gets its demand.
+		{100, []float64{10, 20, 30}, []float64{10, 20, 30}},
+		// The burst: nine light tenants well under the equal split get
+		// their demand, the heavy one the rest.
+		{100, []float64{150, 3, 3, 3, 3, 3, 3, 3, 3, 3}, []float64{73, 3, 3, 3, 3, 3, 3, 3, 3, 3}},
+		// Two over the split share what the small one leaves equally.
+		{90, []float64{100, 10, 100}, []float64{40, 10, 40}},
+		// No demand, no share.
+		{100, []float64{0, 50}, []float64{0, 50}},
+		{0, []float64{5, 5}, []float64{0, 0}},
+	} {
+		got := maxMinFair(c.capacity, c.demands)
+		for i := range got {
+			if !near(got[i], c.want[i]) {
+				t.Errorf("maxMinFair(%v, %v) = %v, want %v", c.capacity, c.demands, got, c.want)
+				break
+			}
+		}
+	}
+}
+
+func TestFairJain(t *testing.T) {
+	sent := []float64{150, 3, 3, 3, 3, 3, 3, 3, 3, 3}
+	// Everyone got its fair share, the heavy tenant more: 1, capped.
+	good := []float64{80, 3, 3, 3, 3, 3, 3, 3, 3, 3}
+	if j := fairJain(100, sent, good); math.Abs(j-1) > 1e-9 {
+		t.Errorf("fairJain(all served) = %v, want 1", j)
+	}
+	// The light tenants served in full and the heavy one not at all:
+	// shares (0, 1, ..., 1), index 9² / (10 × 9) = 0.9.
+	good[0] = 0
+	if j := fairJain(100, sent, good); math.Abs(j-0.9) > 1e-9 {
+		t.Errorf("fairJain(heavy starved) = %v, want 0.9", j)
+	}
+	// The heavy tenant at its fair share, the light ones at half of theirs:
+	// shares (1, 0.5 × 9): (1 + 4.5)² / (10 × (1 + 9 × 0.25)) = 0.9308.
+	good = []float64{73, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5}
+	if j := fairJain(100, sent, good); math.Abs(j-30.25/32.5) > 1e-9 {
+		t.Errorf("fairJain(light halved) = %v, want %v", j, 30.25/32.5)
+	}
+	if j := fairJain(100, nil, nil); j != -1 {
+		t.Errorf("fairJain(nothing) = %v, want -1", j)
+	}
+}
+
+func TestReachTime(t *testing.T) {
+	secs := []Second{{Good: 10}, {Good: 60}, {Good: 40}, {Good: 55}, {Good: 52}, {Good: 51}, {Good: 60}}
+	if got := reachTime(secs, 50, 3); got != 3 {
+		t.Errorf("reachTime = %v, want 3", got)
+	}
+	if got := reachTime(secs, 70, 1); got != -1 {
+		t.Errorf("reachTime(never) = %v, want -1", got)
 	}
 }

@@ -21,18 +21,25 @@ import (
 // the discussion of a run that the numbers alone do not give.
 const notesFile = "overload-notes.md"
 
-// Targets of variant D.
+// Targets of variant E, the new default.
 const (
-	targetGoodput   = 0.90 // of peak, at 2× and 4×
-	targetReversals = 2.0  // per minute
-	targetShed      = 2.0  // seconds
+	targetGoodput   = 0.95 // of the measured capacity, at every overloaded sweep point
+	targetReversals = 2.0  // per minute, at steady load
+	targetShed      = 1.0  // seconds
+	targetRecover   = 5.0  // seconds
 	targetLight     = 0.99 // light tenants' success in the burst
+	targetHeavy     = 0.95 // of the heavy tenant's max-min fair share in the burst
 	targetRejCost   = 0.01 // a rejection's CPU over a served request's
 )
 
-// recoveryBudget is the Adaptive gate's cooldown plus its full ramp from the
-// floor: 5 s + (1 − 0.2) / 0.05 × 500 ms = 13 s with the defaults.
-const recoveryBudget = 13.0
+// targetVariant is the variant the targets are for.
+const targetVariant = "E"
+
+// overloadLoads are the sweep's points at which goodput must hold.
+var overloadLoads = []float64{1.5, 2, 3, 4}
+
+// peers are the other libraries' variants.
+var peers = []string{"P1", "P2", "P3", "P4"}
 
 func (res *Results) run(scenario, variant string) *Run {
 	for i := range res.Runs {
@@ -81,19 +88,18 @@ func (res *Results) scenario(name string) *Scenario {
 	return nil
 }
 
-// peak is variant v's highest goodput over the sweep's points.
-func (res *Results) peak(v string) float64 {
-	r := res.run("sweep", v)
-	if r == nil {
-		return 0
+// changeAt returns the capacity change's time and cost factor, from its
+// scenario: the first segment that multiplies the cost.
+func (sc *Scenario) changeAt() (time.Duration, float64, bool) {
+	if sc == nil {
+		return 0, 0, false
 	}
-	p := 0.0
-	for _, w := range r.Windows {
-		if w.Name != "all" {
-			p = max(p, w.Goodput)
+	for i, s := range sc.Segments {
+		if s.CostX > 1 {
+			return sc.segmentStart(i), s.CostX, true
 		}
 	}
-	return p
+	return 0, 0, false
 }
 
 func num(v float64, prec int) string {
@@ -198,7 +204,8 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	for _, v := range vs {
 		f("| %s | %s |\n", v, variantNames[v])
 	}
-	f("\nB, C and D use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` as `examples/multitenant` does, with the tap handle at its default: while the gate sheds, it rejects callers still inside a retry delay before their request is read). ")
+	f("\nB, C, D and E use floodgate's middleware as a user would (`middleware.New` over a `keyed` store, a static tenant table, API keys in `x-api-key`; C and D add `middleware.WithGate` as `examples/multitenant` does, with the tap handle at its default: while the gate sheds, it rejects callers still inside a retry delay before their request is read). ")
+	f("E adds `middleware.WithOverload(ctrl)` instead, with `ctrl` from `overload.New(overload.WithGuard(gate))` and the controller's default law: a call its tenant's quota admits then takes one of the controller's slots while its handler runs, waits briefly for one, or is shed with UNAVAILABLE (the middleware's overload code) and a retry delay; while the controller's queue is full, the tap handle turns away callers over their share before their request is read. The gate (cpugate's defaults) is only the controller's guard: its CPU readings go into the controller's snapshots, its scale into nothing. ")
 	f("Quotas (calls/s): the heavy tenant %.1f × its share of capacity (%.0f/s); each light tenant %.0f × its share (%.0f/s), so that even at Fixed's factor (0.2) a light tenant's quota covers its traffic at 0.8× capacity, in the spirit of `testdata/multitenant/tenants.yaml`'s steady tenants; every bucket holds %.1f s of its rate. ",
 		heavyHeadroom, quota(heavyTenant, cap), lightHeadroom, quota(1, cap), burstSeconds)
 	f("P1's limiter is `rate.NewLimiter(capacity, capacity/10)` behind `ratelimit.UnaryServerInterceptor`; P2 is `load.NewAdaptiveShedder()` with go-zero's defaults (CPU threshold 90%%, 5 s window) wrapped as zrpc's shedding interceptor does. ")
@@ -218,6 +225,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("%s, %s, is not in this experiment: %s. ", v, u.What, u.Why)
 	}
 	f("Every variant exempts the health service (the middleware by default, the peers through go-grpc-middleware's `selector`). ")
+	f("Rejections are the calls that end RESOURCE_EXHAUSTED or UNAVAILABLE. ")
 	f("A and B run the same gate for its CPU reading only. One fresh server process per scenario and variant; the scenarios run one after another, each against every variant in turn, so that drifting background load spreads over all variants.\n\n")
 
 	res.targets(b)
@@ -272,7 +280,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		if c, ok := charts["step"]; ok {
 			f("![step timeline](%s)\n\n", rel(c))
 		}
-		f("| variant | goodput/s, whole run | at 3× | p99 at 3×, ms | deadline exceeded/s at 3× | time to shed | time to recover | scale reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		f("| variant | goodput/s, whole run | at 3× | p99 at 3×, ms | deadline exceeded/s at 3× | time to shed | time to recover | reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, v := range vs {
 			r := res.run("step", v)
 			if r == nil {
@@ -281,7 +289,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 			all, hi := r.window("all"), r.window("high")
 			f("| %s | %.0f | %.0f | %s | %.1f | %s | %s | %.1f | %d/%d |\n", v, all.Goodput, hi.Goodput, num(hi.P99, 0), hi.Deadline, secs(r.ShedS), secs(r.RecoverS), r.Reversals, all.HealthOK, all.HealthSent)
 		}
-		f("\nTime to shed: from the step up to the first second in which, in every quarter second, no call exceeded its deadline and the accepted p99 was within the SLO. Time to recover: from the step down to the first two seconds in which, in every quarter second, at least 99%% of calls succeeded within the SLO.\n\n")
+		f("\nTime to shed: from the step up to the first second in which, in every quarter second, no call exceeded its deadline and the accepted p99 was within the SLO. Time to recover: from the step down to the first two seconds in which, in every quarter second, at least 99%% of calls succeeded within the SLO. %s\n\n", reversalsDef)
 	}
 
 	if res.hasScenario("capchange") {
@@ -290,16 +298,27 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		if c, ok := charts["capchange"]; ok {
 			f("![capacity-change timeline](%s)\n\n", rel(c))
 		}
-		f("| variant | goodput/s, whole run | before (2–10 s) | change (10–18 s) | converged (18–30 s) | p99 converged, ms | deadline exceeded/s converged | scale reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		sc := res.scenario("capchange")
+		at, costX, _ := sc.changeAt()
+		newCap := res.Capacity / max(costX, 1)
+		settle := time.Duration(0)
+		if sc != nil {
+			settle = sc.Settle
+		}
+		f("| variant | goodput/s, whole run | before (2–10 s) | change (10–18 s) | converged (18–30 s) | from %v after the change, %% of the new capacity | time to %.0f%% of the new capacity | p99 converged, ms | deadline exceeded/s converged | reversals/min | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", settle, 100*capTarget)
 		for _, v := range vs {
 			r := res.run("capchange", v)
 			if r == nil {
 				continue
 			}
 			all, be, ch, co := r.window("all"), r.window("before"), r.window("change"), r.window("converged")
-			f("| %s | %.0f | %.0f | %.0f | %.0f | %s | %.1f | %.1f | %d/%d |\n", v, all.Goodput, be.Goodput, ch.Goodput, co.Goodput, num(co.P99, 0), co.Deadline, r.Reversals, all.HealthOK, all.HealthSent)
+			settled := "–"
+			if w := r.window(settledWindow); w != nil {
+				settled = fmt.Sprintf("%.0f (%.0f%%)", w.Goodput, 100*w.Goodput/newCap)
+			}
+			f("| %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %.1f | %d/%d |\n", v, all.Goodput, be.Goodput, ch.Goodput, co.Goodput, settled, secs(r.CapS), num(co.P99, 0), co.Deadline, r.Reversals, all.HealthOK, all.HealthSent)
 		}
-		f("\n")
+		f("\nThe new capacity is the measured capacity over the cost factor: %.0f calls/s. Time to %.0f%% of it: from the change (at %v) to the first of %d whole seconds in a row whose goodput each reached %.0f%% of it.\n\n", newCap, 100*capTarget, at, capSustain, 100*capTarget)
 	}
 
 	if res.hasScenario("burst") {
@@ -308,16 +327,16 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		if c, ok := charts["burst"]; ok {
 			f("![tenant-burst timeline](%s)\n\n", rel(c))
 		}
-		f("| variant | light tenants' success in the burst | heavy tenant's success | Jain's index (10 tenants) | goodput/s in the burst | p99 in the burst, ms | health probes |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		f("| variant | light tenants' success in the burst | light tenants' p99, ms | heavy tenant's success | heavy tenant's goodput/s (%% of its fair share) | Jain's index, success ratios | Jain's index, shares of fair share | goodput/s in the burst | p99 in the burst, ms | health probes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, v := range vs {
 			r := res.run("burst", v)
 			if r == nil {
 				continue
 			}
 			w, all := r.window("burst"), r.window("all")
-			f("| %s | %s | %s | %s | %.0f | %s | %d/%d |\n", v, pct(w.LightSuccess), pct(w.HeavySuccess), num(w.Jain, 3), w.Goodput, num(w.P99, 0), all.HealthOK, all.HealthSent)
+			f("| %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %d/%d |\n", v, pct(w.LightSuccess), num(w.LightP99, 0), pct(w.HeavySuccess), heavyFairShare(w, res.Capacity), num(w.Jain, 3), num(w.FairJain, 3), w.Goodput, num(w.P99, 0), all.HealthOK, all.HealthSent)
 		}
-		f("\nSuccess: calls OK within the SLO over calls sent. Jain's index is over the ten tenants' success ratios.\n\n")
+		f("\nSuccess: calls OK within the SLO over calls sent. The first Jain's index is over the ten tenants' success ratios. The second is over each tenant's goodput as a share of its max-min fair share of the measured capacity given what it sent (every tenant that asks for less than an equal split of what is left gets all it asks; the others split the rest equally), capped at 1: 1 when every tenant got at least its fair share. In the burst the light tenants' fair share is all they send and the heavy tenant's the rest of the capacity.\n\n")
 	}
 
 	if res.hasScenario(neighbourIdle) || res.hasScenario(neighbourOverload) {
@@ -354,7 +373,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 			f("| %s | – | – | – |\n", v)
 		}
 	}
-	f("\nA and P2 reject nothing, B little, so their b is absent or noise.\n\n")
+	f("\nA variant that rejects nothing or little here (A, B, and the CPU-driven peers while their reading stays low) has its b absent or noise.\n\n")
 
 	f("## Health probes, all scenarios\n\n| variant | probes OK |\n|---|---:|\n")
 	for _, v := range vs {
@@ -390,106 +409,265 @@ func (res *Results) sweepLoads() []float64 {
 	return nil
 }
 
-// targets writes variant D's targets, met or missed and by how much.
+// reversalsDef says what the reversals columns count.
+const reversalsDef = "Reversals: for C and D, changes of direction of the gate's scale, each counted; for E, changes of direction of the controller's concurrency limit, read every 250 ms, each counted once the limit has moved back from its last peak (or trough) by a quarter of it, so that the limit's ripple of a few percent at every control interval is not a reversal but a swing an operator would see on a dashboard is; none for the variants without either."
+
+// heavyFairShare returns the heavy tenant's goodput and its share of its
+// max-min fair share, for the burst table.
+func heavyFairShare(w *Window, capacity float64) string {
+	if len(w.TenantSent) != numTenants {
+		return "–"
+	}
+	fair := maxMinFair(capacity, w.TenantSent)[heavyTenant]
+	if fair <= 0 {
+		return fmt.Sprintf("%.0f", w.TenantGood[heavyTenant])
+	}
+	return fmt.Sprintf("%.0f (%.0f%%)", w.TenantGood[heavyTenant], 100*w.TenantGood[heavyTenant]/fair)
+}
+
+// steadyWindows are the windows of constant offered load and cost, by
+// scenario, over which reversals are counted against their target; nil
+// takes every measured window of the scenario.
+var steadyWindows = map[string][]string{
+	"sweep":           nil,
+	"capchange":       {"converged"},
+	neighbourIdle:     {"idle"},
+	neighbourOverload: {"overload"},
+}
+
+// targets writes the targets of the new default, E, met or missed and by
+// how much.
 func (res *Results) targets(b *strings.Builder) {
 	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	if res.run("sweep", "D") == nil {
+	const v = targetVariant
+	if !slices.ContainsFunc(res.Runs, func(r Run) bool { return r.Variant == v }) {
 		return
 	}
-	f("## Targets for D\n\n| target | measured | |\n|---|---|---|\n")
+	f("## Targets for E, the new default\n\n| target | measured | |\n|---|---|---|\n")
+	// row writes a target's row; a target missed is missed by "by" (a
+	// margin) or, when that starts with ": ", for the reason that follows.
 	row := func(target, measured string, met bool, by string) {
 		verdict := "met"
 		switch {
 		case !met && by == "":
 			verdict = "**missed**"
+		case !met && strings.HasPrefix(by, ": "):
+			verdict = "**missed**" + by
 		case !met:
 			verdict = "**missed** by " + by
 		}
 		f("| %s | %s | %s |\n", target, measured, verdict)
 	}
 	slo := float64(res.Config.SLO) / float64(time.Millisecond)
-	peak := res.peak("D")
-	sweep := res.run("sweep", "D")
-	for _, l := range []float64{2, 4} {
-		w := sweep.window(loadName(l))
-		if w == nil || peak == 0 {
-			continue
+	p99ok := func(p float64) bool { return p >= 0 && p <= slo }
+	p99by := func(p float64) string {
+		if p < 0 {
+			return "no call accepted"
 		}
-		got := w.Goodput / peak
-		row(fmt.Sprintf("goodput at %s ≥ 90%% of peak", loadName(l)),
-			fmt.Sprintf("%.0f/s = %.1f%% of D's peak %.0f/s (%.1f%% of the measured capacity)", w.Goodput, 100*got, peak, 100*w.Goodput/res.Capacity),
-			got >= targetGoodput, fmt.Sprintf("%.1f points", 100*(targetGoodput-got)))
+		return fmt.Sprintf("p99 %.1f ms over", p-slo)
 	}
-	// p99 once converged: every sweep point's window, the step's last 10 s
-	// at 3× (not separable: the high window), the capacity change's
-	// converged window.
-	worst, where := 0.0, ""
-	for _, w := range sweep.Windows {
-		if w.Name != "all" && w.P99 > worst {
-			worst, where = w.P99, "sweep "+w.Name
-		}
-	}
-	if r := res.run("capchange", "D"); r != nil {
-		if w := r.window("converged"); w != nil && w.P99 > worst {
-			worst, where = w.P99, "capacity change, converged"
-		}
-	}
-	row(fmt.Sprintf("accepted p99 within the SLO (%v) once converged", res.Config.SLO),
-		fmt.Sprintf("worst %.1f ms (%s)", worst, where), worst <= slo, fmt.Sprintf("%.1f ms", worst-slo))
-	maxRev, revWhere := 0.0, ""
-	for _, r := range res.Runs {
-		if r.Variant == "D" && r.Reversals >= maxRev {
-			maxRev, revWhere = r.Reversals, r.Scenario
+
+	// Goodput and latency under overload.
+	if sweep := res.run("sweep", v); sweep != nil {
+		for _, l := range overloadLoads {
+			w := sweep.window(loadName(l))
+			if w == nil {
+				continue
+			}
+			got := w.Goodput / res.Capacity
+			var by []string
+			if got < targetGoodput {
+				by = append(by, fmt.Sprintf("%.1f points", 100*(targetGoodput-got)))
+			}
+			if !p99ok(w.P99) {
+				by = append(by, p99by(w.P99))
+			}
+			row(fmt.Sprintf("goodput at %s ≥ %.0f%% of the measured capacity, accepted p99 within the SLO (%v)", loadName(l), 100*targetGoodput, res.Config.SLO),
+				fmt.Sprintf("%.0f/s = %.1f%% of %.0f/s; p99 %s ms", w.Goodput, 100*got, res.Capacity, num(w.P99, 1)),
+				len(by) == 0, strings.Join(by, "; "))
 		}
 	}
-	row("≤ 2 scale reversals per minute", fmt.Sprintf("at most %.1f/min (%s)", maxRev, revWhere), maxRev <= targetReversals, fmt.Sprintf("%.1f/min", maxRev-targetReversals))
-	if r := res.run("step", "D"); r != nil {
-		row("time to shed ≤ 2 s", secs(r.ShedS), r.ShedS >= 0 && r.ShedS <= targetShed, func() string {
+
+	// The capacity change.
+	if r := res.run("capchange", v); r != nil {
+		sc := res.scenario("capchange")
+		_, costX, ok := sc.changeAt()
+		if w := r.window(settledWindow); ok && w != nil {
+			newCap := res.Capacity / costX
+			got := w.Goodput / newCap
+			row(fmt.Sprintf("after the request cost doubles, goodput ≥ %.0f%% of the new capacity (%.0f/s) within %v of the change", 100*capTarget, newCap, sc.Settle),
+				fmt.Sprintf("%.0f/s = %.1f%% from %v after the change to the end; %.0f%% first held for %d s in a row %s after the change", w.Goodput, 100*got, sc.Settle, 100*capTarget, capSustain, secs(r.CapS)),
+				got >= capTarget, fmt.Sprintf("%.1f points", 100*(capTarget-got)))
+		}
+	}
+
+	// Shedding and recovery.
+	if r := res.run("step", v); r != nil {
+		row(fmt.Sprintf("time to shed ≤ %.0f s", targetShed), secs(r.ShedS), r.ShedS >= 0 && r.ShedS <= targetShed, func() string {
 			if r.ShedS < 0 {
-				return "never shedding cleanly within the 15 s at 3×"
+				return ": it never shed cleanly while at 3×"
 			}
 			return fmt.Sprintf("%.2f s", r.ShedS-targetShed)
 		}())
-		row(fmt.Sprintf("recovery ≤ cooldown + ramp (%.0f s)", recoveryBudget), secs(r.RecoverS), r.RecoverS >= 0 && r.RecoverS <= recoveryBudget, func() string {
+		row(fmt.Sprintf("recovery ≤ %.0f s", targetRecover), secs(r.RecoverS), r.RecoverS >= 0 && r.RecoverS <= targetRecover, func() string {
 			if r.RecoverS < 0 {
-				return "not recovering within the 15 s after the step"
+				return ": it did not recover after the step down"
 			}
-			return fmt.Sprintf("%.2f s", r.RecoverS-recoveryBudget)
+			return fmt.Sprintf("%.2f s", r.RecoverS-targetRecover)
 		}())
 	}
-	ok, n := res.health("D")
-	row("health probes 100%", fmt.Sprintf("%d/%d", ok, n), ok == n, fmt.Sprintf("%d of %d probes", n-ok, n))
-	if r := res.run("burst", "D"); r != nil {
-		w := r.window("burst")
-		row("light tenants ≥ 99% success in the tenant burst", pct(w.LightSuccess), w.LightSuccess >= targetLight, fmt.Sprintf("%.2f points", 100*(targetLight-w.LightSuccess)))
-	}
-	res.rejCostTarget(b)
-	for _, sc := range []string{"step", "capchange"} {
-		d := res.run(sc, "D")
-		if d == nil {
+
+	// Reversals at steady load.
+	n, secsSteady, worst, worstRate := 0, 0.0, "", -1.0
+	for _, r := range res.Runs {
+		names, ok := steadyWindows[r.Scenario]
+		if r.Variant != v || !ok {
 			continue
 		}
-		dg := d.window("all").Goodput
-		var parts []string
-		beat := true
-		for _, o := range []string{"C", "P1", "P2"} {
-			r := res.run(sc, o)
-			if r == nil {
+		for _, w := range r.Windows {
+			if w.Name == "all" || w.Name == settledWindow || (names != nil && !slices.Contains(names, w.Name)) || w.To <= w.From {
 				continue
 			}
-			og := r.window("all").Goodput
-			parts = append(parts, fmt.Sprintf("%s %.0f (%+.1f%%)", o, og, 100*(dg-og)/og))
-			if dg <= og {
-				beat = false
+			n += w.Reversals
+			secsSteady += w.To - w.From
+			if rate := float64(w.Reversals) / ((w.To - w.From) / 60); rate > worstRate {
+				worstRate, worst = rate, fmt.Sprintf("%s %s: %d in %.0f s", r.Scenario, w.Name, w.Reversals, w.To-w.From)
 			}
 		}
-		if len(parts) == 0 {
+	}
+	if secsSteady > 0 {
+		rate := float64(n) / (secsSteady / 60)
+		row(fmt.Sprintf("≤ %.0f reversals of the concurrency limit per minute at steady load", targetReversals),
+			fmt.Sprintf("%d in %.0f s of steady load = %.1f/min%s", n, secsSteady, rate, func() string {
+				if n == 0 {
+					return ""
+				}
+				return " (most: " + worst + ")"
+			}()),
+			rate <= targetReversals, fmt.Sprintf("%.1f/min", rate-targetReversals))
+	}
+
+	// The tenant burst.
+	if r := res.run("burst", v); r != nil {
+		w := r.window("burst")
+		var by []string
+		if w.LightSuccess < targetLight {
+			by = append(by, fmt.Sprintf("%.2f points", 100*(targetLight-w.LightSuccess)))
+		}
+		if !p99ok(w.LightP99) {
+			by = append(by, p99by(w.LightP99))
+		}
+		row(fmt.Sprintf("tenant burst: light tenants ≥ %.0f%% success, their p99 within the SLO", 100*targetLight),
+			fmt.Sprintf("%s; p99 %s ms", pct(w.LightSuccess), num(w.LightP99, 1)), len(by) == 0, strings.Join(by, "; "))
+		if len(w.TenantSent) == numTenants {
+			fair := maxMinFair(res.Capacity, w.TenantSent)[heavyTenant]
+			got := -1.0
+			if fair > 0 {
+				got = w.TenantGood[heavyTenant] / fair
+			}
+			row(fmt.Sprintf("tenant burst: the heavy tenant gets the rest of the capacity (≥ %.0f%% of its max-min fair share)", 100*targetHeavy),
+				fmt.Sprintf("%.0f/s of its fair share %.0f/s: %s; Jain's index over the shares of fair share %s (over the success ratios %s)", w.TenantGood[heavyTenant], fair, pct(got), num(w.FairJain, 3), num(w.Jain, 3)),
+				got >= targetHeavy, fmt.Sprintf("%.1f points", 100*(targetHeavy-got)))
+		}
+	}
+
+	// The neighbour.
+	if r := res.run(neighbourIdle, v); r != nil {
+		all := r.window("all")
+		total := 0
+		for _, s := range r.Seconds {
+			total += s.Sent
+		}
+		row("idle server + neighbour: 0 calls shed",
+			fmt.Sprintf("%d of %d calls rejected, %d past their deadline; goodput %.0f/s, p99 %s ms", all.Rejections, total, all.Deadlines, all.Goodput, num(all.P99, 1)),
+			all.Rejections == 0, fmt.Sprintf("%d calls", all.Rejections))
+	}
+
+	// Health probes, scenario by scenario.
+	var missed []string
+	okAll, nAll := 0, 0
+	for _, r := range res.Runs {
+		if r.Variant != v {
 			continue
 		}
-		row(fmt.Sprintf("D beats C, P1 and P2 on goodput (%s)", sc), fmt.Sprintf("D %.0f/s; %s (D's lead)", dg, strings.Join(parts, ", ")), beat, "")
+		w := r.window("all")
+		okAll += w.HealthOK
+		nAll += w.HealthSent
+		if w.HealthOK < w.HealthSent {
+			missed = append(missed, fmt.Sprintf("%s %d/%d", r.Scenario, w.HealthOK, w.HealthSent))
+		}
 	}
-	f("\nPeak is D's highest goodput over the sweep's points. ")
-	f("Where a target is missed, the discussion below says why.\n\n")
+	m := fmt.Sprintf("%d/%d", okAll, nAll)
+	if len(missed) > 0 {
+		m += " (" + strings.Join(missed, ", ") + ")"
+	}
+	row("health probes 100% in every scenario", m, len(missed) == 0, fmt.Sprintf("%d of %d probes", nAll-okAll, nAll))
+
+	res.rejCostTarget(b, v)
+
+	// Ahead of every peer.
+	var ps []string
+	for _, p := range peers {
+		if slices.ContainsFunc(res.Runs, func(r Run) bool { return r.Variant == p }) {
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) > 0 {
+		ahead := func(label string, goodput func(r *Run) (float64, bool)) {
+			e := res.run(labelScenario(label), v)
+			eg, ok := goodput(e)
+			if !ok {
+				return
+			}
+			var parts []string
+			beat := true
+			for _, p := range ps {
+				pg, ok := goodput(res.run(labelScenario(label), p))
+				if !ok {
+					continue
+				}
+				parts = append(parts, fmt.Sprintf("%s %.0f", p, pg))
+				if eg <= pg {
+					beat = false
+				}
+			}
+			if len(parts) == 0 {
+				return
+			}
+			row(fmt.Sprintf("E ahead of %s on goodput: %s", strings.Join(ps, ", "), label),
+				fmt.Sprintf("E %.0f/s; %s", eg, strings.Join(parts, ", ")), beat, "")
+		}
+		window := func(name string) func(r *Run) (float64, bool) {
+			return func(r *Run) (float64, bool) {
+				w := r.window(name)
+				if w == nil {
+					return 0, false
+				}
+				return w.Goodput, true
+			}
+		}
+		for _, l := range overloadLoads {
+			ahead("sweep "+loadName(l), window(loadName(l)))
+		}
+		for _, sc := range []string{"step", "capchange", "burst"} {
+			ahead(sc+", whole run", window("all"))
+		}
+		ahead(neighbourOverload+", at 2×", window("overload"))
+	}
+	if u := slices.Collect(maps.Keys(unavailableVariants)); len(u) > 0 {
+		slices.Sort(u)
+		f("\n%s could not be built (see Variants) and is compared with nothing. ", strings.Join(u, ", "))
+	} else {
+		f("\n")
+	}
+	f("Goodput targets are against the measured capacity (%.0f calls/s), not against E's own peak. %s Where a target is missed, the discussion below says why.\n\n", res.Capacity, reversalsDef)
+}
+
+// labelScenario returns the scenario of a label "scenario ..." or
+// "sweep 2×".
+func labelScenario(label string) string {
+	name, _, _ := strings.Cut(label, " ")
+	return strings.TrimSuffix(name, ",")
 }
 
 // neighbourSection writes the neighbour scenarios' tables.
@@ -624,7 +802,7 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		a.Y.Min = 0
 		a.X.Label.Text = "offered load (× measured capacity)"
 		c := fgplot.Panel("", "accepted p99 (ms, log)", p99)
-		fgplot.LogY(c, 1)
+		logY(c)
 		c.X.Label.Text = "offered load (× measured capacity)"
 		path := filepath.Join(dir, "overload-sweep.png")
 		if err := fgplot.WritePNG(path, width, row*1.2, a, c); err != nil {
@@ -642,7 +820,7 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		if !res.hasScenario(sc.name) {
 			continue
 		}
-		var good, scale, lat, light []fgplot.Series
+		var good, scale, lat, light, limit []fgplot.Series
 		var offered plotter.XYs
 		for _, v := range vs {
 			r := res.run(sc.name, v)
@@ -679,6 +857,19 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 				}
 				scale = append(scale, fgplot.Series{Name: v + " CPU reading", Color: col, Dash: fgplot.Dashed, XYs: rx})
 			}
+			if v == targetVariant {
+				var lx, ix plotter.XYs
+				for _, p := range r.Gate {
+					if p.Limit > 0 {
+						lx = append(lx, plotter.XY{X: p.T, Y: p.Limit})
+						ix = append(ix, plotter.XY{X: p.T, Y: float64(p.Inflight + p.Queued)})
+					}
+				}
+				if len(lx) > 0 {
+					limit = append(limit, fgplot.Series{Name: v + " concurrency limit", Color: col, XYs: lx},
+						fgplot.Series{Name: v + " calls in flight and waiting", Color: col, Dash: fgplot.Dashed, XYs: ix})
+				}
+			}
 		}
 		good = append(good, fgplot.Series{Name: "offered", Color: fgplot.Black, Dash: fgplot.Dashed, XYs: offered})
 		panels := []*plot.Plot{fgplot.TimePanel(sc.title, "goodput (calls/s)", good)}
@@ -695,8 +886,13 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 			p.Y.Min, p.Y.Max = 0, 150
 			panels = append(panels, p)
 		}
+		if len(limit) > 0 {
+			p := fgplot.TimePanel("", "concurrency limit and calls", limit)
+			p.Y.Min = 0
+			panels = append(panels, p)
+		}
 		lp := fgplot.TimePanel("", "accepted p99 (ms, log)", lat)
-		fgplot.LogY(lp, 1)
+		logY(lp)
 		panels = append(panels, lp)
 		end := 0.0
 		for _, s := range res.Scenarios {
@@ -715,6 +911,16 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		out[sc.name] = path
 	}
 	return out, nil
+}
+
+// logY puts a latency panel on a log scale from 1 ms; a panel with no
+// latency to show (every call failed) gets 1–1000 ms rather than an
+// infinite range, which the log scale cannot draw.
+func logY(p *plot.Plot) {
+	if math.IsInf(p.Y.Min, 0) || math.IsInf(p.Y.Max, 0) || math.IsNaN(p.Y.Min) || math.IsNaN(p.Y.Max) || p.Y.Max <= 0 {
+		p.Y.Min, p.Y.Max = 1, 200
+	}
+	fgplot.LogY(p, 1)
 }
 
 func nonzero(v float64) float64 {
@@ -762,10 +968,10 @@ func (res *Results) rejectionCost(v string) (Fit, bool) {
 	return Fit{PerServedMs: a * 1e3, PerRejectedUs: b * 1e6, Ratio: b / a}, true
 }
 
-// rejCostTarget writes D's rejection-cost target row: from the direct
-// measurement when the run has one, else from the sweep estimate; a
+// rejCostTarget writes variant v's rejection-cost target row: from the
+// direct measurement when the run has one, else from the sweep estimate; a
 // negative or undefined figure is never a target met.
-func (res *Results) rejCostTarget(b *strings.Builder) {
+func (res *Results) rejCostTarget(b *strings.Builder, v string) {
 	const target = "a rejection costs ≤ 1% of a served request"
 	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	verdict := func(ratio float64) string {
@@ -774,7 +980,7 @@ func (res *Results) rejCostTarget(b *strings.Builder) {
 		}
 		return fmt.Sprintf("**missed** by %.2f points", 100*(ratio-targetRejCost))
 	}
-	if rc, err := res.rejCostFor("D"); err == nil {
+	if rc, err := res.rejCostFor(v); err == nil {
 		m := fmt.Sprintf("%.1f µs vs %.1f µs: %s (direct measurement, %d rejections)", rc.PerRejectedUs, rc.PerServedUs, pct(rc.Ratio), rc.phase("reject").Rej)
 		if rc.FloorUs > 0 && rc.PerServedUs > 0 {
 			m += fmt.Sprintf("; a health check, which no admission control touches, costs %.1f µs (%s)", rc.FloorUs, pct(rc.FloorUs/rc.PerServedUs))
@@ -790,12 +996,12 @@ func (res *Results) rejCostTarget(b *strings.Builder) {
 		f("| %s | %s | %s |\n", target, m, verdict(rc.Ratio))
 		return
 	}
-	rc, ok := res.rejectionCost("D")
+	rc, ok := res.rejectionCost(v)
 	if !ok {
 		f("| %s | not measured | **undetermined** |\n", target)
 		return
 	}
-	m := fmt.Sprintf("%.1f µs vs %.3f ms: %s (sweep estimate, no direct measurement in this run; regression: %s)", rc.PerRejectedUs, rc.PerServedMs, pct(rc.Ratio), pct(res.Fits["D"].Ratio))
+	m := fmt.Sprintf("%.1f µs vs %.3f ms: %s (sweep estimate, no direct measurement in this run; regression: %s)", rc.PerRejectedUs, rc.PerServedMs, pct(rc.Ratio), pct(res.Fits[v].Ratio))
 	if rc.Ratio < 0 || rc.PerRejectedUs < 0 || math.IsNaN(rc.Ratio) {
 		f("| %s | %s | **undetermined** (a negative estimate is noise) |\n", target, m)
 		return
@@ -811,10 +1017,10 @@ func (res *Results) rejCostSection(b *strings.Builder) {
 		return
 	}
 	idle, served, reject := rejcostDurations(res.Config.Quick)
-	f("Measured directly by the `%s` scenario: one fresh server per variant that rejects (%s; A and P2 reject nothing of this load), ", rejcostName, strings.Join(rejcostVariants, ", "))
+	f("Measured directly by the `%s` scenario: one fresh server per variant that rejects (%s; A, P2 and P3 reject nothing of this load: P2 and P3 shed on a CPU reading, and would serve it), ", rejcostName, strings.Join(rejcostVariants, ", "))
 	f("after a short warm-up of both paths, four phases separated by quiet pauses, with no stats polled and no health probes sent during them: ")
 	f("**idle** (%v, nothing sent: the server's idle CPU); **served** (%v at %.1f× capacity from the ten tenants, which every variant serves: CPU per served call = (CPU − idle CPU × duration) / handlers entered); ", idle, served, rejcostServedLoad)
-	f("**reject** (%v at %.0f× capacity, at most %.0f calls/s, from one extra caller: B, C and D give it a quota of 1/s with a burst of 1, so the middleware's interceptor rejects nearly all of its calls; P1's global limiter serves up to the capacity of them and rejects the rest): ", reject, rejcostRejectLoad, rejcostMaxRate)
+	f("**reject** (%v at %.0f× capacity, at most %.0f calls/s, from one extra caller: B, C, D and E give it a quota of 1/s with a burst of 1, so the middleware's interceptor rejects nearly all of its calls; P1's global limiter serves up to the capacity of them and rejects the rest): ", reject, rejcostRejectLoad, rejcostMaxRate)
 	f("CPU per rejection = (CPU − idle CPU × duration − handlers entered × CPU per served call) / rejections; ")
 	f("and **floor** (%v of `grpc.health.v1` checks at the reject phase's rate, exempt from every variant's admission control: what the server spends on a call that does no work, in gRPC and the runtime, for comparison: a rejection's cost above it is what admission control adds, and it may come in under it, since a rejection answers with a status and no message). ", reject)
 	f("The CPU is the server's own (%s), read at each phase's ends, so the machine's other work enters it only through caches and frequency.\n\n", res.RejCosts[0].CPUSource)

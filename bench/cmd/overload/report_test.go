@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// synthRaw makes a run's raw record without a server: every tenant sends
+// at its rate, each call ends by outcome(call start, tenant), with polls of
+// a concurrency limiter every 250 ms.
+func synthRaw(sc Scenario, capacity float64, outcome func(at time.Duration, tenant int) (outcome, time.Duration)) *rawRun {
+	raw := &rawRun{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range numTenants {
+		for t := time.Duration(0); t < sc.Duration(); {
+			seg := sc.segmentAt(t)
+			r := sc.Segments[seg].rate(i, capacity)
+			t += time.Duration(rng.ExpFloat64() / r * float64(time.Second))
+			if t >= sc.Duration() {
+				break
+			}
+			out, lat := outcome(t, i)
+			raw.Calls = append(raw.Calls, callRec{At: t, Lat: lat, Tenant: uint8(i), Out: out})
+			raw.Sent[i]++
+		}
+	}
+	for t := time.Duration(0); t < sc.Duration(); t += 250 * time.Millisecond {
+		raw.Polls = append(raw.Polls, pollRec{At: t, serverStats: serverStats{Scale: 1, State: "open", Limit: 8 + float64(t/time.Second%2), CPUNs: int64(t) / 2}})
+		raw.Probes = append(raw.Probes, probeRec{At: t, OK: true})
+	}
+	return raw
+}
+
+// TestReportSections renders a report from synthetic runs of every
+// scenario and checks that the sections and targets of E are there,
+// without NaN.
+func TestReportSections(t *testing.T) {
+	const capacity = 300.0
+	slo := 100 * time.Millisecond
+	res := &Results{
+		Config:    Config{Quick: true, Cost: 2 * time.Millisecond, Deadline: 500 * time.Millisecond, SLO: slo},
+		Isolation: &Isolation{Taskset: "/usr/bin/taskset", Quota: 0.9, PeriodUs: 50000, Shares: cgroupShares, LoadCgroup: "x"},
+		Capacity:  capacity,
+		Fits:      map[string]Fit{},
+	}
+	res.Scenarios = scenarios(true)
+	for _, sc := range res.Scenarios {
+		for _, v := range []string{"E", "P3"} {
+			outcome := func(at time.Duration, tenant int) (outcome, time.Duration) {
+				// E serves everything fast but rejects some of the heavy
+				// tenant; P3 lets everything wait.
+				if v == "P3" {
+					return outDeadline, 500 * time.Millisecond
+				}
+				if tenant == heavyTenant && at%(3*time.Millisecond) == 0 {
+					return outRejected, time.Millisecond
+				}
+				return outOK, 10 * time.Millisecond
+			}
+			run := analyse(synthRaw(sc, capacity, outcome), sc, v, serverReady{}, capacity, slo)
+			if sc.Neighbour {
+				run.Neighbour = &NeighbourStat{Workers: 4, Pinned: "0", Cgroup: rootCPUCgroup, Secs: 3, CPU: 0.5, Killed: true}
+			}
+			res.Runs = append(res.Runs, run)
+		}
+	}
+	if r := res.run("capchange", "E"); r.window(settledWindow) == nil {
+		t.Error("capchange/E: no settled window")
+	}
+	if r := res.run("burst", "E"); r.window("burst").FairJain <= 0 || r.window("burst").FairJain > 1 {
+		t.Errorf("burst/E: fair-share Jain %v", r.window("burst").FairJain)
+	}
+
+	dir := t.TempDir()
+	md := filepath.Join(dir, "BENCHMARKS.md")
+	if err := renderAll(res, md, filepath.Join(dir, "charts")); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"## Targets for E, the new default",
+		"goodput at 2× ≥ 95% of the measured capacity",
+		"after the request cost doubles, goodput ≥ 90% of the new capacity",
+		"reversals of the concurrency limit per minute at steady load",
+		"the heavy tenant gets the rest of the capacity",
+		"| idle server + neighbour: 0 calls shed | 0 of",
+		"health probes 100% in every scenario",
+		"E ahead of P3 on goodput: sweep 2×",
+		"## CPU-burning neighbour",
+		"### Idle server beside the neighbour",
+		"### Overload beside the neighbour",
+		"Jain's index, shares of fair share",
+		"aegis takes any cgroup path other than `/`",
+		"P4, platinummonkey/go-concurrency-limits",
+	} {
+		if !strings.Contains(string(report), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if bytes.Contains(report, []byte("NaN")) {
+		t.Error("the report shows NaN")
+	}
+	for _, name := range []string{"overload-neighbour-idle.png", "overload-neighbour-overload.png", "overload-capchange.png"} {
+		b, err := os.ReadFile(filepath.Join(dir, "charts", name))
+		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+			t.Errorf("chart %s: %v", name, err)
+		}
+	}
+}
