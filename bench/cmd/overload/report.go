@@ -626,7 +626,11 @@ func (res *Results) targets(b *strings.Builder) {
 				if !ok {
 					continue
 				}
-				parts = append(parts, fmt.Sprintf("%s %.0f", p, pg))
+				lead := "–"
+				if pg > 0 {
+					lead = fmt.Sprintf("%+.0f%%", 100*(eg-pg)/pg)
+				}
+				parts = append(parts, fmt.Sprintf("%s %.0f (E %s)", p, pg, lead))
 				if eg <= pg {
 					beat = false
 				}
