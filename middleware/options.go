@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/overload"
 )
 
 // ErrInvalidOption is wrapped by every configuration error of New and of the
@@ -69,6 +70,7 @@ type Option func(*options)
 
 type options struct {
 	gate        *cpugate.Gate
+	overload    *overload.Controller
 	trusted     []netip.Prefix
 	fwdHeader   uint8 // fwdBoth, fwdXFF or fwdRealIP
 	v4Bits      int
@@ -117,6 +119,25 @@ func (o *options) fail(msg string) { o.errs = append(o.errs, msg) }
 // while the gate sheds (WithTapFloor). A nil g, the default, scales nothing. A repeated call
 // replaces the gate.
 func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
+
+// WithOverload puts an overload controller in front of the handlers of
+// unary calls: a call admitted by its tenant's quota then takes one of the
+// controller's slots for as long as its handler runs, waits briefly for
+// one, or is shed with the overload code (UNAVAILABLE by default), reason
+// ErrorReasonOverloaded and the controller's retry delay. Each tenant is
+// one flow of its tier's weight and priority (a method entry's priority
+// overrides it); anonymous callers are one flow per address prefix, of the
+// anonymous policy's weight. While the controller's queue is full, the tap
+// handle turns away callers holding more than their share before their
+// request is read.
+//
+// This is the recommended overload protection: the controller finds the
+// server's capacity from its calls' latency, and sheds the tenants over
+// their fair share first, where WithGate cuts every tenant by one factor.
+// Streams are not held to it: a stream's lifetime says nothing about the
+// server's load. WithDryRun leaves the controller out. A nil c, the
+// default, means no controller; a repeated call replaces it.
+func WithOverload(c *overload.Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithTrustedProxies adds the networks whose x-forwarded-for and x-real-ip
 // headers are believed. Only when the immediate peer is in one of them is

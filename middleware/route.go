@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/peer"
 
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -25,6 +26,18 @@ type route struct {
 	key     string // the bucket key; key[:subject] is the subject
 	subject uint8
 	found   bool // ten is a known tenant, not the anonymous policy
+	flow    overload.Flow
+}
+
+// flowOf returns the overload controller's flow of calls held to rule for
+// ten, keyed by subject.
+func flowOf(ten *tenant.Tenant, rule tenant.Rule, subject string) overload.Flow {
+	name := rule.Priority
+	if name == "" {
+		name = ten.Priority()
+	}
+	prio, _ := overload.ParsePriority(name) // validated by the tenant table
+	return overload.Flow{Key: subject, Weight: ten.Weight(), Priority: prio}
 }
 
 // routeCache is a two-way set-associative table of routes: one atomic
@@ -137,6 +150,7 @@ func (l *Limiter) route(ten *tenant.Tenant, found bool, p *peer.Peer, h header, 
 	b = append(b, ':')
 	b = append(b, r.rule.ID...)
 	r.key = string(b)
+	r.flow = flowOf(ten, r.rule, r.key[:r.subject])
 	if who != nil {
 		l.routes.put(r)
 	}

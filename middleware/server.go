@@ -12,10 +12,12 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -41,11 +43,43 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
+		if c := l.o.overload; c != nil && !l.o.dryRun {
+			p, err := l.acquire(ctx, c, dc)
+			if err != nil {
+				return nil, err
+			}
+			defer p.Done()
+		}
 		if l.o.rateHeaders {
 			_ = grpc.SetHeader(ctx, rateHeaders(dc.verdict().res))
 		}
 		return handler(dc, req)
 	}
+}
+
+// acquire takes a slot of the overload controller for an admitted call,
+// or returns its rejection: the overload status with the controller's
+// retry delay, or the status of the caller's context when it ended while
+// the call waited.
+func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decisionCtx) (overload.Permit, error) {
+	r := dc.r
+	p, err := c.Acquire(ctx, r.flow)
+	if err == nil {
+		return p, nil
+	}
+	var shed *overload.ShedError
+	if !errors.As(err, &shed) {
+		return p, status.FromContextError(err).Err()
+	}
+	l.c.add(cOverload)
+	if obs := l.o.observer; obs != nil {
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonOverload, Source: dc.verdict().res.Source}
+		if r.found {
+			e.Tenant = r.ten.ID()
+		}
+		obs(e)
+	}
+	return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter)
 }
 
 // StreamServerInterceptor returns an interceptor that admits each stream at
@@ -145,6 +179,9 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // their retry policy instead. Tap rejections are counted in Stats.Tap and
 // reported to the observer, since stats handlers never see them.
 func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if c := l.o.overload; c != nil && !l.o.dryRun && c.Full() {
+		return l.tapOverload(ctx, c, info)
+	}
 	g := l.o.gate
 	if g == nil || l.o.dryRun || g.State() != cpugate.Shedding || g.Scale() > l.o.tapFloor {
 		return ctx, nil
@@ -178,6 +215,31 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
 	}
 	return ctx, l.rej.tapError(left)
+}
+
+// tapOverload turns a caller away at the tap while the overload
+// controller's queue is full and the caller's flow holds more than its
+// share: such a call would be shed after its request is read.
+func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info *tap.Info) (context.Context, error) {
+	if l.Exempt(info.FullMethodName) {
+		return ctx, nil
+	}
+	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
+	ten, found, ok := l.tapIdentify(p, h, table)
+	if !ok {
+		return ctx, nil // the interceptor will tell
+	}
+	var buf [keyBufLen]byte
+	subject := l.appendSubject(buf[:0], ten, found, p, h)
+	f := flowOf(ten, ten.Rule(info.FullMethodName), unsafe.String(unsafe.SliceData(subject), len(subject)))
+	if !c.Overloaded(f) {
+		return ctx, nil
+	}
+	l.c.add(cTap)
+	if l.o.observer != nil {
+		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
+	}
+	return ctx, l.rej.tapError(c.RetryAfter())
 }
 
 // penalty returns how much of the retry delay last given to subject is

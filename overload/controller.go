@@ -477,6 +477,18 @@ func (c *Controller) Overloaded(f Flow) bool {
 	return float64(fl.inflight+len(fl.q)+1) > share
 }
 
+// Full reports whether every slot is taken and the queue is full: the
+// moment from which calls are shed. It is meant as a cheap first test
+// before Overloaded.
+func (c *Controller) Full() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inflight >= c.slots() && c.queued >= c.queueCap()
+}
+
+// RetryAfter returns the retry delay shed calls are given (WithRetryAfter).
+func (c *Controller) RetryAfter() time.Duration { return c.o.retry }
+
 // Shedding reports whether the controller is in the Shedding state.
 func (c *Controller) Shedding() bool {
 	c.mu.Lock()

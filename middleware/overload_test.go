@@ -1,0 +1,154 @@
+package middleware_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// blocker holds the handlers of calls that carry "block" metadata until
+// the test releases them, so that a test decides how long the server is
+// busy.
+type blocker struct{ release chan struct{} }
+
+func (b *blocker) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("block")) > 0 {
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return h(ctx, req)
+}
+
+// A noisy tenant holds every slot and fills the queue; a quiet tenant's
+// call still gets the next slot, over a real listener, and the noisy
+// tenant's extra calls are shed with the overload status and a retry
+// delay.
+func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{"open": {Default: &tenant.LimitSpec{Rate: math.Inf(1)}}},
+		Tenants: map[string]tenant.TenantSpec{
+			"acme":   {Tier: "open", Keys: []string{hashKey(t, acmeKey)}},
+			"globex": {Tier: "open", Keys: []string{hashKey(t, globexKey)}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := overload.New(
+		overload.WithLaw(overload.Law{InitialLimit: 4, MinLimit: 1, MinSamples: 1, Interval: time.Millisecond, ProbeSamples: 1, ProbeEvery: time.Hour}),
+		overload.WithMaxWait(time.Minute),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blocker{release: make(chan struct{})}
+	cc, e := serve(t, networks[1], []grpc.ServerOption{
+		grpc.InTapHandle(l.TapHandle),
+		grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor(), b.interceptor),
+	})
+	acme := metadata.AppendToOutgoingContext(t.Context(), "x-api-key", acmeKey)
+	globex := metadata.AppendToOutgoingContext(t.Context(), "x-api-key", globexKey)
+	blocking := metadata.AppendToOutgoingContext(globex, "block", "1")
+
+	// One call ends the start-up probe: four slots from then on.
+	if err := invoke(acme, cc); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !ctrl.Snapshot().Probing }, "the start-up probe to end")
+
+	errs := make(chan error, 16)
+	for i := range 8 {
+		go func() { errs <- invoke(blocking, cc) }()
+		want := min(i+1, 4)
+		waitFor(t, func() bool {
+			s := ctrl.Snapshot()
+			return s.Inflight == want && s.Inflight+s.Queued == i+1
+		}, "globex's calls to take the slots, then queue")
+	}
+	// The queue is full: globex's next call is shed, at the tap or in the
+	// interceptor, with the overload status and its details.
+	err = invoke(globex, cc)
+	s, _ := status.FromError(err)
+	if s.Code() != codes.Unavailable {
+		t.Fatalf("globex over its share: %v, want UNAVAILABLE", err)
+	}
+	var info *errdetails.ErrorInfo
+	var retry *errdetails.RetryInfo
+	for _, d := range s.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			info = d
+		case *errdetails.RetryInfo:
+			retry = d
+		}
+	}
+	if info == nil || info.Reason != middleware.ErrorReasonOverloaded || retry == nil || retry.RetryDelay.AsDuration() <= 0 {
+		t.Errorf("details %v, want ErrorInfo %s and a RetryInfo", s.Details(), middleware.ErrorReasonOverloaded)
+	}
+
+	// acme, under its share, displaces globex's newest waiting call and
+	// gets the next slot.
+	acmeDone := make(chan error, 1)
+	go func() { acmeDone <- invoke(acme, cc) }()
+	if err := <-errs; status.Code(err) != codes.Unavailable {
+		t.Fatalf("globex's displaced call: %v, want UNAVAILABLE", err)
+	}
+	ran := e.calls.Load()
+	b.release <- struct{}{}
+	if err := <-acmeDone; err != nil {
+		t.Fatalf("acme under its share: %v", err)
+	}
+	if e.calls.Load() < ran+1 {
+		t.Error("acme's call did not run")
+	}
+	// Let globex's six other calls finish.
+	for range 6 {
+		b.release <- struct{}{}
+	}
+	for range 6 {
+		if err := <-errs; err != nil {
+			t.Errorf("globex's waiting call: %v", err)
+		}
+	}
+	st := l.Stats()
+	if st.Overload+st.Tap < 2 {
+		t.Errorf("Stats() = %+v, want the two shed calls counted", st)
+	}
+	if snap := ctrl.Snapshot(); snap.Inflight != 0 || snap.Queued != 0 {
+		t.Errorf("controller after every call ended: %+v", snap)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
