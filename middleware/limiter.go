@@ -197,6 +197,12 @@ func (c *counters) addFor(k counter, v *verdict) {
 	c.stripes[uintptr(unsafe.Pointer(v))>>10&(counterStripes-1)].n[k].Add(1)
 }
 
+// sub takes one back from k's count, for a decision that turned out
+// otherwise.
+func (c *counters) sub(k counter) {
+	c.stripes[rand.Uint32()&(counterStripes-1)].n[k].Add(^uint64(0))
+}
+
 func (c *counters) load(k counter) uint64 {
 	var sum uint64
 	for i := range c.stripes {
@@ -316,8 +322,11 @@ type verdict struct {
 	r       *route
 	allowed bool
 	dryRun  bool
-	reason  Reason
-	res     floodgate.Result
+	// gated: the overload controller decides an allowed call next, and
+	// reports it to the observer then, so that a shed call is one event.
+	gated  bool
+	reason Reason
+	res    floodgate.Result
 }
 
 func (v *verdict) decision() Decision {
@@ -493,19 +502,20 @@ func methodOf(ctx context.Context) string {
 // decide decides one call to method. It returns the verdict, with the
 // rejection to return when the call must not run, and allocates nothing
 // for a caller whose route is cached.
-func (l *Limiter) decide(ctx context.Context, method string, v *verdict) error {
+func (l *Limiter) decide(ctx context.Context, method string, v *verdict, gated bool) error {
 	h := incoming(ctx)
 	p := peerOf(ctx)
 	ten, found := l.identify(ctx, p, h, l.tables.Table())
-	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun}
+	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun, gated: gated}
 	return l.take(ctx, v)
 }
 
 // admit decides one call to method and returns the context of an admitted
-// call, or the rejection.
-func (l *Limiter) admit(ctx context.Context, method string) (*decisionCtx, error) {
+// call, or the rejection. gated says the overload controller decides an
+// admitted call next.
+func (l *Limiter) admit(ctx context.Context, method string, gated bool) (*decisionCtx, error) {
 	var v verdict
-	if err := l.decide(ctx, method, &v); err != nil {
+	if err := l.decide(ctx, method, &v, gated); err != nil {
 		return nil, err
 	}
 	return newDecisionCtx(ctx, &v), nil
@@ -546,7 +556,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	if !v.allowed && v.dryRun {
 		l.c.addFor(cDryRun, v)
 	}
-	if obs := l.o.observer; obs != nil {
+	if obs := l.o.observer; obs != nil && !(v.allowed && v.gated) {
 		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source}
 		if v.allowed {
 			e.Flags = FlagAllowed

@@ -39,11 +39,15 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			l.c.add(cExempt)
 			return handler(ctx, req)
 		}
-		dc, err := l.admit(ctx, info.FullMethod)
+		c := l.o.overload
+		if l.o.dryRun {
+			c = nil
+		}
+		dc, err := l.admit(ctx, info.FullMethod, c != nil)
 		if err != nil {
 			return nil, err
 		}
-		if c := l.o.overload; c != nil && !l.o.dryRun {
+		if c != nil {
 			p, err := l.acquire(ctx, c, dc)
 			if err != nil {
 				return nil, err
@@ -64,22 +68,32 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decisionCtx) (overload.Permit, error) {
 	r := dc.r
 	p, err := c.Acquire(ctx, r.flow)
-	if err == nil {
-		return p, nil
-	}
 	var shed *overload.ShedError
-	if !errors.As(err, &shed) {
+	if err != nil && !errors.As(err, &shed) {
+		// The caller's context ended while the call waited: neither
+		// admitted nor shed.
 		return p, status.FromContextError(err).Err()
 	}
-	l.c.add(cOverload)
+	if shed != nil {
+		// The call was counted as admitted by its quota; it is an
+		// overload rejection instead.
+		l.c.add(cOverload)
+		l.c.sub(cAdmitted)
+	}
 	if obs := l.o.observer; obs != nil {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonOverload, Source: dc.verdict().res.Source}
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.verdict().res.Source, Flags: FlagAllowed}
+		if shed != nil {
+			e.Reason, e.Flags = ReasonOverload, 0
+		}
 		if r.found {
 			e.Tenant = r.ten.ID()
 		}
 		obs(e)
 	}
-	return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter)
+	if shed != nil {
+		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter)
+	}
+	return p, nil
 }
 
 // StreamServerInterceptor returns an interceptor that admits each stream at
@@ -97,7 +111,7 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.
 		table := l.tables.Table()
-		dc, err := l.admit(ss.Context(), info.FullMethod)
+		dc, err := l.admit(ss.Context(), info.FullMethod, false)
 		if err != nil {
 			return err
 		}
@@ -271,7 +285,7 @@ func (l *Limiter) Limit(ctx context.Context) error {
 		return nil
 	}
 	var v verdict
-	return l.decide(ctx, method, &v)
+	return l.decide(ctx, method, &v, false)
 }
 
 // Selector returns a go-grpc-middleware selector.Matcher that matches the

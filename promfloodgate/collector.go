@@ -18,6 +18,7 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/redisstore"
 )
 
@@ -52,6 +53,7 @@ type options struct {
 	limiter     *middleware.Limiter
 	keyed       *keyed.Map
 	gate        *cpugate.Gate
+	overload    *overload.Controller
 	redis       *redisstore.Store
 	methods     []string
 	maxTiers    int
@@ -80,6 +82,22 @@ func WithGate(g *cpugate.Gate) Option {
 			return fmt.Errorf("%w: WithGate: nil gate", ErrInvalidOption)
 		}
 		o.gate = g
+		return nil
+	}
+}
+
+// WithOverload exports the overload controller's signals, the values its
+// log lines give for each change of state, so that a dashboard can say why
+// calls were shed: its state, concurrency limit, calls in flight and
+// waiting, the latency of the last interval against its probed baseline,
+// the queueing delay, what set the limit last, and the calls it admitted,
+// made wait and shed by cause.
+func WithOverload(c *overload.Controller) Option {
+	return func(o *options) error {
+		if c == nil {
+			return fmt.Errorf("%w: WithOverload: nil controller", ErrInvalidOption)
+		}
+		o.overload = c
 		return nil
 	}
 }
@@ -248,6 +266,9 @@ type descs struct {
 	keys, evictions, evictedNotFull, overflowed        *prometheus.Desc
 	scale, state, cpu, cpuSmoothed, source, failures   *prometheus.Desc
 	redisDecisions, redisErrors, redisOpen, redisTrips *prometheus.Desc
+
+	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
+	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
 }
 
 // New returns a Collector configured by opts, or an error wrapping
@@ -290,6 +311,17 @@ func New(opts ...Option) (*Collector, error) {
 		cpuSmoothed:    d("gate_cpu_smoothed_ratio", "Exponential moving average of the CPU readings (time constant 1s)."),
 		source:         d("gate_sampler_info", "The CPU sampler's source, as a label, from the first reading on; the value is 1.", "source"),
 		failures:       d("gate_sample_failures_total", "Failed CPU samples."),
+		ovState:        d("overload_state", "1 for the overload controller's current state (open, shedding), 0 for the other.", "state"),
+		ovLimit:        d("overload_limit", "The overload controller's concurrency limit: calls it lets run at once."),
+		ovInflight:     d("overload_inflight", "Calls holding one of the overload controller's slots."),
+		ovQueued:       d("overload_queued", "Calls waiting for one of the overload controller's slots."),
+		ovRTT:          d("overload_latency_seconds", "Mean latency of the calls completed in the overload controller's last interval, from admission to completion."),
+		ovBaseline:     d("overload_baseline_seconds", "Latency of a call that does not queue, as the overload controller last probed it."),
+		ovQueueDelay:   d("overload_queue_delay_seconds", "Mean wait for a slot of the calls that waited in the overload controller's last interval."),
+		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit last (latency, objective, cpu, probe, stale_baseline), 0 for the others.", "cause"),
+		ovProbing:      d("overload_probing", "1 while the overload controller probes its baseline."),
+		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
+		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline).", "cause"),
 		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
 		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),
 		redisOpen:      d("redis_breaker_open", "1 while the Redis store's circuit breaker is open or half-open."),
@@ -421,6 +453,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- d
 		}
 	}
+	if c.o.overload != nil {
+		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovRTT,
+			c.descs.ovBaseline, c.descs.ovQueueDelay, c.descs.ovCause, c.descs.ovProbing, c.descs.ovAdmitted, c.descs.ovShed} {
+			ch <- d
+		}
+	}
 	if c.o.redis != nil {
 		for _, d := range []*prometheus.Desc{c.descs.redisDecisions, c.descs.redisErrors, c.descs.redisOpen, c.descs.redisTrips} {
 			ch <- d
@@ -466,6 +504,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.descs.source, 1, s.Source)
 		}
 		counter(c.descs.failures, s.Failures)
+	}
+	if ov := c.o.overload; ov != nil {
+		s := ov.Snapshot()
+		for _, st := range []overload.State{overload.Open, overload.Shedding} {
+			gauge(c.descs.ovState, b2f(st == s.State), st.String())
+		}
+		gauge(c.descs.ovLimit, s.Limit)
+		gauge(c.descs.ovInflight, float64(s.Inflight))
+		gauge(c.descs.ovQueued, float64(s.Queued))
+		gauge(c.descs.ovRTT, s.RTT.Seconds())
+		gauge(c.descs.ovBaseline, s.Baseline.Seconds())
+		gauge(c.descs.ovQueueDelay, s.QueueDelay.Seconds())
+		for _, cause := range []overload.Cause{overload.CauseNone, overload.CauseLatency, overload.CauseObjective, overload.CauseCPU, overload.CauseProbe, overload.CauseStale} {
+			gauge(c.descs.ovCause, b2f(cause == s.Cause), cause.String())
+		}
+		gauge(c.descs.ovProbing, b2f(s.Probing))
+		counter(c.descs.ovAdmitted, s.Admitted-s.Waited, "false")
+		counter(c.descs.ovAdmitted, s.Waited, "true")
+		for i, n := range s.Shed {
+			counter(c.descs.ovShed, n, overload.ShedCause(i).String())
+		}
 	}
 	if r := c.o.redis; r != nil {
 		st := r.Stats()
@@ -565,4 +624,12 @@ func validLabel(s string) string {
 		return s
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// b2f returns 1 for true, 0 for false.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

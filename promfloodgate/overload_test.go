@@ -1,0 +1,97 @@
+package promfloodgate
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
+)
+
+// The overload controller's signals are gauges, and its sheds are counted
+// by cause and, through the observer, as overload decisions.
+func TestOverloadMetrics(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1, ProbeEvery: time.Hour}),
+		overload.WithMaxWait(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithMethods(methodGet), WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetLimiter(lim)
+	icpt := lim.UnaryServerInterceptor()
+	// A call holds the only slot; the next one waits its millisecond and
+	// is shed.
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := icpt(callCtx(proKey), nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, func(context.Context, any) (any, error) {
+			close(entered)
+			<-release
+			return nil, nil
+		})
+		done <- err
+	}()
+	<-entered
+	_, err = icpt(callCtx(proKey), nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop)
+	if err == nil {
+		t.Fatal("the second call was not shed")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	want := `
+# HELP floodgate_overload_inflight Calls holding one of the overload controller's slots.
+# TYPE floodgate_overload_inflight gauge
+floodgate_overload_inflight 0
+# HELP floodgate_overload_limit The overload controller's concurrency limit: calls it lets run at once.
+# TYPE floodgate_overload_limit gauge
+floodgate_overload_limit 1
+# HELP floodgate_overload_shed_total Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline).
+# TYPE floodgate_overload_shed_total counter
+floodgate_overload_shed_total{cause="deadline"} 0
+floodgate_overload_shed_total{cause="displaced"} 0
+floodgate_overload_shed_total{cause="queue_full"} 0
+floodgate_overload_shed_total{cause="wait_timeout"} 1
+# HELP floodgate_overload_state 1 for the overload controller's current state (open, shedding), 0 for the other.
+# TYPE floodgate_overload_state gauge
+floodgate_overload_state{state="open"} 0
+floodgate_overload_state{state="shedding"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
+		"floodgate_overload_inflight", "floodgate_overload_limit", "floodgate_overload_shed_total", "floodgate_overload_state"); err != nil {
+		t.Error(err)
+	}
+	decisions := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="memory",stage="interceptor",tier="pro"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(decisions), "floodgate_decisions_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(c, "floodgate_overload_latency_seconds", "floodgate_overload_baseline_seconds",
+		"floodgate_overload_queue_delay_seconds", "floodgate_overload_limit_cause", "floodgate_overload_probing",
+		"floodgate_overload_admitted_total", "floodgate_overload_queued"); n != 1+1+1+6+1+2+1 {
+		t.Errorf("%d series of the other overload metrics, want 13", n)
+	}
+}
