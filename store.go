@@ -12,7 +12,8 @@ import (
 // bucket is empty.
 const Never = time.Duration(1<<63 - 1)
 
-// ErrExceedsBurst is returned by waits for more tokens than the limit's burst.
+// ErrExceedsBurst is returned, or wrapped, by takes and waits of more tokens
+// than the limit's burst: they can never succeed under that limit.
 var ErrExceedsBurst = errors.New("floodgate: n exceeds the limit's burst")
 
 // ErrWouldExceedDeadline is returned by waits that cannot be served before the
@@ -25,8 +26,19 @@ var ErrWouldExceedDeadline = errors.New("floodgate: wait would exceed the contex
 // the bucket full on first use. When the bucket holds fewer than n tokens,
 // nothing is taken and the Result says how long to wait. The limit travels
 // with each call; stores keep only bucket state. An error means the store
-// could not decide (a remote store unreachable, a context done); the Result
-// is then meaningless unless the store documents a fallback.
+// could not decide (a remote store unreachable, a context done, a key the
+// store cannot hold); the Result is then meaningless unless the store
+// documents a fallback.
+//
+// Every store, and [Wait], treat two takes that can never succeed alike:
+//   - n > lim.Burst under a limit with a positive burst (and not [Inf]):
+//     TakeN takes nothing and returns an error wrapping [ErrExceedsBurst],
+//     with a Result refused with RetryAfter [Never]; Wait returns
+//     ErrExceedsBurst.
+//   - any n ≥ 1 under the zero Limit, which admits nothing by design:
+//     TakeN refuses with RetryAfter [Never] and no error, as it refuses a
+//     take from an empty bucket that never refills; Wait returns
+//     [ErrWouldExceedDeadline].
 //
 // Implementations are safe for concurrent use.
 type Store interface {
@@ -84,17 +96,17 @@ type Result struct {
 // Wait takes n tokens from key's bucket in store, sleeping between tries
 // while the bucket is short. It returns nil once the tokens are taken.
 //
-// It returns at once with [ErrExceedsBurst] when n exceeds the burst, with
-// [ErrWouldExceedDeadline] when the store's retry hint already passes ctx's
-// deadline or is [Never] (a zero rate and a short bucket: no deadline is
-// late enough), with ctx.Err() when ctx ends first, and with the store's error
-// when the store cannot decide. Wait works with any [Store] and so cannot
+// It returns at once with [ErrExceedsBurst] when n exceeds a positive burst,
+// with [ErrWouldExceedDeadline] when the store's retry hint already passes
+// ctx's deadline or is [Never] (a zero rate and a short bucket, or the zero
+// Limit: no deadline is late enough), with ctx.Err() when ctx ends first, and
+// with the store's error when the store cannot decide. Wait works with any [Store] and so cannot
 // reserve tokens: under contention another caller may take them first, and
 // Wait tries again. Each sleep is stretched by a random tenth at most, so
 // waiters that were refused together do not all retry in the same instant.
 // Stores that can reserve (keyed.Map.WaitN) serve waiters more fairly.
 func Wait(ctx context.Context, store Store, key string, lim Limit, n int) error {
-	if !lim.IsInf() && n > lim.Burst {
+	if !lim.IsInf() && n > lim.Burst && lim.Burst > 0 {
 		return ErrExceedsBurst
 	}
 	var timer *time.Timer

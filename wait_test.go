@@ -47,6 +47,19 @@ func TestWait(t *testing.T) {
 		if err := floodgate.Wait(ctx, m, "k", lim, 2); !errors.Is(err, floodgate.ErrExceedsBurst) {
 			t.Errorf("Wait(n > burst) = %v, want ErrExceedsBurst", err)
 		}
+		// The store says the same for the same take, as Store requires.
+		if res, err := m.TakeN(ctx, "k", lim, 2); !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never {
+			t.Errorf("TakeN(n > burst) = %+v, %v, want refused for good with ErrExceedsBurst", res, err)
+		}
+		// The zero Limit admits nothing, by design rather than by mistake.
+		for name, w := range map[string]func() error{
+			"floodgate.Wait": func() error { return floodgate.Wait(ctx, m, "none", floodgate.Limit{}, 1) },
+			"keyed.WaitN":    func() error { return m.WaitN(ctx, "none", floodgate.Limit{}, 1) },
+		} {
+			if err := w(); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+				t.Errorf("%s under the zero Limit = %v, want ErrWouldExceedDeadline", name, err)
+			}
+		}
 		// A zero rate never refills a short bucket: as keyed.Map.WaitN says.
 		zero := floodgate.PerSecond(0, 1)
 		if err := floodgate.Wait(ctx, m, "z", zero, 1); err != nil {

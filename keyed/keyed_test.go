@@ -149,6 +149,29 @@ func TestTakeNErrors(t *testing.T) {
 	}
 }
 
+// TestTakeNExceedsBurst: a take of more than a positive burst fails with
+// ErrExceedsBurst and a refusal for good, taking nothing; the zero Limit
+// refuses without an error (floodgate.Store's contract).
+func TestTakeNExceedsBurst(t *testing.T) {
+	m := newMap(t)
+	ctx := context.Background()
+	lim := floodgate.PerSecond(10, 5)
+	if _, err := m.TakeN(ctx, "k", lim, 2); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.TakeN(ctx, "k", lim, 6)
+	if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never || res.Remaining != 3 {
+		t.Errorf("TakeN(n 6 > burst 5) = %+v, %v; want refused for good, 3 left, ErrExceedsBurst", res, err)
+	}
+	res, err = m.TakeN(ctx, "zero", floodgate.Limit{}, 1)
+	if err != nil || res.Allowed || res.RetryAfter != floodgate.Never {
+		t.Errorf("TakeN(zero Limit, 1) = %+v, %v; want refused for good, no error", res, err)
+	}
+	if res, err := m.TakeN(ctx, "inf", floodgate.Inf, 1<<40); err != nil || !res.Allowed {
+		t.Errorf("TakeN(Inf, 2^40) = %+v, %v; want allowed", res, err)
+	}
+}
+
 func TestNewErrors(t *testing.T) {
 	for _, opts := range [][]Option{
 		{WithCapacity(0)},

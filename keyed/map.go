@@ -167,14 +167,21 @@ func (m *Map) at(t time.Time) int64 {
 
 // TakeN takes n tokens from key's bucket under lim, reading the clock once.
 // See [Map.TakeAt] for the semantics. The context is not used: a memory
-// take never blocks on I/O. The error is non-nil only for an invalid limit
-// or a negative n.
+// take never blocks on I/O. The error is non-nil only for an invalid limit,
+// a negative n, and n > lim.Burst under a limit with a positive burst:
+// [floodgate.ErrExceedsBurst], with the Result TakeAt gives (refused with
+// RetryAfter [floodgate.Never], nothing taken), as [floodgate.Store]
+// requires. Keys may be of any length: the Map stores a 62-bit hash of each,
+// not its bytes.
 func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	if err := check(lim, n); err != nil {
 		return floodgate.Result{}, err
 	}
 	var res floodgate.Result
 	m.take(&res, key, lim, n, m.now())
+	if n > lim.Burst && lim.Burst > 0 && !lim.IsInf() {
+		return res, floodgate.ErrExceedsBurst
+	}
 	return res, nil
 }
 

@@ -15,9 +15,9 @@ import (
 // order they arrive and takes by others see the debt.
 //
 // WaitN returns at once, having taken nothing, with:
-//   - [floodgate.ErrExceedsBurst] when n exceeds lim.Burst;
+//   - [floodgate.ErrExceedsBurst] when n exceeds lim.Burst ≥ 1;
 //   - [floodgate.ErrWouldExceedDeadline] when the tokens would come after
-//     ctx's deadline, or never (a zero rate);
+//     ctx's deadline, or never (a zero rate, or the zero Limit);
 //   - ctx.Err() when ctx is already done;
 //   - an error for an invalid lim or a negative n.
 //
@@ -32,6 +32,9 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 		return nil
 	}
 	if n > lim.Burst {
+		if lim.Burst == 0 {
+			return floodgate.ErrWouldExceedDeadline // the zero Limit admits nothing
+		}
 		return floodgate.ErrExceedsBurst
 	}
 	if err := ctx.Err(); err != nil {

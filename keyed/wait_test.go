@@ -64,6 +64,9 @@ func TestWaitNFailsFast(t *testing.T) {
 		if err := m.WaitN(ctx, "k", lim, 2); !errors.Is(err, floodgate.ErrExceedsBurst) {
 			t.Errorf("WaitN(n > burst) = %v, want ErrExceedsBurst", err)
 		}
+		if err := m.WaitN(ctx, "z", floodgate.Limit{}, 1); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+			t.Errorf("WaitN(zero Limit) = %v, want ErrWouldExceedDeadline: it admits nothing, ever", err)
+		}
 		if err := m.WaitN(ctx, "k", lim, 1); err != nil {
 			t.Fatal(err)
 		}
