@@ -7,6 +7,8 @@
 //	B   per-tenant buckets (floodgate's middleware, no CPU gate)
 //	C   buckets with the Fixed gate
 //	D   buckets with the Adaptive gate
+//	E   buckets with the overload controller (package overload), the new
+//	    default
 //	P1  go-grpc-middleware's ratelimit with one global x/time/rate limiter
 //	    at the measured capacity
 //	P2  go-zero's adaptive shedder (core/load) as a unary interceptor
@@ -21,14 +23,14 @@
 // offered load, a step, a capacity change, a tenant burst, and an idle and
 // an overloaded server beside a CPU-burning neighbour) against every
 // variant, one fresh server process per pair (the rejection-cost scenario,
-// rejcost, only against the variants that reject: B, C, D and P1), and
+// rejcost, only against the variants that reject: B, C, D, E and P1), and
 // writes the raw results as JSON (-out), BENCHMARKS.md (-md) and charts
 // (-charts). -render re-renders the report and charts from saved JSON.
 // -quick runs a tiny version. -scenarios runs only some scenarios, and
 // -variants only some variants, for example
 //
 //	go run ./cmd/overload -scenarios rejcost -capacity 380 -out /tmp/x.json -md /tmp/x.md -charts /tmp/x
-//	go run ./cmd/overload -quick -capacity 330 -variants A,D,P3 -scenarios neighbour-idle,neighbour-overload
+//	go run ./cmd/overload -quick -capacity 330 -variants A,E,P3 -scenarios neighbour-idle,neighbour-overload
 //
 // The server is this program re-executed ("overload server ..."), and so is
 // the neighbour ("overload neighbour ..."). Where the machine allows, the
@@ -150,13 +152,14 @@ func loadavg() string {
 }
 
 // allVariants are the variants in report order.
-var allVariants = []string{"A", "B", "C", "D", "P1", "P2", "P3"}
+var allVariants = []string{"A", "B", "C", "D", "E", "P1", "P2", "P3"}
 
 var variantNames = map[string]string{
 	"A":  "no admission control",
 	"B":  "per-tenant buckets",
 	"C":  "buckets + Fixed gate",
 	"D":  "buckets + Adaptive gate",
+	"E":  "buckets + overload controller (the new default)",
 	"P1": "go-grpc-middleware ratelimit, global x/time/rate at capacity",
 	"P2": "go-zero adaptive shedder (core/load)",
 	"P3": "go-kratos/aegis BBR limiter, as kratos' ratelimit middleware",
@@ -302,7 +305,7 @@ func main() {
 	flag.BoolVar(&cfg.Pin, "pin", true, "pin the server and the load generator to different CPUs with taskset")
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
-	variants := flag.String("variants", "", "comma-separated variants (default: all; A,D with -quick)")
+	variants := flag.String("variants", "", "comma-separated variants (default: all; A,E with -quick)")
 	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
 	flag.IntVar(&cfg.NeighbourWorkers, "neighbour-workers", neighbourWorkers, "spinning threads of the neighbour scenarios' CPU-burning neighbour")
 	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
@@ -343,7 +346,7 @@ func main() {
 	}
 	cfg.Variants = allVariants
 	if cfg.Quick {
-		cfg.Variants = []string{"A", "D"}
+		cfg.Variants = []string{"A", targetVariant}
 	}
 	if *variants != "" {
 		cfg.Variants = strings.Split(*variants, ",")

@@ -40,7 +40,7 @@ func TestQuick(t *testing.T) {
 	defer cancel()
 	cfg := Config{
 		Quick: true, Cost: time.Millisecond, Deadline: 500 * time.Millisecond, SLO: 100 * time.Millisecond,
-		Variants: []string{"A", "D"}, Seed: 1, Exe: []string{exe}, Log: t.Logf,
+		Variants: []string{"A", "E"}, Seed: 1, Exe: []string{exe}, Log: t.Logf,
 	}
 	res, err := experiment(ctx, cfg)
 	if err != nil {
@@ -79,37 +79,37 @@ func TestQuick(t *testing.T) {
 		t.Error("step/A: no window of the high segment")
 	}
 
-	// The rejection-cost scenario ran against D alone (A rejects nothing):
+	// The rejection-cost scenario ran against E alone (A rejects nothing):
 	// its figures are well-formed, whatever their values.
-	if len(res.RejCosts) != 1 || res.RejCosts[0].Variant != "D" {
-		t.Fatalf("rejection costs: %+v, want one, of D", res.RejCosts)
+	if len(res.RejCosts) != 1 || res.RejCosts[0].Variant != "E" {
+		t.Fatalf("rejection costs: %+v, want one, of E", res.RejCosts)
 	}
 	rc := res.RejCosts[0]
 	if len(rc.Phases) != 4 {
-		t.Fatalf("rejcost/D: %d phases, want 4", len(rc.Phases))
+		t.Fatalf("rejcost/E: %d phases, want 4", len(rc.Phases))
 	}
 	for _, ph := range rc.Phases {
 		if ph.Secs <= 0 || ph.CPUSec < 0 || math.IsNaN(ph.CPUSec) {
-			t.Errorf("rejcost/D %s: %.3f s, %v CPU-s", ph.Name, ph.Secs, ph.CPUSec)
+			t.Errorf("rejcost/E %s: %.3f s, %v CPU-s", ph.Name, ph.Secs, ph.CPUSec)
 		}
 		if ph.Name != "idle" && ph.Sent == 0 {
-			t.Errorf("rejcost/D %s: nothing sent", ph.Name)
+			t.Errorf("rejcost/E %s: nothing sent", ph.Name)
 		}
 	}
 	if rj := rc.phase("reject"); rj == nil || rj.Rej == 0 {
-		t.Errorf("rejcost/D: no rejections in the reject phase (%+v)", rj)
+		t.Errorf("rejcost/E: no rejections in the reject phase (%+v)", rj)
 	}
 	if sv := rc.phase("served"); sv == nil || sv.Handle == 0 || sv.Rej != 0 {
-		t.Errorf("rejcost/D: the served phase served nothing or rejected (%+v)", sv)
+		t.Errorf("rejcost/E: the served phase served nothing or rejected (%+v)", sv)
 	}
 	for _, v := range []float64{rc.IdleCPU, rc.PerServedUs, rc.PerRejectedUs, rc.Ratio, rc.FloorUs} {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			t.Errorf("rejcost/D: a figure is not finite: %+v", rc)
+			t.Errorf("rejcost/E: a figure is not finite: %+v", rc)
 			break
 		}
 	}
 	if rc.Valid() != (rc.Ratio >= 0) {
-		t.Errorf("rejcost/D: Valid() = %v with ratio %v", rc.Valid(), rc.Ratio)
+		t.Errorf("rejcost/E: Valid() = %v with ratio %v", rc.Valid(), rc.Ratio)
 	}
 
 	dir := t.TempDir()
@@ -131,7 +131,7 @@ func TestQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Overload experiment", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost"} {
+	for _, want := range []string{"# Overload experiment", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost", "## Targets for E, the new default", "a rejection costs ≤ 1% of a served request"} {
 		if !bytes.Contains(report, []byte(want)) {
 			t.Errorf("the report lacks %q", want)
 		}

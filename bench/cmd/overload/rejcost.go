@@ -30,7 +30,7 @@ import (
 //     variant serves; (CPU − idle × duration) / calls served is the CPU
 //     per served call;
 //  3. reject: one caller, the reject tenant, at rejcostRejectLoad ×
-//     capacity. B, C and D give it a quota of 1/s (burst 1), so the
+//     capacity. B, C, D and E give it a quota of 1/s (burst 1), so the
 //     middleware's interceptor rejects nearly every call; P1's global
 //     limiter serves up to the capacity of them and rejects the rest.
 //     (CPU − idle × duration − handlers entered × CPU per served call) /
@@ -43,7 +43,7 @@ import (
 // one, else the server process's user+system time (getrusage), read at
 // each phase's ends; no stats are polled and no health probes sent during
 // the phases, so nothing but the phase's calls and the idle work is in the
-// figures. A and P2 reject nothing of this load and are skipped.
+// figures. A, P2 and P3 reject nothing of this load and are skipped.
 const (
 	rejcostName       = "rejcost"
 	rejcostServedLoad = 0.5
@@ -57,7 +57,7 @@ const (
 )
 
 // rejcostVariants are the variants that reject the scenario's load.
-var rejcostVariants = []string{"B", "C", "D", "P1"}
+var rejcostVariants = []string{"B", "C", "D", "E", "P1"}
 
 // rejcostDurations are the idle, served and reject phases' lengths.
 func rejcostDurations(quick bool) (idle, served, reject time.Duration) {
@@ -99,7 +99,7 @@ type RejCost struct {
 	PerRejectedUs float64 `json:"per_rejected_us"`
 	Ratio         float64 `json:"ratio"`
 	// ServedShare is the share of the reject phase's net CPU that the
-	// subtraction of its handlers took: near 0 for B, C and D, large for
+	// subtraction of its handlers took: near 0 for B, C, D and E, large for
 	// P1, whose figure is then correspondingly less precise.
 	ServedShare float64 `json:"served_share"`
 	// FloorUs is the CPU of a health check at the reject phase's rate, in

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -36,6 +37,7 @@ import (
 	"github.com/floodgate-go/floodgate/internal/burn"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
 
@@ -61,8 +63,8 @@ type serverStats struct {
 	Served  uint64  `json:"served"`  // Allocate calls the handler completed
 	CostNs  int64   `json:"cost_ns"` // the handler's CPU cost in force
 	// Limit, Inflight and Queued are a concurrency limiter's: its limit,
-	// the calls it has let in and not seen complete, and the calls waiting
-	// for a slot (E; P3 reports its in-flight count).
+	// the calls holding a slot, and the calls waiting for one (E's
+	// controller; P3 reports its in-flight count).
 	Limit    float64 `json:"limit,omitempty"`
 	Inflight int     `json:"inflight,omitempty"`
 	Queued   int     `json:"queued,omitempty"`
@@ -139,12 +141,16 @@ func serverMain(args []string) error {
 		return fmt.Errorf("unknown sampler %q", *samplerName)
 	}
 	// Every variant runs a gate, so that the CPU reading is on record; only
-	// C and D put it in front of calls.
-	var policy cpugate.Policy = cpugate.Fixed{}
-	if *variant == "D" {
-		policy = cpugate.Adaptive{}
+	// C and D put it in front of calls, and E gives it to its controller
+	// as a guard, with the gate's defaults, as a user would.
+	gopts := []cpugate.Option{cpugate.WithPolicy(cpugate.Fixed{})}
+	switch *variant {
+	case "D":
+		gopts = []cpugate.Option{cpugate.WithPolicy(cpugate.Adaptive{})}
+	case "E":
+		gopts = nil // the gate's defaults: its scale goes nowhere
 	}
-	gate, err := cpugate.New(sampler, cpugate.WithPolicy(policy))
+	gate, err := cpugate.New(sampler, gopts...)
 	if err != nil {
 		return err
 	}
@@ -251,7 +257,7 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 	switch name {
 	case "A":
 		return variant{}, nil
-	case "B", "C", "D":
+	case "B", "C", "D", "E":
 		table, err := tenantTable(capacity)
 		if err != nil {
 			return variant{}, err
@@ -262,12 +268,32 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 		}
 		opts := []middleware.Option{middleware.WithAPIKeyHeaders(apiKeyHeader)}
 		v := variant{}
-		if name != "B" {
+		switch name {
+		case "C", "D":
 			// As examples/multitenant does: the gate scales every quota, and
 			// while it sheds the tap handle turns callers still inside their
 			// retry delay away (the default).
 			opts = append(opts, middleware.WithGate(gate))
 			v.stats = gated
+		case "E":
+			// The overload controller after the quotas, with the gate as
+			// its guard: its CPU readings go into the controller's
+			// snapshots, and its scale is not used.
+			ctrlOpts := []overload.Option{overload.WithGuard(gate)}
+			if os.Getenv("FLOODGATE_OVERLOAD_LOG") != "" {
+				// Every change of the controller, on the server's stderr.
+				ctrlOpts = append(ctrlOpts, overload.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+			}
+			ctrl, err := overload.New(ctrlOpts...)
+			if err != nil {
+				return variant{}, err
+			}
+			opts = append(opts, middleware.WithOverload(ctrl))
+			v.stats = func(st *serverStats, _ cpugate.Snapshot) {
+				snap := ctrl.Snapshot()
+				st.State = snap.State.String()
+				st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
+			}
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
 		if err != nil {
