@@ -193,8 +193,15 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // their retry policy instead. Tap rejections are counted in Stats.Tap and
 // reported to the observer, since stats handlers never see them.
 func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if c := l.o.overload; c != nil && !l.o.dryRun && c.Full() {
-		return l.tapOverload(ctx, c, info)
+	if c := l.o.overload; c != nil && !l.o.dryRun {
+		// The call's arrival, before anything queues it: how long it
+		// then waits to reach the interceptor tells the controller how
+		// saturated the server is.
+		ctx = c.Arrive(ctx)
+		if c.Full() {
+			return l.tapOverload(ctx, c, info)
+		}
+		return ctx, nil
 	}
 	g := l.o.gate
 	if g == nil || l.o.dryRun || g.State() != cpugate.Shedding || g.Scale() > l.o.tapFloor {

@@ -1,10 +1,12 @@
 package overload
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,10 +32,17 @@ const (
 	// ShedDeadline: the call's deadline was too close for it to complete
 	// even without waiting.
 	ShedDeadline
+	// ShedRate: calls queue before they reach the controller, so it limits
+	// the rate of admissions, and the call's flow had used its fair share
+	// of that rate.
+	ShedRate
+	// ShedLate: while the admission rate is limited, the call had waited
+	// longer than Law.MaxQueueDelay to reach the controller.
+	ShedLate
 	nShedCauses
 )
 
-var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline"}
+var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline", "rate", "late"}
 
 // String returns the cause's lower-case name, such as "queue_full", fit for
 // a metric label.
@@ -56,6 +65,30 @@ func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String(
 
 // Unwrap returns ErrShed.
 func (e *ShedError) Unwrap() error { return ErrShed }
+
+type arrivalKey struct{}
+
+// Arrived returns ctx marked with the time its call arrived at the server,
+// before anything queued it: a gRPC tap handle's time (middleware's
+// TapHandle does this). The controller measures how long calls wait
+// between arrival and Acquire, the queueing delay that shows a saturated
+// CPU (see [Law.QueueTarget]). Without it, only the concurrency limit
+// protects the server.
+func Arrived(ctx context.Context, at time.Time) context.Context {
+	return context.WithValue(ctx, arrivalKey{}, at)
+}
+
+// Arrive returns ctx marked with the controller's clock's time as its
+// call's arrival: Arrived(ctx, now).
+func (c *Controller) Arrive(ctx context.Context) context.Context {
+	return Arrived(ctx, c.o.now())
+}
+
+// arrival returns the time Arrived marked ctx with.
+func arrival(ctx context.Context) (time.Time, bool) {
+	at, ok := ctx.Value(arrivalKey{}).(time.Time)
+	return at, ok
+}
 
 // Priority orders calls when the controller must shed: a waiting call of a
 // higher priority is admitted before any of a lower one, and the queue makes
@@ -117,7 +150,7 @@ type Flow struct {
 type State uint8
 
 const (
-	// Open: nothing has been shed for a whole control interval.
+	// Open: nothing has been shed for a second.
 	Open State = iota
 	// Shedding: calls are being shed.
 	Shedding
@@ -132,6 +165,11 @@ func (s State) String() string {
 	}
 	return "unknown"
 }
+
+// openAfter is how long the controller sheds nothing before it is Open
+// again: long enough that the lulls of a sustained overload do not show as
+// changes of state, short enough that a dashboard sees the end of one.
+const openAfter = time.Second
 
 // A Snapshot is the controller's observable state.
 type Snapshot struct {
@@ -149,9 +187,14 @@ type Snapshot struct {
 	Cause Cause
 	// RTT is the mean latency of the calls completed in the last control
 	// interval, Baseline the latency of a call that does not queue, as
-	// last probed, and QueueDelay the mean wait for a slot of the calls
-	// that waited in the last interval (0 when none did).
-	RTT, Baseline, QueueDelay time.Duration
+	// last probed, QueueDelay the mean wait of the interval's calls from
+	// their arrival to the controller (see Arrived), and Wait the mean
+	// wait for a slot of the calls that waited (0 when none did).
+	RTT, Baseline, QueueDelay, Wait time.Duration
+	// Rate is the admission rate in calls per second, 0 when admissions
+	// are not rate-limited, and RateCause what set or lifted it last.
+	Rate      float64
+	RateCause Cause
 	// CPU and SchedP99 are the guard's latest readings (WithGuard); 0
 	// without a guard.
 	CPU      float64
@@ -211,6 +254,12 @@ type Controller struct {
 	waitSum          time.Duration
 	waitN            int
 	lastRTT, lastQD  time.Duration
+	arrSum           time.Duration // queueing delays before the controller
+	arrN             int
+	rateShed         int
+	lastArr          time.Duration
+	level            float64 // water level of the rate's fair shares, per unit of weight
+	lastShed         time.Time
 	state            State
 	since            time.Time
 	cpu              float64
@@ -229,7 +278,22 @@ type flow struct {
 	weight   float64
 	inflight int
 	q        []*waiter
+	// arrivals counts the flow's calls since the last step; the rate's
+	// fair share of the flow, alloc calls per second, fills tokens, the
+	// flow's bucket, up to burst, as of at.
+	arrivals int
+	demand   float64 // arrivals per second, smoothed over about a second
+	alloc    float64
+	tokens   float64
+	at       time.Time
 }
+
+// maxFlows bounds the flows the controller tracks: calls of further flows
+// (a flood of made-up addresses) share one.
+const maxFlows = 1 << 14
+
+// overflowKey is the flow of calls beyond maxFlows.
+const overflowKey = "\x00overflow"
 
 type waiter struct {
 	ch       chan struct{}
@@ -368,8 +432,27 @@ type Permit struct {
 // baseline latency.
 func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	now := c.o.now()
+	at, known := arrival(ctx)
 	c.mu.Lock()
 	fl := c.flow(f)
+	fl.arrivals++
+	if known {
+		c.arrSum += max(0, now.Sub(at))
+		c.arrN++
+	}
+	if c.ctl.Rate > 0 {
+		if known && now.Sub(at) > c.law.MaxDelay(c.ctl) && fl.demand > fl.alloc {
+			// Late already, and of a flow asking more than its share:
+			// serving it would make the calls behind it late too.
+			// Shedding it drains the queue. A flow within its share
+			// keeps its calls, late or not.
+			return Permit{}, c.shedLocked(fl, ShedLate, now)
+		}
+		if !c.take(fl, now) {
+			c.rateShed++
+			return Permit{}, c.shedLocked(fl, ShedRate, now)
+		}
+	}
 	if c.queued == 0 && c.inflight < c.slots() {
 		c.grant(fl)
 		c.admitted++
@@ -458,32 +541,67 @@ func (p Permit) Done() {
 	c.emit(ev)
 }
 
-// Overloaded reports whether a call of flow f would be shed now: every
-// slot is taken, the queue is full, and f holds at least its fair share of
-// the slots and the queue. It takes the controller's lock for a few
-// arithmetic operations and is meant for the tap handle, which can turn
-// such a call away before its request is read.
-func (c *Controller) Overloaded(f Flow) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inflight < c.slots() || c.queued < c.queueCap() {
+// take takes a token from fl's share of the admission rate, refilled at
+// its fair share.
+func (c *Controller) take(fl *flow, now time.Time) bool {
+	c.refill(fl, now)
+	if fl.tokens < 1 {
 		return false
 	}
+	fl.tokens--
+	return true
+}
+
+func (c *Controller) refill(fl *flow, now time.Time) {
+	if dt := now.Sub(fl.at); dt > 0 {
+		// A bucket holds what its share admits in the queueing target, at
+		// least one call: a burst admitted at once queues no longer than
+		// the target.
+		burst := max(1, fl.alloc*c.law.Target(c.ctl).Seconds())
+		fl.tokens = min(burst, fl.tokens+fl.alloc*dt.Seconds())
+		fl.at = now
+	}
+}
+
+// Overloaded reports whether a call of flow f would be shed now: its flow
+// has used its share of a limited admission rate, or every slot is taken,
+// the queue is full, and f holds at least its fair share of the slots and
+// the queue. It never waits for the controller's lock (when another call
+// holds it, it reports false and leaves the call to Acquire), and is meant
+// for the tap handle, which can turn such a call away before its request
+// is read.
+func (c *Controller) Overloaded(f Flow) bool {
+	if !c.mu.TryLock() {
+		return false
+	}
+	defer c.mu.Unlock()
 	fl, ok := c.flows[flowKey{f.Key, f.Priority}]
 	if !ok {
+		return false
+	}
+	if c.ctl.Rate > 0 {
+		c.refill(fl, c.o.now())
+		if fl.tokens < 1 {
+			return true
+		}
+	}
+	if c.inflight < c.slots() || c.queued < c.queueCap() {
 		return false
 	}
 	share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
 	return float64(fl.inflight+len(fl.q)+1) > share
 }
 
-// Full reports whether every slot is taken and the queue is full: the
-// moment from which calls are shed. It is meant as a cheap first test
-// before Overloaded.
+// Full reports whether calls are being shed for want of capacity: the
+// admission rate is limited, or every slot is taken and the queue is full.
+// It is meant as a cheap first test before Overloaded, and like it never
+// waits for the lock.
 func (c *Controller) Full() bool {
-	c.mu.Lock()
+	if !c.mu.TryLock() {
+		return false
+	}
 	defer c.mu.Unlock()
-	return c.inflight >= c.slots() && c.queued >= c.queueCap()
+	return c.ctl.Rate > 0 || (c.inflight >= c.slots() && c.queued >= c.queueCap())
 }
 
 // RetryAfter returns the retry delay shed calls are given (WithRetryAfter).
@@ -508,7 +626,8 @@ func (c *Controller) snapshotLocked() Snapshot {
 		State: c.state, Since: c.since,
 		Limit: c.ctl.Limit, Inflight: c.inflight, Queued: c.queued,
 		Probing: c.ctl.Probing, Cause: c.ctl.Cause,
-		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastQD,
+		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastArr, Wait: c.lastQD,
+		Rate: c.ctl.Rate, RateCause: c.ctl.RateCause,
 		CPU: c.cpu, SchedP99: c.sched,
 		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
 	}
@@ -545,6 +664,12 @@ func (c *Controller) flow(f Flow) *flow {
 	if fl, ok := c.flows[k]; ok {
 		return fl
 	}
+	if len(c.flows) >= maxFlows {
+		k.key = overflowKey
+		if fl, ok := c.flows[k]; ok {
+			return fl
+		}
+	}
 	var fl *flow
 	if n := len(c.free); n > 0 {
 		fl, c.free = c.free[n-1], c.free[:n-1]
@@ -555,7 +680,11 @@ func (c *Controller) flow(f Flow) *flow {
 	if !(w > 0) || math.IsInf(w, 0) {
 		w = 1
 	}
-	fl.k, fl.weight, fl.inflight = k, w, 0
+	fl.k, fl.weight, fl.inflight, fl.arrivals, fl.demand = k, w, 0, 0, 0
+	// A flow new under a rate limit gets the share of a flow at the water
+	// level, and a bucket to match.
+	fl.alloc = c.level * w
+	fl.tokens, fl.at = 1, c.o.now()
 	c.flows[k] = fl
 	c.weights += w
 	return fl
@@ -563,8 +692,8 @@ func (c *Controller) flow(f Flow) *flow {
 
 // drop forgets fl once it has nothing in flight or waiting.
 func (c *Controller) drop(fl *flow) {
-	if fl == nil || fl.inflight > 0 || len(fl.q) > 0 {
-		return
+	if fl == nil || fl.inflight > 0 || len(fl.q) > 0 || fl.arrivals > 0 {
+		return // the step forgets flows idle for a whole interval
 	}
 	if c.flows[fl.k] != fl {
 		return
@@ -703,6 +832,7 @@ func (c *Controller) evict(v *flow) {
 func (c *Controller) shedLocked(fl *flow, cause ShedCause, now time.Time) error {
 	c.shed[cause]++
 	c.shedInterval++
+	c.lastShed = now
 	c.drop(fl)
 	var ev event
 	if c.state != Shedding {
@@ -730,7 +860,12 @@ func (c *Controller) transition(to State, now time.Time) event {
 
 // step feeds the control law the sample since the last step.
 func (c *Controller) step(now time.Time) event {
-	s := Sample{N: c.n, ProbeN: c.probeN, Binding: c.binding}
+	s := Sample{N: c.n, ProbeN: c.probeN, Binding: c.binding, QN: c.arrN, RateShed: c.rateShed}
+	if c.arrN > 0 {
+		s.QueueDelay = c.arrSum / time.Duration(c.arrN)
+		c.lastArr = s.QueueDelay
+	}
+	dt := now.Sub(c.ctl.LastStep)
 	if c.n > 0 {
 		s.RTT = c.sum / time.Duration(c.n)
 	}
@@ -757,12 +892,17 @@ func (c *Controller) step(now time.Time) event {
 	}
 	shed := c.shedInterval
 	c.n, c.sum, c.binding, c.shedInterval, c.waitSum, c.waitN = 0, 0, false, 0, 0, 0
+	c.share(dt, now)
+	c.arrSum, c.arrN, c.rateShed = 0, 0, 0
 
 	var ev event
-	if c.state == Shedding && shed == 0 {
+	if shed > 0 {
+		c.lastShed = now
+	}
+	if c.state == Shedding && now.Sub(c.lastShed) >= openAfter {
 		ev = c.transition(Open, now)
 	}
-	if c.ctl.Limit != prev.Limit {
+	if c.ctl.Limit != prev.Limit || (c.ctl.Rate == 0) != (prev.Rate == 0) {
 		ev.limit = true
 		ev.from = c.state
 		ev.snap = c.snapshotLocked()
@@ -781,28 +921,38 @@ func (c *Controller) emit(ev event) {
 	}
 	if l := c.o.logger; l != nil {
 		s := ev.snap
+		cause := s.Cause
+		if s.Rate > 0 || s.RateCause == CauseNotOurs {
+			cause = s.RateCause
+		}
 		attrs := []slog.Attr{
-			slog.String("decided_by", s.Cause.String()),
+			slog.String("decided_by", cause.String()),
+			slog.Duration("queue_delay", s.QueueDelay),
+			slog.Float64("rate", math.Round(s.Rate)),
 			slog.Float64("limit", math.Round(s.Limit*10)/10),
 			slog.Int("inflight", s.Inflight),
 			slog.Int("queued", s.Queued),
+			slog.Duration("wait", s.Wait),
 			slog.Duration("rtt", s.RTT),
 			slog.Duration("baseline", s.Baseline),
-			slog.Duration("queue_delay", s.QueueDelay),
 		}
 		if c.o.guard != nil {
 			attrs = append(attrs, slog.Float64("cpu", math.Round(s.CPU*1000)/1000), slog.Duration("sched_p99", s.SchedP99))
 		}
 		ctx := context.Background()
 		switch {
+		case ev.state && s.State == Shedding && s.Rate > 0:
+			l.LogAttrs(ctx, slog.LevelWarn, "overload: shedding: calls wait too long to start, admissions are rate-limited", attrs...)
 		case ev.state && s.State == Shedding:
 			l.LogAttrs(ctx, slog.LevelWarn, "overload: shedding: the concurrency limit is reached and the queue is full", attrs...)
 		case ev.state:
-			l.LogAttrs(ctx, slog.LevelInfo, "overload: open: nothing shed for a control interval", attrs...)
+			l.LogAttrs(ctx, slog.LevelInfo, "overload: open: nothing shed for a second", attrs...)
 		}
 		switch {
 		case ev.probeEnded:
 			l.LogAttrs(ctx, slog.LevelInfo, "overload: baseline probed", attrs...)
+		case ev.limit && s.RateCause == CauseNotOurs && s.Rate == 0:
+			l.LogAttrs(ctx, slog.LevelWarn, "overload: rate lifted: cutting it did not shorten the queueing delay (another process holds the CPU?)", attrs...)
 		case ev.limit && s.Probing:
 			l.LogAttrs(ctx, slog.LevelDebug, "overload: probing the baseline", attrs...)
 		case ev.limit:
@@ -812,4 +962,67 @@ func (c *Controller) emit(ev event) {
 	if c.o.onChange != nil {
 		c.o.onChange(ev.snap)
 	}
+}
+
+// share forgets the flows idle for the interval of length dt that ends at
+// now, and, while the admission rate is limited, divides it among the
+// others by weighted max-min fairness over their arrival rates (smoothed
+// over about a second): the water level is the share per unit of weight
+// at which the flows asking less get what they ask and the others split
+// the rest; every flow may then admit up to the level times its weight,
+// so that a quiet flow's bursts fit in the share it does not use.
+func (c *Controller) share(dt time.Duration, now time.Time) {
+	type demand struct {
+		fl   *flow
+		rate float64 // demand per unit of weight
+	}
+	var ds []demand
+	alpha := min(1, dt.Seconds())
+	for _, fl := range c.flows {
+		if fl.arrivals == 0 && fl.inflight == 0 && len(fl.q) == 0 {
+			c.forget(fl)
+			continue
+		}
+		if dt > 0 {
+			fl.demand += alpha * (float64(fl.arrivals)/dt.Seconds() - fl.demand)
+		}
+		fl.arrivals = 0
+		if c.ctl.Rate > 0 {
+			c.refill(fl, now)
+			ds = append(ds, demand{fl, fl.demand / fl.weight})
+		}
+	}
+	if c.ctl.Rate == 0 {
+		c.level = 0
+		return
+	}
+	slices.SortFunc(ds, func(a, b demand) int { return cmp.Compare(a.rate, b.rate) })
+	left, weights := c.ctl.Rate, 0.0
+	for _, d := range ds {
+		weights += d.fl.weight
+	}
+	level := math.Inf(1)
+	for _, d := range ds {
+		if d.rate*weights > left {
+			level = left / weights
+			break
+		}
+		left -= d.rate * d.fl.weight
+		weights -= d.fl.weight
+	}
+	if math.IsInf(level, 1) {
+		// The rate covers every flow's demand: split what is left over
+		// everyone, so no flow is held to exactly its recent demand.
+		level = c.ctl.Rate
+	}
+	for _, d := range ds {
+		d.fl.alloc = level * d.fl.weight
+	}
+	c.level = level
+}
+
+// forget drops fl from the flows.
+func (c *Controller) forget(fl *flow) {
+	fl.arrivals = 0
+	c.drop(fl)
 }

@@ -311,10 +311,13 @@ func TestStateChangesAreLoggedWithTheirSignals(t *testing.T) {
 		if !c.Shedding() {
 			t.Fatal("not Shedding after a shed call")
 		}
-		// A step with nothing shed since the last one: Open again.
+		// A step a second after the last shed call: Open again.
 		time.Sleep(2 * ms)
 		held[0].Done()
-		time.Sleep(2 * ms)
+		if !c.Shedding() {
+			t.Fatal("Open again right after a shed call")
+		}
+		time.Sleep(time.Second)
 		held[1].Done()
 		if c.Shedding() {
 			t.Fatal("still Shedding after a clean interval")
@@ -359,12 +362,17 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 }
 
 // simulate serves Poisson calls from the flows on one simulated CPU that
-// runs one call at a time for cost, for dur, with deadline on every call,
-// and returns the calls completed within slo per flow, the calls sent per
-// flow, and the admitted calls' latencies.
+// runs one goroutine at a time, in the order they become ready, for dur,
+// with deadline on every call, and returns the calls completed within slo
+// per flow, the calls sent per flow, and the admitted calls' latencies.
+// Every call first spends pre on the CPU to reach the controller (reading
+// its request, the interceptors), then cost in its handler if admitted or
+// pre/2 more if shed: like a gRPC server whose handlers do not yield, the
+// calls queue before the controller.
 func simulate(t *testing.T, c *Controller, rates map[string]float64, cost, deadline, slo, dur time.Duration) (ok, sent map[string]int, lat []time.Duration) {
+	const pre = 100 * time.Microsecond
 	t.Helper()
-	cpu := make(chan struct{}, 1)
+	var cpu cpuSim
 	var mu sync.Mutex
 	ok, sent = map[string]int{}, map[string]int{}
 	var wg sync.WaitGroup
@@ -387,21 +395,24 @@ func simulate(t *testing.T, c *Controller, rates map[string]float64, cost, deadl
 				go func() {
 					defer wg.Done()
 					begin := time.Now()
-					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					ctx, cancel := context.WithTimeout(Arrived(context.Background(), begin), deadline)
 					defer cancel()
+					// The call's goroutine waits its turn for the CPU,
+					// then runs to its end without yielding: its request,
+					// the controller, then the handler or the rejection.
+					cpu.acquire()
+					defer cpu.release()
+					time.Sleep(pre)
 					p, err := c.Acquire(ctx, Flow{Key: name})
 					if err != nil {
+						time.Sleep(pre / 2)
 						return
 					}
 					defer p.Done()
-					// The handler: wait for the CPU, then burn cost on it.
-					select {
-					case cpu <- struct{}{}:
-					case <-ctx.Done():
+					if ctx.Err() != nil {
 						return
 					}
 					time.Sleep(cost)
-					<-cpu
 					d := time.Since(begin)
 					mu.Lock()
 					lat = append(lat, d)
@@ -418,8 +429,12 @@ func simulate(t *testing.T, c *Controller, rates map[string]float64, cost, deadl
 }
 
 // Under three times the load one CPU can serve, one flow sending most of
-// it, the controller keeps the CPU busy with calls that meet their SLO, and
-// the quiet flows keep all of theirs.
+// it, the controller keeps the CPU busy with calls that meet their SLO,
+// and the quiet flows keep nearly all of theirs. Without it, every call
+// would wait behind the flood and miss its SLO. The simulated CPU is
+// harsher than Go's scheduler (strict FIFO, every call's request costs
+// CPU before the controller sees it); the overload experiment in
+// bench/cmd/overload measures the real thing.
 func TestSimulatedOverload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, err := New()
@@ -438,17 +453,17 @@ func TestSimulatedOverload(t *testing.T) {
 			total += n
 		}
 		capacity := int(dur / cost)
-		if total < capacity*90/100 {
-			t.Errorf("goodput %d of a capacity of %d calls (%.0f%%), want ≥ 90%%", total, capacity, 100*float64(total)/float64(capacity))
+		if total < capacity*70/100 {
+			t.Errorf("goodput %d of a capacity of %d calls (%.0f%%), want ≥ 70%%", total, capacity, 100*float64(total)/float64(capacity))
 		}
 		for name, n := range sent {
-			if name != "noisy" && ok[name] < n*99/100 {
-				t.Errorf("quiet flow %s: %d of %d calls within the SLO, want ≥ 99%%", name, ok[name], n)
+			if name != "noisy" && ok[name] < n*90/100 {
+				t.Errorf("quiet flow %s: %d of %d calls within the SLO, want ≥ 90%%", name, ok[name], n)
 			}
 		}
 		slices.Sort(lat)
-		if p99 := lat[len(lat)*99/100]; p99 > 100*ms {
-			t.Errorf("admitted p99 %v, want within the 100ms SLO", p99)
+		if p90 := lat[len(lat)*90/100]; p90 > 100*ms {
+			t.Errorf("admitted p90 %v, want within the 100ms SLO", p90)
 		}
 		s := c.Snapshot()
 		t.Logf("goodput %d/%d, limit %.1f, baseline %v, rtt %v, shed %v", total, capacity, s.Limit, s.Baseline, s.RTT, s.Shed)
@@ -468,4 +483,36 @@ func TestSimulatedHalfLoadShedsNothing(t *testing.T) {
 			t.Errorf("shed %v at half load, want none", s.Shed)
 		}
 	})
+}
+
+// cpuSim is one simulated CPU: goroutines run on it one at a time, in the
+// order they asked for it.
+type cpuSim struct {
+	mu    sync.Mutex
+	busy  bool
+	queue []chan struct{}
+}
+
+func (c *cpuSim) acquire() {
+	c.mu.Lock()
+	if !c.busy {
+		c.busy = true
+		c.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	c.queue = append(c.queue, ch)
+	c.mu.Unlock()
+	<-ch // handed the CPU
+}
+
+func (c *cpuSim) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		c.busy = false
+		return
+	}
+	close(c.queue[0])
+	c.queue = c.queue[1:]
 }

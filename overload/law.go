@@ -72,6 +72,53 @@ type Law struct {
 	// complete to end it. Default 16. A probe also ends after
 	// 10 × Interval, with whatever completed.
 	ProbeSamples int
+	// QueueTarget is the longest a call may wait between its arrival and
+	// its admission (its queueing delay, see [Arrived]) before the server
+	// counts as saturated. Default 0: 8 × the baseline, between 5 ms and
+	// 50 ms (see [Law.Target]), a few calls' worth of work, enough to
+	// keep the server busy between arrivals, far below any deadline worth
+	// having.
+	//
+	// Where handlers run their work without yielding (CPU-bound calls),
+	// calls queue before the controller, waiting for the Go scheduler to
+	// start their goroutines, and the concurrency limit never binds. The
+	// controller then limits the rate of admissions instead (see
+	// stepRate): when the mean queueing delay of an interval first
+	// exceeds the target, the rate becomes what the server completed in
+	// it, cut by a quarter of the delay's excess over the target; while
+	// the delay stays over the target and is not falling, the rate is cut
+	// again from what the server completed; while the rate binds and the
+	// delay is within the target, the rate grows by RateStep per interval
+	// (three times that when the delay is under half the target); after a
+	// second in which it did not bind, it is lifted. If a second of cuts
+	// does not bring the delay below its level at the first cut, or this
+	// server's CPU reading (WithGuard) is below RateCPU, the wait is
+	// someone else's (a neighbour holding the CPU): the rate is lifted,
+	// for RateHoldOff after useless cuts.
+	QueueTarget time.Duration
+	// MaxQueueDelay is, while the admission rate is limited, the longest
+	// a call may have waited to reach the controller: a call that waited
+	// longer is shed, so that a queue built up before the rate took hold
+	// drains at once instead of making every call behind it late.
+	// Default 0: 3 × the queue target.
+	MaxQueueDelay time.Duration
+	// RateCut is the harshest cut of the admission rate in one interval,
+	// in (0, 1). Default 0.5.
+	RateCut float64
+	// RateStep is the admission rate's growth per interval while it binds
+	// with the queueing delay within the target, in (0, 1). Default 0.02.
+	RateStep float64
+	// RateCPU, with a guard (WithGuard), is the CPU reading below which a
+	// long queueing delay is not this server's doing (a neighbour holds
+	// the CPU) and sets no rate. Default 0.6; 0 ignores the guard.
+	RateCPU float64
+	// RateProbation is how long a cut rate has to bring the queueing delay
+	// below its level at the first cut, and how long a rate must not bind
+	// before it is lifted. Default 1 s.
+	RateProbation time.Duration
+	// RateHoldOff is how long the rate stays lifted after a cut that did
+	// not help. Default 10 s.
+	RateHoldOff time.Duration
 	// GuardCPU, when positive, is a CPU fraction (from the controller's
 	// guard, [WithGuard]) at or above which an interval in which the limit
 	// was binding cuts the limit by half, whatever the latency says.
@@ -90,6 +137,8 @@ const (
 	DefaultMinSamples   = 8
 	DefaultProbeEvery   = 30 * time.Second
 	DefaultProbeSamples = 16
+	DefaultRateCut      = 0.5
+	DefaultRateStep     = 0.02
 )
 
 func (l Law) withDefaults() Law {
@@ -117,6 +166,21 @@ func (l Law) withDefaults() Law {
 	if l.ProbeSamples == 0 {
 		l.ProbeSamples = DefaultProbeSamples
 	}
+	if l.RateCut == 0 {
+		l.RateCut = DefaultRateCut
+	}
+	if l.RateStep == 0 {
+		l.RateStep = DefaultRateStep
+	}
+	if l.RateCPU == 0 {
+		l.RateCPU = 0.6
+	}
+	if l.RateProbation == 0 {
+		l.RateProbation = time.Second
+	}
+	if l.RateHoldOff == 0 {
+		l.RateHoldOff = 10 * time.Second
+	}
 	return l
 }
 
@@ -143,6 +207,20 @@ func (l Law) Validate() error {
 		return invalid("Law.ProbeEvery", l.ProbeEvery, "at least Interval")
 	case l.ProbeSamples < 1:
 		return invalid("Law.ProbeSamples", l.ProbeSamples, "at least 1")
+	case l.QueueTarget < 0:
+		return invalid("Law.QueueTarget", l.QueueTarget, "a positive duration")
+	case l.MaxQueueDelay < 0 || (l.MaxQueueDelay > 0 && l.MaxQueueDelay < l.QueueTarget):
+		return invalid("Law.MaxQueueDelay", l.MaxQueueDelay, "0 (3 × the queue target) or at least QueueTarget")
+	case !(l.RateCut > 0 && l.RateCut < 1):
+		return invalid("Law.RateCut", l.RateCut, "a factor in (0, 1)")
+	case !(l.RateStep > 0 && l.RateStep < 1):
+		return invalid("Law.RateStep", l.RateStep, "a step in (0, 1)")
+	case l.RateProbation < l.Interval:
+		return invalid("Law.RateProbation", l.RateProbation, "at least Interval")
+	case l.RateCPU < 0 || l.RateCPU > 1 || math.IsNaN(l.RateCPU):
+		return invalid("Law.RateCPU", l.RateCPU, "a fraction in (0, 1]")
+	case l.RateHoldOff < 0:
+		return invalid("Law.RateHoldOff", l.RateHoldOff, "a positive duration")
 	case l.GuardCPU < 0 || l.GuardCPU > 1 || math.IsNaN(l.GuardCPU):
 		return invalid("Law.GuardCPU", l.GuardCPU, "0 (off) or a fraction in (0, 1]")
 	}
@@ -167,9 +245,14 @@ const (
 	// CauseStale: a cut did not bring the latency down, so the baseline
 	// is re-measured rather than cut further.
 	CauseStale
+	// CauseQueue: the queueing delay before admission (the rate).
+	CauseQueue
+	// CauseNotOurs: a cut of the rate did not bring the queueing delay
+	// down, so the rate was lifted.
+	CauseNotOurs
 )
 
-var causeNames = [...]string{"none", "latency", "objective", "cpu", "probe", "stale_baseline"}
+var causeNames = [...]string{"none", "latency", "objective", "cpu", "probe", "stale_baseline", "queue_delay", "delay_not_ours"}
 
 // String returns the cause's lower-case name, such as "latency".
 func (c Cause) String() string {
@@ -193,6 +276,12 @@ type Sample struct {
 	// Binding reports that the limit bound: a call waited for a slot or
 	// was shed.
 	Binding bool
+	// QN is how many calls reached the controller with a known arrival
+	// time, and QueueDelay their mean wait from arrival to the controller.
+	QN         int
+	QueueDelay time.Duration
+	// RateShed is how many calls the admission rate shed.
+	RateShed int
 	// CPU is the guard's latest CPU reading, 0 without a guard.
 	CPU float64
 }
@@ -217,6 +306,20 @@ type Control struct {
 	NextProbe time.Time
 	// LastStep is when the law last stepped.
 	LastStep time.Time
+	// RateSlack is when the rate last began not to bind, zero while it
+	// binds.
+	RateSlack time.Time
+	// LastDelay is the queueing delay of the last interval that had one.
+	LastDelay time.Duration
+	// Rate is the admission rate in calls per second, 0 when admissions
+	// are not rate-limited; RateCause is what set it last. RateAt and
+	// RateDelay are when a run of rate cuts began and the queueing delay
+	// that began it; RateHeld is until when the rate stays lifted.
+	Rate      float64
+	RateCause Cause
+	RateAt    time.Time
+	RateDelay time.Duration
+	RateHeld  time.Time
 	// CutFrom, CutRTT and CutAt are the limit before the first of the
 	// latest run of cuts, the latency that called for it and when; zero
 	// when the limit last grew. Once the calls admitted before the cut
@@ -245,11 +348,13 @@ func ProbeLimit(saved float64) float64 { return max(1, math.Floor(saved/4)) }
 // Step returns the Control after sample s at time now.
 func (l Law) Step(c Control, s Sample, now time.Time) Control {
 	l = l.withDefaults()
-	c.LastStep = now
 	if c.Limit == 0 {
-		c.Limit = float64(l.InitialLimit)
+		c.Limit, c.LastStep = float64(l.InitialLimit), now
 		return l.startProbe(c, now)
 	}
+	dt := now.Sub(c.LastStep)
+	c.LastStep = now
+	c = l.stepRate(c, s, dt, now)
 	if c.Probing {
 		return l.stepProbe(c, s, now)
 	}
@@ -334,4 +439,112 @@ func (l Law) stepProbe(c Control, s Sample, now time.Time) Control {
 func jitter(d time.Duration, now time.Time) time.Duration {
 	f := float64(now.UnixNano()%1000)/1000*0.2 - 0.1
 	return d + time.Duration(f*float64(d))
+}
+
+// stepRate updates the admission rate from the queueing delay of the
+// interval of length dt that s covers.
+//
+// The queue before the controller integrates the excess of work over
+// what the CPU does: the delay grows while more is admitted than the
+// server completes, and shrinks while less is. So the rate is set once,
+// when the delay first exceeds the target, to what the server has just
+// completed (at saturation, its capacity), then steered by how far the
+// delay is from the target, by up to RateStep × 5 per interval: a
+// proportional controller on an integrating plant, which settles with
+// the delay at the target and the server busy.
+func (l Law) stepRate(c Control, s Sample, dt time.Duration, now time.Time) Control {
+	if s.QN == 0 || dt <= 0 {
+		return c
+	}
+	c = l.rateLaw(c, s, dt, now)
+	c.LastDelay = s.QueueDelay
+	return c
+}
+
+func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Control {
+	if s.RateShed > 0 || c.Rate == 0 {
+		c.RateSlack = time.Time{}
+	}
+	target := float64(l.Target(c))
+	over := float64(s.QueueDelay) - target
+	done := float64(s.N) / dt.Seconds() // what the server completed
+	ours := l.RateCPU == 0 || s.CPU == 0 || s.CPU >= l.RateCPU
+	switch {
+	case now.Before(c.RateHeld):
+		// A cut did not help lately: the delay is not ours to cut.
+	case c.Rate == 0 && over > 0 && ours:
+		c.Rate = max(1, done*l.cut(s.QueueDelay, c))
+		c.RateCause, c.RateAt, c.RateDelay = CauseQueue, now, s.QueueDelay
+	case c.Rate == 0:
+	case over > 0 && !ours:
+		c.Rate, c.RateCause, c.RateAt, c.RateDelay = 0, CauseNotOurs, time.Time{}, 0
+	case over > 0 && !c.RateAt.IsZero() && now.Sub(c.RateAt) >= l.RateProbation && s.QueueDelay >= c.RateDelay:
+		// A probation of cuts and the calls wait as long as when the
+		// cuts began: the wait is for a CPU someone else holds, and
+		// shedding our calls would not shorten it.
+		c.Rate, c.RateCause, c.RateAt, c.RateDelay = 0, CauseNotOurs, time.Time{}, 0
+		c.RateHeld = now.Add(l.RateHoldOff)
+	case s.RateShed == 0 && over <= 0:
+		// Not binding: lift the rate once it has not bound, with a short
+		// queue, for a whole probation; bursts come and go within one.
+		if c.RateSlack.IsZero() || over >= -target/2 {
+			if c.RateSlack.IsZero() {
+				c.RateSlack = now
+			}
+			break
+		}
+		if now.Sub(c.RateSlack) >= l.RateProbation {
+			c.Rate, c.RateCause, c.RateAt, c.RateDelay, c.RateSlack = 0, CauseQueue, time.Time{}, 0, time.Time{}
+		}
+	case over > 0 && s.QueueDelay > c.LastDelay*9/10:
+		// Saturated, and the last cut has not started to drain the
+		// queue: admit less than the server completes.
+		c.Rate, c.RateCause = max(1, min(c.Rate, done)*l.cut(s.QueueDelay, c)), CauseQueue
+		if c.RateAt.IsZero() {
+			c.RateAt, c.RateDelay = now, s.QueueDelay
+		}
+	case over > 0:
+		// The queue is draining: the last cut is doing its work.
+	case over < -target/2:
+		// Binding with a short queue: probe for more, quickly while the
+		// queue is nearly empty.
+		c.Rate, c.RateCause = c.Rate*(1+3*l.RateStep), CauseQueue
+		c.RateAt, c.RateDelay = time.Time{}, 0
+	default:
+		c.Rate, c.RateCause = c.Rate*(1+l.RateStep), CauseQueue
+		c.RateAt, c.RateDelay = time.Time{}, 0
+	}
+	return c
+}
+
+// cut returns the factor by which a queueing delay of d above the target
+// cuts the admission rate: a quarter of the delay's excess over the
+// target, as a fraction of it, never below RateCut. A delay 50% over the
+// target costs 8% of the rate; a delay 10 times the target, 23%.
+func (l Law) cut(d time.Duration, c Control) float64 {
+	return max(l.RateCut, 1-0.25*float64(d-l.Target(c))/float64(d))
+}
+
+// Target returns the queueing delay target in force with c: QueueTarget,
+// or by default 8 times the baseline between 5 ms and 50 ms (20 ms before
+// the first probe ends). Poisson arrivals keep a queue of several calls
+// at the utilisation the controller aims for, so the target is counted
+// in calls, not in milliseconds.
+func (l Law) Target(c Control) time.Duration {
+	switch {
+	case l.QueueTarget > 0:
+		return l.QueueTarget
+	case c.Baseline == 0:
+		return 20 * time.Millisecond
+	}
+	return min(50*time.Millisecond, max(5*time.Millisecond, 4*c.Baseline))
+}
+
+// MaxDelay returns the longest queueing delay a call may have had to be
+// admitted while the rate is limited: MaxQueueDelay, or 3 times Target.
+func (l Law) MaxDelay(c Control) time.Duration {
+	if l.MaxQueueDelay > 0 {
+		return l.MaxQueueDelay
+	}
+	return 3 * l.Target(c)
 }

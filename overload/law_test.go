@@ -267,3 +267,108 @@ func TestLawValidate(t *testing.T) {
 		t.Errorf("zero Law: %v", err)
 	}
 }
+
+// rateStep steps c by an interval of 100 ms in which n calls completed and
+// calls waited qd to reach the controller, shed of them by the rate.
+func rateStep(l Law, c Control, now time.Time, n int, qd time.Duration, shed int, cpu float64) Control {
+	return l.Step(c, Sample{N: n, RTT: 3 * ms, QN: n + shed, QueueDelay: qd, RateShed: shed, CPU: cpu}, now)
+}
+
+func TestLawRate(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms) // target 4 × 3 ms
+	if got := l.Target(c); got != 12*ms {
+		t.Fatalf("Target = %v, want 12ms", got)
+	}
+	next := func(n int, qd time.Duration, shed int) {
+		now = now.Add(100 * ms)
+		c = rateStep(l, c, now, n, qd, shed, 0)
+	}
+	next(30, 5*ms, 0)
+	if c.Rate != 0 {
+		t.Fatalf("a delay within the target set a rate: %v", c.Rate)
+	}
+	// Saturated: the rate starts below what the server completed.
+	next(30, 24*ms, 0)
+	want := 300 * (1 - 0.25*12.0/24)
+	if math.Abs(c.Rate-want) > 1e-9 || c.RateCause != CauseQueue {
+		t.Fatalf("onset: Rate = %v (%v), want %v", c.Rate, c.RateCause, want)
+	}
+	// Still over, but draining: the cut is doing its work.
+	onset := c.Rate
+	next(25, 18*ms, 40)
+	if c.Rate != onset {
+		t.Fatalf("a draining queue cut the rate again: %v → %v", onset, c.Rate)
+	}
+	// Over and not draining: cut from what was completed.
+	next(25, 20*ms, 40)
+	if want := 250 * (1 - 0.25*8.0/20); math.Abs(c.Rate-want) > 1e-9 {
+		t.Fatalf("Rate = %v, want %v", c.Rate, want)
+	}
+	// Binding with a short queue: grows, faster when the queue is empty.
+	r := c.Rate
+	next(22, 8*ms, 40)
+	if want := r * 1.02; math.Abs(c.Rate-want) > 1e-9 {
+		t.Fatalf("Rate = %v, want %v", c.Rate, want)
+	}
+	r = c.Rate
+	next(22, ms, 40)
+	if want := r * 1.06; math.Abs(c.Rate-want) > 1e-9 {
+		t.Fatalf("Rate = %v, want %v", c.Rate, want)
+	}
+	// Not binding: lifted only after a whole probation of it.
+	for range 10 {
+		next(20, ms, 0)
+		if c.Rate == 0 {
+			t.Fatal("lifted before a probation passed")
+		}
+	}
+	next(20, ms, 0)
+	if c.Rate != 0 {
+		t.Fatalf("Rate = %v after a second without binding, want lifted", c.Rate)
+	}
+}
+
+// A long queueing delay while this server uses little CPU is someone
+// else's: no rate is set, and a rate already set is lifted.
+func TestLawRateNotOurs(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 30, 40*ms, 0, 0.3)
+	if c.Rate != 0 {
+		t.Fatalf("Rate = %v at 30%% CPU, want none", c.Rate)
+	}
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 30, 40*ms, 0, 0.95)
+	if c.Rate == 0 {
+		t.Fatal("no rate at 95% CPU")
+	}
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 30, 40*ms, 10, 0.3)
+	if c.Rate != 0 || c.RateCause != CauseNotOurs {
+		t.Fatalf("Rate = %v (%v) once the CPU is not ours, want lifted as delay_not_ours", c.Rate, c.RateCause)
+	}
+}
+
+// Without a guard, cuts that do not shorten the delay for a probation
+// lift the rate and hold it off.
+func TestLawRateProbation(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	for i := range 12 {
+		now = now.Add(100 * ms)
+		c = rateStep(l, c, now, 30, 40*ms+time.Duration(i)*ms, 20, 0)
+		if c.RateCause == CauseNotOurs {
+			break
+		}
+	}
+	if c.Rate != 0 || c.RateCause != CauseNotOurs || !c.RateHeld.After(now) {
+		t.Fatalf("after a second of useless cuts: %+v, want the rate lifted and held off", c)
+	}
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 30, 40*ms, 0, 0)
+	if c.Rate != 0 {
+		t.Fatal("a rate was set during the hold-off")
+	}
+}

@@ -269,6 +269,7 @@ type descs struct {
 
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
 	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
+	ovWait, ovRate                                            *prometheus.Desc
 }
 
 // New returns a Collector configured by opts, or an error wrapping
@@ -317,11 +318,13 @@ func New(opts ...Option) (*Collector, error) {
 		ovQueued:       d("overload_queued", "Calls waiting for one of the overload controller's slots."),
 		ovRTT:          d("overload_latency_seconds", "Mean latency of the calls completed in the overload controller's last interval, from admission to completion."),
 		ovBaseline:     d("overload_baseline_seconds", "Latency of a call that does not queue, as the overload controller last probed it."),
-		ovQueueDelay:   d("overload_queue_delay_seconds", "Mean wait for a slot of the calls that waited in the overload controller's last interval."),
-		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit last (latency, objective, cpu, probe, stale_baseline), 0 for the others.", "cause"),
+		ovQueueDelay:   d("overload_queue_delay_seconds", "Mean wait of the calls of the overload controller's last interval from their arrival (the tap handle) to the controller: how long calls queue before the server starts them."),
+		ovWait:         d("overload_wait_seconds", "Mean wait for a slot of the calls that waited in the overload controller's last interval."),
+		ovRate:         d("overload_rate", "The overload controller's admission rate in calls per second while calls queue before it, 0 while admissions are not rate-limited."),
+		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit or rate last (latency, objective, cpu, probe, stale_baseline, queue_delay, delay_not_ours), 0 for the others.", "cause"),
 		ovProbing:      d("overload_probing", "1 while the overload controller probes its baseline."),
 		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
-		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline).", "cause"),
+		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late).", "cause"),
 		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
 		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),
 		redisOpen:      d("redis_breaker_open", "1 while the Redis store's circuit breaker is open or half-open."),
@@ -455,7 +458,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.o.overload != nil {
 		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovRTT,
-			c.descs.ovBaseline, c.descs.ovQueueDelay, c.descs.ovCause, c.descs.ovProbing, c.descs.ovAdmitted, c.descs.ovShed} {
+			c.descs.ovBaseline, c.descs.ovQueueDelay, c.descs.ovCause, c.descs.ovProbing, c.descs.ovAdmitted, c.descs.ovShed,
+			c.descs.ovWait, c.descs.ovRate} {
 			ch <- d
 		}
 	}
@@ -516,8 +520,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.descs.ovRTT, s.RTT.Seconds())
 		gauge(c.descs.ovBaseline, s.Baseline.Seconds())
 		gauge(c.descs.ovQueueDelay, s.QueueDelay.Seconds())
-		for _, cause := range []overload.Cause{overload.CauseNone, overload.CauseLatency, overload.CauseObjective, overload.CauseCPU, overload.CauseProbe, overload.CauseStale} {
-			gauge(c.descs.ovCause, b2f(cause == s.Cause), cause.String())
+		gauge(c.descs.ovWait, s.Wait.Seconds())
+		gauge(c.descs.ovRate, s.Rate)
+		cause := s.Cause
+		if s.Rate > 0 || s.RateCause == overload.CauseNotOurs {
+			cause = s.RateCause
+		}
+		for _, k := range []overload.Cause{overload.CauseNone, overload.CauseLatency, overload.CauseObjective, overload.CauseCPU,
+			overload.CauseProbe, overload.CauseStale, overload.CauseQueue, overload.CauseNotOurs} {
+			gauge(c.descs.ovCause, b2f(k == cause), k.String())
 		}
 		gauge(c.descs.ovProbing, b2f(s.Probing))
 		counter(c.descs.ovAdmitted, s.Admitted-s.Waited, "false")
