@@ -4,22 +4,21 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/floodgate-go/floodgate"
-	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 )
 
 // newLimiter builds the server's admission control: the tenant table in
-// force, the bucket store and the CPU gate, joined by floodgate's middleware.
-// Health checks and reflection are exempt by the middleware's defaults, so an
-// overloaded server still answers its load balancer and its operators.
+// force and the bucket store, joined by floodgate's middleware, with protect
+// (middleware.WithOverload or WithGate; nil for quotas alone) against
+// overload. Health checks and reflection are exempt by the middleware's
+// defaults, so an overloaded server still answers its load balancer and its
+// operators.
 //
 // extra options come last (the metrics observer).
-func newLimiter(store floodgate.Store, tables middleware.Tables, gate *cpugate.Gate, extra ...middleware.Option) (*middleware.Limiter, error) {
+func newLimiter(store floodgate.Store, tables middleware.Tables, protect middleware.Option, extra ...middleware.Option) (*middleware.Limiter, error) {
 	return middleware.New(store, tables, append([]middleware.Option{
-		// While the gate sheds, the tap handle turns callers still inside
-		// their retry delay away before their request is read.
-		middleware.WithGate(gate),
+		protect,
 		middleware.WithAPIKeyHeaders(apiKeyHeader),
 		middleware.WithDomain(rejectionDomain),
 	}, extra...)...)

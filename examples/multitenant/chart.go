@@ -10,6 +10,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	fgplot "github.com/floodgate-go/floodgate/internal/plot"
+	"github.com/floodgate-go/floodgate/overload"
 )
 
 // chartSeries is one line of a chart panel.
@@ -31,8 +32,10 @@ var (
 )
 
 // writeChart draws the run as a PNG at path: offered load, goodput and shed
-// rate on top, the gate's CPU reading and scale in the middle (when the gate
-// was visible), the admitted calls' latency below.
+// rate on top; the gate's CPU reading and, when it scales the quotas, its
+// scale (when the gate was visible); the overload controller's limit and
+// calls in flight (when it was there); the admitted calls' latency below,
+// with the controller's baseline.
 func writeChart(path, title string, pts []point) error {
 	ms := func(d time.Duration) float64 {
 		if d == noLatency {
@@ -50,18 +53,52 @@ func writeChart(path, title string, pts []point) error {
 			{"goodput of steady tenants", blue, nil, func(p point) float64 { return p.SteadyOK }},
 		}),
 	}
-	if len(pts) > 0 && !math.IsNaN(pts[len(pts)-1].Scale) {
-		gate := panel("", "CPU and gate scale (%)", pts, []chartSeries{
+	var last point
+	if len(pts) > 0 {
+		last = pts[len(pts)-1]
+	}
+	if len(pts) > 0 && !math.IsNaN(last.CPU) {
+		ylabel, series := "CPU (%)", []chartSeries{
 			{"CPU (smoothed)", purple, nil, func(p point) float64 { return 100 * p.CPU }},
-			{"gate scale", red, dashed, func(p point) float64 { return 100 * p.Scale }},
-		})
+		}
+		if !math.IsNaN(last.Scale) {
+			ylabel = "CPU and gate scale (%)"
+			series = append(series, chartSeries{"gate scale", red, dashed, func(p point) float64 { return 100 * p.Scale }})
+		}
+		gate := panel("", ylabel, pts, series)
 		gate.Y.Min, gate.Y.Max = 0, 130 // headroom for the legend
 		panels = append(panels, gate)
 	}
-	lat := panel("", "admitted latency (ms, log)", pts, []chartSeries{
+	ctrl := func(f func(s *overload.Snapshot) float64) func(p point) float64 {
+		return func(p point) float64 {
+			if p.Ctrl == nil {
+				return math.NaN()
+			}
+			return f(p.Ctrl)
+		}
+	}
+	if last.Ctrl != nil {
+		// In flight is an instant's count, at each tick: it shows whether
+		// the limit binds, not a mean.
+		panels = append(panels, panel("", "overload controller (calls)", pts, []chartSeries{
+			{"concurrency limit", red, nil, ctrl(func(s *overload.Snapshot) float64 { return s.Limit })},
+			{"in flight (at the tick)", blue, dashed, ctrl(func(s *overload.Snapshot) float64 { return float64(s.Inflight) })},
+		}))
+	}
+	latSeries := []chartSeries{
 		{"p50", green, nil, func(p point) float64 { return ms(p.P50) }},
 		{"p99", red, nil, func(p point) float64 { return ms(p.P99) }},
-	})
+	}
+	if last.Ctrl != nil {
+		latSeries = append(latSeries, chartSeries{"controller's baseline", gray, dashed,
+			ctrl(func(s *overload.Snapshot) float64 {
+				if s.Baseline <= 0 {
+					return math.NaN() // not probed yet
+				}
+				return ms(s.Baseline)
+			})})
+	}
+	lat := panel("", "admitted latency (ms, log)", pts, latSeries)
 	// A log scale shows a 2ms service time and a multi-second stall on one
 	// axis; latencies below 0.1ms are clamped onto it.
 	fgplot.LogY(lat, 0.1)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
 
@@ -26,7 +27,7 @@ type demoConfig struct {
 	Duration    time.Duration // length of the ramp
 	Cost        time.Duration // CPU time per allocation
 	Capacity    float64       // calls/s; 0 measures it
-	Policy      string        // gate policy
+	Policy      string        // overload protection: overload, adaptive or fixed
 	Sampler     string        // CPU sampler
 	SchedP99    time.Duration // scheduling-latency guard; 0 is off
 	Seed        uint64
@@ -44,6 +45,8 @@ type demoConfig struct {
 	// sampler and burner, when set, replace the real ones (tests).
 	sampler cpugate.Sampler
 	burner  *burner
+	// law is the overload controller's law; the zero Law is the default.
+	law overload.Law
 }
 
 // runDemo runs the whole demo and returns its summary. It stops early, with
@@ -79,8 +82,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 		stopServer()
 		<-served
 	}()
-	fmt.Fprintf(out, "server on %s: tenant config %s, %s gate on %s CPU (%.1f CPUs)\n",
-		srv.addr(), cfg.ConfigPath, srv.cfg.Policy, srv.source, srv.budget)
+	fmt.Fprintf(out, "server on %s: tenant config %s, %s\n", srv.addr(), cfg.ConfigPath, srv.protection())
 	if srv.obs != nil {
 		fmt.Fprintf(out, "metrics on http://%s%s, top offenders on http://%s%s\n",
 			srv.obs.addr(), metricsPath, srv.obs.addr(), offendersPath)
@@ -94,7 +96,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 			"      and other processes' load will dominate the results (run it again when the machine is quieter)\n", steady, prof.Ramp.From)
 	case capacity > 2500:
 		fmt.Fprintf(out, "note: the tenant quotas are sized for about 500–1,000 calls/s; at %.0f calls/s the noisy tenant's quota\n"+
-			"      binds long before the CPU does: raise -cost (e.g. -cost %v) to see the CPU gate at work\n", capacity, cfg.Cost*time.Duration(math.Round(capacity/800)))
+			"      binds long before the server is overloaded: raise -cost (e.g. -cost %v) to see the overload protection at work\n", capacity, cfg.Cost*time.Duration(math.Round(capacity/800)))
 	}
 	fmt.Fprintf(out, "ramping offered load %g× → %g× → %g× of capacity over %v; %d callers, %v deadline per call\n\n",
 		prof.Ramp.From, prof.Ramp.To, prof.Ramp.From, cfg.Duration, len(prof.Callers), time.Duration(prof.Deadline))
@@ -104,13 +106,17 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 		return nil, err
 	}
 	defer gen.close()
-	mon := newMonitor(gen, srv.gate, out, cfg.Live, int(max(cfg.Every/cfg.tick, 1)))
+	mon := newMonitor(gen, srv.gate, srv.ctrl, out, cfg.Live, int(max(cfg.Every/cfg.tick, 1)))
 	observe(ctx, gen, mon, cfg.tick)
 
 	sum := summarize(gen, mon.points, srv.limiter)
 	if cfg.Out != "" {
-		title := fmt.Sprintf("floodgate multitenant demo: %g×–%g× of %.0f calls/s, %v CPU per call, %s gate",
-			prof.Ramp.From, prof.Ramp.To, capacity, cfg.Cost, srv.cfg.Policy)
+		protection := "overload controller"
+		if srv.ctrl == nil {
+			protection = srv.cfg.Policy + " gate"
+		}
+		title := fmt.Sprintf("floodgate multitenant demo: %g×–%g× of %.0f calls/s, %v CPU per call, %s",
+			prof.Ramp.From, prof.Ramp.To, capacity, cfg.Cost, protection)
 		if err := writeChart(cfg.Out, title, mon.points); err != nil {
 			return sum, err
 		}
@@ -159,17 +165,22 @@ func (cfg *demoConfig) serverConfig() serverConfig {
 		Metrics:    cfg.Metrics,
 		sampler:    cfg.sampler,
 		burner:     cfg.burner,
+		law:        cfg.law,
 	}
 }
 
 // measure finds the capacity with a server of its own, so that the run's
-// server starts with a gate that has never seen the probe's full load.
+// server starts with a gate and a controller that have never seen the
+// probe's full load. That server holds tenants to their quotas alone: the
+// capacity is what the CPUs carry, the yardstick of the run's goodput, not
+// what an overload protection admits.
 func measure(ctx context.Context, cfg demoConfig, prof *profile, out io.Writer) (float64, error) {
 	if prof.ProbeKey == "" {
 		return 0, errors.New("the profile has no probe_key; give -capacity")
 	}
 	probeCfg := cfg.serverConfig()
 	probeCfg.Metrics = "" // the run's server serves them
+	probeCfg.bare = true
 	srv, err := newServer(probeCfg)
 	if err != nil {
 		return 0, err

@@ -3,30 +3,39 @@ package main
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/floodgate-go/floodgate/overload"
 )
 
 // The demo end to end, short and small: a server on loopback behind the
 // middleware, the test profile's callers, the table, the summary and the
-// chart. With a calm CPU the noisy tenant is shed by its quota; with a hot
-// one by the gate. Either way the steady tenants and the anonymous callers
-// are never shed. The CPU is scripted, so the machine's own load cannot turn
-// the gate on or off, and the assertions count outcomes, never time them.
+// chart. With the gate policy and a calm CPU the noisy tenant is shed by its
+// quota; with a hot one by the gate. With the overload controller a hot CPU
+// sheds nothing: the gate only reads it. Either way the steady tenants and
+// the anonymous callers are never shed. The CPU is scripted, so the
+// machine's own load cannot turn the gate on or off, and the assertions
+// count outcomes, never time them.
 func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
+		policy       string
 		cpu          float64
 		shedBy, not  outcome
 		wantShedding bool
 	}{
-		{name: "calm CPU", cpu: 0.1, shedBy: outcomeQuota, not: outcomeOverload},
+		{name: "calm CPU", policy: policyAdaptive, cpu: 0.1, shedBy: outcomeQuota, not: outcomeOverload},
 		// Before the gate's first reading, the noisy tenant is shed by its
 		// quota: both reasons may appear.
-		{name: "hot CPU", cpu: 0.95, shedBy: outcomeOverload, not: outcomeOverload, wantShedding: true},
+		{name: "hot CPU", policy: policyAdaptive, cpu: 0.95, shedBy: outcomeOverload, not: outcomeOverload, wantShedding: true},
+		// The test's server is far from its capacity: the controller has
+		// nothing to shed, and the hot gate scales no quota.
+		{name: "overload controller, hot CPU", policy: policyOverload, cpu: 0.95, shedBy: outcomeQuota, not: outcomeOverload},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -37,7 +46,7 @@ func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 				Duration:    2 * time.Second,
 				Cost:        100 * time.Microsecond,
 				Capacity:    100,
-				Policy:      "adaptive",
+				Policy:      tc.policy,
 				Seed:        1,
 				Every:       time.Second,
 				Out:         chart,
@@ -45,6 +54,10 @@ func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 				tick:        250 * time.Millisecond,
 				sampler:     scriptedCPU(tc.cpu),
 				burner:      testBurner(),
+				// Room for 64 calls at once (16 while the first baseline
+				// is probed): a stall of a shared test machine that
+				// piles up arrivals cannot fill it.
+				law: overload.Law{InitialLimit: 64},
 			})
 			if err != nil {
 				t.Fatalf("runDemo = %v\n%s", err, out.String())
@@ -81,13 +94,25 @@ func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 				t.Error("noisy: no call admitted; its quota should still let some through")
 			}
 			if got := sum.Shedding > 0; got != tc.wantShedding {
-				t.Errorf("gate shed load for %v, want shedding %v", sum.Shedding, tc.wantShedding)
+				t.Errorf("shed load for %v, want shedding %v", sum.Shedding, tc.wantShedding)
+			}
+			wantLines := []string{"caller", "noisy", "anonymous", "summary:", "chart: " + chart}
+			if tc.policy == policyOverload {
+				if sum.Ctrl == nil || sum.Ctrl.Admitted == 0 {
+					t.Errorf("controller %+v, want admitted calls", sum.Ctrl)
+				}
+				if !math.IsNaN(sum.MinScale) {
+					t.Errorf("lowest gate scale %v with the controller, want none (NaN)", sum.MinScale)
+				}
+				wantLines = append(wantLines, "overload open: limit ", "overload controller: shed calls in 0s")
+			} else if sum.Ctrl != nil {
+				t.Errorf("controller %+v with the %s gate, want none", sum.Ctrl, tc.policy)
 			}
 			if sum.Server == nil || sum.Server.Admitted == 0 {
 				t.Errorf("server stats %+v, want admitted calls", sum.Server)
 			}
 
-			for _, want := range []string{"caller", "noisy", "anonymous", "summary:", "chart: " + chart} {
+			for _, want := range wantLines {
 				if !strings.Contains(out.String(), want) {
 					t.Errorf("output lacks %q", want)
 				}
@@ -110,6 +135,8 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		{"-config", "no-such-file.yaml", "-capacity", "1"},
 		{"serve", "extra"},
 		{"load", "-capacity", "-1"},
+		{"-policy", "nope"},
+		{"serve", "-policy", "nope"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := run(context.Background(), args, &stdout, &stderr); err == nil {

@@ -1,7 +1,8 @@
 // Command multitenant shows floodgate shedding load at work, end to end:
 // an inventory service (proto/inventory/v1) behind floodgate's middleware,
-// with per-tenant quotas from a tenant config and a CPU gate, put under load
-// by simulated tenants until it is overloaded, and back.
+// with per-tenant quotas from a tenant config and the overload controller
+// (package overload), put under load by simulated tenants until it is
+// overloaded, and back.
 //
 // Run without arguments, from anywhere in the repository, it is a
 // self-contained demo on loopback (127.0.0.1 only):
@@ -11,11 +12,14 @@
 // The demo goes through five steps:
 //
 //  1. It starts the server on a free loopback port, with in-memory buckets
-//     (keyed), the tenant config testdata/multitenant/tenants.yaml, the CPU
-//     gate, gRPC health checks and reflection. Each Allocate spends about
-//     2ms of real CPU (a hash loop calibrated at start).
-//  2. It measures the CPU one served call costs, client included, and
-//     derives the capacity: the calls per second the CPUs can carry.
+//     (keyed), the tenant config testdata/multitenant/tenants.yaml, the
+//     overload controller with the CPU gate as its guard, gRPC health checks
+//     and reflection. Each Allocate spends about 2ms of real CPU (a hash
+//     loop calibrated at start).
+//  2. It measures the capacity, the calls per second the CPUs can carry, on
+//     a server of its own that holds tenants to their quotas alone, with
+//     callers of an unlimited tenant sending calls back to back; and the
+//     CPU one served call costs, client included.
 //  3. It runs the callers of testdata/multitenant/profile.yaml: nine steady
 //     tenants well within their quotas, one noisy tenant, and anonymous
 //     callers, each with open-loop Poisson arrivals, a deadline on every call
@@ -25,19 +29,33 @@
 //  4. Every two seconds it prints a table per caller: offered, admitted and
 //     shed calls per second by reason (quota, overload), calls that missed
 //     their deadline or failed, retries, and the p50 and p99 latency of
-//     admitted calls, under a line with the gate's state, scale and CPU.
-//  5. It ends with a summary and a chart (PNG) of offered load, goodput,
-//     shed rate, CPU, gate scale and latency over time, multitenant.png in
-//     the working directory by default (-out).
+//     admitted calls, under a line with the controller's state: its
+//     concurrency limit and what set it, the calls in flight and waiting for
+//     a slot, the latency of its calls against their baseline (the latency
+//     of a call that does not queue), the queueing delay, and the CPU.
+//  5. It ends with a summary, which holds the goodput under overload against
+//     the measured capacity, and a chart (PNG) of offered load, goodput,
+//     shed rate, CPU, the controller's limit and latency over time,
+//     multitenant.png in the working directory by default (-out).
 //
 // What to look for: the steady tenants keep every call and a low latency
-// while the noisy tenant is shed; goodput stays flat while the offered load
-// is far above capacity. A caller over its quota is rejected with
-// RESOURCE_EXHAUSTED ("quota") while the gate is open, and with UNAVAILABLE
-// ("overload") once the gate has scaled the limits down; on a machine whose
-// CPU the noisy tenant alone can saturate, the gate acts before that tenant
-// reaches its unscaled quota, so most of its rejections read "overload". The
-// retry policy's throttle keeps retries of a mostly rejected caller near zero.
+// while the noisy tenant is shed; goodput stays near the measured capacity
+// while the offered load is far above it. A caller over its quota is
+// rejected with RESOURCE_EXHAUSTED ("quota"); a call the server has no room
+// for, with UNAVAILABLE ("overload"). The controller admits calls up to a
+// concurrency limit that it finds from its calls' latency, lets a few more
+// wait briefly for a slot, and sheds the rest from the tenants holding more
+// than their fair share first: the noisy tenant, whose waiting calls make
+// room for a steady tenant's. It scales no quota, so the steady tenants are
+// not shed for the noisy tenant's traffic. The retry policy's throttle keeps
+// retries of a mostly rejected caller near zero.
+//
+// -policy adaptive or fixed shows the CPU gate instead, as before the
+// controller: it scales every tenant's quota by one factor while the CPU is
+// saturated, so that a caller over its scaled quota is rejected with
+// UNAVAILABLE ("overload"), and its guard on goroutine scheduling latency
+// (-sched-p99) sheds too when the process cannot get the CPU it is entitled
+// to.
 //
 // The parts also run separately, against any address:
 //
@@ -45,17 +63,20 @@
 //	go run ./examples/multitenant load  [-addr 127.0.0.1:50051] [-profile file] -capacity 800
 //
 // With -metrics, the server (in the demo too) serves Prometheus metrics on
-// /metrics and its most rejected callers, hashed, on /debug/floodgate/offenders.
+// /metrics, the controller's signals among them, and its most rejected
+// callers, hashed, on /debug/floodgate/offenders.
 //
 // Both default to loopback: the demo sends thousands of calls per second,
 // and is meant for a machine of your own. The simulated API keys are demo
 // values; the tenant config holds only their SHA-256 digests.
 //
-// The demo shares the machine with whatever else runs on it. The CPU gate
-// measures the best signal it finds (the container's cgroup by default, see
-// -sampler), so other busy processes make it shed sooner; its guard on
-// goroutine scheduling latency (-sched-p99) sheds when the process cannot get
-// the CPU it is entitled to. The capacity is measured, not assumed, so on a
+// The demo shares the machine with whatever else runs on it. The controller
+// acts only when its own concurrency limit binds, so a busy host does not
+// make it shed an idle server; when the server is busy too, the latency its
+// calls take decides, not whose the CPU is. The CPU it shows (the gate's
+// reading, of the container's cgroup by default, see -sampler) explains its
+// decisions. The gate policies act on that reading, so other busy processes
+// make them shed sooner. The capacity is measured, not assumed, so on a
 // busy machine it is lower and the numbers move with the neighbours' load.
 package main
 
@@ -83,6 +104,14 @@ const (
 	// Lower values catch every short burst of a neighbour's work too and keep
 	// the gate at its floor.
 	defaultSchedP99 = 50 * time.Millisecond
+)
+
+// Help of the flags the demo and serve share.
+const (
+	policyHelp = "overload protection: overload (the overload controller: an adaptive concurrency limit that sheds the tenants over their fair share first), " +
+		"or adaptive or fixed (the CPU gate's policy, which scales every tenant's quota while the CPU is saturated)"
+	schedHelp = "with -policy adaptive or fixed, also shed while the p99 of goroutine scheduling latency reaches this; 0 is off. " +
+		"With -policy overload it sheds nothing: the controller acts on its calls' latency"
 )
 
 func main() {
@@ -124,9 +153,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "length of the load ramp")
 	fs.DurationVar(&cfg.Cost, "cost", defaultCost, "CPU time each Allocate spends")
 	fs.Float64Var(&cfg.Capacity, "capacity", 0, "server capacity in calls/s; 0 measures it")
-	fs.StringVar(&cfg.Policy, "policy", "adaptive", "CPU gate policy: adaptive or fixed")
+	fs.StringVar(&cfg.Policy, "policy", policyOverload, policyHelp)
 	fs.StringVar(&cfg.Sampler, "sampler", "auto", "CPU sampler: auto, cgroup, process or host")
-	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, "also shed while the p99 of goroutine scheduling latency reaches this; 0 is off")
+	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, schedHelp)
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the simulated arrivals")
 	fs.DurationVar(&cfg.Every, "every", 2*time.Second, "time between two tables")
 	fs.StringVar(&cfg.Out, "out", "multitenant.png", "chart `file` (PNG); empty draws none")
@@ -144,6 +173,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if cfg.Duration <= 0 || cfg.Every <= 0 || cfg.Capacity < 0 {
 		return errors.New("-duration and -every must be positive, -capacity not negative")
 	}
+	if err := checkPolicy(cfg.Policy); err != nil {
+		return err
+	}
 	var err error
 	if cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config"); err != nil {
 		return err
@@ -155,6 +187,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if cfg.Out, err = filepath.Abs(cfg.Out); err != nil {
 			return err
 		}
+	}
+	if cfg.Policy == policyOverload && cfg.SchedP99 > 0 && isSet(fs, "sched-p99") {
+		fmt.Fprintln(stderr, "multitenant: -sched-p99 applies to -policy adaptive and fixed only: the overload controller sheds by its calls' latency")
 	}
 	cfg.Stdout, cfg.Live = stdout, isTerminal(stdout)
 	_, err = runDemo(ctx, cfg)
@@ -171,9 +206,9 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Cost, "cost", defaultCost, "CPU time each Allocate spends")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis `address` for the buckets, shared by several servers; empty keeps them in memory")
 	fs.IntVar(&cfg.SKUs, "skus", defaultSKUs, "SKUs in the catalogue (sku-00000, …)")
-	fs.StringVar(&cfg.Policy, "policy", "adaptive", "CPU gate policy: adaptive or fixed")
+	fs.StringVar(&cfg.Policy, "policy", policyOverload, policyHelp)
 	fs.StringVar(&cfg.Sampler, "sampler", "auto", "CPU sampler: auto, cgroup, process or host")
-	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, "also shed while the p99 of goroutine scheduling latency reaches this; 0 is off")
+	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, schedHelp)
 	fs.DurationVar(&grace, "grace", 10*time.Second, "time calls in flight get to finish on SIGINT or SIGTERM")
 	fs.DurationVar(&every, "every", 5*time.Second, "time between two status lines; 0 prints none")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
@@ -182,6 +217,9 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := checkPolicy(cfg.Policy); err != nil {
+		return err
 	}
 	var err error
 	if cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config"); err != nil {
@@ -199,6 +237,9 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.Info("serving inventory.v1.Inventory", "addr", srv.addr(), "config", cfg.ConfigPath, "buckets", buckets,
 		"cost", srv.cfg.Cost, "policy", srv.cfg.Policy, "cpu_source", srv.source, "cpus", srv.budget)
+	if srv.ctrl != nil && cfg.SchedP99 > 0 && isSet(fs, "sched-p99") {
+		log.Warn("-sched-p99 applies to the gate policies only: the overload controller sheds by its calls' latency", "policy", srv.cfg.Policy)
+	}
 	if srv.obs != nil {
 		log.Info("serving metrics", "url", "http://"+srv.obs.addr()+metricsPath, "offenders", "http://"+srv.obs.addr()+offendersPath)
 	}
@@ -211,7 +252,8 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	return err
 }
 
-// statusLoop logs the server's admission counters and gate every interval.
+// statusLoop logs the server's admission counters every interval, with the
+// overload controller's state, or the gate's.
 func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -224,9 +266,20 @@ func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.D
 		}
 		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
 		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
-		log.Info("status", "admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
-			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap),
-			"gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale), "cpu", fmt.Sprintf("%.0f%%", 100*g.Smoothed))
+		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
+			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
+		if srv.ctrl != nil {
+			// The controller's own names for its signals, as in its log
+			// lines and metrics.
+			c := srv.ctrl.Snapshot()
+			attrs = append(attrs, "state", c.State.String(), "limit", fmt.Sprintf("%.1f", c.Limit), "decided_by", c.Cause.String(),
+				"probing", c.Probing, "inflight", c.Inflight, "queued", c.Queued,
+				"rtt", c.RTT, "baseline", c.Baseline, "queue_delay", c.QueueDelay)
+		} else {
+			attrs = append(attrs, "gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale))
+		}
+		attrs = append(attrs, "cpu", fmt.Sprintf("%.0f%%", 100*g.Smoothed))
+		log.Info("status", attrs...)
 		prev = st
 	}
 }
@@ -277,7 +330,7 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "load on %s: %g× → %g× → %g× of %.0f calls/s over %v, %d callers\n\n",
 		addr, prof.Ramp.From, prof.Ramp.To, prof.Ramp.From, capacity, length, len(prof.Callers))
 	const tick = time.Second
-	mon := newMonitor(gen, nil, stdout, isTerminal(stdout), int(max(every/tick, 1)))
+	mon := newMonitor(gen, nil, nil, stdout, isTerminal(stdout), int(max(every/tick, 1)))
 	observe(ctx, gen, mon, tick)
 	sum := summarize(gen, mon.points, nil)
 	if out != "" {
@@ -291,14 +344,19 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
+// isSet reports whether the flag name was set on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
+}
+
 // findFile resolves a default data file relative to the working directory
 // or, when it is not there, to the nearest parent directory that has it, so
 // that go run ./examples/multitenant works from anywhere in the repository.
 // A path the user set is taken as given.
 func findFile(path string, fs *flag.FlagSet, name string) (string, error) {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	if set || filepath.IsAbs(path) {
+	if isSet(fs, name) || filepath.IsAbs(path) {
 		return path, nil
 	}
 	dir, err := os.Getwd()

@@ -32,13 +32,16 @@ type observability struct {
 	http      *http.Server
 }
 
-// newObservability builds the collector over the server's gate and store
-// and listens on addr. The Limiter is attached later (setLimiter), since it
+// newObservability builds the collector over the server's gate, overload
+// controller (if any) and store and listens on addr. The Limiter is attached later (setLimiter), since it
 // is built with the collector's observer.
 func newObservability(s *server, addr string) (*observability, error) {
 	opts := []promfloodgate.Option{
 		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&inventoryv1.Inventory_ServiceDesc)...),
 		promfloodgate.WithGate(s.gate),
+	}
+	if s.ctrl != nil {
+		opts = append(opts, promfloodgate.WithOverload(s.ctrl))
 	}
 	switch st := s.store.(type) {
 	case *keyed.Map:

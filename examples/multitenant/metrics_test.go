@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -86,7 +87,13 @@ next:
 // on: an unlimited tenant and the noisy tenant far over its burst of 10.
 // The scrape must count exactly what the clients saw.
 func TestMetricsUnderLoad(t *testing.T) {
-	srv, _ := startServer(t, func(c *serverConfig) { c.Metrics = "127.0.0.1:0" })
+	srv, _ := startServer(t, func(c *serverConfig) {
+		c.Metrics = "127.0.0.1:0"
+		// Room for every caller at once, even while the controller probes
+		// its first baseline: this test counts quota rejections, and a
+		// stalled machine must not turn one into an overload rejection.
+		c.law = overload.Law{InitialLimit: 64}
+	})
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	const (
 		workers  = 4
@@ -162,6 +169,13 @@ func TestMetricsUnderLoad(t *testing.T) {
 	}
 	if got := sum(ss, "floodgate_gate_sampler_info", map[string]string{"source": "scripted"}); got != 1 {
 		t.Errorf("floodgate_gate_sampler_info{source=scripted} = %g, want 1", got)
+	}
+	// Every admitted call took one of the overload controller's slots.
+	if got, want := sum(ss, "floodgate_overload_admitted_total", nil), ops[codes.OK]+noisy[codes.OK]; got != float64(want) {
+		t.Errorf("floodgate_overload_admitted_total = %g, want %d", got, want)
+	}
+	if got := sum(ss, "floodgate_overload_shed_total", nil); got != 0 {
+		t.Errorf("floodgate_overload_shed_total = %g, want 0", got)
 	}
 	for _, s := range ss {
 		if strings.Contains(s.labels["method"], "demo-key") || strings.Contains(s.labels["tier"], "demo-key") {

@@ -4,16 +4,20 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 )
 
 // A point is one sampling interval of a run, as the chart plots it. Rates
-// are per second over the interval; CPU and Scale are NaN when the load
-// generator cannot see the server's gate (the load subcommand).
+// are per second over the interval; CPU is NaN when the load generator
+// cannot see the server (the load subcommand), Scale also when the gate
+// scales nothing (the overload controller sheds instead), and Ctrl is nil
+// without a controller.
 type point struct {
 	T         time.Duration // end of the interval, from the start
 	Dt        time.Duration // the interval's length
@@ -22,7 +26,7 @@ type point struct {
 	Offered   float64       // arrivals
 	Goodput   float64       // admitted and served
 	Quota     float64       // shed over quota
-	Overload  float64       // shed by the CPU gate
+	Overload  float64       // shed by the overload controller or the CPU gate
 	Late      float64       // failed with DEADLINE_EXCEEDED
 	Errors    float64       // other errors and dropped arrivals
 	SteadyOK  float64       // goodput of the steady (non-ramp) callers
@@ -32,6 +36,10 @@ type point struct {
 	Scale     float64       // the gate's scale
 	SchedP99  time.Duration // the gate's latest scheduling-latency reading
 	State     cpugate.State
+	// Ctrl is the overload controller's state at the end of the interval,
+	// and CtrlShed the calls it shed during it.
+	Ctrl     *overload.Snapshot
+	CtrlShed uint64
 }
 
 // noLatency marks an interval without admitted calls: nothing to plot.
@@ -43,11 +51,13 @@ type window struct {
 	h Histogram
 }
 
-// monitor samples the generator's statistics and the gate every tick, keeps
-// the points for the chart and prints the live table every few ticks.
+// monitor samples the generator's statistics, the gate and the overload
+// controller every tick, keeps the points for the chart and prints the live
+// table every few ticks.
 type monitor struct {
 	gen    *generator
-	gate   *cpugate.Gate // nil when the server is elsewhere
+	gate   *cpugate.Gate        // nil when the server is elsewhere
+	ctrl   *overload.Controller // nil when the server is elsewhere or has none
 	out    io.Writer
 	live   bool // redraw the table in place (a terminal)
 	every  int  // ticks between prints
@@ -56,10 +66,14 @@ type monitor struct {
 	ticks   int
 	pending []window // per caller, since the last print
 	drawn   int      // lines of the last table, to redraw over
+	shed    uint64   // the controller's shed calls at the last tick
 }
 
-func newMonitor(gen *generator, gate *cpugate.Gate, out io.Writer, live bool, every int) *monitor {
-	return &monitor{gen: gen, gate: gate, out: out, live: live, every: max(every, 1), pending: make([]window, len(gen.callers))}
+// newMonitor returns a monitor of gen's callers and, when not nil, the
+// server's gate and overload controller. With a controller the gate's scale
+// is not recorded: it scales nothing.
+func newMonitor(gen *generator, gate *cpugate.Gate, ctrl *overload.Controller, out io.Writer, live bool, every int) *monitor {
+	return &monitor{gen: gen, gate: gate, ctrl: ctrl, out: out, live: live, every: max(every, 1), pending: make([]window, len(gen.callers))}
 }
 
 // sample closes the interval ending at offset t, of length dt.
@@ -89,7 +103,16 @@ func (m *monitor) sample(t, dt time.Duration) {
 	}
 	if m.gate != nil {
 		s := m.gate.Snapshot()
-		p.CPU, p.Scale, p.State, p.SchedP99 = s.Smoothed, s.Scale, s.State, s.SchedP99
+		p.CPU, p.SchedP99 = s.Smoothed, s.SchedP99
+		if m.ctrl == nil {
+			p.Scale, p.State = s.Scale, s.State
+		}
+	}
+	if m.ctrl != nil {
+		s := m.ctrl.Snapshot()
+		p.Ctrl = &s
+		total := s.ShedTotal()
+		p.CtrlShed, m.shed = total-m.shed, total
 	}
 	m.points = append(m.points, p)
 	m.ticks++
@@ -120,6 +143,11 @@ func (m *monitor) print(pts []point) {
 		}
 	}
 	b.WriteString("\n")
+	if last.Ctrl != nil {
+		b.WriteString("  ")
+		b.WriteString(ctrlLine(*last.Ctrl, last.CPU))
+		b.WriteString("\n")
+	}
 	b.WriteString(tableHeader)
 	for i, c := range m.gen.callers {
 		w := &m.pending[i]
@@ -133,6 +161,35 @@ func (m *monitor) print(pts []point) {
 	}
 	io.WriteString(m.out, text)
 	m.drawn = strings.Count(text, "\n")
+}
+
+// ctrlLine describes the overload controller's state for the table: its
+// regime, the limit and what set it, the calls holding and waiting for a
+// slot, the latency of its last interval against the baseline (the
+// gradient that moves the limit), the queueing delay it measured, and the
+// CPU (NaN when unknown), which explains but does not decide.
+func ctrlLine(s overload.Snapshot, cpu float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "overload %s: limit %.1f", s.State, s.Limit)
+	if s.Probing {
+		b.WriteString(" (probing the baseline)")
+	} else {
+		fmt.Fprintf(&b, " (set by %s)", s.Cause)
+	}
+	fmt.Fprintf(&b, ", %d in flight, %d queued;  latency %s vs baseline %s;  queueing %s",
+		s.Inflight, s.Queued, fmtDur(s.RTT), fmtDur(s.Baseline), fmtDur(s.QueueDelay))
+	if !math.IsNaN(cpu) {
+		fmt.Fprintf(&b, ";  cpu %.0f%%", 100*cpu)
+	}
+	return b.String()
+}
+
+// fmtDur formats a duration of the controller's, "-" when not measured.
+func fmtDur(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmtLatency(d, 1)
 }
 
 // prevT is the end of the interval before pts, 0 at the start.
@@ -181,16 +238,23 @@ type callerTotal struct {
 
 // summary is the outcome of a run.
 type summary struct {
-	Length    time.Duration
-	Capacity  float64
-	Ramp      ramp
-	Callers   []callerTotal
-	Peak      float64 // best one-interval goodput
-	Overload  float64 // mean goodput over the intervals at ≥ 2× capacity, 0 if none
-	Shedding  time.Duration
-	MinScale  float64 // NaN without a gate
-	Server    *middleware.Stats
-	ChartPath string
+	Length   time.Duration
+	Capacity float64
+	Ramp     ramp
+	Callers  []callerTotal
+	Peak     float64 // best one-interval goodput
+	Overload float64 // mean goodput over the intervals at ≥ 2× capacity, 0 if none
+	// Shedding is how long the gate shed (with a gate that scales) or the
+	// controller shed calls (with a controller).
+	Shedding time.Duration
+	MinScale float64 // NaN without a gate that scales
+	// Ctrl is the controller's final state, nil without one, and
+	// LimitMin, LimitMed and LimitMax its limit's range and median over
+	// the run's ticks.
+	Ctrl                         *overload.Snapshot
+	LimitMin, LimitMed, LimitMax float64
+	Server                       *middleware.Stats
+	ChartPath                    string
 }
 
 // summarize builds the summary of a finished run.
@@ -202,6 +266,7 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 	}
 	var sum float64
 	var n int
+	var limits []float64
 	for _, p := range pts {
 		s.Peak = max(s.Peak, p.Goodput)
 		if p.Factor >= 2 {
@@ -216,6 +281,17 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 				s.Shedding += p.Dt
 			}
 		}
+		if p.Ctrl != nil {
+			s.Ctrl = p.Ctrl
+			limits = append(limits, p.Ctrl.Limit)
+			if p.CtrlShed > 0 {
+				s.Shedding += p.Dt
+			}
+		}
+	}
+	if len(limits) > 0 {
+		slices.Sort(limits)
+		s.LimitMin, s.LimitMed, s.LimitMax = limits[0], limits[len(limits)/2], limits[len(limits)-1]
 	}
 	if n > 0 {
 		s.Overload = sum / float64(n)
@@ -263,6 +339,25 @@ func (s *summary) write(w io.Writer) {
 	b.WriteString("\n")
 	if !math.IsNaN(s.MinScale) {
 		fmt.Fprintf(&b, "gate: shed load for %.0fs of %.0fs, lowest scale %.2f\n", s.Shedding.Seconds(), s.Length.Seconds(), s.MinScale)
+	}
+	if c := s.Ctrl; c != nil {
+		fmt.Fprintf(&b, "overload controller: shed calls in %.0fs of %.0fs; limit %.1f–%.1f (median %.1f), baseline %s",
+			s.Shedding.Seconds(), s.Length.Seconds(), s.LimitMin, s.LimitMax, s.LimitMed, fmtDur(c.Baseline))
+		if c.Admitted > 0 {
+			fmt.Fprintf(&b, "; %.0f%% of admitted calls waited for a slot", 100*float64(c.Waited)/float64(c.Admitted))
+		}
+		fmt.Fprintf(&b, "; shed %d", c.ShedTotal())
+		sep := " ("
+		for i, n := range c.Shed {
+			if n > 0 {
+				fmt.Fprintf(&b, "%s%s %d", sep, overload.ShedCause(i), n)
+				sep = ", "
+			}
+		}
+		if sep == ", " {
+			b.WriteString(")")
+		}
+		b.WriteString("\n")
 	}
 	if st := s.Server; st != nil {
 		fmt.Fprintf(&b, "server: admitted %d, over quota %d, overload %d, tap handle %d, exempt %d\n",

@@ -21,6 +21,7 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 	"github.com/floodgate-go/floodgate/redisstore"
@@ -50,7 +51,10 @@ type serverConfig struct {
 	// Units is each SKU's initial stock. Default 1e12: a demo never runs
 	// out.
 	Units int64
-	// Policy is the CPU gate's policy: "adaptive" (default) or "fixed".
+	// Policy is the overload protection: "overload" (default), the overload
+	// controller, with the CPU gate as its guard, whose readings explain its
+	// decisions but scale nothing; or "adaptive" or "fixed", the CPU gate's
+	// policy, which scales every tenant's quota while the CPU is saturated.
 	Policy string
 	// Sampler chooses the CPU sampler: "auto" (default: the best available,
 	// cpugate.NewSampler), "cgroup", "process" or "host".
@@ -58,10 +62,13 @@ type serverConfig struct {
 	// SchedP99, when positive, also counts a reading hot when the 99th
 	// percentile of goroutine scheduling latency reaches it: the guard that
 	// sees saturation CPU use misses, such as busy neighbours on the host.
+	// Only the gate policies act on it: the overload controller sheds by
+	// its calls' latency, which a starved process shows by itself.
 	SchedP99 time.Duration
-	// Logger receives the gate's transitions, the Redis store's breaker
-	// transitions, config reloads and, with Metrics, rejections (at most
-	// one line a second). Nil logs nothing.
+	// Logger receives the transitions of whichever sheds, the overload
+	// controller (with the CPU readings behind them) or the gate, the Redis
+	// store's breaker transitions, config reloads and, with Metrics,
+	// rejections (at most one line a second). Nil logs nothing.
 	Logger *slog.Logger
 	// Metrics, when set, is the address of an HTTP listener serving
 	// Prometheus metrics on /metrics and the callers rejected most often
@@ -76,6 +83,14 @@ type serverConfig struct {
 	gateInterval time.Duration
 	// burner, when set, skips the calibration (tests share one).
 	burner *burner
+	// law is the overload controller's law; the zero Law is the default.
+	law overload.Law
+	// bare leaves both the controller and the gate's scale out: tenants
+	// are held to their quotas alone. The capacity probe runs on such a
+	// server, so that the capacity is what the CPUs carry, not what a
+	// protection admits, and an unlimited tenant's closed loop is never
+	// shed.
+	bare bool
 }
 
 const (
@@ -97,7 +112,7 @@ func (c *serverConfig) setDefaults() {
 		c.Units = defaultUnits
 	}
 	if c.Policy == "" {
-		c.Policy = "adaptive"
+		c.Policy = policyOverload
 	}
 	if c.Sampler == "" {
 		c.Sampler = "auto"
@@ -107,15 +122,33 @@ func (c *serverConfig) setDefaults() {
 	}
 }
 
+// Policies of serverConfig.Policy.
+const (
+	policyOverload = "overload"
+	policyAdaptive = "adaptive"
+	policyFixed    = "fixed"
+)
+
+// checkPolicy returns an error for a policy name serverConfig does not know.
+func checkPolicy(name string) error {
+	switch name {
+	case policyOverload, policyAdaptive, policyFixed:
+		return nil
+	}
+	return fmt.Errorf("unknown policy %q: want overload, adaptive or fixed", name)
+}
+
 // server is the example inventory server: the service behind floodgate's
-// admission control, with a CPU gate, health checks and reflection.
+// admission control, with the overload controller or the CPU gate, health
+// checks and reflection.
 type server struct {
 	cfg     serverConfig
 	lis     net.Listener
 	grpc    *grpc.Server
 	health  *health.Server
 	inv     *inventory
-	gate    *cpugate.Gate
+	gate    *cpugate.Gate        // runs in every policy: its readings feed the tables
+	ctrl    *overload.Controller // nil unless the policy is "overload"
 	reg     *tenant.Registry
 	limiter *middleware.Limiter
 	store   floodgate.Store
@@ -139,6 +172,9 @@ func newServer(cfg serverConfig) (*server, error) {
 	}
 	if cfg.SKUs < 1 || cfg.Units < 1 {
 		return nil, errors.New("the catalogue needs at least one SKU and one unit")
+	}
+	if err := checkPolicy(cfg.Policy); err != nil {
+		return nil, err
 	}
 	s := &server{cfg: cfg, skus: skuNames(cfg.SKUs)}
 
@@ -165,16 +201,42 @@ func newServer(cfg serverConfig) (*server, error) {
 	} else {
 		s.source, s.budget = "scripted", float64(runtime.NumCPU())
 	}
-	policy, err := newPolicy(cfg.Policy, cfg.SchedP99)
+	useCtrl := cfg.Policy == policyOverload
+	// With the controller the gate only reads the CPU: its policy is the
+	// default one without the scheduling guard, and its state changes go
+	// unlogged, since nothing acts on them.
+	gatePolicy, sched, gateLog := cfg.Policy, cfg.SchedP99, cfg.Logger
+	if useCtrl {
+		gatePolicy, sched, gateLog = policyAdaptive, 0, nil
+	}
+	policy, err := newPolicy(gatePolicy, sched)
 	if err != nil {
 		return nil, err
 	}
 	if s.gate, err = cpugate.New(sampler,
 		cpugate.WithPolicy(policy),
 		cpugate.WithInterval(cfg.gateInterval),
-		cpugate.WithLogger(cfg.Logger),
+		cpugate.WithLogger(gateLog),
 	); err != nil {
 		return nil, err
+	}
+	var protect middleware.Option
+	switch {
+	case cfg.bare:
+	case useCtrl:
+		if s.ctrl, err = overload.New(
+			overload.WithGuard(s.gate),
+			overload.WithLogger(cfg.Logger),
+			overload.WithLaw(cfg.law),
+		); err != nil {
+			s.closeStore()
+			return nil, err
+		}
+		protect = middleware.WithOverload(s.ctrl)
+	default:
+		// While the gate sheds, the tap handle turns callers still inside
+		// their retry delay away before their request is read.
+		protect = middleware.WithGate(s.gate)
 	}
 	var extra []middleware.Option
 	var offenders *promfloodgate.Offenders
@@ -186,7 +248,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()))
 		offenders = s.obs.offenders
 	}
-	if s.limiter, err = newLimiter(s.store, s.reg, s.gate, extra...); err != nil {
+	if s.limiter, err = newLimiter(s.store, s.reg, protect, extra...); err != nil {
 		s.closeListeners()
 		return nil, err
 	}
@@ -227,6 +289,14 @@ func (s *server) closeStore() {
 	if s.redis != nil {
 		s.redis.Close()
 	}
+}
+
+// protection describes the server's overload protection for its banner.
+func (s *server) protection() string {
+	if s.ctrl != nil {
+		return fmt.Sprintf("overload controller, with CPU readings from %s (%.1f CPUs)", s.source, s.budget)
+	}
+	return fmt.Sprintf("%s gate on %s CPU (%.1f CPUs)", s.cfg.Policy, s.source, s.budget)
 }
 
 // addr returns the address the server listens on.
@@ -366,10 +436,10 @@ func samplerBudget(s cpugate.Sampler) float64 {
 // at sched (0: off).
 func newPolicy(name string, sched time.Duration) (cpugate.Policy, error) {
 	switch name {
-	case "adaptive":
+	case policyAdaptive:
 		return cpugate.Adaptive{SchedP99: sched}, nil
-	case "fixed":
+	case policyFixed:
 		return cpugate.Fixed{SchedP99: sched}, nil
 	}
-	return nil, fmt.Errorf("unknown policy %q: want adaptive or fixed", name)
+	return nil, fmt.Errorf("unknown gate policy %q: want adaptive or fixed", name)
 }

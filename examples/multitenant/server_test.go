@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
 
@@ -289,5 +291,118 @@ func TestAllocateStopsForAGoneCaller(t *testing.T) {
 	level, _ := inv.skus["sku-00000"].snapshot()
 	if got, want := level.GetAvailable(), int64(5); got != want {
 		t.Errorf("available after a cancelled Allocate = %d, want %d", got, want)
+	}
+}
+
+// The default server sheds with the overload controller: the CPU gate runs,
+// but its scale reaches no quota, and a call that finds every one of the
+// controller's slots taken is shed with the overload status.
+func TestDefaultServerUsesTheOverloadController(t *testing.T) {
+	// A saturated CPU: the gate cuts its scale at its first reading, which
+	// it has observed once the sampler is called a second time.
+	var samples atomic.Int32
+	observed := make(chan struct{})
+	hot := cpugate.SamplerFunc(func() (cpugate.Reading, error) {
+		if samples.Add(1) == 2 {
+			close(observed)
+		}
+		return cpugate.Reading{CPU: 1, Source: "scripted"}, nil
+	})
+	srv, _ := startServer(t, func(c *serverConfig) { c.sampler = hot })
+	if srv.ctrl == nil || srv.cfg.Policy != policyOverload {
+		t.Fatalf("default server: policy %q, controller %v; want the overload controller", srv.cfg.Policy, srv.ctrl)
+	}
+	<-observed
+	if got := srv.gate.Scale(); got >= 1 {
+		t.Fatalf("gate scale %v after a saturated reading, want below 1", got)
+	}
+	client := inventoryv1.NewInventoryClient(dial(t, srv))
+
+	// The noisy tenant's whole burst of 10 passes, unscaled; then its quota
+	// rejects it, with RESOURCE_EXHAUSTED, never the overload status.
+	req := &inventoryv1.GetStockRequest{Sku: "sku-00000"}
+	for i := range 10 {
+		if _, err := client.GetStock(withKey("demo-key-noisy"), req); err != nil {
+			t.Fatalf("noisy call %d of its burst of 10 = %v, want OK: the gate scaled the quota", i+1, err)
+		}
+	}
+	var rejected error
+	for range 40 {
+		if _, err := client.GetStock(withKey("demo-key-noisy"), req); err != nil {
+			rejected = err
+			break
+		}
+	}
+	if got, want := classify(rejected), outcomeQuota; got != want {
+		t.Errorf("noisy tenant past its burst: %v (%v), want %v", rejected, got, want)
+	}
+
+	// Take every slot of the controller: a tenant's call then waits for
+	// one, in vain, and is shed once its longest wait is over. Nothing
+	// releases a slot meanwhile, so the outcome does not depend on timing.
+	ctx := context.Background()
+	var held []overload.Permit
+	release := func() {
+		for _, p := range held {
+			p.Done()
+		}
+		held = nil
+	}
+	t.Cleanup(release)
+	for s := srv.ctrl.Snapshot(); s.Inflight < max(1, int(s.Limit)); s = srv.ctrl.Snapshot() {
+		p, err := srv.ctrl.Acquire(ctx, overload.Flow{Key: "test-holder"})
+		if err != nil {
+			t.Fatalf("Acquire with free slots = %v", err)
+		}
+		held = append(held, p)
+	}
+	callCtx, cancel := context.WithTimeout(withKey("demo-key-acme"), time.Minute)
+	defer cancel()
+	var trailer metadata.MD
+	_, err := client.GetStock(callCtx, req, grpc.Trailer(&trailer))
+	if got, want := status.Code(err), codes.Unavailable; got != want {
+		t.Fatalf("call with every slot taken = %v, want %v", err, want)
+	}
+	if got, want := classify(err), outcomeOverload; got != want {
+		t.Errorf("classify(%v) = %v, want %v", err, got, want)
+	}
+	var info *errdetails.ErrorInfo
+	for _, d := range status.Convert(err).Details() {
+		if i, ok := d.(*errdetails.ErrorInfo); ok {
+			info = i
+		}
+	}
+	if info == nil || info.GetReason() != "OVERLOADED" {
+		t.Errorf("rejection details %v, want an ErrorInfo with reason OVERLOADED", status.Convert(err).Details())
+	}
+	if len(trailer.Get(middleware.PushbackKey)) != 1 {
+		t.Errorf("trailer %v, want one %s", trailer, middleware.PushbackKey)
+	}
+	if got := srv.ctrl.Snapshot().ShedTotal(); got != 1 {
+		t.Errorf("controller shed %d calls, want 1", got)
+	}
+	if st := srv.limiter.Stats(); st.Overload != 1 {
+		t.Errorf("limiter stats %+v, want 1 overload rejection", st)
+	}
+
+	// Slots free again: the same call is served.
+	release()
+	if _, err := client.GetStock(withKey("demo-key-acme"), req); err != nil {
+		t.Errorf("call with free slots = %v, want OK", err)
+	}
+}
+
+// The gate policies keep the gate's scale on the quotas, and no controller.
+func TestGatePolicyServer(t *testing.T) {
+	for _, policy := range []string{policyAdaptive, policyFixed} {
+		t.Run(policy, func(t *testing.T) {
+			srv, _ := startServer(t, func(c *serverConfig) { c.Policy = policy })
+			if srv.ctrl != nil {
+				t.Errorf("policy %s: a controller, want none", policy)
+			}
+		})
+	}
+	if _, err := newServer(serverConfig{ConfigPath: testdata(t, "test-tenants.yaml"), Policy: "nope"}); err == nil {
+		t.Error("newServer with policy nope = nil error, want one")
 	}
 }
