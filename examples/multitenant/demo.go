@@ -110,6 +110,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 	observe(ctx, gen, mon, cfg.tick)
 
 	sum := summarize(gen, mon.points, srv.limiter)
+	sum.Measured = cfg.Capacity == 0
 	if cfg.Out != "" {
 		protection := "overload controller"
 		if srv.ctrl == nil {

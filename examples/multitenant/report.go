@@ -240,6 +240,7 @@ type callerTotal struct {
 type summary struct {
 	Length   time.Duration
 	Capacity float64
+	Measured bool // the capacity was measured, not given
 	Ramp     ramp
 	Callers  []callerTotal
 	Peak     float64 // best one-interval goodput
@@ -334,7 +335,14 @@ func (s *summary) write(w io.Writer) {
 	row(&all)
 	fmt.Fprintf(&b, "goodput: peak %.0f/s", s.Peak)
 	if s.Overload > 0 && s.Peak > 0 {
-		fmt.Fprintf(&b, "; %.0f/s on average while offered ≥ 2× capacity (%.0f%% of peak)", s.Overload, 100*s.Overload/s.Peak)
+		// The capacity is the yardstick: a protection that halves the
+		// server's goodput keeps 100% of its own (halved) peak.
+		which := "the given capacity"
+		if s.Measured {
+			which = "the measured capacity"
+		}
+		fmt.Fprintf(&b, "; while offered ≥ 2× capacity: %.0f/s on average = %.0f%% of %s (%.0f%% of the peak)",
+			s.Overload, 100*s.Overload/s.Capacity, which, 100*s.Overload/s.Peak)
 	}
 	b.WriteString("\n")
 	if !math.IsNaN(s.MinScale) {
