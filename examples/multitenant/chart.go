@@ -28,11 +28,12 @@ var (
 	orange = fgplot.Orange
 	purple = fgplot.Purple
 	gray   = fgplot.Gray
+	black  = fgplot.Black
 	dashed = fgplot.Dashed
 )
 
-// writeChart draws the run as a PNG at path: offered load, goodput and shed
-// rate on top; the gate's CPU reading and, when it scales the quotas, its
+// writeChart draws the run as a PNG at path: offered load, goodput, shed
+// rate and the overload controller's admission rate on top; the gate's CPU reading and, when it scales the quotas, its
 // scale (when the gate was visible); the overload controller's limit and
 // calls in flight (when it was there); the admitted calls' latency below,
 // with the controller's baseline.
@@ -43,20 +44,35 @@ func writeChart(path, title string, pts []point) error {
 		}
 		return float64(d) / float64(time.Millisecond)
 	}
-	panels := []*plot.Plot{
-		panel(title, "calls/s", pts, []chartSeries{
-			{"offered", gray, dashed, func(p point) float64 { return p.Offered }},
-			{"goodput", green, nil, func(p point) float64 { return p.Goodput }},
-			{"shed: quota", orange, nil, func(p point) float64 { return p.Quota }},
-			{"shed: overload", red, nil, func(p point) float64 { return p.Overload }},
-			{"deadline exceeded", purple, dashed, func(p point) float64 { return p.Late }},
-			{"goodput of steady tenants", blue, nil, func(p point) float64 { return p.SteadyOK }},
-		}),
-	}
 	var last point
 	if len(pts) > 0 {
 		last = pts[len(pts)-1]
 	}
+	ctrl := func(f func(s *overload.Snapshot) float64) func(p point) float64 {
+		return func(p point) float64 {
+			if p.Ctrl == nil {
+				return math.NaN()
+			}
+			return f(p.Ctrl)
+		}
+	}
+	rates := []chartSeries{
+		{"offered", gray, dashed, func(p point) float64 { return p.Offered }},
+		{"goodput", green, nil, func(p point) float64 { return p.Goodput }},
+		{"shed: quota", orange, nil, func(p point) float64 { return p.Quota }},
+		{"shed: overload", red, nil, func(p point) float64 { return p.Overload }},
+		{"deadline exceeded", purple, dashed, func(p point) float64 { return p.Late }},
+		{"goodput of steady tenants", blue, nil, func(p point) float64 { return p.SteadyOK }},
+	}
+	if last.Ctrl != nil {
+		rates = append(rates, chartSeries{"controller's admission rate", black, dashed, ctrl(func(s *overload.Snapshot) float64 {
+			if s.Rate == 0 {
+				return math.NaN() // not limited
+			}
+			return s.Rate
+		})})
+	}
+	panels := []*plot.Plot{panel(title, "calls/s", pts, rates)}
 	if len(pts) > 0 && !math.IsNaN(last.CPU) {
 		ylabel, series := "CPU (%)", []chartSeries{
 			{"CPU (smoothed)", purple, nil, func(p point) float64 { return 100 * p.CPU }},
@@ -68,14 +84,6 @@ func writeChart(path, title string, pts []point) error {
 		gate := panel("", ylabel, pts, series)
 		gate.Y.Min, gate.Y.Max = 0, 130 // headroom for the legend
 		panels = append(panels, gate)
-	}
-	ctrl := func(f func(s *overload.Snapshot) float64) func(p point) float64 {
-		return func(p point) float64 {
-			if p.Ctrl == nil {
-				return math.NaN()
-			}
-			return f(p.Ctrl)
-		}
 	}
 	if last.Ctrl != nil {
 		// In flight is an instant's count, at each tick: it shows whether

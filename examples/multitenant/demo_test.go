@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/floodgate-go/floodgate/overload"
 )
 
 // The demo end to end, short and small: a server on loopback behind the
@@ -54,10 +52,7 @@ func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 				tick:        250 * time.Millisecond,
 				sampler:     scriptedCPU(tc.cpu),
 				burner:      testBurner(),
-				// Room for 64 calls at once (16 while the first baseline
-				// is probed): a stall of a shared test machine that
-				// piles up arrivals cannot fill it.
-				law: overload.Law{InitialLimit: 64},
+				law:         roomyLaw,
 			})
 			if err != nil {
 				t.Fatalf("runDemo = %v\n%s", err, out.String())

@@ -30,12 +30,15 @@
 //     shed calls per second by reason (quota, overload), calls that missed
 //     their deadline or failed, retries, and the p50 and p99 latency of
 //     admitted calls, under a line with the controller's state: its
-//     concurrency limit and what set it, the calls in flight and waiting for
-//     a slot, the latency of its calls against their baseline (the latency
-//     of a call that does not queue), the queueing delay, and the CPU.
+//     admission rate, when it limits one, and concurrency limit and what
+//     set them, the calls in flight and waiting for a slot, the queueing
+//     delay of calls before they reach it (against its target) and their
+//     wait for a slot, the latency of its calls against their baseline (the
+//     latency of a call that does not queue), and the CPU.
 //  5. It ends with a summary, which holds the goodput under overload against
 //     the measured capacity, and a chart (PNG) of offered load, goodput,
-//     shed rate, CPU, the controller's limit and latency over time,
+//     shed rate, the controller's admission rate, CPU, its concurrency
+//     limit and latency over time,
 //     multitenant.png in the working directory by default (-out).
 //
 // What to look for: the steady tenants keep every call and a low latency
@@ -46,9 +49,13 @@
 // concurrency limit that it finds from its calls' latency, lets a few more
 // wait briefly for a slot, and sheds the rest from the tenants holding more
 // than their fair share first: the noisy tenant, whose waiting calls make
-// room for a steady tenant's. It scales no quota, so the steady tenants are
-// not shed for the noisy tenant's traffic. The retry policy's throttle keeps
-// retries of a mostly rejected caller near zero.
+// room for a steady tenant's. CPU-bound calls like Allocate queue for the
+// CPU before the controller sees them, so it also measures that queueing
+// delay and, past its target, limits the rate of admissions to what the
+// server completes, each tenant to its fair share of it. It scales no
+// quota, so the steady tenants are not shed for the noisy tenant's traffic.
+// The retry policy's throttle keeps retries of a mostly rejected caller
+// near zero.
 //
 // -policy adaptive or fixed shows the CPU gate instead, as before the
 // controller: it scales every tenant's quota by one factor while the CPU is
@@ -71,12 +78,14 @@
 // values; the tenant config holds only their SHA-256 digests.
 //
 // The demo shares the machine with whatever else runs on it. The controller
-// acts only when its own concurrency limit binds, so a busy host does not
-// make it shed an idle server; when the server is busy too, the latency its
-// calls take decides, not whose the CPU is. The CPU it shows (the gate's
-// reading, of the container's cgroup by default, see -sampler) explains its
-// decisions. The gate policies act on that reading, so other busy processes
-// make them shed sooner. The capacity is measured, not assumed, so on a
+// acts only when its own limits bind: it cuts its concurrency limit only
+// while calls wait for a slot, and it limits the admission rate only while
+// its calls queue and the CPU reading is high; a rate that cuts do not
+// help is lifted as someone else's doing. So a busy host does not make it
+// shed an idle server. The CPU it shows (the gate's reading, of the
+// container's cgroup by default, see -sampler) explains its decisions. The
+// gate policies act on that reading alone, so other busy processes make
+// them shed sooner. The capacity is measured, not assumed, so on a
 // busy machine it is lower and the numbers move with the neighbours' load.
 package main
 
@@ -92,6 +101,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/floodgate-go/floodgate/overload"
 )
 
 const (
@@ -272,9 +283,13 @@ func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.D
 			// The controller's own names for its signals, as in its log
 			// lines and metrics.
 			c := srv.ctrl.Snapshot()
-			attrs = append(attrs, "state", c.State.String(), "limit", fmt.Sprintf("%.1f", c.Limit), "decided_by", c.Cause.String(),
-				"probing", c.Probing, "inflight", c.Inflight, "queued", c.Queued,
-				"rtt", c.RTT, "baseline", c.Baseline, "queue_delay", c.QueueDelay)
+			cause := c.Cause
+			if c.Rate > 0 || c.RateCause == overload.CauseNotOurs {
+				cause = c.RateCause
+			}
+			attrs = append(attrs, "state", c.State.String(), "decided_by", cause.String(), "queue_delay", c.QueueDelay,
+				"rate", fmt.Sprintf("%.0f", c.Rate), "limit", fmt.Sprintf("%.1f", c.Limit), "probing", c.Probing,
+				"inflight", c.Inflight, "queued", c.Queued, "wait", c.Wait, "rtt", c.RTT, "baseline", c.Baseline)
 		} else {
 			attrs = append(attrs, "gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale))
 		}

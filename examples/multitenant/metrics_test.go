@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -89,10 +88,9 @@ next:
 func TestMetricsUnderLoad(t *testing.T) {
 	srv, _ := startServer(t, func(c *serverConfig) {
 		c.Metrics = "127.0.0.1:0"
-		// Room for every caller at once, even while the controller probes
-		// its first baseline: this test counts quota rejections, and a
-		// stalled machine must not turn one into an overload rejection.
-		c.law = overload.Law{InitialLimit: 64}
+		// This test counts quota rejections: a stalled machine must not
+		// turn one into an overload rejection.
+		c.law = roomyLaw
 	})
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	const (

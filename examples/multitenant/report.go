@@ -37,9 +37,11 @@ type point struct {
 	SchedP99  time.Duration // the gate's latest scheduling-latency reading
 	State     cpugate.State
 	// Ctrl is the overload controller's state at the end of the interval,
-	// and CtrlShed the calls it shed during it.
-	Ctrl     *overload.Snapshot
-	CtrlShed uint64
+	// CtrlShed the calls it shed during it, and QueueTarget the queueing
+	// delay above which it limits the admission rate.
+	Ctrl        *overload.Snapshot
+	CtrlShed    uint64
+	QueueTarget time.Duration
 }
 
 // noLatency marks an interval without admitted calls: nothing to plot.
@@ -111,6 +113,7 @@ func (m *monitor) sample(t, dt time.Duration) {
 	if m.ctrl != nil {
 		s := m.ctrl.Snapshot()
 		p.Ctrl = &s
+		p.QueueTarget = m.ctrl.Law().Target(overload.Control{Baseline: s.Baseline})
 		total := s.ShedTotal()
 		p.CtrlShed, m.shed = total-m.shed, total
 	}
@@ -145,7 +148,7 @@ func (m *monitor) print(pts []point) {
 	b.WriteString("\n")
 	if last.Ctrl != nil {
 		b.WriteString("  ")
-		b.WriteString(ctrlLine(*last.Ctrl, last.CPU))
+		b.WriteString(ctrlLine(*last.Ctrl, last.QueueTarget, last.CPU))
 		b.WriteString("\n")
 	}
 	b.WriteString(tableHeader)
@@ -164,20 +167,30 @@ func (m *monitor) print(pts []point) {
 }
 
 // ctrlLine describes the overload controller's state for the table: its
-// regime, the limit and what set it, the calls holding and waiting for a
-// slot, the latency of its last interval against the baseline (the
-// gradient that moves the limit), the queueing delay it measured, and the
-// CPU (NaN when unknown), which explains but does not decide.
-func ctrlLine(s overload.Snapshot, cpu float64) string {
+// regime; the admission rate and what set it, which it limits while calls
+// wait longer than target to reach it (they queue for the CPU before any
+// interceptor runs); the concurrency limit and what set it, with the calls
+// holding and waiting for a slot; the two waits, from arrival to the
+// controller and for a slot; the latency of its calls against the
+// baseline, the gradient that moves the limit; and the CPU (NaN when
+// unknown), which explains but does not decide.
+func ctrlLine(s overload.Snapshot, target time.Duration, cpu float64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "overload %s: limit %.1f", s.State, s.Limit)
+	fmt.Fprintf(&b, "overload %s: ", s.State)
+	switch {
+	case s.Rate > 0:
+		fmt.Fprintf(&b, "rate %.0f/s (set by %s), ", s.Rate, s.RateCause)
+	case s.RateCause == overload.CauseNotOurs:
+		fmt.Fprintf(&b, "rate lifted (%s), ", s.RateCause)
+	}
+	fmt.Fprintf(&b, "limit %.1f", s.Limit)
 	if s.Probing {
 		b.WriteString(" (probing the baseline)")
 	} else {
 		fmt.Fprintf(&b, " (set by %s)", s.Cause)
 	}
-	fmt.Fprintf(&b, ", %d in flight, %d queued;  latency %s vs baseline %s;  queueing %s",
-		s.Inflight, s.Queued, fmtDur(s.RTT), fmtDur(s.Baseline), fmtDur(s.QueueDelay))
+	fmt.Fprintf(&b, ", %d in flight, %d queued;  queueing %s (target %s), slot wait %s;  latency %s vs baseline %s",
+		s.Inflight, s.Queued, fmtDur(s.QueueDelay), fmtDur(target), fmtDur(s.Wait), fmtDur(s.RTT), fmtDur(s.Baseline))
 	if !math.IsNaN(cpu) {
 		fmt.Fprintf(&b, ";  cpu %.0f%%", 100*cpu)
 	}
@@ -249,11 +262,14 @@ type summary struct {
 	// controller shed calls (with a controller).
 	Shedding time.Duration
 	MinScale float64 // NaN without a gate that scales
-	// Ctrl is the controller's final state, nil without one, and
-	// LimitMin, LimitMed and LimitMax its limit's range and median over
-	// the run's ticks.
+	// Ctrl is the controller's final state, nil without one; LimitMin,
+	// LimitMed and LimitMax its limit's range and median over the run's
+	// ticks, and RateMed the median admission rate over the ticks it was
+	// limited, for RateFor.
 	Ctrl                         *overload.Snapshot
 	LimitMin, LimitMed, LimitMax float64
+	RateMed                      float64
+	RateFor                      time.Duration
 	Server                       *middleware.Stats
 	ChartPath                    string
 }
@@ -267,7 +283,7 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 	}
 	var sum float64
 	var n int
-	var limits []float64
+	var limits, rates []float64
 	for _, p := range pts {
 		s.Peak = max(s.Peak, p.Goodput)
 		if p.Factor >= 2 {
@@ -285,6 +301,10 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 		if p.Ctrl != nil {
 			s.Ctrl = p.Ctrl
 			limits = append(limits, p.Ctrl.Limit)
+			if p.Ctrl.Rate > 0 {
+				rates = append(rates, p.Ctrl.Rate)
+				s.RateFor += p.Dt
+			}
 			if p.CtrlShed > 0 {
 				s.Shedding += p.Dt
 			}
@@ -293,6 +313,10 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 	if len(limits) > 0 {
 		slices.Sort(limits)
 		s.LimitMin, s.LimitMed, s.LimitMax = limits[0], limits[len(limits)/2], limits[len(limits)-1]
+	}
+	if len(rates) > 0 {
+		slices.Sort(rates)
+		s.RateMed = rates[len(rates)/2]
 	}
 	if n > 0 {
 		s.Overload = sum / float64(n)
@@ -349,8 +373,11 @@ func (s *summary) write(w io.Writer) {
 		fmt.Fprintf(&b, "gate: shed load for %.0fs of %.0fs, lowest scale %.2f\n", s.Shedding.Seconds(), s.Length.Seconds(), s.MinScale)
 	}
 	if c := s.Ctrl; c != nil {
-		fmt.Fprintf(&b, "overload controller: shed calls in %.0fs of %.0fs; limit %.1f–%.1f (median %.1f), baseline %s",
-			s.Shedding.Seconds(), s.Length.Seconds(), s.LimitMin, s.LimitMax, s.LimitMed, fmtDur(c.Baseline))
+		fmt.Fprintf(&b, "overload controller: shed calls in %.0fs of %.0fs; ", s.Shedding.Seconds(), s.Length.Seconds())
+		if s.RateFor > 0 {
+			fmt.Fprintf(&b, "admission rate limited for %.0fs (median %.0f/s); ", s.RateFor.Seconds(), s.RateMed)
+		}
+		fmt.Fprintf(&b, "limit %.1f–%.1f (median %.1f), baseline %s", s.LimitMin, s.LimitMax, s.LimitMed, fmtDur(c.Baseline))
 		if c.Admitted > 0 {
 			fmt.Fprintf(&b, "; %.0f%% of admitted calls waited for a slot", 100*float64(c.Waited)/float64(c.Admitted))
 		}

@@ -66,6 +66,13 @@ func startServer(t *testing.T, opts ...func(*serverConfig)) (*server, context.Ca
 	return srv, cancel
 }
 
+// roomyLaw is an overload controller's law for the tests that count what
+// else sheds: room for 64 calls at once (16 while the first baseline is
+// probed), and an admission rate only once calls wait an hour to reach the
+// controller, so that a stall of a shared test machine, piling up
+// arrivals, cannot make the controller shed.
+var roomyLaw = overload.Law{InitialLimit: 64, QueueTarget: time.Hour}
+
 // dial returns a client connection to srv without a retry policy, so the
 // tests see every rejection.
 func dial(t *testing.T, srv *server) *grpc.ClientConn {
@@ -308,7 +315,12 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 		}
 		return cpugate.Reading{CPU: 1, Source: "scripted"}, nil
 	})
-	srv, _ := startServer(t, func(c *serverConfig) { c.sampler = hot })
+	srv, _ := startServer(t, func(c *serverConfig) {
+		c.sampler = hot
+		// The default concurrency limit, but no admission rate: a stall
+		// of the machine must not shed the calls this test counts.
+		c.law = overload.Law{QueueTarget: time.Hour}
+	})
 	if srv.ctrl == nil || srv.cfg.Policy != policyOverload {
 		t.Fatalf("default server: policy %q, controller %v; want the overload controller", srv.cfg.Policy, srv.ctrl)
 	}
