@@ -3,6 +3,7 @@ package redistest
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestServerLifecycle(t *testing.T) {
@@ -22,10 +23,42 @@ func TestServerLifecycle(t *testing.T) {
 	}
 }
 
+// TestSleepAndFlush: DEBUG SLEEP holds the server for its duration, and
+// SCRIPT FLUSH empties the script cache.
+func TestSleepAndFlush(t *testing.T) {
+	s := Start(t)
+	if _, err := Do(s.Addr, "SCRIPT", "LOAD", "return 1"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := s.Sleep(200 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Errorf("Sleep(200ms) returned after %v", d)
+	}
+	if err := s.FlushScripts(); err != nil {
+		t.Fatal(err)
+	}
+	// sha1("return 1")
+	if got, err := Do(s.Addr, "SCRIPT", "EXISTS", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"); err != nil || got != "0" {
+		t.Errorf("SCRIPT EXISTS after FlushScripts = %q, %v, want 0", got, err)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	c := StartCluster(t, 3)
 	info, err := Do(c.Addrs[0], "CLUSTER", "INFO")
 	if err != nil || !strings.Contains(info, "cluster_known_nodes:3") {
 		t.Fatalf("CLUSTER INFO = %q, %v", info, err)
+	}
+	// A killed node comes back with its slots and serves them.
+	s := c.Servers[1]
+	s.Kill()
+	if err := c.Restart(s); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := Do(s.Addr, "CLUSTER", "INFO"); err != nil || !strings.Contains(info, "cluster_state:ok") {
+		t.Fatalf("CLUSTER INFO after Restart = %q, %v", info, err)
 	}
 }
