@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -44,7 +45,18 @@ func TestVectors(t *testing.T) {
 					}
 					clock.Set(start.Add(time.Duration(st.AtUS) * time.Microsecond))
 					res, err := s.TakeN(bg, tc.Name, lim, st.N)
-					if err != nil {
+					if st.N > lim.Burst && lim.Burst > 0 {
+						// Refused without a call, with an error; the bucket,
+						// untouched, must be as the vector says.
+						if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never {
+							t.Fatalf("step %d: TakeN(%v, %d) = %+v, %v; want refused for good with ErrExceedsBurst", i, lim, st.N, res, err)
+						}
+						peek, err := s.Peek(bg, tc.Name, lim)
+						if err != nil {
+							t.Fatal(err)
+						}
+						res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
+					} else if err != nil {
 						t.Fatalf("step %d: TakeN(%v, %d) error %v", i, lim, st.N, err)
 					}
 					if res.Allowed != st.Allowed || res.Remaining != st.Remaining ||
@@ -136,6 +148,12 @@ func TestRandomSequences(t *testing.T) {
 			at := base.Add(time.Duration(nowUS) * time.Microsecond)
 			clock.Set(at)
 			res, err := s.TakeN(bg, key, lim, n)
+			if n > lim.Burst {
+				if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed {
+					t.Fatalf("TakeN(%v, %d) = %+v, %v; want ErrExceedsBurst", lim, n, res, err)
+				}
+				continue // nothing taken, no call: the model does not move
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,6 +16,18 @@ import (
 // ErrNegativeN is returned by takes and refunds of a negative count.
 var ErrNegativeN = errors.New("redisstore: n is negative")
 
+// MaxKeyLen is the longest key, in bytes, that the store accepts: a
+// bucket's Redis key is at most the prefix, the key (up to three times as
+// long once escaped), the name and four bytes. Subjects are meant to be
+// tenant ids, client addresses or API key digests; a longer one is more
+// likely an attacker's, and would cost Redis memory and each call time.
+const MaxKeyLen = 1024
+
+// ErrKeyTooLong is wrapped by the errors of TakeN, Peek, Refund and Reset for
+// a key longer than [MaxKeyLen] bytes. It is returned before any call to
+// Redis and any local decision.
+var ErrKeyTooLong = errors.New("redisstore: key longer than 1024 bytes")
+
 // ErrUnavailable is wrapped by the errors of Peek, Refund and Reset when
 // Redis cannot answer within the deadline. The error's text never includes
 // Redis's; errors.Unwrap returns the cause for logs.
@@ -36,7 +48,8 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 // Decisions never fail because Redis does: when a call errors or misses its
 // deadline, or the breaker is open, the failure policy decides, and the
 // Result's Source says so. TakeN returns an error only for an invalid limit,
-// a negative n, or a done context.
+// a negative n, n above the burst, a key longer than [MaxKeyLen], or a done
+// context.
 //
 // A Store is safe for concurrent use. It starts no goroutine of its own
 // except, with batching on or with a client that ignores context deadlines,
@@ -164,33 +177,57 @@ func (s *Store) local() int64 {
 
 var monoBase = time.Now()
 
-func check(lim floodgate.Limit, n int) error {
+func check(key string, lim floodgate.Limit, n int) error {
 	if n < 0 {
 		return ErrNegativeN
 	}
 	if err := lim.Validate(); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
+	if exceeds(lim, n) {
+		return errExceedsBurst
+	}
+	return checkKey(key)
+}
+
+func checkKey(key string) error {
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes", ErrKeyTooLong, len(key))
+	}
 	return nil
 }
+
+// exceeds reports whether n tokens can never be taken under lim although
+// lim admits something: the zero Limit refuses every take as a decision.
+func exceeds(lim floodgate.Limit, n int) bool {
+	return n > lim.Burst && lim.Burst > 0 && !lim.IsInf()
+}
+
+var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 
 // TakeN takes n tokens from key's bucket under lim, atomically on Redis,
 // with the semantics of the keyed store:
 //
 //   - a bucket seen for the first time (or expired, which happens only once
 //     it is full) is full;
-//   - n > lim.Burst is rejected with RetryAfter [floodgate.Never] and writes
-//     nothing;
 //   - a rejected take writes nothing; RetryAfter is the time until n tokens
 //     are there (Never at rate 0);
 //   - n = 0 reports the bucket without writing;
 //   - [floodgate.Inf] is allowed without a call, with Remaining = lim.Burst
 //     and Source [floodgate.SourceRedis] (the store's normal source).
 //
-// When Redis cannot decide in time, the failure policy does. The error is
-// non-nil only for a negative n, an invalid limit or a done ctx.
+// When Redis cannot decide in time, the failure policy does. TakeN returns
+// an error, and makes no call, for a negative n ([ErrNegativeN]), an invalid
+// limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst], with a
+// Result refused with RetryAfter [floodgate.Never]; the zero Limit, which
+// admits nothing, refuses with that Result and no error) and a key longer
+// than [MaxKeyLen] ([ErrKeyTooLong]); and it returns the error of a done
+// ctx.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	if err := check(lim, n); err != nil {
+	if err := check(key, lim, n); err != nil {
+		if err == errExceedsBurst {
+			return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, err
+		}
 		return floodgate.Result{}, err
 	}
 	if lim.IsInf() {
@@ -384,7 +421,7 @@ func (s *Store) fail(ctx context.Context, o *op, subject string) (floodgate.Resu
 // asks Redis only (no cache, lease or fallback) and returns an error
 // wrapping [ErrUnavailable] when Redis cannot answer.
 func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floodgate.Result, error) {
-	if err := check(lim, 0); err != nil {
+	if err := check(key, lim, 0); err != nil {
 		return floodgate.Result{}, err
 	}
 	if lim.IsInf() {
@@ -403,7 +440,10 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 // stays missing. It returns an error wrapping [ErrUnavailable] when Redis
 // cannot answer; tokens taken by the fallback are not refunded.
 func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n int) error {
-	if err := check(lim, n); err != nil {
+	if exceeds(lim, n) {
+		n = lim.Burst // a bucket never holds more
+	}
+	if err := check(key, lim, n); err != nil {
 		return err
 	}
 	if lim.IsInf() || n == 0 {
@@ -423,6 +463,9 @@ func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n i
 // cache and leases hold for key in this process. It returns an error
 // wrapping [ErrUnavailable] when Redis cannot answer.
 func (s *Store) Reset(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
 	if s.cache != nil {
 		s.cache.remove(key)
 	}

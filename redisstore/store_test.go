@@ -89,6 +89,9 @@ func TestTTLInvariants(t *testing.T) {
 		lim := limits[i%len(limits)]
 		key := string(rune('a' + i%7))
 		res, err := s.TakeN(bg, key, lim, 1+i%3)
+		if errors.Is(err, floodgate.ErrExceedsBurst) && 1+i%3 > lim.Burst {
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -516,5 +519,75 @@ func TestUnavailableErrors(t *testing.T) {
 	}
 	if err := s.Reset(bg, "k"); !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Errorf("Reset with Redis down = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestKeyTooLong: a key over MaxKeyLen bytes is refused before any call,
+// by every method, with an error that says so; a key of exactly MaxKeyLen
+// bytes works, escaped or not.
+func TestKeyTooLong(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	var rec recorder
+	s := newStore(t, c, redisstore.WithObserver(&rec))
+	lim := floodgate.PerSecond(10, 10)
+	long := strings.Repeat("k", redisstore.MaxKeyLen+1)
+	if _, err := s.TakeN(bg, long, lim, 1); !errors.Is(err, redisstore.ErrKeyTooLong) {
+		t.Errorf("TakeN(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
+	}
+	if _, err := s.Peek(bg, long, lim); !errors.Is(err, redisstore.ErrKeyTooLong) {
+		t.Errorf("Peek(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
+	}
+	if err := s.Refund(bg, long, lim, 1); !errors.Is(err, redisstore.ErrKeyTooLong) {
+		t.Errorf("Refund(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
+	}
+	if err := s.Reset(bg, long); !errors.Is(err, redisstore.ErrKeyTooLong) {
+		t.Errorf("Reset(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
+	}
+	if calls, _, _ := rec.snapshot(); len(calls) != 0 {
+		t.Errorf("%d calls to Redis for oversized keys, want none", len(calls))
+	}
+	for _, key := range []string{strings.Repeat("k", redisstore.MaxKeyLen), strings.Repeat("{", redisstore.MaxKeyLen)} {
+		if res, err := s.TakeN(bg, key, lim, 1); err != nil || !res.Allowed || res.Source != floodgate.SourceRedis {
+			t.Errorf("TakeN(%d-byte key) = %+v, %v, want allowed by Redis", len(key), res, err)
+		}
+	}
+}
+
+// TestExceedsBurst: a take of more than a positive burst fails at once with
+// floodgate.ErrExceedsBurst and a refusal for good, as every store and
+// floodgate.Wait say, and takes nothing; the zero Limit refuses without an
+// error; a refund of more than the burst fills the bucket.
+func TestExceedsBurst(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	var rec recorder
+	s := newStore(t, c, redisstore.WithObserver(&rec))
+	lim := floodgate.PerSecond(10, 5)
+	res, err := s.TakeN(bg, "k", lim, 6)
+	if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never {
+		t.Errorf("TakeN(n 6 > burst 5) = %+v, %v; want refused for good with ErrExceedsBurst", res, err)
+	}
+	if err := floodgate.Wait(bg, s, "k", lim, 6); !errors.Is(err, floodgate.ErrExceedsBurst) {
+		t.Errorf("Wait(n 6 > burst 5) = %v, want ErrExceedsBurst", err)
+	}
+	if calls, _, _ := rec.snapshot(); len(calls) != 0 {
+		t.Errorf("%d calls to Redis for takes above the burst, want none", len(calls))
+	}
+	res, err = s.TakeN(bg, "z", floodgate.Limit{}, 1)
+	if err != nil || res.Allowed || res.RetryAfter != floodgate.Never {
+		t.Errorf("TakeN(zero Limit, 1) = %+v, %v; want refused for good, no error", res, err)
+	}
+	if err := floodgate.Wait(bg, s, "z", floodgate.Limit{}, 1); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
+		t.Errorf("Wait(zero Limit) = %v, want ErrWouldExceedDeadline", err)
+	}
+	if res, _ := s.TakeN(bg, "k", lim, 5); !res.Allowed {
+		t.Fatalf("TakeN(5) = %+v", res)
+	}
+	if err := s.Refund(bg, "k", lim, 6); err != nil {
+		t.Errorf("Refund(6 > burst 5) = %v", err)
+	}
+	if res, _ := s.Peek(bg, "k", lim); res.Remaining != 5 {
+		t.Errorf("Peek after Refund(6) = %+v, want full", res)
 	}
 }
