@@ -70,8 +70,9 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	}
 	b.mu.Unlock()
 	if lead {
-		if b.s.guard {
-			// The client may block past the deadline: flush elsewhere.
+		if dl, ok := ctx.Deadline(); b.s.guard || ok && dl.Before(p.due) {
+			// The client may block past the deadline, or the caller
+			// must leave before the batch's due time: flush elsewhere.
 			go b.flush()
 		} else {
 			// Send the first batch (ours) from this goroutine, which saves
@@ -99,13 +100,13 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	}
 	select {
 	case a := <-p.done:
-		return b.release(p, a)
+		return b.early(ctx, p, a)
 	case <-done:
 	case <-timer:
 	}
 	select {
 	case a := <-p.done: // the reply came with the end of the wait
-		return b.release(p, a)
+		return b.early(ctx, p, a)
 	default:
 	}
 	// p stays with its sender, which answers on the buffered channel; it
@@ -114,6 +115,30 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 		return reply{}, err
 	}
 	return reply{}, context.DeadlineExceeded
+}
+
+// early releases p and returns its answer a. A batch goes out with the
+// deadline of its oldest op, so a timeout can reach a younger op before its
+// own due time: that op had less than its budget, and its caller, with
+// more time to spend, would take it for Redis's failure. Such a caller
+// waits out its own due time (or its context) first, as it would have
+// without batching.
+func (b *batcher) early(ctx context.Context, p *pending, a result1) (reply, error) {
+	due := p.due
+	r, err := b.release(p, a)
+	if err == nil || KindOf(err) != KindTimeout {
+		return r, err
+	}
+	if wait := time.Until(due); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return reply{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return r, err
 }
 
 func (b *batcher) release(p *pending, a result1) (reply, error) {

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -210,5 +211,70 @@ func storeMax(a *atomic.Int64, v int64) {
 		if v <= old || a.CompareAndSwap(old, v) {
 			return
 		}
+	}
+}
+
+// TestShortCallerDeadline: with Redis hung, callers whose own deadline (5
+// ms) is far shorter than the store's get their context's error by that
+// deadline, never a decision of the failure policy, and their calls count
+// for nothing against Redis: no errors, the breaker closed.
+func TestShortCallerDeadline(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			srv := redistest.Start(t)
+			t.Cleanup(srv.Cont)
+			var rec recorder
+			opts := []redisstore.Option{redisstore.WithDeadline(50 * time.Millisecond), redisstore.WithObserver(&rec)}
+			if batched {
+				opts = append(opts, redisstore.WithBatching(16))
+			}
+			s := newStore(t, newClient(t, srv.Addr), opts...)
+			lim := floodgate.PerSecond(100, 10)
+			if res, err := s.TakeN(bg, "k", lim, 1); err != nil || res.Source != floodgate.SourceRedis {
+				t.Fatalf("TakeN before the hang = %+v, %v", res, err)
+			}
+			srv.Stop()
+			const callers, calls = 8, 25
+			var wg sync.WaitGroup
+			var late, decided atomic.Int64
+			for range callers {
+				wg.Go(func() {
+					for range calls {
+						ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+						dl, _ := ctx.Deadline()
+						res, err := s.TakeN(ctx, "k", lim, 1)
+						if d := time.Since(dl); d > margin {
+							late.Add(1)
+							t.Logf("TakeN returned %v after its deadline", d)
+						}
+						cancel()
+						if !errors.Is(err, context.DeadlineExceeded) {
+							decided.Add(1)
+							t.Logf("TakeN with Redis hung and 5ms to go = %+v, %v", res, err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if n := decided.Load(); n > 0 {
+				t.Errorf("%d of %d calls decided with Redis hung, want only the context's error", n, callers*calls)
+			}
+			if n := late.Load(); n > 0 {
+				t.Errorf("%d calls returned more than %v after their deadline", n, margin)
+			}
+			if st := s.Stats(); st.Errors != 0 || st.Trips != 0 || st.Fallback != 0 {
+				t.Errorf("Stats = %+v: callers' deadlines counted against Redis", st)
+			}
+			if !batched {
+				// Each call was its own round trip, cut short by its caller.
+				calls, _, _ := rec.snapshot()
+				for _, k := range calls[1:] {
+					if k != redisstore.KindCanceled {
+						t.Errorf("observed a call ending with %v, want canceled", k)
+						break
+					}
+				}
+			}
+		})
 	}
 }

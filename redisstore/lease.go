@@ -90,7 +90,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	}
 	r, err := s.call(ctx, &o)
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
+		if cerr := ended(ctx); cerr != nil {
 			return floodgate.Result{}, cerr
 		}
 		return s.fail(ctx, &o, key)

@@ -23,7 +23,8 @@ const (
 	// KindTimeout: the call missed its deadline (the context's, a network
 	// timeout, or the wait for a pooled connection).
 	KindTimeout
-	// KindCanceled: the caller's context was canceled.
+	// KindCanceled: the caller's context ended (canceled, or its deadline,
+	// earlier than the store's, passed) before Redis answered.
 	KindCanceled
 	// KindConnection: the connection was refused, reset or closed, the
 	// address did not resolve, or the client is closed.
@@ -147,6 +148,16 @@ type Observer interface {
 // observe reports a call that started at start and ended with err.
 func (s *Store) observe(start time.Time, err error) {
 	s.obs.ObserveCall(time.Since(start), KindOf(err))
+}
+
+// observeFor reports a call made for a caller with context ctx: a call that
+// ctx's deadline cut short is KindCanceled, not a timeout of Redis.
+func (s *Store) observeFor(ctx context.Context, start time.Time, err error) {
+	kind := KindOf(err)
+	if kind == KindTimeout && ended(ctx) != nil {
+		kind = KindCanceled
+	}
+	s.obs.ObserveCall(time.Since(start), kind)
 }
 
 // decided reports a decision by source, which is not Redis.

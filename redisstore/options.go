@@ -105,10 +105,13 @@ func WithClientClock(now func() time.Time) Option {
 // WithDeadline bounds each decision's time, 50 ms by default. Redis gets the
 // deadline less a reserve of a tenth (at most 5 ms), in which the callers
 // that Redis left waiting wake up and the failure policy decides: when
-// Redis hangs, all of them time out at once. A caller's context deadline
-// that comes earlier bounds the call instead; a caller's cancellation is
-// seen when the call returns (within the deadline), and the decision then
-// returns the context's error.
+// Redis hangs, all of them time out at once.
+//
+// A caller's context deadline that comes earlier bounds the call instead,
+// and when it passes before Redis answers, TakeN returns the context's
+// error: the failure policy never decides for a caller that is gone, and
+// the call does not count against Redis. A caller's cancellation is seen
+// when the call returns (within the deadline), with the same outcome.
 func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
 
 // WithFailurePolicy sets what decides while Redis cannot: [Local] (the

@@ -48,8 +48,8 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 // Decisions never fail because Redis does: when a call errors or misses its
 // deadline, or the breaker is open, the failure policy decides, and the
 // Result's Source says so. TakeN returns an error only for an invalid limit,
-// a negative n, n above the burst, a key longer than [MaxKeyLen], or a done
-// context.
+// a negative n, n above the burst, a key longer than [MaxKeyLen], or a
+// context that ended before Redis answered.
 //
 // A Store is safe for concurrent use. It starts no goroutine of its own
 // except, with batching on or with a client that ignores context deadlines,
@@ -221,8 +221,10 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst], with a
 // Result refused with RetryAfter [floodgate.Never]; the zero Limit, which
 // admits nothing, refuses with that Result and no error) and a key longer
-// than [MaxKeyLen] ([ErrKeyTooLong]); and it returns the error of a done
-// ctx.
+// than [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error when
+// ctx ends before Redis answers, also when ctx's deadline, earlier than the
+// store's, cut the call short: such a call never goes to the failure
+// policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	if err := check(key, lim, n); err != nil {
 		if err == errExceedsBurst {
@@ -258,7 +260,7 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 	}
 	r, err := s.call(ctx, &o)
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
+		if cerr := ended(ctx); cerr != nil {
 			return floodgate.Result{}, cerr
 		}
 		return s.fail(ctx, &o, key)
@@ -269,6 +271,20 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 		s.cache.insert(key, lim, r.tokens*unit, sent, res.RetryAfter)
 	}
 	return res, nil
+}
+
+// ended returns ctx's error, or context.DeadlineExceeded once ctx's
+// deadline has passed. A call bounded by that deadline fails through a
+// context derived from ctx, whose timer can fire before ctx's own: Err
+// alone would still be nil, and the failure would pass for Redis's.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // errBreakerOpen stands for the failed call the breaker spares.
@@ -297,8 +313,9 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 		if s.opts.onError != nil {
 			s.opts.onError(err)
 		}
-	case ctx.Err() != nil:
-		// The caller gave up: that says nothing about Redis.
+	case ended(ctx) != nil:
+		// The caller gave up, or its deadline cut the call short: that
+		// says nothing about Redis.
 		s.br.abandon(probe)
 	default:
 		s.br.failure(probe, time.Now(), err)
@@ -318,7 +335,7 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 		}
 		start := time.Now()
 		r, err := s.run(dctx, o)
-		s.observe(start, err)
+		s.observeFor(ctx, start, err)
 		return r, err
 	}
 	var start time.Time
@@ -343,7 +360,7 @@ func (s *Store) single(ctx context.Context, o *op) (reply, error) {
 		a.err = dctx.Err()
 	}
 	if s.obs != nil {
-		s.observe(start, a.err)
+		s.observeFor(ctx, start, a.err)
 	}
 	return a.r, a.err
 }
@@ -484,13 +501,13 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	}
 	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
 	if s.obs != nil {
-		s.observe(start, err)
+		s.observeFor(ctx, start, err)
 	}
 	switch {
 	case err == nil:
 		s.br.success(probe)
 		return nil
-	case ctx.Err() != nil:
+	case ended(ctx) != nil:
 		s.br.abandon(probe)
 	default:
 		s.br.failure(probe, time.Now(), err)
@@ -500,7 +517,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 }
 
 func (s *Store) unavailable(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
+	if cerr := ended(ctx); cerr != nil {
 		return cerr
 	}
 	return &unavailableError{err}
