@@ -41,7 +41,7 @@ const minSecond = 32
 
 type pending struct {
 	op   *op
-	due  time.Time // when the caller stops waiting: queued + the budget
+	due  time.Time // when the caller stops waiting: queued + the (stretched) budget
 	done chan result1
 }
 
@@ -61,7 +61,7 @@ func newBatcher(s *Store, max int) *batcher { return &batcher{s: s, max: max} }
 func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	p := pendingPool.Get().(*pending)
 	p.op = o
-	p.due = time.Now().Add(b.s.budget)
+	p.due = time.Now().Add(b.s.budget + b.s.stretch())
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	lead := b.running == 0 || b.running < maxInFlight && len(b.queue) >= min(minSecond, b.max)
@@ -94,7 +94,7 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	done := ctx.Done()
 	var timer <-chan time.Time
 	if b.s.guard {
-		t := time.NewTimer(b.s.budget)
+		t := time.NewTimer(time.Until(p.due))
 		defer t.Stop()
 		timer = t.C
 	}

@@ -9,22 +9,27 @@ import (
 // breaker is a consecutive-failure circuit breaker with one half-open
 // probe. Closed, it lets every call through and counts failures in a row;
 // at the threshold it opens for the cooldown, during which no call reaches
-// Redis. Then the first caller becomes the probe: its success closes the
-// breaker, its failure reopens it for another cooldown. Other callers keep
+// Redis. Then the first caller starts the probe, a call of the store's own
+// that does not hold the caller up (see Store.probe): its success closes
+// the breaker, its failure reopens it for another cooldown. Callers keep
 // using the failure policy while the probe is out.
 //
-// The closed path costs one atomic load.
+// The closed path costs one atomic load, the open one three: callers that
+// the open breaker turns away cost next to nothing, and under load they
+// are many, so they must not queue on a lock whose holder may be
+// descheduled.
 type breaker struct {
 	threshold int
 	cooldown  time.Duration
 
-	open  atomic.Bool // open or half-open
-	fails atomic.Int64
-	trips atomic.Uint64
+	open    atomic.Bool  // open or half-open
+	until   atomic.Int64 // unix ns: the end of the cooldown
+	probing atomic.Bool
+	fails   atomic.Int64
+	trips   atomic.Uint64
 
 	mu       sync.Mutex
 	openedAt time.Time
-	probing  bool
 	state    BreakerState // as reported: half-open from the first probe to a probe's outcome
 
 	// notify, when set, receives every change of state, outside mu and in
@@ -81,69 +86,54 @@ func (b *breaker) deliver() {
 	}
 }
 
-// allow reports whether a call may go to Redis, and whether it is the
-// half-open probe, which must be ended by success, failure or abandon.
-func (b *breaker) allow(now time.Time) (probe, ok bool) {
+// allow reports whether a call may go to Redis now. When it may not but
+// the cooldown is over and no probe is out, probe is true: the caller must
+// start the probe, which ends with probed.
+func (b *breaker) allow(now time.Time) (ok, probe bool) {
 	if !b.open.Load() {
-		return false, true
+		return true, false
+	}
+	if b.probing.Load() || now.UnixNano() < b.until.Load() {
+		return false, false
 	}
 	b.mu.Lock()
 	if !b.open.Load() {
 		b.mu.Unlock()
-		return false, true
+		return true, false
 	}
-	if b.probing || now.Sub(b.openedAt) < b.cooldown {
+	if b.probing.Load() || now.UnixNano() < b.until.Load() {
 		b.mu.Unlock()
 		return false, false
 	}
-	b.probing = true
+	b.probing.Store(true)
 	queued := b.setLocked(BreakerHalfOpen, now, nil)
 	b.mu.Unlock()
 	if queued {
 		b.deliver()
 	}
-	return true, true
+	return false, true
 }
 
-// success records a call that Redis answered. Only the probe closes an open
-// breaker: another success while it is open comes from a call that left
-// before it opened, and says little about Redis now (a slow server answers
-// some calls within the deadline while most miss it).
-func (b *breaker) success(probe bool) {
+// success records a call that Redis answered. It never closes an open
+// breaker: such a call left before the breaker opened, and says little
+// about Redis now (a slow server answers some calls within the deadline
+// while most miss it). Only the probe closes it.
+func (b *breaker) success() {
 	if b.fails.Load() != 0 {
 		b.fails.Store(0)
-	}
-	if !probe {
-		return
-	}
-	b.mu.Lock()
-	if probe {
-		b.probing = false
-	}
-	b.open.Store(false)
-	queued := b.setLocked(BreakerClosed, time.Now(), nil)
-	b.mu.Unlock()
-	if queued {
-		b.deliver()
 	}
 }
 
 // failure records a failed call; err is its error.
-func (b *breaker) failure(probe bool, now time.Time, err error) {
+func (b *breaker) failure(now time.Time, err error) {
 	n := b.fails.Add(1)
-	if !probe && (n < int64(b.threshold) || b.open.Load()) {
+	if n < int64(b.threshold) || b.open.Load() {
 		return
 	}
 	b.mu.Lock()
-	if probe {
-		b.probing = false
-	}
 	queued := false
-	if probe || !b.open.Load() {
-		b.openedAt = now
-		b.open.Store(true)
-		b.trips.Add(1)
-		queued = b.setLocked(BreakerOpen, now, err)
+	if !b.open.Load() {
+		queued = b.openLocked(now, err)
 	}
 	b.mu.Unlock()
 	if queued {
@@ -151,15 +141,45 @@ func (b *breaker) failure(probe bool, now time.Time, err error) {
 	}
 }
 
-// abandon ends a call that tells nothing about Redis (the caller's context
-// ended first). The breaker stays half-open: the next caller probes.
-func (b *breaker) abandon(probe bool) {
-	if !probe {
-		return
-	}
+// trip opens a closed breaker at once: a probe with a generous budget
+// failed, which is evidence enough.
+func (b *breaker) trip(now time.Time, err error) {
 	b.mu.Lock()
-	b.probing = false
+	queued := false
+	if !b.open.Load() {
+		queued = b.openLocked(now, err)
+	}
 	b.mu.Unlock()
+	if queued {
+		b.deliver()
+	}
+}
+
+func (b *breaker) openLocked(now time.Time, err error) bool {
+	b.openedAt = now
+	b.until.Store(now.Add(b.cooldown).UnixNano())
+	b.open.Store(true)
+	b.trips.Add(1)
+	return b.setLocked(BreakerOpen, now, err)
+}
+
+// probed ends the probe: a nil err closes the breaker, any other reopens
+// it for a cooldown from now.
+func (b *breaker) probed(now time.Time, err error) {
+	b.mu.Lock()
+	b.probing.Store(false)
+	var queued bool
+	if err == nil {
+		b.fails.Store(0)
+		b.open.Store(false)
+		queued = b.setLocked(BreakerClosed, now, nil)
+	} else {
+		queued = b.openLocked(now, err)
+	}
+	b.mu.Unlock()
+	if queued {
+		b.deliver()
+	}
 }
 
 // retryAfter is the time until the breaker next lets a call through: a
@@ -167,11 +187,7 @@ func (b *breaker) abandon(probe bool) {
 func (b *breaker) retryAfter(now time.Time) time.Duration {
 	d := time.Millisecond
 	if b.open.Load() {
-		b.mu.Lock()
-		if w := b.cooldown - now.Sub(b.openedAt); w > d {
-			d = w
-		}
-		b.mu.Unlock()
+		d = max(d, time.Duration(b.until.Load()-now.UnixNano()))
 	}
 	return d
 }

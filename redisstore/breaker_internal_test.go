@@ -12,24 +12,55 @@ func TestBreakerLateSuccess(t *testing.T) {
 	var b breaker
 	b.init(1, time.Hour, nil)
 	now := time.Now()
-	probe, ok := b.allow(now) // a slow call leaves
-	if probe || !ok {
-		t.Fatalf("allow on a closed breaker = %v, %v", probe, ok)
+	if ok, probe := b.allow(now); !ok || probe { // a slow call leaves
+		t.Fatalf("allow on a closed breaker = %v, %v", ok, probe)
 	}
-	b.failure(false, now, errors.New("timeout")) // another call fails: open
-	b.success(false)                             // the slow call answers late
+	b.failure(now, errors.New("timeout")) // another call fails: open
+	b.success()                           // the slow call answers late
 	if !b.isOpen() || b.current() != BreakerOpen {
 		t.Fatalf("a late success closed the breaker: state %v", b.current())
 	}
-	if _, ok := b.allow(now.Add(time.Minute)); ok {
-		t.Fatal("a call went through during the cooldown")
+	if ok, probe := b.allow(now.Add(time.Minute)); ok || probe {
+		t.Fatalf("allow during the cooldown = %v, %v; want neither a call nor a probe", ok, probe)
 	}
-	probe, ok = b.allow(now.Add(2 * time.Hour))
-	if !probe || !ok {
-		t.Fatalf("allow after the cooldown = %v, %v; want the probe", probe, ok)
+	if ok, probe := b.allow(now.Add(2 * time.Hour)); ok || !probe {
+		t.Fatalf("allow after the cooldown = %v, %v; want the probe and no call", ok, probe)
 	}
-	b.success(true)
+	if ok, probe := b.allow(now.Add(2 * time.Hour)); ok || probe {
+		t.Fatalf("allow with the probe out = %v, %v; want neither", ok, probe)
+	}
+	b.probed(now.Add(2*time.Hour), nil)
 	if b.isOpen() || b.current() != BreakerClosed {
 		t.Errorf("the probe's success left the breaker %v", b.current())
+	}
+}
+
+// TestBreakerProbeFails: a failed probe reopens the breaker for a cooldown
+// from the probe's end.
+func TestBreakerProbeFails(t *testing.T) {
+	var b breaker
+	b.init(2, time.Second, nil)
+	now := time.Now()
+	b.failure(now, errors.New("refused"))
+	if b.isOpen() {
+		t.Fatal("one failure of two opened the breaker")
+	}
+	b.failure(now, errors.New("refused"))
+	if !b.isOpen() {
+		t.Fatal("two failures of two left the breaker closed")
+	}
+	end := now.Add(1500 * time.Millisecond)
+	if _, probe := b.allow(now.Add(time.Second)); !probe {
+		t.Fatal("no probe after the cooldown")
+	}
+	b.probed(end, errors.New("refused"))
+	if b.current() != BreakerOpen || b.trips.Load() != 2 {
+		t.Fatalf("after a failed probe: state %v, %d trips; want open, 2", b.current(), b.trips.Load())
+	}
+	if _, probe := b.allow(end.Add(999 * time.Millisecond)); probe {
+		t.Error("a probe within the cooldown after the failed probe")
+	}
+	if _, probe := b.allow(end.Add(time.Second)); !probe {
+		t.Error("no probe a cooldown after the failed probe")
 	}
 }

@@ -16,8 +16,12 @@ import (
 // entry does not see), so tokens + rate×(now − sent) bounds the bucket from
 // above: a request that does not fit under the bound would be denied by
 // Redis too. A request that fits goes to Redis.
+//
+// Lookups share a read lock: under load most decisions are cached denials,
+// and with an exclusive lock they queued behind whichever of them the
+// scheduler had just descheduled.
 type denyCache struct {
-	mu   sync.Mutex
+	mu   sync.RWMutex
 	size int
 	m    map[string]denyEntry
 }
@@ -41,18 +45,20 @@ func newDenyCache(size int) *denyCache {
 }
 
 func (c *denyCache) lookup(key string, lim floodgate.Limit, n int, now int64) (floodgate.Result, bool) {
-	c.mu.Lock()
+	c.mu.RLock()
 	e, ok := c.m[key]
+	c.mu.RUnlock()
 	if !ok {
-		c.mu.Unlock()
 		return floodgate.Result{}, false
 	}
 	if e.lim != lim || now >= e.until {
-		delete(c.m, key)
+		c.mu.Lock()
+		if cur, ok := c.m[key]; ok && cur == e {
+			delete(c.m, key)
+		}
 		c.mu.Unlock()
 		return floodgate.Result{}, false
 	}
-	c.mu.Unlock()
 	burst := int64(lim.Burst) * 1e9
 	tokens := e.tokens
 	if now > e.sent && lim.Rate > 0 {

@@ -12,6 +12,8 @@ import (
 // concurrent callers, so calls that start within the same millisecond share
 // one: a slot ends budget after the start of its millisecond, so no call
 // gets more than the budget, and at most about budget/1ms timers are live.
+// While the process is starved of CPU the budget is stretched (see
+// Store.stretch); each slot is made with the stretch of its millisecond.
 
 type deadlineSlot struct {
 	start    int64 // unix ns, a multiple of 1 ms
@@ -26,7 +28,7 @@ type deadlineSlots struct {
 	cur    atomic.Pointer[deadlineSlot]
 }
 
-func (s *deadlineSlots) get(now time.Time) *deadlineSlot {
+func (s *deadlineSlots) get(now time.Time, stretch func() time.Duration) *deadlineSlot {
 	start := now.UnixNano() / int64(time.Millisecond) * int64(time.Millisecond)
 	if sl := s.cur.Load(); sl != nil && sl.start == start {
 		return sl
@@ -36,7 +38,7 @@ func (s *deadlineSlots) get(now time.Time) *deadlineSlot {
 	if sl := s.cur.Load(); sl != nil && sl.start == start {
 		return sl
 	}
-	sl := &deadlineSlot{start: start, deadline: time.Unix(0, start).Add(s.budget)}
+	sl := &deadlineSlot{start: start, deadline: time.Unix(0, start).Add(s.budget + stretch())}
 	sl.ctx, sl.cancel = context.WithDeadline(context.Background(), sl.deadline)
 	s.cur.Store(sl)
 	return sl
@@ -55,14 +57,16 @@ func (c *slotCtx) Deadline() (time.Time, bool) { return c.sl.deadline, true }
 func (c *slotCtx) Done() <-chan struct{}       { return c.sl.ctx.Done() }
 func (c *slotCtx) Err() error                  { return c.sl.ctx.Err() }
 
-// callCtx returns the context for one call to Redis: bounded by the budget,
-// or by ctx's deadline if that comes first (then with a timer of its own).
+// callCtx returns the context for one call to Redis: bounded by the budget
+// (stretched while the process is starved), or by ctx's deadline if that
+// comes first (then with a timer of its own).
 func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	now := time.Now()
-	if dl, ok := ctx.Deadline(); ok && dl.Before(now.Add(s.budget)) {
+	sl := s.slots.get(now, s.stretch)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(sl.deadline) {
 		return context.WithDeadline(ctx, dl)
 	}
-	return &slotCtx{Context: ctx, sl: s.slots.get(now)}, noCancel
+	return &slotCtx{Context: ctx, sl: sl}, noCancel
 }
 
 func noCancel() {}

@@ -11,10 +11,11 @@
 // # Key layout and Cluster
 //
 // Each bucket is one key, <prefix>:{<subject>}:<name>, where the subject is
-// the key given to TakeN with '%', '{' and '}' escaped (%25, %7B, %7D). The
-// braces make the subject the key's hash tag: every call touches one key in
-// one slot, so the store works on Redis Cluster without CROSSSLOT errors, and
-// a subject cannot choose its slot by holding braces. The prefix ("floodgate"
+// the key given to TakeN (at most [MaxKeyLen] bytes, 1 KiB) with '%', '{'
+// and '}' escaped (%25, %7B, %7D). The braces make the subject the key's
+// hash tag: every call touches one key in one slot, so the store works on
+// Redis Cluster without CROSSSLOT errors, and a subject cannot choose its
+// slot by holding braces. The prefix ("floodgate"
 // by default, [WithPrefix]) and the name ("b", [WithName]) tell stores apart
 // that share a Redis. The store accepts a *redis.Client, *redis.ClusterClient
 // or *redis.Ring; on a Cluster, a failed call also triggers a topology reload
@@ -57,17 +58,42 @@
 //   - [Open]: admit, floodgate.SourceFailOpen;
 //   - [Closed]: reject with a retry hint, floodgate.SourceFailClosed.
 //
-// A circuit breaker ([WithBreaker]) opens after consecutive failures; while
-// it is open, decisions skip Redis and go to the policy at once. After a
-// cooldown one decision probes Redis: its success closes the breaker.
+// A circuit breaker ([WithBreaker]) opens after consecutive failures (5 by
+// default); while it is open, decisions skip Redis and go to the policy at
+// once. After a cooldown (500 ms) a probe of the store's own, which holds
+// no caller up and waits for Redis for at least 1 s, checks Redis: its
+// success closes the breaker.
+//
+// Three slow things are not Redis failing, and are kept apart:
+//
+//   - A caller whose context ends first (its deadline earlier than the
+//     store's, or a cancellation) gets the context's error from TakeN,
+//     never a decision of the failure policy, and the call counts for
+//     nothing in the breaker and in [Stats].Errors.
+//   - A process starved of CPU reads answers late. While its runnable
+//     goroutines wait to run for a quarter of the deadline or more (the
+//     runtime's /sched/latencies:seconds), calls wait for Redis longer, by
+//     twice that delay (at most 1 s), and decisions made without Redis
+//     yield the processor, so that goroutines woken by the network run
+//     soon; a call that misses even the longer wait is counted in
+//     [Stats].Starved, not held against Redis, refused under Local as
+//     under Closed (a local bucket beside a working Redis would
+//     over-admit), and checked by a probe that opens the breaker if Redis
+//     does not answer it either.
+//   - Redis answering for a key that holds something other than a bucket
+//     fails that decision only.
 //
 // go-redis honours the store's deadline only on a client made with
 // ContextTimeoutEnabled: true; give it MaxRetries: -1 too, so that a failed
 // call falls back at once instead of retrying. With ContextTimeoutEnabled
 // false the store still returns by the deadline, by running each call on a
-// goroutine of its own, which costs more.
+// goroutine of its own, which costs more. go-redis stops dialing a server
+// after PoolSize failed dials and retries once a second: after an outage
+// long enough for that, recovery can take up to that second more.
 //
-// TakeN returns an error only for a negative n, an invalid limit or a done
+// TakeN returns an error only for a negative n, an invalid limit, n above
+// a positive burst (wrapping floodgate.ErrExceedsBurst, as every store
+// does), a key longer than [MaxKeyLen] (1 KiB: [ErrKeyTooLong]) or an ended
 // context, never for Redis's trouble; Peek, Refund and Reset return errors
 // wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).
@@ -86,7 +112,8 @@
 // that count plus the refill since is denied locally (floodgate.SourceCache).
 // The bound is conservative: a cached denial is one Redis would also give,
 // except that a Refund, a Reset or a raised limit elsewhere is seen only
-// when the entry expires.
+// when the entry expires. The cache only ever denies, so it never admits
+// more than Redis would.
 //
 // [WithLeases] serves hot keys (two decisions within the lease time d) from
 // tokens leased in advance: one atomic take of the request's tokens plus up
@@ -111,6 +138,8 @@
 // # Concurrency and zero value
 //
 // A Store is safe for concurrent use and must be made with [New]; the zero
-// Store is not usable. It starts no goroutine of its own beyond short-lived
-// ones serving in-flight batched (or guarded) calls, and needs no Close.
+// Store is not usable. It needs no Close. It starts no goroutine of its own
+// beyond short-lived ones: those serving in-flight batched (or guarded)
+// calls; and probes, at most two at a time (the breaker's, and one
+// checking a starved timeout), each ending within its budget.
 package redisstore

@@ -93,7 +93,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		if cerr := ended(ctx); cerr != nil {
 			return floodgate.Result{}, cerr
 		}
-		return s.fail(ctx, &o, key)
+		return s.fail(ctx, &o, key, err)
 	}
 	s.counts[floodgate.SourceRedis].Add(1)
 	res := o.result(r)

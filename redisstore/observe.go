@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"time"
 
@@ -65,7 +66,7 @@ func KindOf(err error) ErrorKind {
 		return KindNone
 	case errors.Is(err, errBreakerOpen):
 		return KindBreakerOpen
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, errStarved):
 		return KindTimeout
 	case errors.Is(err, context.Canceled):
 		return KindCanceled
@@ -161,10 +162,22 @@ func (s *Store) observeFor(ctx context.Context, start time.Time, err error) {
 }
 
 // decided reports a decision by source, which is not Redis.
+//
+// While the process is starved of CPU, it also yields the processor once.
+// Such decisions cost next to nothing, so callers that retry at once can
+// keep every CPU busy; the runtime then lets each run for a whole time
+// slice, and a goroutine woken by the network (a probe, a call whose answer
+// came) waits in the global run queue for hundreds of milliseconds, which
+// is what kept the breaker open. Yielding after each cheap decision rotates
+// the run queues fast enough for those goroutines to run within a few
+// milliseconds.
 func (s *Store) decided(source floodgate.Source) {
 	s.counts[source].Add(1)
 	if s.obs != nil {
 		s.obs.ObserveFallback(source)
+	}
+	if s.starved(sched.recent()) {
+		runtime.Gosched()
 	}
 }
 

@@ -18,7 +18,11 @@ type Policy uint8
 const (
 	// Local decides with an in-process bucket at the limit divided by the
 	// local divisor (see [WithLocalDivisor]): each instance admits its share.
-	// Results carry [floodgate.SourceFallback]. The default.
+	// Results carry [floodgate.SourceFallback]. The default. A call that
+	// missed its deadline only because this process was starved of CPU is
+	// refused instead ([floodgate.SourceFailClosed]): Redis is likely up and
+	// deciding for the other instances, and a local bucket beside it would
+	// admit more than the limit.
 	Local Policy = iota
 	// Open admits every request ([floodgate.SourceFailOpen]).
 	Open
@@ -72,7 +76,7 @@ func defaults() options {
 		policy:       Local,
 		divisor:      1,
 		failures:     5,
-		cooldown:     time.Second,
+		cooldown:     500 * time.Millisecond,
 		reloadPeriod: time.Second,
 	}
 }
@@ -112,6 +116,16 @@ func WithClientClock(now func() time.Time) Option {
 // error: the failure policy never decides for a caller that is gone, and
 // the call does not count against Redis. A caller's cancellation is seen
 // when the call returns (within the deadline), with the same outcome.
+//
+// While the process itself is starved of CPU (its runnable goroutines have
+// waited a quarter of Redis's share or more to run, as the runtime's
+// /sched/latencies:seconds histogram shows), a goroutine can read Redis's
+// answer long after it arrived. Then Redis's share is stretched by twice
+// that scheduling delay, at most 1 s, and a call that still misses it is
+// not held against Redis (see [Local]). So a decision returns within the
+// deadline (or the caller's earlier one), plus that stretch while the
+// process is starved, plus however late the runtime runs the caller's
+// goroutine again.
 func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
 
 // WithFailurePolicy sets what decides while Redis cannot: [Local] (the
@@ -130,10 +144,18 @@ func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divi
 func WithFallback(s floodgate.Store) Option { return func(o *options) { o.fallback = s } }
 
 // WithBreaker configures the circuit breaker: after failures consecutive
-// failed decisions it opens, and decisions go straight to the failure policy
-// for cooldown; then one decision probes Redis (half-open) and closes the
-// breaker on success or reopens it for another cooldown on failure. The
-// defaults are 5 failures and 1 s. failures must be ≥ 1 and cooldown > 0.
+// failed calls it opens, and decisions go straight to the failure policy
+// for cooldown; then the next decision starts a probe (half-open) and goes
+// to the policy itself. The probe peeks at that decision's bucket from a
+// goroutine of its own, waiting up to the larger of the deadline and 1 s
+// (plus the stretch of a starved process, see [WithDeadline]), so that a
+// busy process still sees a healthy Redis answer; it closes the breaker on
+// success and reopens it for another cooldown on failure. So once Redis is
+// healthy, decisions return to it within about one cooldown, whatever the
+// load. Calls cut short by the caller's context, and timeouts of a process
+// starved of CPU, are not failures; such a timeout instead has a probe with
+// the same budget check Redis, and opens the breaker if it fails too. The
+// defaults are 5 failures and 500 ms. failures must be ≥ 1 and cooldown > 0.
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(o *options) { o.failures, o.cooldown = failures, cooldown }
 }

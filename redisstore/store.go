@@ -51,9 +51,10 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 // a negative n, n above the burst, a key longer than [MaxKeyLen], or a
 // context that ended before Redis answered.
 //
-// A Store is safe for concurrent use. It starts no goroutine of its own
-// except, with batching on or with a client that ignores context deadlines,
-// short-lived ones that end with the calls they serve; it needs no Close.
+// A Store is safe for concurrent use. It needs no Close. The goroutines it
+// starts are short-lived: with batching on or with a client that ignores
+// context deadlines, ones that end with the calls they serve; and the
+// probes, which end within their budget.
 type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless client is one
@@ -70,9 +71,11 @@ type Store struct {
 	cache            *denyCache
 	leases           *leaseTable
 	lastReload       atomic.Int64
+	checking         atomic.Bool // a probe checks a starved timeout
 
-	counts [7]atomic.Uint64 // by floodgate.Source
-	errs   atomic.Uint64
+	counts  [7]atomic.Uint64 // by floodgate.Source
+	errs    atomic.Uint64
+	starves atomic.Uint64
 }
 
 var _ floodgate.Store = (*Store)(nil)
@@ -220,9 +223,9 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // an error, and makes no call, for a negative n ([ErrNegativeN]), an invalid
 // limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst], with a
 // Result refused with RetryAfter [floodgate.Never]; the zero Limit, which
-// admits nothing, refuses with that Result and no error) and a key longer
-// than [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error when
-// ctx ends before Redis answers, also when ctx's deadline, earlier than the
+// admits nothing, refuses with that Result and no error) and a key longer than
+// [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error when ctx
+// ends before Redis answers, also when ctx's deadline, earlier than the
 // store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
@@ -250,10 +253,14 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 			return s.takeLeased(ctx, key, lim, n)
 		}
 	}
-	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
+	mode := modeTake
 	if n == 0 {
-		o.mode = modePeek
+		mode = modePeek
 	}
+	if res, ok, err := s.spared(ctx, key, lim, n, mode); ok {
+		return res, err
+	}
+	o := op{key: s.Key(key), lim: lim, n: n, mode: mode}
 	var sent int64
 	if s.cache != nil {
 		sent = s.local()
@@ -263,7 +270,7 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 		if cerr := ended(ctx); cerr != nil {
 			return floodgate.Result{}, cerr
 		}
-		return s.fail(ctx, &o, key)
+		return s.fail(ctx, &o, key, err)
 	}
 	s.counts[floodgate.SourceRedis].Add(1)
 	res := o.result(r)
@@ -271,6 +278,23 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 		s.cache.insert(key, lim, r.tokens*unit, sent, res.RetryAfter)
 	}
 	return res, nil
+}
+
+// spared decides a take by the failure policy when the open breaker keeps
+// it from Redis, and reports whether it did. It allocates nothing: while
+// the breaker is open, decisions are many and cheap, and garbage would
+// only slow them.
+func (s *Store) spared(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, bool, error) {
+	ok, probe := s.br.allow(time.Now())
+	if ok {
+		return floodgate.Result{}, false, nil
+	}
+	if probe {
+		s.probe(op{key: s.Key(key), lim: lim}, true)
+	}
+	o := op{lim: lim, n: n, mode: mode}
+	res, err := s.fail(ctx, &o, key, errBreakerOpen)
+	return res, true, err
 }
 
 // ended returns ctx's error, or context.DeadlineExceeded once ctx's
@@ -290,10 +314,21 @@ func ended(ctx context.Context) error {
 // errBreakerOpen stands for the failed call the breaker spares.
 var errBreakerOpen = errors.New("redisstore: breaker open")
 
-// call runs o on Redis under the breaker and the deadline.
+// errStarved stands for a call that missed its deadline while the process
+// was starved of CPU: Redis may well have answered in time.
+var errStarved = errors.New("redisstore: call timed out while the process was starved of CPU")
+
+// call runs o on Redis under the breaker and the deadline, and sorts its
+// failure. The caller's context ending first says nothing about Redis. Nor
+// does a timeout while this process was starved of CPU: that one returns
+// errStarved and has a probe with a generous budget find out whether Redis
+// answers, which opens the breaker if it does not.
 func (s *Store) call(ctx context.Context, o *op) (reply, error) {
-	probe, ok := s.br.allow(time.Now())
-	if !ok {
+	now := time.Now()
+	if ok, probe := s.br.allow(now); !ok {
+		if probe {
+			s.probe(*o, true)
+		}
 		return reply{}, errBreakerOpen
 	}
 	var r reply
@@ -305,23 +340,79 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 	}
 	switch {
 	case err == nil:
-		s.br.success(probe)
+		s.br.success()
 	case err == errNotBucket:
 		// Redis answered; one key's content says nothing about it.
-		s.br.success(probe)
+		s.br.success()
 		s.errs.Add(1)
 		if s.opts.onError != nil {
 			s.opts.onError(err)
 		}
 	case ended(ctx) != nil:
-		// The caller gave up, or its deadline cut the call short: that
-		// says nothing about Redis.
-		s.br.abandon(probe)
+		// The caller gave up, or its deadline cut the call short.
+	case s.starvedTimeout(err, now):
+		s.starves.Add(1)
+		if s.checking.CompareAndSwap(false, true) {
+			s.probe(*o, false)
+		}
+		err = errStarved
 	default:
-		s.br.failure(probe, time.Now(), err)
+		s.br.failure(time.Now(), err)
 		s.failed(err)
 	}
 	return r, err
+}
+
+// starvedTimeout reports whether err is a timeout of a call that started at
+// start, which the process's own scheduling delay since then explains (see
+// schedWatch).
+func (s *Store) starvedTimeout(err error, start time.Time) bool {
+	return KindOf(err) == KindTimeout && s.starved(sched.since(int64(start.Sub(monoBase))))
+}
+
+// probeBudget is the least time a probe waits for Redis. A probe holds up
+// no caller, so it can wait long enough for a loaded process to read the
+// answer: a probe that missed a short deadline under load would keep the
+// breaker open while Redis is healthy.
+const probeBudget = time.Second
+
+// probe peeks at o's bucket (it takes nothing) from a goroutine of its own.
+// The breaker's half-open probe ends the half-open state with its outcome;
+// the check of a starved timeout opens the breaker if Redis does not
+// answer either.
+func (s *Store) probe(o op, halfOpen bool) {
+	o.mode, o.n, o.min = modePeek, 0, 0
+	go func() {
+		budget := max(s.opts.deadline, probeBudget) + s.stretch()
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		start := time.Now()
+		err := s.bounded(ctx, func(ctx context.Context) error {
+			_, err := s.run(ctx, &o)
+			return err
+		})
+		if s.obs != nil {
+			s.observe(start, err)
+		}
+		if err == errNotBucket {
+			err = nil // Redis answered
+		}
+		// A probe that timed out while the process was too starved to
+		// read in time proves nothing either way.
+		moot := KindOf(err) == KindTimeout && sched.since(int64(start.Sub(monoBase))) >= budget/4
+		switch {
+		case halfOpen:
+			s.br.probed(time.Now(), err) // a moot one reopens: no proof of health
+		case err != nil && !moot:
+			s.br.trip(time.Now(), err)
+		}
+		if !halfOpen {
+			s.checking.Store(false)
+		}
+		if err != nil && !moot {
+			s.failed(err)
+		}
+	}()
 }
 
 // single runs o as its own script call within the deadline.
@@ -409,23 +500,48 @@ func (s *Store) failed(err error) {
 	}
 }
 
-// fail decides o by the failure policy.
-func (s *Store) fail(ctx context.Context, o *op, subject string) (floodgate.Result, error) {
-	switch s.opts.policy {
+// fail decides o, which failed with err, by the failure policy. A call
+// that the process was too starved to see answered is refused under Local
+// as under Closed: Redis is likely up and deciding for the other
+// instances, so a local bucket would admit beside it.
+func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (floodgate.Result, error) {
+	policy := s.opts.policy
+	if err == errStarved && policy == Local {
+		s.decided(floodgate.SourceFailClosed)
+		return floodgate.Result{Limit: o.lim, RetryAfter: max(sched.recent(), time.Millisecond), Source: floodgate.SourceFailClosed}, nil
+	}
+	switch policy {
 	case Open:
 		s.decided(floodgate.SourceFailOpen)
 		return floodgate.Result{Allowed: true, Limit: o.lim, Source: floodgate.SourceFailOpen}, nil
 	case Closed:
+		retry := s.br.retryAfter(time.Now())
+		if err == errStarved {
+			retry = max(sched.recent(), time.Millisecond)
+		}
 		s.decided(floodgate.SourceFailClosed)
-		return floodgate.Result{Limit: o.lim, RetryAfter: s.br.retryAfter(time.Now()), Source: floodgate.SourceFailClosed}, nil
+		return floodgate.Result{Limit: o.lim, RetryAfter: retry, Source: floodgate.SourceFailClosed}, nil
 	}
 	n := o.n
 	if o.mode == modeLease {
 		n = o.min
 	}
 	lim := o.lim.Scale(1 / s.opts.divisor)
-	res, err := s.fallback.TakeN(ctx, subject, lim, n)
-	if err != nil {
+	var res floodgate.Result
+	err = nil
+	if n <= lim.Burst {
+		res, err = s.fallback.TakeN(ctx, subject, lim, n)
+	}
+	switch {
+	case n > lim.Burst || errors.Is(err, floodgate.ErrExceedsBurst):
+		// More than this instance's share can ever hold: refused until
+		// Redis may decide again (for good under the zero Limit).
+		retry := floodgate.Never
+		if o.lim.Burst > 0 {
+			retry = s.br.retryAfter(time.Now())
+		}
+		res = floodgate.Result{Limit: lim, RetryAfter: retry}
+	case err != nil:
 		return floodgate.Result{}, err
 	}
 	res.Source = floodgate.SourceFallback
@@ -489,28 +605,27 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	if s.leases != nil {
 		s.leases.remove(key)
 	}
-	probe, ok := s.br.allow(time.Now())
-	if !ok {
+	if ok, _ := s.br.allow(time.Now()); !ok {
+		// A reset never probes: it has no limit to peek with. The
+		// decisions that go to the failure policy meanwhile do.
 		return &unavailableError{errBreakerOpen}
 	}
 	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	var start time.Time
-	if s.obs != nil {
-		start = time.Now()
-	}
+	start := time.Now()
 	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
 	if s.obs != nil {
 		s.observeFor(ctx, start, err)
 	}
 	switch {
 	case err == nil:
-		s.br.success(probe)
+		s.br.success()
 		return nil
 	case ended(ctx) != nil:
-		s.br.abandon(probe)
+	case s.starvedTimeout(err, start):
+		s.starves.Add(1)
 	default:
-		s.br.failure(probe, time.Now(), err)
+		s.br.failure(time.Now(), err)
 		s.failed(err)
 	}
 	return s.unavailable(ctx, err)
@@ -544,8 +659,14 @@ type Stats struct {
 	FailClosed uint64
 	// Errors counts Redis calls that failed or missed the deadline (not
 	// those the open breaker spared), and decisions on keys that hold
-	// something other than a bucket.
+	// something other than a bucket. Calls cut short by the caller's
+	// context and Starved calls are not errors.
 	Errors uint64
+	// Starved counts calls that missed the deadline while this process was
+	// starved of CPU (its runnable goroutines waited at least a quarter of
+	// the deadline to run): the failure policy decided them, but they do
+	// not count against Redis in the breaker.
+	Starved uint64
 	// Trips counts transitions of the breaker to open.
 	Trips uint64
 	// Open reports whether the breaker is open (or half-open) now.
@@ -565,6 +686,7 @@ func (s *Store) Stats() Stats {
 		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
 		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
 		Errors:     s.errs.Load(),
+		Starved:    s.starves.Load(),
 		Trips:      s.br.trips.Load(),
 		Open:       s.br.isOpen(),
 		Breaker:    s.br.current(),
