@@ -53,8 +53,9 @@
 // the policy decides ([WithFailurePolicy]):
 //
 //   - [Local] (the default): an in-process keyed bucket at the limit divided
-//     by [WithLocalDivisor] (set it to the expected number of instances);
-//     Source is floodgate.SourceFallback;
+//     by the number of instances sharing it, which the stores count on
+//     Redis (at least [WithLocalDivisor]); Source is
+//     floodgate.SourceFallback;
 //   - [Open]: admit, floodgate.SourceFailOpen;
 //   - [Closed]: reject with a retry hint, floodgate.SourceFailClosed.
 //
@@ -140,6 +141,8 @@
 // A Store is safe for concurrent use and must be made with [New]; the zero
 // Store is not usable. It needs no Close. It starts no goroutine of its own
 // beyond short-lived ones: those serving in-flight batched (or guarded)
-// calls; and probes, at most two at a time (the breaker's, and one
-// checking a starved timeout), each ending within its budget.
+// calls; probes, at most two at a time (the breaker's, and one checking a
+// starved timeout), each ending within its budget; and at most once a
+// second the registration that counts instances, ending within the
+// deadline.
 package redisstore

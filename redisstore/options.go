@@ -132,11 +132,23 @@ func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline
 // default), [Open] or [Closed].
 func WithFailurePolicy(p Policy) Option { return func(o *options) { o.policy = p } }
 
-// WithLocalDivisor sets the divisor of the [Local] policy, 1 by default: the
-// local bucket runs at the limit scaled by 1/divisor (rate and burst, the
-// burst never below 1). Set it to the expected number of instances sharing
-// the limit so that together they stay near the limit while Redis is away.
-// It must be finite and at least 1.
+// WithLocalDivisor sets the least divisor of the [Local] policy, 1 by
+// default: the local bucket runs at the limit scaled by 1/divisor (rate and
+// burst, the burst never below 1), so that the instances sharing a limit
+// together stay near it while Redis is away.
+//
+// The store divides by the larger of this divisor and the number of
+// instances it counted on Redis: once a second, each store records in a
+// sorted set (key <prefix>:{<name>}) that it reached Redis, and reads how
+// many stores with its prefix and name did so in the last 5 s
+// ([Stats].Instances). The count comes from the last time Redis answered,
+// so it holds through an outage. The trade-off: stores with one prefix and
+// name count each other even when they serve different keys, which makes
+// each one's share smaller than it could be (under-admission while Redis
+// is away, never over-admission); and a store that has never reached Redis
+// knows of no other, so it uses this divisor alone. Set it to the expected
+// number of instances when they must start while Redis is down. It must be
+// finite and at least 1; a repeated call replaces the value.
 func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divisor = divisor } }
 
 // WithFallback sets the store that decides under the [Local] policy, a

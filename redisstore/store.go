@@ -53,8 +53,10 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 //
 // A Store is safe for concurrent use. It needs no Close. The goroutines it
 // starts are short-lived: with batching on or with a client that ignores
-// context deadlines, ones that end with the calls they serve; and the
-// probes, which end within their budget.
+// context deadlines, ones that end with the calls they serve; the breaker's
+// probe, which ends within its budget; and, at most once a second, the
+// registration that counts the instances sharing the store's prefix and
+// name (see [WithLocalDivisor]), which ends within the deadline.
 type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless client is one
@@ -71,6 +73,7 @@ type Store struct {
 	cache            *denyCache
 	leases           *leaseTable
 	lastReload       atomic.Int64
+	inst             *instances
 	checking         atomic.Bool // a probe checks a starved timeout
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
@@ -120,6 +123,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	s.slots.budget = s.budget
 	s.obs = o.observer
+	s.inst = newInstances(o.prefix, o.name)
 	var notify func(transition)
 	if o.observer != nil || o.logger != nil {
 		notify = s.transitioned
@@ -341,6 +345,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 	switch {
 	case err == nil:
 		s.br.success()
+		s.register()
 	case err == errNotBucket:
 		// Redis answered; one key's content says nothing about it.
 		s.br.success()
@@ -409,7 +414,10 @@ func (s *Store) probe(o op, halfOpen bool) {
 		if !halfOpen {
 			s.checking.Store(false)
 		}
-		if err != nil && !moot {
+		switch {
+		case err == nil:
+			s.register()
+		case !moot:
 			s.failed(err)
 		}
 	}()
@@ -526,7 +534,7 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 	if o.mode == modeLease {
 		n = o.min
 	}
-	lim := o.lim.Scale(1 / s.opts.divisor)
+	lim := o.lim.Scale(1 / s.divisor())
 	var res floodgate.Result
 	err = nil
 	if n <= lim.Burst {
@@ -667,6 +675,10 @@ type Stats struct {
 	// the deadline to run): the failure policy decided them, but they do
 	// not count against Redis in the breaker.
 	Starved uint64
+	// Instances is how many stores with this store's prefix and name
+	// (this one included) decided on Redis in the last 5 s, as last
+	// counted; 0 before the first count. See [WithLocalDivisor].
+	Instances int
 	// Trips counts transitions of the breaker to open.
 	Trips uint64
 	// Open reports whether the breaker is open (or half-open) now.
@@ -687,6 +699,7 @@ func (s *Store) Stats() Stats {
 		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
 		Errors:     s.errs.Load(),
 		Starved:    s.starves.Load(),
+		Instances:  int(s.inst.count.Load()),
 		Trips:      s.br.trips.Load(),
 		Open:       s.br.isOpen(),
 		Breaker:    s.br.current(),
