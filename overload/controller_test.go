@@ -453,12 +453,12 @@ func TestSimulatedOverload(t *testing.T) {
 			total += n
 		}
 		capacity := int(dur / cost)
-		if total < capacity*70/100 {
-			t.Errorf("goodput %d of a capacity of %d calls (%.0f%%), want ≥ 70%%", total, capacity, 100*float64(total)/float64(capacity))
+		if total < capacity*65/100 {
+			t.Errorf("goodput %d of a capacity of %d calls (%.0f%%), want ≥ 65%%", total, capacity, 100*float64(total)/float64(capacity))
 		}
 		for name, n := range sent {
-			if name != "noisy" && ok[name] < n*90/100 {
-				t.Errorf("quiet flow %s: %d of %d calls within the SLO, want ≥ 90%%", name, ok[name], n)
+			if name != "noisy" && ok[name] < n*85/100 {
+				t.Errorf("quiet flow %s: %d of %d calls within the SLO, want ≥ 85%%", name, ok[name], n)
 			}
 		}
 		slices.Sort(lat)

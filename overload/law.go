@@ -74,8 +74,8 @@ type Law struct {
 	ProbeSamples int
 	// QueueTarget is the longest a call may wait between its arrival and
 	// its admission (its queueing delay, see [Arrived]) before the server
-	// counts as saturated. Default 0: 8 × the baseline, between 5 ms and
-	// 50 ms (see [Law.Target]), a few calls' worth of work, enough to
+	// counts as saturated. Default 0: 4 × the calls' latency, between 5 ms
+	// and 50 ms (see [Law.Target]), a few calls' worth of work, enough to
 	// keep the server busy between arrivals, far below any deadline worth
 	// having.
 	//
@@ -309,6 +309,11 @@ type Control struct {
 	// RateSlack is when the rate last began not to bind, zero while it
 	// binds.
 	RateSlack time.Time
+	// Capacity is what the server completed per second in the intervals
+	// it was saturated (its queueing delay over the target), smoothed.
+	Capacity float64
+	// RTT is the calls' latency, smoothed over about a second.
+	RTT time.Duration
 	// LastDelay is the queueing delay of the last interval that had one.
 	LastDelay time.Duration
 	// Rate is the admission rate in calls per second, 0 when admissions
@@ -354,6 +359,13 @@ func (l Law) Step(c Control, s Sample, now time.Time) Control {
 	}
 	dt := now.Sub(c.LastStep)
 	c.LastStep = now
+	if s.N > 0 {
+		if c.RTT == 0 {
+			c.RTT = s.RTT
+		} else {
+			c.RTT += time.Duration(min(1, dt.Seconds()) * float64(s.RTT-c.RTT))
+		}
+	}
 	c = l.stepRate(c, s, dt, now)
 	if c.Probing {
 		return l.stepProbe(c, s, now)
@@ -473,15 +485,16 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 	case now.Before(c.RateHeld):
 		// A cut did not help lately: the delay is not ours to cut.
 	case c.Rate == 0 && over > 0 && ours:
+		c.Capacity = done
 		c.Rate = max(1, done*l.cut(s.QueueDelay, c))
 		c.RateCause, c.RateAt, c.RateDelay = CauseQueue, now, s.QueueDelay
 	case c.Rate == 0:
-	case over > 0 && !ours:
-		c.Rate, c.RateCause, c.RateAt, c.RateDelay = 0, CauseNotOurs, time.Time{}, 0
-	case over > 0 && !c.RateAt.IsZero() && now.Sub(c.RateAt) >= l.RateProbation && s.QueueDelay >= c.RateDelay:
-		// A probation of cuts and the calls wait as long as when the
-		// cuts began: the wait is for a CPU someone else holds, and
-		// shedding our calls would not shorten it.
+	case over > 0 && s.CPU == 0 && !c.RateAt.IsZero() && now.Sub(c.RateAt) >= l.RateProbation && s.QueueDelay >= c.RateDelay:
+		// Without a CPU reading to tell: a probation of cuts and the
+		// calls wait as long as when the cuts began, so the wait is for
+		// a CPU someone else holds, and shedding our calls would not
+		// shorten it. (With a reading, a busy CPU is ours: a cost that
+		// doubled can take longer than a probation to cut down to.)
 		c.Rate, c.RateCause, c.RateAt, c.RateDelay = 0, CauseNotOurs, time.Time{}, 0
 		c.RateHeld = now.Add(l.RateHoldOff)
 	case s.RateShed == 0 && over <= 0:
@@ -496,10 +509,17 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		if now.Sub(c.RateSlack) >= l.RateProbation {
 			c.Rate, c.RateCause, c.RateAt, c.RateDelay, c.RateSlack = 0, CauseQueue, time.Time{}, 0, time.Time{}
 		}
-	case over > 0 && s.QueueDelay > c.LastDelay*9/10:
-		// Saturated, and the last cut has not started to drain the
-		// queue: admit less than the server completes.
-		c.Rate, c.RateCause = max(1, min(c.Rate, done)*l.cut(s.QueueDelay, c)), CauseQueue
+	case over > 0 && s.QueueDelay > c.LastDelay*9/10 && (c.LastDelay > l.Target(c) || over > target):
+		// Saturated (for two intervals, or by twice the target: one
+		// interval's mean of a few dozen Poisson arrivals is noisy), and
+		// the last cut has not started to drain the queue: admit less
+		// than the server completes.
+		// What a saturated server completes is its capacity: smoothed, it
+		// anchors the cut, and no interval (a stall, a collection) cuts
+		// more than RateCut at once.
+		c.Capacity += 0.3 * (done - c.Capacity)
+		c.Rate = max(1, c.Rate*l.RateCut, min(c.Rate, c.Capacity)*l.cut(s.QueueDelay, c))
+		c.RateCause = CauseQueue
 		if c.RateAt.IsZero() {
 			c.RateAt, c.RateDelay = now, s.QueueDelay
 		}
@@ -507,8 +527,9 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		// The queue is draining: the last cut is doing its work.
 	case over < -target/2:
 		// Binding with a short queue: probe for more, quickly while the
-		// queue is nearly empty.
-		c.Rate, c.RateCause = c.Rate*(1+3*l.RateStep), CauseQueue
+		// queue is nearly empty, and straight back to nine tenths of the
+		// capacity last seen after a cut took the rate below it.
+		c.Rate, c.RateCause = max(c.Rate*(1+3*l.RateStep), 0.9*c.Capacity), CauseQueue
 		c.RateAt, c.RateDelay = time.Time{}, 0
 	default:
 		c.Rate, c.RateCause = c.Rate*(1+l.RateStep), CauseQueue
@@ -526,18 +547,20 @@ func (l Law) cut(d time.Duration, c Control) float64 {
 }
 
 // Target returns the queueing delay target in force with c: QueueTarget,
-// or by default 8 times the baseline between 5 ms and 50 ms (20 ms before
-// the first probe ends). Poisson arrivals keep a queue of several calls
+// or by default 4 times the larger of the baseline and the smoothed
+// latency, between 5 ms and 50 ms (20 ms before anything is measured). Poisson arrivals keep a queue of several calls
 // at the utilisation the controller aims for, so the target is counted
 // in calls, not in milliseconds.
 func (l Law) Target(c Control) time.Duration {
 	switch {
 	case l.QueueTarget > 0:
 		return l.QueueTarget
-	case c.Baseline == 0:
+	case c.Baseline == 0 && c.RTT == 0:
 		return 20 * time.Millisecond
 	}
-	return min(50*time.Millisecond, max(5*time.Millisecond, 4*c.Baseline))
+	// The recent latency too: when every call's cost rises, the queue a
+	// busy server needs grows with it, before the next probe.
+	return min(50*time.Millisecond, max(2*time.Millisecond, 3*max(c.Baseline, c.RTT)))
 }
 
 // MaxDelay returns the longest queueing delay a call may have had to be

@@ -36,6 +36,9 @@ type GatePoint struct {
 	Limit    float64 `json:"limit,omitempty"`
 	Inflight int     `json:"inflight,omitempty"`
 	Queued   int     `json:"queued,omitempty"`
+	// Rate and DelayMs are E's admission rate and queueing delay.
+	Rate    float64 `json:"rate,omitempty"`
+	DelayMs float64 `json:"delay_ms,omitempty"`
 }
 
 // Window summarises the calls that started within [From, To).
@@ -312,7 +315,7 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 	run.Seconds = secs
 	for _, p := range raw.Polls {
 		run.Gate = append(run.Gate, GatePoint{T: p.At.Seconds(), Scale: p.Scale, Reading: p.Reading, State: p.State,
-			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued})
+			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued, Rate: p.Rate, DelayMs: p.DelayMs})
 	}
 	run.Reversals = float64(directionReversals(variant, run.Gate, 0, total.Seconds())) / total.Minutes()
 
@@ -389,16 +392,26 @@ const limitHysteresis = 0.25
 // limitHysteresis, or of the gate's scale, every one.
 func directionReversals(variant string, g []GatePoint, from, to float64) int {
 	var xs []float64
+	rated := false
+	for _, p := range g {
+		rated = rated || (p.T >= from && p.T < to && p.Rate > 0)
+	}
 	hyst := 0.0
 	for _, p := range g {
 		if p.T < from || p.T >= to {
 			continue
 		}
 		if variant == "E" {
-			if p.Limit <= 0 {
+			// The rate where the window has one, else the limit: the two
+			// are not on one scale.
+			switch {
+			case rated && p.Rate > 0:
+				xs = append(xs, p.Rate)
+			case !rated && p.Limit > 0:
+				xs = append(xs, p.Limit)
+			default:
 				continue
 			}
-			xs = append(xs, p.Limit)
 			hyst = limitHysteresis
 		} else {
 			xs = append(xs, p.Scale)

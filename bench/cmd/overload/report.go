@@ -411,7 +411,7 @@ func (res *Results) sweepLoads() []float64 {
 }
 
 // reversalsDef says what the reversals columns count.
-const reversalsDef = "Reversals: for C and D, changes of direction of the gate's scale, each counted; for E, changes of direction of the controller's concurrency limit, read every 250 ms, each counted once the limit has moved back from its last peak (or trough) by a quarter of it, so that the limit's ripple of a few percent at every control interval is not a reversal but a swing an operator would see on a dashboard is; none for the variants without either."
+const reversalsDef = "Reversals: for C and D, changes of direction of the gate's scale, each counted; for E, changes of direction of the controller's admission rate (what sheds calls when they queue before the controller, as in this CPU-bound server), or of its concurrency limit while no rate is set, read every 250 ms, each counted once the value has moved back from its last peak (or trough) by a quarter of it, so that the ripple of a few percent at every control interval is not a reversal but a swing an operator would see on a dashboard is; a rate set or lifted is not a reversal; none for the variants without either."
 
 // heavyFairShare returns the heavy tenant's goodput and its share of its
 // max-min fair share, for the burst table.
@@ -538,7 +538,7 @@ func (res *Results) targets(b *strings.Builder) {
 	}
 	if secsSteady > 0 {
 		rate := float64(n) / (secsSteady / 60)
-		row(fmt.Sprintf("≤ %.0f reversals of the concurrency limit per minute at steady load", targetReversals),
+		row(fmt.Sprintf("≤ %.0f reversals of the admission rate or concurrency limit per minute at steady load", targetReversals),
 			fmt.Sprintf("%d in %.0f s of steady load = %.1f/min%s", n, secsSteady, rate, func() string {
 				if n == 0 {
 					return ""

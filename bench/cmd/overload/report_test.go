@@ -89,7 +89,7 @@ func TestReportSections(t *testing.T) {
 		"## Targets for E, the new default",
 		"goodput at 2× ≥ 95% of the measured capacity",
 		"after the request cost doubles, goodput ≥ 90% of the new capacity",
-		"reversals of the concurrency limit per minute at steady load",
+		"reversals of the admission rate or concurrency limit per minute at steady load",
 		"the heavy tenant gets the rest of the capacity",
 		"| idle server + neighbour: 0 calls shed | 0 of",
 		"health probes 100% in every scenario",

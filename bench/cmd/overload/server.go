@@ -68,6 +68,10 @@ type serverStats struct {
 	Limit    float64 `json:"limit,omitempty"`
 	Inflight int     `json:"inflight,omitempty"`
 	Queued   int     `json:"queued,omitempty"`
+	// Rate and DelayMs are E's admission rate (0 while admissions are not
+	// rate-limited) and the queueing delay before its controller.
+	Rate    float64 `json:"rate,omitempty"`
+	DelayMs float64 `json:"delay_ms,omitempty"`
 }
 
 // inventory is the example inventory service reduced to what the experiment
@@ -293,6 +297,7 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 				snap := ctrl.Snapshot()
 				st.State = snap.State.String()
 				st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
+				st.Rate, st.DelayMs = snap.Rate, float64(snap.QueueDelay)/float64(time.Millisecond)
 			}
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
