@@ -184,6 +184,15 @@ func (g *Gate) Apply(lim floodgate.Limit) floodgate.Limit {
 	return lim.Scale(g.Scale())
 }
 
+// Reading returns the latest reading's CPU fraction and scheduling-latency
+// p99 (0 without a SchedGuard), both 0 before the first reading: the CPU
+// readings an overload.Controller's guard (overload.WithGuard) explains
+// its decisions with.
+func (g *Gate) Reading() (cpu float64, schedP99 time.Duration) {
+	s := g.Snapshot()
+	return s.CPU, s.SchedP99
+}
+
 // Snapshot returns the gate's state after its latest reading.
 func (g *Gate) Snapshot() Snapshot {
 	g.mu.Lock()

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/floodgate-go/floodgate/cpugate"
 )
 
 // ErrShed is wrapped by every [ShedError]: errors.Is(err, ErrShed) tells a
@@ -308,7 +306,7 @@ type waiter struct {
 type options struct {
 	law      Law
 	logger   *slog.Logger
-	guard    *cpugate.Gate
+	guard    Guard
 	now      func() time.Time
 	maxWait  time.Duration
 	retry    time.Duration
@@ -331,13 +329,29 @@ func WithLaw(l Law) Option { return func(o *options) { o.law = l } }
 // repeated call replaces the logger.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
-// WithGuard sets a CPU gate whose readings the controller reports in its
+// A Guard supplies CPU readings: the latest fraction of the CPU available
+// to this process that was busy, and the 99th percentile of goroutine
+// scheduling latency (0 when not measured). A running *cpugate.Gate is
+// one.
+type Guard interface {
+	Reading() (cpu float64, schedP99 time.Duration)
+}
+
+// GuardFunc adapts a function to a [Guard].
+type GuardFunc func() (float64, time.Duration)
+
+// Reading returns f().
+func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
+
+// WithGuard sets where the controller reads the CPU: its readings go into
 // log lines and snapshots, so that an operator can tell a server that is
-// slow because it is busy from one that is slow for other reasons, and
-// which [Law.GuardCPU] acts on when set. The gate must be running
-// (cpugate.Gate.Run). Only its readings are used: its scale is not. A nil
-// gate, the default, means no CPU readings. A repeated call replaces it.
-func WithGuard(g *cpugate.Gate) Option { return func(o *options) { o.guard = g } }
+// slow because it is busy from one that is slow for other reasons; a
+// reading below [Law.RateCPU] keeps a queueing delay from setting a rate
+// (the wait is someone else's), and [Law.GuardCPU] acts on them when set.
+// Pass a running cpugate.Gate (only its readings are used, not its
+// scale). A nil guard, the default, means no CPU readings. A repeated call
+// replaces it.
+func WithGuard(g Guard) Option { return func(o *options) { o.guard = g } }
 
 // WithClock sets the clock, for tests; the default is time.Now. A repeated
 // call replaces it.
@@ -873,9 +887,8 @@ func (c *Controller) step(now time.Time) event {
 		s.ProbeRTT = c.probeSum / time.Duration(c.probeN)
 	}
 	if g := c.o.guard; g != nil {
-		snap := g.Snapshot()
-		c.cpu, c.sched = snap.CPU, snap.SchedP99
-		s.CPU = snap.CPU
+		c.cpu, c.sched = g.Reading()
+		s.CPU = c.cpu
 	}
 	prev := c.ctl
 	c.ctl = c.law.Step(prev, s, now)

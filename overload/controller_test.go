@@ -516,3 +516,40 @@ func (c *cpuSim) release() {
 	close(c.queue[0])
 	c.queue = c.queue[1:]
 }
+
+// The guard's readings reach the snapshot, and a low one keeps a long
+// queueing delay from setting a rate: the wait is not this server's.
+func TestGuardReadings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cpu := 0.3
+		c := newTest(t, WithGuard(GuardFunc(func() (float64, time.Duration) { return cpu, 7 * ms })))
+		call := func(queued time.Duration) {
+			ctx := Arrived(t.Context(), time.Now().Add(-queued))
+			p, err := c.Acquire(ctx, Flow{Key: "f"})
+			if errors.Is(err, ErrShed) {
+				return // once a rate is set
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * ms)
+			p.Done()
+		}
+		for range 5 {
+			call(50 * ms)
+		}
+		s := c.Snapshot()
+		if s.CPU != 0.3 || s.SchedP99 != 7*ms {
+			t.Errorf("snapshot CPU %v, SchedP99 %v, want the guard's 0.3 and 7ms", s.CPU, s.SchedP99)
+		}
+		if s.QueueDelay != 50*ms || s.Rate != 0 {
+			t.Errorf("queue delay %v, rate %v at 30%% CPU, want 50ms and no rate", s.QueueDelay, s.Rate)
+		}
+		cpu = 0.95
+		for range 3 {
+			call(50 * ms)
+		}
+		if s := c.Snapshot(); s.Rate == 0 || s.RateCause != CauseQueue {
+			t.Errorf("rate %v (%v) at 95%% CPU and 50ms of queueing, want one set by queue_delay", s.Rate, s.RateCause)
+		}
+	})
+}
