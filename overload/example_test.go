@@ -1,0 +1,58 @@
+package overload_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/floodgate-go/floodgate/overload"
+)
+
+// A controller in front of a handler: Acquire before the work, Done after,
+// and a shed call turned into the caller's error.
+func ExampleController() {
+	ctrl, err := overload.New(
+		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}), // one call at a time, for the example
+		overload.WithMaxWait(time.Millisecond),
+	)
+	if err != nil {
+		panic(err)
+	}
+	serve := func(ctx context.Context, tenant string) error {
+		p, err := ctrl.Acquire(ctx, overload.Flow{Key: tenant, Weight: 1})
+		if err != nil {
+			return err // *overload.ShedError, or ctx's error
+		}
+		defer p.Done()
+		return nil // the handler's work
+	}
+
+	// A call of acme holds the only slot...
+	busy, err := ctrl.Acquire(context.Background(), overload.Flow{Key: "acme"})
+	if err != nil {
+		panic(err)
+	}
+	// ...so globex's call waits its millisecond and is shed.
+	err = serve(context.Background(), "globex")
+	var shed *overload.ShedError
+	if errors.As(err, &shed) {
+		fmt.Println("globex:", shed.Cause, "retry after", shed.RetryAfter)
+	}
+	busy.Done()
+	fmt.Println("globex again:", serve(context.Background(), "globex"))
+	fmt.Println("shed so far:", ctrl.Snapshot().ShedTotal())
+	// Output:
+	// globex: wait_timeout retry after 200ms
+	// globex again: <nil>
+	// shed so far: 1
+}
+
+// The tenant file's weights and priorities become flows; with middleware,
+// WithOverload does this for every call.
+func ExampleFlow() {
+	prio, _ := overload.ParsePriority("sheddable")
+	f := overload.Flow{Key: "t:reporting", Weight: 0.5, Priority: prio}
+	fmt.Println(f.Key, f.Weight, f.Priority)
+	// Output: t:reporting 0.5 sheddable
+}
