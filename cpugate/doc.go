@@ -4,6 +4,11 @@
 // bucket shrinks at once; once the CPU has stayed cool for a cooldown, the
 // limits come back.
 //
+// The gate is the classic protection. Package overload keeps more of an
+// overloaded server's capacity and sheds the tenants over their fair share
+// rather than every tenant alike; it uses a Gate only as its guard, for
+// CPU readings ([Gate.Reading]).
+//
 //	sampler, source, err := cpugate.NewSampler() // cgroup, process or host
 //	gate, err := cpugate.New(sampler)            // Adaptive; WithPolicy(cpugate.Fixed{}) for the classic
 //	go gate.Run(ctx)                             // the caller owns the loop

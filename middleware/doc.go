@@ -1,5 +1,5 @@
-// Package middleware admits gRPC calls per tenant and sheds load under CPU
-// saturation: a Limiter with unary and stream server interceptors, a tap
+// Package middleware admits gRPC calls per tenant and sheds load under
+// overload: a Limiter with unary and stream server interceptors, a tap
 // handle for the cheapest early rejection, and client interceptors that keep
 // calls to a rate-limited upstream within its quota.
 //
@@ -7,19 +7,24 @@
 //
 // A call meets the Limiter twice at most:
 //
-//	conn reader ─► TapHandle: constant work, no I/O. Exempt method? CPU gate
-//	               shedding and the caller inside a retry delay the
-//	               interceptor gave it? → reject before the body is read.
+//	conn reader ─► TapHandle: constant work, no I/O; stamps the arrival.
+//	               Exempt method? Overload controller shedding and the
+//	               caller over its fair share (WithGate: gate shedding and
+//	               the caller inside a retry delay the interceptor gave
+//	               it)? → reject before the body is read.
 //	handler g. ─►  interceptor: identity ─► tenant and method rule ─►
-//	               limit × gate scale ─► store.TakeN(key, limit, cost)
+//	               store.TakeN(key, limit (× gate scale), cost) ─►
+//	               controller.Acquire(the tenant's flow) (WithOverload)
 //	               admitted → handler, with the Decision in the context
 //	               rejected → status and trailer; the handler never runs
 //
 // The Limiter joins three parts built elsewhere: a floodgate.Store holding
 // the buckets (keyed in memory, redisstore across instances), the tenant
-// table (tenant.Registry, or Static for a fixed table) and, optionally,
-// a cpugate.Gate whose scale multiplies every limit while the CPU is
-// saturated. Each tenant has one bucket per rule (a rule is the method
+// table (tenant.Registry, or Static for a fixed table) and, optionally, an
+// overload.Controller (WithOverload, recommended) that admits what the
+// server completes and sheds the tenants over their fair share first, or
+// a cpugate.Gate (WithGate, the classic) whose scale multiplies every
+// limit while the CPU is saturated. Each tenant has one bucket per rule (a rule is the method
 // pattern that supplied the limit), so a tenant's cheap and expensive
 // methods do not drain each other; anonymous callers have the same buckets
 // per client address. An admitted call allocates one object: its context,
@@ -62,8 +67,9 @@
 //
 // # Rejections and what clients do with them
 //
-// A caller over its quota gets RESOURCE_EXHAUSTED; a caller rejected while
-// the CPU gate sheds load gets UNAVAILABLE (WithCodes changes both). The
+// A caller over its quota gets RESOURCE_EXHAUSTED; a caller shed by the
+// overload controller, or rejected while the CPU gate sheds load, gets
+// UNAVAILABLE (WithCodes changes both). The
 // status carries details a client can decode with status.FromError and
 // Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED, OVERLOADED, or
 // LIMITER_UNAVAILABLE for a failed store under WithFailClosed,
