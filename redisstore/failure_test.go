@@ -234,19 +234,18 @@ func TestShortCallerDeadline(t *testing.T) {
 				t.Fatalf("TakeN before the hang = %+v, %v", res, err)
 			}
 			srv.Stop()
+			stalls := watchStalls(t)
 			const callers, calls = 8, 25
 			var wg sync.WaitGroup
-			var late, decided atomic.Int64
+			var decided atomic.Int64
+			var latest atomic.Int64
 			for range callers {
 				wg.Go(func() {
 					for range calls {
 						ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
 						dl, _ := ctx.Deadline()
 						res, err := s.TakeN(ctx, "k", lim, 1)
-						if d := time.Since(dl); d > margin {
-							late.Add(1)
-							t.Logf("TakeN returned %v after its deadline", d)
-						}
+						storeMax(&latest, int64(time.Since(dl)))
 						cancel()
 						if !errors.Is(err, context.DeadlineExceeded) {
 							decided.Add(1)
@@ -259,8 +258,12 @@ func TestShortCallerDeadline(t *testing.T) {
 			if n := decided.Load(); n > 0 {
 				t.Errorf("%d of %d calls decided with Redis hung, want only the context's error", n, callers*calls)
 			}
-			if n := late.Load(); n > 0 {
-				t.Errorf("%d calls returned more than %v after their deadline", n, margin)
+			// A stall of the whole process (two shared cores, other
+			// processes busy) delays any return: it is measured and allowed,
+			// twice (a wake-up, and a preemption on the way out).
+			stall := stalls.longest()
+			if d := time.Duration(latest.Load()); d > margin+2*stall {
+				t.Errorf("a call returned %v after its deadline, want ≤ %v + 2 × %v (the longest stall)", d, margin, stall)
 			}
 			if st := s.Stats(); st.Errors != 0 || st.Trips != 0 || st.Fallback != 0 {
 				t.Errorf("Stats = %+v: callers' deadlines counted against Redis", st)
