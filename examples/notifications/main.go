@@ -5,9 +5,10 @@
 // It starts a fake provider on loopback that accepts -rate notifications per
 // second and answers 429 above that, then -workers worker processes (this
 // binary, run as "notifications worker …") that each push notifications from
-// several goroutines. Before each send a worker waits (floodgate.Wait) for a
-// token from one bucket on Redis that all workers share, at the provider's
-// rate: notifications are delayed, never dropped. At the end it prints what
+// several goroutines. Before each send a worker waits (floodgate.Wait, one
+// sender at a time per worker) for a token from one bucket on Redis that all
+// workers share, at the provider's rate: notifications are delayed, never
+// dropped. At the end it prints what
 // was sent, how often a sender had to wait, the provider's 429s and the rate
 // the provider observed.
 //
@@ -15,7 +16,7 @@
 //
 //	go run ./examples/notifications                 # starts its own redis-server
 //	go run ./examples/notifications -redis host:port
-//	go run ./examples/notifications -limit=false    # the same load without the limiter
+//	go run ./examples/notifications -limit=false    # the same load without the limiter: expect 429s
 //
 // Without -redis it starts a redis-server on a free loopback port if one is
 // installed, and says so and exits otherwise.
@@ -53,7 +54,7 @@ func main() {
 	flag.Float64Var(&cfg.rate, "rate", 200, "the provider's limit, notifications per second")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "how long the workers send")
 	flag.StringVar(&cfg.redis, "redis", "", "Redis address host:port (default: start a local redis-server)")
-	flag.BoolVar(&cfg.limit, "limit", true, "share a limit on Redis (false: send unthrottled)")
+	flag.BoolVar(&cfg.limit, "limit", true, "share a limit on Redis (false: send unthrottled, to see the provider's 429s)")
 	flag.Parse()
 	sum, err := run(context.Background(), cfg, os.Stdout)
 	if err != nil {
@@ -117,7 +118,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if cfg.jitter <= 0 {
 		cfg.jitter = 50 * time.Millisecond
 	}
-	burst := max(1, int(cfg.rate/20))
+	// At least 2: a waiter wakes a little after its token came (Wait adds
+	// up to a tenth to each sleep), and with room for one token only,
+	// what the bucket gained meanwhile would be lost; a lone sender would
+	// fall short of the rate.
+	burst := max(2, int(cfg.rate/20))
 	pburst := burst + max(1, int(cfg.rate*cfg.jitter.Seconds()))
 	p, err := startProvider(cfg.rate, pburst)
 	if err != nil {

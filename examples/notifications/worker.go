@@ -103,6 +103,12 @@ func workerMain(args []string) error {
 	defer cancel()
 	var rep report
 	var sent, throttled, failed atomic.Int64
+	// One sender per worker waits on the shared bucket at a time, the
+	// others queue here. Every sender polling Redis on its own would wake
+	// them all each time a token comes (a dozen round trips per
+	// notification sent), and that load on a small machine delays the
+	// sends themselves past what the provider tolerates.
+	var waiting sync.Mutex
 	var wg sync.WaitGroup
 	for i := range *senders {
 		wg.Add(1)
@@ -118,12 +124,17 @@ func workerMain(args []string) error {
 				for ctx.Err() == nil {
 					if *limit {
 						ss.waited = false
+						waiting.Lock()
 						err := floodgate.Wait(ctx, ss, "provider:fcm", lim, 1)
+						waiting.Unlock()
 						if ss.waited && err == nil && !waited {
 							waited = true
 							delayed.Add(1)
 						}
-						if errors.Is(err, floodgate.ErrWouldExceedDeadline) || ctx.Err() != nil {
+						// The run is over: no time left to wait, or the
+						// context's deadline passed (the store may say so
+						// a moment before ctx.Err does).
+						if errors.Is(err, floodgate.ErrWouldExceedDeadline) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 							return
 						}
 						if err != nil {
