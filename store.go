@@ -61,7 +61,9 @@ const (
 	SourceFallback
 	// SourceFailOpen: the remote was unreachable and the policy admits.
 	SourceFailOpen
-	// SourceFailClosed: the remote was unreachable and the policy rejects.
+	// SourceFailClosed: the remote did not decide in time and the store
+	// rejects: its policy says to, or it could not tell whether the remote
+	// would have admitted (redisstore, while its process is starved of CPU).
 	SourceFailClosed
 )
 

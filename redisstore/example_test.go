@@ -23,7 +23,7 @@ func ExampleNew() {
 
 	store, err := redisstore.New(client,
 		redisstore.WithPrefix("api"),
-		redisstore.WithLocalDivisor(8), // 8 instances share the limit when Redis is away
+		redisstore.WithLocalDivisor(8), // at least 8 instances share the limit when Redis is away
 	)
 	if err != nil {
 		log.Fatal(err)
