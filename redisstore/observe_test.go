@@ -510,6 +510,7 @@ func TestObserverNoAllocs(t *testing.T) {
 			}
 			s := newStore(t, newClient(t, srv.Addr), opts...)
 			s.TakeN(bg, "k", lim, 1)
+			waitRegistered(t, s)
 			if res, _ := s.TakeN(bg, "k", lim, 1); res.Source != floodgate.SourceRedis || res.Allowed {
 				t.Fatalf("second TakeN = %+v, want denied by Redis", res)
 			}
@@ -535,6 +536,7 @@ func TestObserverNoAllocs(t *testing.T) {
 		s := newStore(t, newClient(t, srv.Addr), opts...)
 		big := floodgate.PerSecond(1e6, 1e6)
 		s.TakeN(bg, "k", big, 1) // dial
+		waitRegistered(t, s)
 		return testing.AllocsPerRun(200, func() {
 			if res, _ := s.TakeN(bg, "k", big, 1); res.Source != floodgate.SourceRedis {
 				t.Fatalf("TakeN = %+v, want decided by Redis", res)
@@ -552,6 +554,19 @@ func TestObserverNoAllocs(t *testing.T) {
 	if with > without {
 		t.Errorf("a Redis decision allocates %v times with an observer, %v without", with, without)
 	}
+}
+
+// waitRegistered waits until s has counted the instances on Redis: the
+// registration that a store's first Redis decision starts allocates on a
+// goroutine of its own, which allocation counts would include.
+func waitRegistered(t testing.TB, s *redisstore.Store) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); s.Stats().Instances == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the store did not count the instances within 5s")
+		}
+	}
+	time.Sleep(10 * time.Millisecond) // for the goroutine to end
 }
 
 // countingObserver counts calls, in an atomic, as a metrics library would.
