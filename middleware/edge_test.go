@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -187,6 +188,45 @@ func TestPushbackWithinOffGridCap(t *testing.T) {
 		}
 		if got := ts.trailer.Get(middleware.PushbackKey); len(got) != 1 || got[0] != tc.want {
 			t.Errorf("wait %v under a 1005 ms cap: pushback %q, want %s", tc.retry, got, tc.want)
+		}
+	}
+}
+
+// TestRetryInfoBeyondTheCap: a wait past the pushback cap keeps its
+// RetryInfo with the true wait; only the trailer says not to retry.
+func TestRetryInfoBeyondTheCap(t *testing.T) {
+	tbl := testTable(t)
+	for _, tc := range []struct {
+		retry, want time.Duration
+	}{
+		{45 * time.Second, 45 * time.Second},                                                      // past the default 30 s cap
+		{59*time.Minute + 30*time.Second + 500*time.Millisecond, 59*time.Minute + 31*time.Second}, // the shared grid's seconds
+		{2*time.Hour + 300*time.Millisecond, 2*time.Hour + time.Second},                           // past the grid: rounded up
+	} {
+		l, err := middleware.New(refusing(tc.retry), middleware.Static(tbl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, ts := anon.context(methodGet)
+		_, err = l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop)
+		if err == nil {
+			t.Fatal("admitted")
+		}
+		if got := ts.trailer.Get(middleware.PushbackKey); len(got) != 1 || got[0] != "-1" {
+			t.Errorf("wait %v: pushback %q, want -1", tc.retry, got)
+		}
+		var retry *errdetails.RetryInfo
+		for _, d := range status.Convert(err).Details() {
+			if r, ok := d.(*errdetails.RetryInfo); ok {
+				retry = r
+			}
+		}
+		if retry == nil {
+			t.Errorf("wait %v: no RetryInfo", tc.retry)
+			continue
+		}
+		if got := retry.GetRetryDelay().AsDuration(); got != tc.want {
+			t.Errorf("wait %v: RetryInfo %v, want the wait rounded up (%v)", tc.retry, got, tc.want)
 		}
 	}
 }

@@ -255,10 +255,11 @@ func WithCodes(quota, overload codes.Code) Option {
 // repeated call replaces the setting.
 func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 
-// WithMaxPushback caps the retry delay a rejection asks for, in [1ms, 1h]
-// (pushback counts milliseconds).
-// A wait beyond it (or beyond the caller's deadline) is sent as pushback -1:
-// do not retry. Pushbacks are rounded up to a grid (whole milliseconds up
+// WithMaxPushback caps the retry delay a rejection's pushback trailer asks
+// for, in [1ms, 1h] (pushback counts milliseconds). A wait beyond it (or
+// beyond the caller's deadline) is sent as pushback -1, so that grpc-go's
+// retry does not sleep through it; RetryInfo still states the whole wait,
+// so that a client can tell when, say, an hourly quota resets. Pushbacks are rounded up to a grid (whole milliseconds up
 // to 1 s, tens of them up to 10 s, whole seconds beyond), and the cap is
 // rounded down to it, so that no wait within the cap asks for more. The
 // default is DefaultMaxPushback. A repeated call replaces the cap.

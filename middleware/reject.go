@@ -203,9 +203,15 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 		// clients back off by their own policy.
 		return r.never[kindStore]
 	}
-	if retry <= 0 || retry == floodgate.Never || retry > r.o.maxPushback {
+	if retry <= 0 || retry == floodgate.Never {
 		_ = grpc.SetTrailer(ctx, abortMD)
 		return r.never[k]
+	}
+	if retry > r.o.maxPushback {
+		// Too long for grpc-go to sleep through, but the caller still
+		// learns when to come back: an hourly quota says when it resets.
+		_ = grpc.SetTrailer(ctx, abortMD)
+		return r.beyond(k, retry)
 	}
 	// The cap and the deadline are checked against the delay the trailer
 	// will ask for, which the grid rounds up: grpc-go sleeps for the
@@ -213,7 +219,7 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 	e := r.lookup(k, retry)
 	if e.d > r.o.maxPushback {
 		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.never[k]
+		return e.err
 	}
 	md := e.md
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < e.d {
@@ -225,11 +231,22 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 	return e.err
 }
 
+// beyond returns the rejection of kind k for a wait of d past the pushback
+// cap, with RetryInfo stating d: from the shared grid up to
+// MaxPushbackLimit, and built for the call beyond it, rounded up to the
+// second (only quotas refilled over hours wait that long).
+func (r *rejecter) beyond(k kind, d time.Duration) error {
+	if d <= MaxPushbackLimit {
+		return r.lookup(k, d).err
+	}
+	return r.build(k, (d + time.Second - 1).Truncate(time.Second))
+}
+
 // tapError returns the tap handle's rejection for a caller who may retry
 // after d. The tap cannot send metadata, so there is no pushback trailer.
 func (r *rejecter) tapError(d time.Duration) error {
-	if d <= 0 || d > r.o.maxPushback {
+	if d <= 0 || d == floodgate.Never {
 		return r.never[kindOverload]
 	}
-	return r.lookup(kindOverload, d).err
+	return r.beyond(kindOverload, d)
 }
