@@ -94,9 +94,9 @@ func runDemo(ctx context.Context, cfg demoConfig) (*summary, error) {
 	case steady > prof.Ramp.From*capacity:
 		fmt.Fprintf(out, "note: the steady callers alone offer %.0f calls/s, more than %g× the capacity: the machine looks busy,\n"+
 			"      and other processes' load will dominate the results (run it again when the machine is quieter)\n", steady, prof.Ramp.From)
-	case capacity > 2500:
+	case capacity > 1500:
 		fmt.Fprintf(out, "note: the tenant quotas are sized for about 500–1,000 calls/s; at %.0f calls/s the noisy tenant's quota\n"+
-			"      binds long before the server is overloaded: raise -cost (e.g. -cost %v) to see the overload protection at work\n", capacity, cfg.Cost*time.Duration(math.Round(capacity/800)))
+			"      binds before the server is overloaded: raise -cost (e.g. -cost %v) to see the overload protection at work\n", capacity, cfg.Cost*time.Duration(math.Round(capacity/800)))
 	}
 	fmt.Fprintf(out, "ramping offered load %g× → %g× → %g× of capacity over %v; %d callers, %v deadline per call\n\n",
 		prof.Ramp.From, prof.Ramp.To, prof.Ramp.From, cfg.Duration, len(prof.Callers), time.Duration(prof.Deadline))

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // arrivals drains a schedule up to end.
@@ -246,5 +248,45 @@ func TestParseProfileErrors(t *testing.T) {
 	}
 	if _, err := loadProfile("no-such-profile.yaml"); !os.IsNotExist(err) {
 		t.Errorf("loadProfile(missing) = %v, want a not-exist error", err)
+	}
+}
+
+// The demo's tenant config loads, and gives every keyed caller of the
+// demo's profile a tenant: the steady ones a quota above their rate, and
+// the noisy one the same weight as theirs, so that it is shed for holding
+// more than its share, not for its tier.
+func TestDemoTenants(t *testing.T) {
+	reg, err := tenant.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Load(testdata(t, "tenants.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	table := reg.Table()
+	prof, err := loadProfile(testdata(t, "profile.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range prof.Callers {
+		if c.Key == "" {
+			continue
+		}
+		ten, ok := table.TenantByKey(c.Key)
+		if !ok {
+			t.Errorf("%s: key names no tenant", c.Name)
+			continue
+		}
+		if got, want := ten.Weight(), 1.0; got != want {
+			t.Errorf("%s: weight %v, want %v", c.Name, got, want)
+		}
+		lim := ten.Rule("/inventory.v1.Inventory/Allocate").Limit
+		if !c.Ramp && !(lim.Rate > c.Rate) {
+			t.Errorf("%s: quota %v for a rate of %v/s, want more", c.Name, lim, c.Rate)
+		}
+	}
+	ops, ok := table.TenantByKey(prof.ProbeKey)
+	if !ok || ops.Priority() != tenant.PriorityCritical || !ops.Rule("/inventory.v1.Inventory/Allocate").Limit.IsInf() {
+		t.Errorf("probe tenant %v: want unlimited and critical", ops)
 	}
 }

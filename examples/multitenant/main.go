@@ -53,7 +53,8 @@
 // CPU before the controller sees them, so it also measures that queueing
 // delay and, past its target, limits the rate of admissions to what the
 // server completes, each tenant to its fair share of it. It scales no
-// quota, so the steady tenants are not shed for the noisy tenant's traffic.
+// quota: while it admits more than the steady tenants ask, they are not
+// shed for the noisy tenant's traffic.
 // The retry policy's throttle keeps retries of a mostly rejected caller
 // near zero.
 //
