@@ -419,8 +419,10 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 			t.Fatal(err)
 		}
 	case "sleep":
-		done := make(chan error, 1)
-		go func() { done <- tg.srv.Sleep(time.Second) }()
+		done, err := tg.srv.Sleep(time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
 		hold(900 * time.Millisecond)
 		if err := <-done; err != nil {
 			t.Fatal(err)

@@ -241,10 +241,21 @@ func (s *Server) Cont() {
 
 // Sleep blocks the server for d with DEBUG SLEEP, as a slow command or a
 // long fork would: it answers nothing meanwhile but keeps its connections.
-// Sleep returns when the server answers again (d is at most 4 s).
-func (s *Server) Sleep(d time.Duration) error {
-	_, err := Do(s.Addr, "DEBUG", "SLEEP", strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
-	return err
+// Sleep returns once the command is sent, so that a caller whose goroutines
+// are slow to run still knows when the sleep began; the channel receives
+// the command's outcome when the server answers again (d is at most 4 s).
+func (s *Server) Sleep(d time.Duration) (<-chan error, error) {
+	c, err := send(s.Addr, "DEBUG", "SLEEP", strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer c.Close()
+		_, err := readReply(bufio.NewReader(c))
+		done <- err
+	}()
+	return done, nil
 }
 
 // FlushScripts empties the server's script cache (SCRIPT FLUSH), as a
@@ -278,11 +289,21 @@ func (s *Server) Close() {
 // array as its elements joined by newlines. A Redis error reply is returned
 // as an error.
 func Do(addr string, args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+	c, err := send(addr, args...)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
+	return readReply(bufio.NewReader(c))
+}
+
+// send writes one command to addr on a fresh connection, which it returns
+// with a deadline 5 s away for the reply.
+func send(addr string, args ...string) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
@@ -290,9 +311,10 @@ func Do(addr string, args ...string) (string, error) {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
 	if _, err := c.Write([]byte(b.String())); err != nil {
-		return "", err
+		c.Close()
+		return nil, err
 	}
-	return readReply(bufio.NewReader(c))
+	return c, nil
 }
 
 func readReply(r *bufio.Reader) (string, error) {

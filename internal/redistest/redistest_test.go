@@ -31,11 +31,18 @@ func TestSleepAndFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := s.Sleep(200 * time.Millisecond); err != nil {
+	done, err := s.Sleep(200 * time.Millisecond)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d < 200*time.Millisecond {
-		t.Errorf("Sleep(200ms) returned after %v", d)
+	if _, err := Do(s.Addr, "PING"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 190*time.Millisecond {
+		t.Errorf("PING during a 200ms sleep answered after %v", d)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 	if err := s.FlushScripts(); err != nil {
 		t.Fatal(err)
