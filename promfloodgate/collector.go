@@ -20,6 +20,7 @@ import (
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // ErrInvalidOption is wrapped by every configuration error of New and
@@ -55,6 +56,7 @@ type options struct {
 	gate        *cpugate.Gate
 	overload    *overload.Controller
 	redis       *redisstore.Store
+	registry    *tenant.Registry
 	methods     []string
 	maxTiers    int
 	maxTenants  int // 0: no tenant label
@@ -110,6 +112,19 @@ func WithRedis(s *redisstore.Store) Option {
 			return fmt.Errorf("%w: WithRedis: nil store", ErrInvalidOption)
 		}
 		o.redis = s
+		return nil
+	}
+}
+
+// WithRegistry exports the tenant registry's config loads by outcome
+// (applied, rejected) and the time the table in force was loaded, so that
+// a dashboard shows a reload that failed, or one that never happened.
+func WithRegistry(r *tenant.Registry) Option {
+	return func(o *options) error {
+		if r == nil {
+			return fmt.Errorf("%w: WithRegistry: nil registry", ErrInvalidOption)
+		}
+		o.registry = r
 		return nil
 	}
 }
@@ -270,6 +285,8 @@ type descs struct {
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
 	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
 	ovWait, ovRate                                            *prometheus.Desc
+
+	configLoads, configLoaded *prometheus.Desc
 }
 
 // New returns a Collector configured by opts, or an error wrapping
@@ -325,6 +342,8 @@ func New(opts ...Option) (*Collector, error) {
 		ovProbing:      d("overload_probing", "1 while the overload controller probes its baseline."),
 		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
 		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late).", "cause"),
+		configLoads:    d("config_loads_total", "Loads of the tenant config by outcome: applied (a new table put in force) or rejected (unreadable or invalid; the table in force stays).", "outcome"),
+		configLoaded:   d("config_loaded_timestamp_seconds", "When the tenant table in force was put in force, in Unix seconds; 0 while no config has loaded."),
 		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
 		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),
 		redisOpen:      d("redis_breaker_open", "1 while the Redis store's circuit breaker is open or half-open."),
@@ -463,6 +482,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- d
 		}
 	}
+	if c.o.registry != nil {
+		ch <- c.descs.configLoads
+		ch <- c.descs.configLoaded
+	}
 	if c.o.redis != nil {
 		for _, d := range []*prometheus.Desc{c.descs.redisDecisions, c.descs.redisErrors, c.descs.redisOpen, c.descs.redisTrips} {
 			ch <- d
@@ -536,6 +559,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for i, n := range s.Shed {
 			counter(c.descs.ovShed, n, overload.ShedCause(i).String())
 		}
+	}
+	if r := c.o.registry; r != nil {
+		st := r.Stats()
+		counter(c.descs.configLoads, st.Applied, "applied")
+		counter(c.descs.configLoads, st.Rejected, "rejected")
+		at := 0.0
+		if !st.LoadedAt.IsZero() {
+			at = float64(st.LoadedAt.UnixNano()) / 1e9
+		}
+		gauge(c.descs.configLoaded, at)
 	}
 	if r := c.o.redis; r != nil {
 		st := r.Stats()

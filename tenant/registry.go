@@ -33,6 +33,36 @@ type Registry struct {
 	// replace a table built from newer content, and guards loaded.
 	mu     sync.Mutex
 	loaded source
+
+	// For Stats: outcomes of config loads, and when the table in force
+	// was put in force (Unix ns, 0 for the empty table).
+	applied, rejected atomic.Uint64
+	loadedAt          atomic.Int64
+}
+
+// Stats are a Registry's counts of config loads since it was made, for
+// metrics (promfloodgate.WithRegistry exports them).
+type Stats struct {
+	// Applied counts tables put in force, by Load, Watch or Set. Loading
+	// the content already in force is not counted.
+	Applied uint64
+	// Rejected counts load attempts that left the table in force: an
+	// unreadable file or an invalid config, as reported to WithOnReload.
+	// Watch reports (and counts) one problem once, not once per poll.
+	Rejected uint64
+	// LoadedAt is when the table in force was put in force, or the zero
+	// Time while the empty table of New is.
+	LoadedAt time.Time
+}
+
+// Stats returns the Registry's load counts. Each is read atomically;
+// together they are not a consistent snapshot.
+func (r *Registry) Stats() Stats {
+	s := Stats{Applied: r.applied.Load(), Rejected: r.rejected.Load()}
+	if ns := r.loadedAt.Load(); ns != 0 {
+		s.LoadedAt = time.Unix(0, ns)
+	}
+	return s
 }
 
 // source identifies the file content a table was built from.
@@ -103,7 +133,9 @@ func (r *Registry) Set(t *Table) {
 	r.mu.Lock()
 	r.table.Store(t)
 	r.loaded = source{}
+	r.loadedAt.Store(time.Now().UnixNano())
 	r.mu.Unlock()
+	r.applied.Add(1)
 }
 
 // Load reads, parses and compiles the config at path and puts it in force.
@@ -121,18 +153,28 @@ func (r *Registry) Load(path string) error {
 	return err
 }
 
+// applied is the outcome of a load that put a table in force.
+type applied struct {
+	t  *Table
+	ch changeSet // from the table it replaced
+}
+
 // apply parses data and puts it in force unless it is what is in force
-// already; it reports the outcome.
-func (r *Registry) apply(path string, data []byte, sum [32]byte) (changed bool, err error) {
+// already; it reports the outcome. It returns a nil *applied when nothing
+// was put in force.
+func (r *Registry) apply(path string, data []byte, sum [32]byte) (*applied, error) {
 	r.mu.Lock()
 	if r.loaded == (source{path, sum}) {
 		r.mu.Unlock()
-		return false, nil
+		return nil, nil
 	}
+	var a *applied
 	t, err := Parse(path, data)
 	if err == nil {
+		a = &applied{t: t, ch: changes(r.table.Load(), t)}
 		r.table.Store(t)
 		r.loaded = source{path, sum}
+		r.loadedAt.Store(time.Now().UnixNano())
 	} else {
 		t = r.table.Load()
 	}
@@ -141,10 +183,15 @@ func (r *Registry) apply(path string, data []byte, sum [32]byte) (changed bool, 
 	// table in force since, and the callback must see the table this
 	// attempt left in force.
 	r.report(path, t, err)
-	return err == nil, err
+	return a, err
 }
 
 func (r *Registry) report(path string, t *Table, err error) {
+	if err != nil {
+		r.rejected.Add(1)
+	} else {
+		r.applied.Add(1)
+	}
 	if f := r.opts.onReload; f != nil {
 		f(path, t, err)
 	}
@@ -260,13 +307,14 @@ func (w *watcher) poll() {
 		return
 	}
 	w.tried = sum
-	changed, err := w.r.apply(w.path, data, sum)
+	a, err := w.r.apply(w.path, data, sum)
 	if err != nil {
 		w.fail(err)
 		return
 	}
-	if l := w.r.opts.logger; changed && l != nil {
-		l.Info("tenant: config loaded", "path", w.path, "tenants", len(w.r.Table().tenants))
+	if l := w.r.opts.logger; a != nil && l != nil {
+		attrs := []any{"path", w.path, "tenants", len(a.t.tenants), "tiers", len(a.t.sums.tiers)}
+		l.Info("tenant: config loaded", append(attrs, a.ch.logAttrs()...)...)
 	}
 }
 
@@ -280,6 +328,30 @@ func (w *watcher) unchanged(fi os.FileInfo) bool {
 		fi.ModTime().Before(w.readAt.Add(-racyWindow))
 }
 
+// maxProblemsLogged bounds the log records of one rejected config.
+const maxProblemsLogged = 50
+
+// logRejected logs a rejected config. A config with several problems is
+// logged as a summary and then one record per problem: a handler quotes a
+// value with line breaks, and the problems would come out as one line
+// joined by "\n" escapes.
+func logRejected(l *slog.Logger, path string, err error) {
+	var ce *ConfigError
+	const msg = "tenant: config rejected; the previous table stays in force"
+	if !errors.As(err, &ce) || len(ce.Errors) < 2 {
+		l.Error(msg, "path", path, "err", err)
+		return
+	}
+	l.Error(msg, "path", path, "problems", len(ce.Errors))
+	for i, fe := range ce.Errors {
+		if i == maxProblemsLogged {
+			l.Error("tenant: config problem", "path", path, "problem", strconv.Itoa(len(ce.Errors)-i)+" more problems not logged")
+			break
+		}
+		l.Error("tenant: config problem", "path", path, "problem", fe.Error())
+	}
+}
+
 // fail reports a problem unless it is the one reported last.
 func (w *watcher) fail(err error) {
 	msg := err.Error()
@@ -288,7 +360,7 @@ func (w *watcher) fail(err error) {
 	}
 	w.lastErr = msg
 	if l := w.r.opts.logger; l != nil {
-		l.Error("tenant: config rejected; the previous table stays in force", "path", w.path, "err", err)
+		logRejected(l, w.path, err)
 	}
 	// apply reports its own outcome; other failures are reported here.
 	var ce *ConfigError

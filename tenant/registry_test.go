@@ -493,3 +493,58 @@ func TestWatchDoneContext(t *testing.T) {
 		t.Errorf("Watch with a done context loaded the file (Export burst %d)", got)
 	}
 }
+
+// TestReloadLogAndStats checks what an operator sees of reloads: each
+// applied reload's log line says what changed, a config with several
+// problems logs one line per problem, and Stats counts the outcomes.
+func TestReloadLogAndStats(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tenants.yaml")
+	var logs bytes.Buffer
+	r, _ := newRegistry(t, tenant.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if st := r.Stats(); st != (tenant.Stats{}) {
+		t.Errorf("Stats() before any load = %+v, want zero", st)
+	}
+	w := r.NewWatcher(path)
+	const twoProblems = `tiers: {free: {default: {rate: -1, burst: 20}}}
+tenants:
+  acme: {tier: gold}
+`
+	const moved = `tiers:
+  free: {default: {rate: 10, burst: 20}}
+  pro: {default: {rate: 100, burst: 200}}
+tenants:
+  globex: {tier: pro}
+`
+	steps := []struct {
+		content string
+		want    []string // in the lines logged by this step
+	}{
+		{goodA, []string{`msg="tenant: config loaded"`, "tenants=1 tiers=1 tiers_added=free tenants_added=acme\n"}},
+		{goodB, []string{"tenants=1 tiers=1 tenants_changed=acme\n"}},
+		{twoProblems, []string{"problems=2\n", `problem="tenants.yaml:1: tiers.free.default.rate: must be > 0"`, `problem="tenants.yaml:3: tenants.acme.tier:`}},
+		{moved, []string{"tenants=1 tiers=2 tiers_added=pro tenants_added=globex tenants_removed=acme\n"}},
+	}
+	var before time.Time
+	for i, s := range steps {
+		logs.Reset()
+		before = time.Now()
+		replaceFile(t, path, s.content)
+		w.Poll()
+		got := strings.ReplaceAll(logs.String(), path, "tenants.yaml")
+		for _, want := range s.want {
+			if !strings.Contains(got, want) {
+				t.Errorf("step %d: log lacks %q:\n%s", i, want, got)
+			}
+		}
+		if strings.Contains(got, `\n`) {
+			t.Errorf("step %d: log holds a \\n escape:\n%s", i, got)
+		}
+	}
+	st := r.Stats()
+	if st.Applied != 3 || st.Rejected != 1 {
+		t.Errorf("Stats() = %+v, want 3 applied, 1 rejected", st)
+	}
+	if st.LoadedAt.Before(before) || st.LoadedAt.After(time.Now()) {
+		t.Errorf("Stats().LoadedAt = %v, want the last load, after %v", st.LoadedAt, before)
+	}
+}

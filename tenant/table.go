@@ -21,6 +21,7 @@ type Table struct {
 	byID     map[string]*Tenant
 	tenants  []*Tenant // sorted by ID
 	anon     *Tenant
+	sums     sums // what the specs were, for saying what a reload changed
 }
 
 // A Tenant is a compiled tenant or the anonymous policy: its identity and
@@ -276,6 +277,7 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 	if err := p.err(); err != nil {
 		return nil, err
 	}
+	t.sums = sumsOf(cfg)
 	return t, nil
 }
 
