@@ -403,8 +403,11 @@ func (s *Store) probe(o op, halfOpen bool) {
 			err = nil // Redis answered
 		}
 		// A probe that timed out while the process was too starved to
-		// read in time proves nothing either way.
-		moot := KindOf(err) == KindTimeout && sched.since(int64(start.Sub(monoBase))) >= budget/4
+		// read in time proves nothing either way. Its budget is long, so
+		// it takes a delay of half of it: a starved process reads a
+		// healthy Redis's answer well within it, and a hung Redis must
+		// not pass for starvation for as long as the process is busy.
+		moot := KindOf(err) == KindTimeout && sched.since(int64(start.Sub(monoBase))) >= budget/2
 		switch {
 		case halfOpen:
 			s.br.probed(time.Now(), err) // a moot one reopens: no proof of health
