@@ -167,9 +167,6 @@ func TestFaultsCluster(t *testing.T) {
 		t.Fatalf("no master at %s", node.Options().Addr)
 	}
 	for _, c := range faultCases {
-		if c.fault == "flush" && c.load == "paced" {
-			continue // the b2b flush covers the cluster's NOSCRIPT path
-		}
 		t.Run(c.name(), func(t *testing.T) {
 			faultRun(t, c, faultTarget{srv: srv, all: cl.Servers, connect: connect,
 				restart: func() error { return cl.Restart(srv) }})
