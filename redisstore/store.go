@@ -289,6 +289,9 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 // the breaker is open, decisions are many and cheap, and garbage would
 // only slow them.
 func (s *Store) spared(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, bool, error) {
+	if !s.br.isOpen() {
+		return floodgate.Result{}, false, nil // no clock read on the common path
+	}
 	ok, probe := s.br.allow(time.Now())
 	if ok {
 		return floodgate.Result{}, false, nil
