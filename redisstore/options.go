@@ -147,8 +147,10 @@ func WithFailurePolicy(p Policy) Option { return func(o *options) { o.policy = p
 // each one's share smaller than it could be (under-admission while Redis
 // is away, never over-admission); and a store that has never reached Redis
 // knows of no other, so it uses this divisor alone. Set it to the expected
-// number of instances when they must start while Redis is down. It must be
-// finite and at least 1; a repeated call replaces the value.
+// number of instances when they must start while Redis is down. A
+// registration that fails (say, an ACL without ZADD) changes nothing: the
+// last count, or this divisor, stays. It must be finite and at least 1; a
+// repeated call replaces the value.
 func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divisor = divisor } }
 
 // WithFallback sets the store that decides under the [Local] policy, a
