@@ -643,3 +643,55 @@ func TestStringPeerAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedKeyIsAnonymousAndSaysSo sends the API key twice, as
+// metadata.AppendToOutgoingContext does on a context that already holds
+// it: the caller is judged by its address, and its rejection says why.
+func TestRepeatedKeyIsAnonymousAndSaysSo(t *testing.T) {
+	for _, nw := range networks {
+		t.Run(nw.name, func(t *testing.T) {
+			f := newFixture(t)
+			cc, e := serve(t, nw, limiterServer(f.l))
+			ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", acmeKey)
+			ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", acmeKey)
+			var err error
+			for range 3 { // the anonymous burst is 2; acme's would hold 3
+				if err = invoke(ctx, cc); err != nil {
+					break
+				}
+			}
+			if got := e.calls.Load(); got != 2 {
+				t.Errorf("handler ran %d times, want 2 (the anonymous burst)", got)
+			}
+			st, _ := status.FromError(err)
+			if st.Code() != codes.ResourceExhausted {
+				t.Fatalf("third call: %v, want RESOURCE_EXHAUSTED", err)
+			}
+			var md map[string]string
+			for _, d := range st.Details() {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok {
+					md = ei.GetMetadata()
+				}
+			}
+			if diff := cmp.Diff(map[string]string{middleware.MetadataKeyIgnored: middleware.KeyIgnoredRepeated}, md); diff != "" {
+				t.Errorf("ErrorInfo metadata (-want +got):\n%s", diff)
+			}
+			if got := f.l.Stats().RepeatedKeys; got != 3 {
+				t.Errorf("Stats().RepeatedKeys = %d, want 3", got)
+			}
+
+			// A caller sending the key once gets its tenant's bucket, and
+			// an anonymous caller's rejection has no such metadata.
+			one := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", acmeKey)
+			if err := invoke(one, cc); err != nil {
+				t.Errorf("acme with one key: %v", err)
+			}
+			st, _ = status.FromError(invoke(context.Background(), cc))
+			for _, d := range st.Details() {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok && len(ei.GetMetadata()) != 0 {
+					t.Errorf("anonymous rejection metadata = %v, want none", ei.GetMetadata())
+				}
+			}
+		})
+	}
+}

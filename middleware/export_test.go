@@ -7,7 +7,7 @@ import "context"
 func Subject(l *Limiter, ctx context.Context) string {
 	var buf [keyBufLen]byte
 	p, h := peerOf(ctx), incoming(ctx)
-	ten, found := l.identify(ctx, p, h, l.tables.Table())
+	ten, found, _ := l.identify(ctx, p, h, l.tables.Table())
 	return string(l.appendSubject(buf[:0], ten, found, p, h))
 }
 

@@ -254,25 +254,47 @@ func (l *Limiter) aggregate(a netip.Addr) netip.Addr {
 	return p.Addr()
 }
 
+// keyNote says why a call's API key header was not used: the caller is
+// then anonymous, and its rejections say why (ErrorInfo metadata
+// MetadataKeyIgnored) and are counted (Stats).
+type keyNote uint8
+
+const (
+	noteNone keyNote = iota
+	// noteRepeated: the header has more than one value. Which one is the
+	// caller's is not guessed: a proxy or metadata.AppendToOutgoingContext
+	// may have added either.
+	noteRepeated
+	// noteTooLong: the value is longer than any key can be.
+	noteTooLong
+	nNotes
+)
+
+var noteNames = [nNotes]string{"", KeyIgnoredRepeated, KeyIgnoredTooLong}
+
 // apiKey returns the API key the call presents, or "" when it presents none
 // usable: only the first configured header present counts, it must have one
-// value, and the value must be of a plausible size. Whether the key is
-// well-formed is the tenant table's business (tenant.Table.TenantByKey).
-func (l *Limiter) apiKey(h header) string {
+// value, and the value must be of a plausible size; the note says which
+// was not so. Whether the key is well-formed is the tenant table's
+// business (tenant.Table.TenantByKey).
+func (l *Limiter) apiKey(h header) (string, keyNote) {
 	for _, name := range l.o.keyHeaders {
 		vals := h.get(name)
 		if len(vals) == 0 {
 			continue
 		}
-		if len(vals) != 1 || len(vals[0]) > maxAuthLen {
-			return ""
+		if len(vals) != 1 {
+			return "", noteRepeated
+		}
+		if len(vals[0]) > maxAuthLen {
+			return "", noteTooLong
 		}
 		if name == "authorization" {
-			return bearer(vals[0])
+			return bearer(vals[0]), noteNone
 		}
-		return vals[0]
+		return vals[0], noteNone
 	}
-	return ""
+	return "", noteNone
 }
 
 // bearer returns the token of an "authorization: Bearer <token>" value, or

@@ -157,6 +157,10 @@ type Stats struct {
 	DryRun uint64
 	// Tap counts the tap handle's rejections; they are not in Overload.
 	Tap uint64
+	// RepeatedKeys and LongKeys count calls by the interceptors whose API
+	// key header was ignored, leaving the caller anonymous: it had more
+	// than one value, or a value longer than any key.
+	RepeatedKeys, LongKeys uint64
 }
 
 // counters are striped: every call counts, and one shared word would bounce
@@ -184,6 +188,8 @@ const (
 	cStoreErr
 	cDryRun
 	cTap
+	cRepeatedKey
+	cLongKey
 	nCounters
 )
 
@@ -285,13 +291,15 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 // they are not a consistent snapshot.
 func (l *Limiter) Stats() Stats {
 	return Stats{
-		Admitted:    l.c.load(cAdmitted),
-		Exempt:      l.c.load(cExempt),
-		Quota:       l.c.load(cQuota),
-		Overload:    l.c.load(cOverload),
-		StoreErrors: l.c.load(cStoreErr),
-		DryRun:      l.c.load(cDryRun),
-		Tap:         l.c.load(cTap),
+		Admitted:     l.c.load(cAdmitted),
+		Exempt:       l.c.load(cExempt),
+		Quota:        l.c.load(cQuota),
+		Overload:     l.c.load(cOverload),
+		StoreErrors:  l.c.load(cStoreErr),
+		DryRun:       l.c.load(cDryRun),
+		Tap:          l.c.load(cTap),
+		RepeatedKeys: l.c.load(cRepeatedKey),
+		LongKeys:     l.c.load(cLongKey),
 	}
 }
 
@@ -326,7 +334,9 @@ type verdict struct {
 	// reports it to the observer then, so that a shed call is one event.
 	gated  bool
 	reason Reason
-	res    floodgate.Result
+	// note says why the caller's API key was ignored, for its rejection.
+	note keyNote
+	res  floodgate.Result
 }
 
 func (v *verdict) decision() Decision {
@@ -366,13 +376,14 @@ const (
 	fDryRun   = 1 << 1
 	fResAllow = 1 << 2
 	reasonPos = 3 // 3 bits
+	notePos   = 6 // 2 bits
 	remShift  = 16
 	remMax    = 1<<(63-remShift) - 1
 )
 
 func newDecisionCtx(ctx context.Context, v *verdict) *decisionCtx {
 	rem := int64(max(min(v.res.Remaining, remMax), -remMax))
-	flags := int64(v.reason)<<reasonPos | int64(v.res.Source)<<8
+	flags := int64(v.reason)<<reasonPos | int64(v.note)<<notePos | int64(v.res.Source)<<8
 	if v.allowed {
 		flags |= fAllowed
 	}
@@ -400,6 +411,7 @@ func (c *decisionCtx) verdict() verdict {
 		allowed: c.rem&fAllowed != 0,
 		dryRun:  c.rem&fDryRun != 0,
 		reason:  Reason(c.rem >> reasonPos & 7),
+		note:    keyNote(c.rem >> notePos & 3),
 		res: floodgate.Result{
 			Allowed:    c.rem&fResAllow != 0,
 			Limit:      floodgate.Limit{Rate: c.rate, Burst: c.burst},
@@ -433,24 +445,34 @@ func FromContext(ctx context.Context) (Decision, bool) {
 }
 
 // identify finds the caller's tenant: the tenant and true, or the anonymous
-// policy and false.
-func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table) (*tenant.Tenant, bool) {
+// policy and false, with the reason an API key header was ignored, which
+// it counts.
+func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table) (*tenant.Tenant, bool, keyNote) {
 	if l.o.keyFunc != nil {
 		if id, ok := l.o.keyFunc(ctx, methodOf(ctx)); ok {
-			return table.TenantByID(id)
+			ten, found := table.TenantByID(id)
+			return ten, found, noteNone
 		}
 	}
 	// A certificate that names no tenant (a service mesh's workload
 	// identity, say) leaves the question to the API key.
 	if id, ok := l.tlsTenant(p); ok {
 		if ten, found := table.TenantByID(id); found {
-			return ten, true
+			return ten, true, noteNone
 		}
 	}
-	if key := l.apiKey(h); key != "" {
-		return l.keys.resolve(table, key)
+	key, note := l.apiKey(h)
+	if key != "" {
+		ten, found := l.keys.resolve(table, key)
+		return ten, found, noteNone
 	}
-	return table.Anonymous(), false
+	switch note {
+	case noteRepeated:
+		l.c.add(cRepeatedKey)
+	case noteTooLong:
+		l.c.add(cLongKey)
+	}
+	return table.Anonymous(), false, note
 }
 
 // tapIdentify is identify as the tap handle can afford it, without a
@@ -462,20 +484,21 @@ func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *t
 // neighbours' penalties, and a tenant rejected at the tap would never reach
 // the interceptor to have its key cached; TapHandle hashes the key when the
 // address's penalty makes that matter.
-func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten *tenant.Tenant, found, ok bool) {
+func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten *tenant.Tenant, found, ok bool, note keyNote) {
 	if l.o.keyFunc != nil {
-		return nil, false, false
+		return nil, false, false, noteNone
 	}
 	if id, ok := l.tlsTenant(p); ok {
 		if ten, found := table.TenantByID(id); found {
-			return ten, true, true
+			return ten, true, true, noteNone
 		}
 	}
-	if key := l.apiKey(h); key != "" {
+	key, note := l.apiKey(h)
+	if key != "" {
 		ten, found := l.keys.lookup(table, key)
-		return ten, found, found
+		return ten, found, found, noteNone
 	}
-	return table.Anonymous(), false, true
+	return table.Anonymous(), false, true, note
 }
 
 // appendSubject appends the bucket subject to buf: "t:<id>" for a known
@@ -505,8 +528,8 @@ func methodOf(ctx context.Context) string {
 func (l *Limiter) decide(ctx context.Context, method string, v *verdict, gated bool) error {
 	h := incoming(ctx)
 	p := peerOf(ctx)
-	ten, found := l.identify(ctx, p, h, l.tables.Table())
-	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun, gated: gated}
+	ten, found, note := l.identify(ctx, p, h, l.tables.Table())
+	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun, gated: gated, note: note}
 	return l.take(ctx, v)
 }
 
@@ -578,7 +601,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
 		l.pen.note(r.key[:r.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
-	return l.rej.reject(ctx, v.reason, res.RetryAfter)
+	return l.rej.reject(ctx, v.reason, res.RetryAfter, v.note)
 }
 
 // sinceEpoch returns the Limiter clock's time since the Limiter was made.

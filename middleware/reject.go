@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,21 @@ const (
 	// ErrorReasonUnavailable: the store could not decide, and the Limiter
 	// fails closed (WithFailClosed).
 	ErrorReasonUnavailable = "LIMITER_UNAVAILABLE"
+)
+
+// MetadataKeyIgnored is the ErrorInfo metadata key of a rejection whose
+// caller sent an API key header the Limiter ignored, which made it
+// anonymous and judged by its address; its value says why.
+const MetadataKeyIgnored = "api_key_ignored"
+
+// Values of MetadataKeyIgnored.
+const (
+	// KeyIgnoredRepeated: the header had more than one value, as
+	// metadata.AppendToOutgoingContext makes when a key is already set.
+	// The Limiter does not guess which one is the caller's.
+	KeyIgnoredRepeated = "repeated"
+	// KeyIgnoredTooLong: the value was longer than any API key.
+	KeyIgnoredTooLong = "too_long"
 )
 
 // Rejection messages: short and static, so that they never carry a key, an
@@ -103,16 +119,26 @@ var abortMD = metadata.MD{PushbackKey: {"-1"}}
 
 type rejecter struct {
 	o     *options
-	plain [nKinds]error // no details
-	never [nKinds]error // details without RetryInfo: no retry can succeed
+	plain [nKinds]error         // no details
+	never [nNotes][nKinds]error // details without RetryInfo: no retry can succeed
 	grid  [nKinds - 1][]atomic.Pointer[entry]
+	// noted holds the entries of callers whose key was ignored, by note:
+	// rare, so filled on demand rather than laid out like grid.
+	noted [nNotes - 1][nKinds - 1]notedGrid
+}
+
+type notedGrid struct {
+	mu sync.RWMutex
+	m  map[int]*entry
 }
 
 func newRejecter(o *options) *rejecter {
 	r := &rejecter{o: o}
 	for k := range nKinds {
 		r.plain[k] = status.New(r.code(k), message(k)).Err()
-		r.never[k] = r.build(k, 0)
+		for n := range nNotes {
+			r.never[n][k] = r.build(k, 0, n)
+		}
 	}
 	for k := range r.grid {
 		r.grid[k] = make([]atomic.Pointer[entry], gridSize)
@@ -148,12 +174,17 @@ func reasonOf(k kind) string {
 }
 
 // build returns the rejection error of kind k with a retry delay of d, or
-// without RetryInfo for d == 0.
-func (r *rejecter) build(k kind, d time.Duration) error {
+// without RetryInfo for d == 0, for a caller whose key was ignored as n
+// says.
+func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 	if !r.o.details {
 		return r.plain[k]
 	}
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}}
+	info := &errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}
+	if n != noteNone {
+		info.Metadata = map[string]string{MetadataKeyIgnored: noteNames[n]}
+	}
+	details := []protoadapt.MessageV1{info}
 	if d > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
 	}
@@ -171,27 +202,57 @@ func (r *rejecter) build(k kind, d time.Duration) error {
 }
 
 // lookup returns the shared entry for a rejection of kind k (quota or
-// overload) with a retry delay of d ≤ MaxPushbackLimit.
-func (r *rejecter) lookup(k kind, d time.Duration) *entry {
+// overload) with a retry delay of d ≤ MaxPushbackLimit, for a caller
+// whose key was ignored as n says.
+func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
 	i, rounded := gridIndex(d)
+	if n != noteNone {
+		return r.lookupNoted(k, i, rounded, n)
+	}
 	slot := &r.grid[k][i]
 	if e := slot.Load(); e != nil {
 		return e
 	}
-	e := &entry{
-		d:   rounded,
-		err: r.build(k, rounded),
-		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(rounded/time.Millisecond), 10)}},
-	}
+	e := r.newEntry(k, rounded, n)
 	// Racing builders make equal entries; whichever is stored last wins.
 	slot.Store(e)
+	return e
+}
+
+func (r *rejecter) newEntry(k kind, rounded time.Duration, n keyNote) *entry {
+	return &entry{
+		d:   rounded,
+		err: r.build(k, rounded, n),
+		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(rounded/time.Millisecond), 10)}},
+	}
+}
+
+func (r *rejecter) lookupNoted(k kind, i int, rounded time.Duration, n keyNote) *entry {
+	g := &r.noted[n-1][k]
+	g.mu.RLock()
+	e := g.m[i]
+	g.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	e = r.newEntry(k, rounded, n)
+	g.mu.Lock()
+	if old := g.m[i]; old != nil {
+		e = old
+	} else {
+		if g.m == nil {
+			g.m = map[int]*entry{}
+		}
+		g.m[i] = e
+	}
+	g.mu.Unlock()
 	return e
 }
 
 // reject returns the error for a rejection and sets its pushback trailer
 // on ctx's call, never header metadata, so the response stays
 // Trailers-Only and grpc-go's retry honours the pushback.
-func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duration) error {
+func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duration, n keyNote) error {
 	var k kind
 	switch reason {
 	case ReasonQuota:
@@ -201,22 +262,22 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 	default:
 		// The store failed: no retry delay to offer, and no pushback, so
 		// clients back off by their own policy.
-		return r.never[kindStore]
+		return r.never[n][kindStore]
 	}
 	if retry <= 0 || retry == floodgate.Never {
 		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.never[k]
+		return r.never[n][k]
 	}
 	if retry > r.o.maxPushback {
 		// Too long for grpc-go to sleep through, but the caller still
 		// learns when to come back: an hourly quota says when it resets.
 		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.beyond(k, retry)
+		return r.beyond(k, retry, n)
 	}
 	// The cap and the deadline are checked against the delay the trailer
 	// will ask for, which the grid rounds up: grpc-go sleeps for the
 	// pushback without checking the deadline.
-	e := r.lookup(k, retry)
+	e := r.lookup(k, retry, n)
 	if e.d > r.o.maxPushback {
 		_ = grpc.SetTrailer(ctx, abortMD)
 		return e.err
@@ -235,18 +296,18 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 // cap, with RetryInfo stating d: from the shared grid up to
 // MaxPushbackLimit, and built for the call beyond it, rounded up to the
 // second (only quotas refilled over hours wait that long).
-func (r *rejecter) beyond(k kind, d time.Duration) error {
+func (r *rejecter) beyond(k kind, d time.Duration, n keyNote) error {
 	if d <= MaxPushbackLimit {
-		return r.lookup(k, d).err
+		return r.lookup(k, d, n).err
 	}
-	return r.build(k, (d + time.Second - 1).Truncate(time.Second))
+	return r.build(k, (d + time.Second - 1).Truncate(time.Second), n)
 }
 
 // tapError returns the tap handle's rejection for a caller who may retry
 // after d. The tap cannot send metadata, so there is no pushback trailer.
-func (r *rejecter) tapError(d time.Duration) error {
+func (r *rejecter) tapError(d time.Duration, n keyNote) error {
 	if d <= 0 || d == floodgate.Never {
-		return r.never[kindOverload]
+		return r.never[n][kindOverload]
 	}
-	return r.beyond(kindOverload, d)
+	return r.beyond(kindOverload, d, n)
 }

@@ -91,7 +91,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		obs(e)
 	}
 	if shed != nil {
-		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter)
+		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.verdict().note)
 	}
 	return p, nil
 }
@@ -147,7 +147,7 @@ func (s *stream) RecvMsg(m any) error {
 	if t := s.l.tables.Table(); t != s.table {
 		ctx := s.dc.Context
 		h, p := incoming(ctx), peerOf(ctx)
-		ten, found := s.l.identify(ctx, p, h, t)
+		ten, found, _ := s.l.identify(ctx, p, h, t)
 		s.r, s.table = s.l.route(ten, found, p, h, s.r.method), t
 	}
 	// The decision in the context stays the stream's start; a message's
@@ -211,7 +211,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		return ctx, nil
 	}
 	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
-	ten, found, ok := l.tapIdentify(p, h, table)
+	ten, found, ok, note := l.tapIdentify(p, h, table)
 	if !ok && l.o.keyFunc != nil {
 		return ctx, nil
 	}
@@ -225,7 +225,8 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		if l.penalty(l.appendSubject(buf[:0], table.Anonymous(), false, p, h), now) <= 0 {
 			return ctx, nil
 		}
-		ten, found = l.keys.resolve(table, l.apiKey(h))
+		key, _ := l.apiKey(h)
+		ten, found = l.keys.resolve(table, key)
 	}
 	left := l.penalty(l.appendSubject(buf[:0], ten, found, p, h), now)
 	if left <= 0 {
@@ -235,7 +236,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
 	}
-	return ctx, l.rej.tapError(left)
+	return ctx, l.rej.tapError(left, note)
 }
 
 // tapOverload turns a caller away at the tap while the overload
@@ -246,7 +247,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 		return ctx, nil
 	}
 	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
-	ten, found, ok := l.tapIdentify(p, h, table)
+	ten, found, ok, note := l.tapIdentify(p, h, table)
 	if !ok {
 		return ctx, nil // the interceptor will tell
 	}
@@ -260,7 +261,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
 	}
-	return ctx, l.rej.tapError(c.RetryAfter())
+	return ctx, l.rej.tapError(c.RetryAfter(), note)
 }
 
 // penalty returns how much of the retry delay last given to subject is

@@ -277,7 +277,7 @@ type Collector struct {
 }
 
 type descs struct {
-	decisions, tap, exempt                             *prometheus.Desc
+	decisions, tap, exempt, keysIgnored                *prometheus.Desc
 	keys, evictions, evictedNotFull, overflowed        *prometheus.Desc
 	scale, state, cpu, cpuSmoothed, source, failures   *prometheus.Desc
 	redisDecisions, redisErrors, redisOpen, redisTrips *prometheus.Desc
@@ -319,6 +319,7 @@ func New(opts ...Option) (*Collector, error) {
 			labels...),
 		exempt:         d("exempt_total", "Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total."),
 		tap:            d("tap_rejections_total", "Calls rejected by the tap handle before their request was read."),
+		keysIgnored:    d("api_keys_ignored_total", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.", "reason"),
 		keys:           d("keyed_keys", "Buckets the in-memory store tracks."),
 		evictions:      d("keyed_evictions_total", "Buckets dropped to make room for new keys."),
 		evictedNotFull: d("keyed_evicted_not_full_total", "Evicted buckets that had not refilled: each handed a client a fresh burst."),
@@ -352,8 +353,9 @@ func New(opts ...Option) (*Collector, error) {
 	return c, nil
 }
 
-// SetLimiter makes the collector export l's tap rejections and exempt calls
-// (floodgate_tap_rejections_total and floodgate_exempt_total, from
+// SetLimiter makes the collector export l's tap rejections, exempt calls
+// and ignored API keys (floodgate_tap_rejections_total,
+// floodgate_exempt_total and floodgate_api_keys_ignored_total, from
 // Limiter.Stats): the Limiter is built
 // with the collector's Observer, so it is set afterwards. The decisions come
 // from the observer whether or not this is called. A later call replaces l;
@@ -464,6 +466,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.descs.decisions
 	ch <- c.descs.tap
 	ch <- c.descs.exempt
+	ch <- c.descs.keysIgnored
 	if c.o.keyed != nil {
 		ch <- c.descs.keys
 		ch <- c.descs.evictions
@@ -507,6 +510,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		st := l.Stats()
 		counter(c.descs.tap, st.Tap)
 		counter(c.descs.exempt, st.Exempt)
+		counter(c.descs.keysIgnored, st.RepeatedKeys, middleware.KeyIgnoredRepeated)
+		counter(c.descs.keysIgnored, st.LongKeys, middleware.KeyIgnoredTooLong)
 	}
 	if m := c.o.keyed; m != nil {
 		st := m.Stats()

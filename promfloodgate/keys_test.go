@@ -1,0 +1,55 @@
+package promfloodgate
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+)
+
+// TestIgnoredKeys counts the calls whose API key header the Limiter
+// ignored, by reason.
+func TestIgnoredKeys(t *testing.T) {
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetLimiter(lim)
+	icpt := lim.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
+	for _, md := range []metadata.MD{
+		metadata.Pairs("x-api-key", proKey, "x-api-key", proKey),
+		metadata.Pairs("x-api-key", proKey, "x-api-key", freeKey),
+		metadata.Pairs("x-api-key", strings.Repeat("k", 4096)),
+		metadata.Pairs("x-api-key", proKey),
+	} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 1}})
+		ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, md), nopStream{})
+		_, _ = icpt(ctx, nil, info, noop)
+	}
+	want := `
+# HELP floodgate_api_keys_ignored_total Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.
+# TYPE floodgate_api_keys_ignored_total counter
+floodgate_api_keys_ignored_total{reason="repeated"} 2
+floodgate_api_keys_ignored_total{reason="too_long"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_api_keys_ignored_total"); err != nil {
+		t.Error(err)
+	}
+}
