@@ -108,6 +108,10 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	if info == nil || info.Reason != middleware.ErrorReasonOverloaded || retry == nil || retry.RetryDelay.AsDuration() <= 0 {
 		t.Errorf("details %v, want ErrorInfo %s and a RetryInfo", s.Details(), middleware.ErrorReasonOverloaded)
 	}
+	// Turned away at the tap: the controller counts it as its own.
+	if snap := ctrl.Snapshot(); snap.Shed[overload.ShedTap] != 1 || l.Stats().Tap != 1 {
+		t.Errorf("tap sheds: controller %d, limiter %d, want 1 and 1", snap.Shed[overload.ShedTap], l.Stats().Tap)
+	}
 
 	// acme, under its share, displaces globex's newest waiting call and
 	// gets the next slot.

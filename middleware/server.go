@@ -257,6 +257,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if !c.Overloaded(f) {
 		return ctx, nil
 	}
+	c.Shed()
 	l.c.add(cTap)
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,10 +38,13 @@ const (
 	// ShedLate: while the admission rate is limited, the call had waited
 	// longer than Law.MaxQueueDelay to reach the controller.
 	ShedLate
+	// ShedTap: a tap handle turned the call away before the controller saw
+	// it, because Overloaded said it would be shed (see Controller.Shed).
+	ShedTap
 	nShedCauses
 )
 
-var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline", "rate", "late"}
+var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline", "rate", "late", "tap"}
 
 // String returns the cause's lower-case name, such as "queue_full", fit for
 // a metric label.
@@ -257,6 +261,8 @@ type Controller struct {
 	rateShed         int
 	lastArr          time.Duration
 	level            float64 // water level of the rate's fair shares, per unit of weight
+	pending          event   // a step's event, emitted by shedLocked
+	tapShed          atomic.Uint64
 	lastShed         time.Time
 	state            State
 	since            time.Time
@@ -464,6 +470,10 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		}
 		if !c.take(fl, now) {
 			c.rateShed++
+			if c.law.Due(c.ctl, c.n, now) {
+				// No call may complete for a while at a low rate.
+				c.pending = c.step(now)
+			}
 			return Permit{}, c.shedLocked(fl, ShedRate, now)
 		}
 	}
@@ -569,9 +579,9 @@ func (c *Controller) take(fl *flow, now time.Time) bool {
 func (c *Controller) refill(fl *flow, now time.Time) {
 	if dt := now.Sub(fl.at); dt > 0 {
 		// A bucket holds what its share admits in the queueing target, at
-		// least one call: a burst admitted at once queues no longer than
-		// the target.
-		burst := max(1, fl.alloc*c.law.Target(c.ctl).Seconds())
+		// least two calls: a burst admitted at once queues no longer than
+		// the target, and a quiet flow's Poisson arrivals fit.
+		burst := max(2, fl.alloc*c.law.Target(c.ctl).Seconds())
 		fl.tokens = min(burst, fl.tokens+fl.alloc*dt.Seconds())
 		fl.at = now
 	}
@@ -621,6 +631,11 @@ func (c *Controller) Full() bool {
 // RetryAfter returns the retry delay shed calls are given (WithRetryAfter).
 func (c *Controller) RetryAfter() time.Duration { return c.o.retry }
 
+// Shed records a call turned away outside the controller because
+// Overloaded said it would be shed (by a tap handle), so that the state
+// and the counters (cause ShedTap) include it. It is one atomic add.
+func (c *Controller) Shed() { c.tapShed.Add(1) }
+
 // Shedding reports whether the controller is in the Shedding state.
 func (c *Controller) Shedding() bool {
 	c.mu.Lock()
@@ -636,6 +651,8 @@ func (c *Controller) Snapshot() Snapshot {
 }
 
 func (c *Controller) snapshotLocked() Snapshot {
+	shed := c.shed
+	shed[ShedTap] += c.tapShed.Load()
 	return Snapshot{
 		State: c.state, Since: c.since,
 		Limit: c.ctl.Limit, Inflight: c.inflight, Queued: c.queued,
@@ -643,7 +660,7 @@ func (c *Controller) snapshotLocked() Snapshot {
 		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastArr, Wait: c.lastQD,
 		Rate: c.ctl.Rate, RateCause: c.ctl.RateCause,
 		CPU: c.cpu, SchedP99: c.sched,
-		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
+		Admitted: c.admitted, Waited: c.waited, Shed: shed,
 	}
 }
 
@@ -848,11 +865,14 @@ func (c *Controller) shedLocked(fl *flow, cause ShedCause, now time.Time) error 
 	c.shedInterval++
 	c.lastShed = now
 	c.drop(fl)
+	pending := c.pending
+	c.pending = event{}
 	var ev event
 	if c.state != Shedding {
 		ev = c.transition(Shedding, now)
 	}
 	c.mu.Unlock()
+	c.emit(pending)
 	c.emit(ev)
 	return &ShedError{Cause: cause, RetryAfter: c.o.retry}
 }
@@ -904,6 +924,10 @@ func (c *Controller) step(now time.Time) event {
 		c.lastQD = c.waitSum / time.Duration(c.waitN)
 	}
 	shed := c.shedInterval
+	if n := c.tapShed.Swap(0); n > 0 {
+		c.shed[ShedTap] += n
+		shed += int(n)
+	}
 	c.n, c.sum, c.binding, c.shedInterval, c.waitSum, c.waitN = 0, 0, false, 0, 0, 0
 	c.share(dt, now)
 	c.arrSum, c.arrN, c.rateShed = 0, 0, 0
@@ -912,8 +936,11 @@ func (c *Controller) step(now time.Time) event {
 	if shed > 0 {
 		c.lastShed = now
 	}
-	if c.state == Shedding && now.Sub(c.lastShed) >= openAfter {
+	switch {
+	case c.state == Shedding && now.Sub(c.lastShed) >= openAfter:
 		ev = c.transition(Open, now)
+	case c.state == Open && shed > 0:
+		ev = c.transition(Shedding, now)
 	}
 	if c.ctl.Limit != prev.Limit || (c.ctl.Rate == 0) != (prev.Rate == 0) {
 		ev.limit = true

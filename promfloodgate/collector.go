@@ -342,7 +342,7 @@ func New(opts ...Option) (*Collector, error) {
 		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit or rate last (latency, objective, cpu, probe, stale_baseline, queue_delay, delay_not_ours), 0 for the others.", "cause"),
 		ovProbing:      d("overload_probing", "1 while the overload controller probes its baseline."),
 		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
-		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late).", "cause"),
+		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late, tap).", "cause"),
 		configLoads:    d("config_loads_total", "Loads of the tenant config by outcome: applied (a new table put in force) or rejected (unreadable or invalid; the table in force stays).", "outcome"),
 		configLoaded:   d("config_loaded_timestamp_seconds", "When the tenant table in force was put in force, in Unix seconds; 0 while no config has loaded."),
 		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),

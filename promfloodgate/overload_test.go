@@ -65,13 +65,14 @@ floodgate_overload_inflight 0
 # HELP floodgate_overload_limit The overload controller's concurrency limit: calls it lets run at once.
 # TYPE floodgate_overload_limit gauge
 floodgate_overload_limit 1
-# HELP floodgate_overload_shed_total Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late).
+# HELP floodgate_overload_shed_total Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late, tap).
 # TYPE floodgate_overload_shed_total counter
 floodgate_overload_shed_total{cause="deadline"} 0
 floodgate_overload_shed_total{cause="displaced"} 0
 floodgate_overload_shed_total{cause="late"} 0
 floodgate_overload_shed_total{cause="queue_full"} 0
 floodgate_overload_shed_total{cause="rate"} 0
+floodgate_overload_shed_total{cause="tap"} 0
 floodgate_overload_shed_total{cause="wait_timeout"} 1
 # HELP floodgate_overload_state 1 for the overload controller's current state (open, shedding), 0 for the other.
 # TYPE floodgate_overload_state gauge
