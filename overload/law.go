@@ -335,15 +335,17 @@ type Control struct {
 }
 
 // Due reports whether a step is due at now with n completions since the
-// last: an Interval has passed with MinSamples completions, or 10
-// Intervals have passed. The zero Control is always due.
+// last: an Interval has passed with MinSamples completions (or while the
+// admission rate is limited), or 10 Intervals have passed. The zero Control is always due.
 func (l Law) Due(c Control, n int, now time.Time) bool {
 	l = l.withDefaults()
 	if c.Limit == 0 {
 		return true
 	}
 	since := now.Sub(c.LastStep)
-	return (since >= l.Interval && n >= l.MinSamples) || since >= 10*l.Interval
+	// While the rate is limited, every interval: a low rate completes
+	// few calls, and must not wait for them to grow again.
+	return (since >= l.Interval && (n >= l.MinSamples || c.Rate > 0)) || since >= 10*l.Interval
 }
 
 // ProbeLimit returns the limit during a probe from a limit of saved: a

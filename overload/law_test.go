@@ -387,3 +387,18 @@ func TestLawRateProbation(t *testing.T) {
 		t.Fatal("a rate was set during the hold-off")
 	}
 }
+
+// While the rate is limited the law steps every interval, however few
+// calls completed: a low rate must not wait for completions to grow.
+func TestLawDueWhileRateLimited(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	c.Rate = 10
+	if !l.Due(c, 1, now.Add(100*ms)) {
+		t.Error("not due after an interval with one completion while the rate is limited")
+	}
+	c.Rate = 0
+	if l.Due(c, 1, now.Add(100*ms)) {
+		t.Error("due after an interval with one completion and no rate")
+	}
+}
