@@ -379,12 +379,18 @@ func WithClock(now func() time.Time) Option {
 // deadline leaves less than the baseline to run. A repeated call replaces
 // the wait.
 func WithMaxWait(d time.Duration) Option {
+	return duration("WithMaxWait", d, func(o *options) *time.Duration { return &o.maxWait })
+}
+
+// duration returns an option that sets the duration field returns to d,
+// or records an error naming the option when d is negative.
+func duration(name string, d time.Duration, field func(*options) *time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {
-			o.errs = append(o.errs, invalid("WithMaxWait", d, "0 (adaptive) or a positive duration"))
+			o.errs = append(o.errs, invalid(name, d, "0 (the default) or a positive duration"))
 			return
 		}
-		o.maxWait = d
+		*field(o) = d
 	}
 }
 
@@ -392,13 +398,7 @@ func WithMaxWait(d time.Duration) Option {
 // RetryAfter). The default, 0, is two control intervals. A repeated call
 // replaces it.
 func WithRetryAfter(d time.Duration) Option {
-	return func(o *options) {
-		if d < 0 {
-			o.errs = append(o.errs, invalid("WithRetryAfter", d, "0 (default) or a positive duration"))
-			return
-		}
-		o.retry = d
-	}
+	return duration("WithRetryAfter", d, func(o *options) *time.Duration { return &o.retry })
 }
 
 // WithOnChange sets a function called after every change of state or of
