@@ -2,10 +2,12 @@ package middleware_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -691,6 +693,63 @@ func TestRepeatedKeyIsAnonymousAndSaysSo(t *testing.T) {
 				if ei, ok := d.(*errdetails.ErrorInfo); ok && len(ei.GetMetadata()) != 0 {
 					t.Errorf("anonymous rejection metadata = %v, want none", ei.GetMetadata())
 				}
+			}
+		})
+	}
+}
+
+// subjects collects the subjects WithRejectedSubjects passes.
+type subjects struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (s *subjects) add(subject string) {
+	s.mu.Lock()
+	s.list = append(s.list, strings.Clone(subject))
+	s.mu.Unlock()
+}
+
+func (s *subjects) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.list
+	s.list = nil
+	return l
+}
+
+// TestRejectedSubjects checks that every rejection, the tap handle's too,
+// names the subject the call was charged to: a caller rotating made-up
+// keys is its address, a tenant its ID.
+func TestRejectedSubjects(t *testing.T) {
+	for _, nw := range networks {
+		t.Run(nw.name, func(t *testing.T) {
+			var got subjects
+			g, sample := scriptedGate(t)
+			f := newFixture(t, middleware.WithGate(g), middleware.WithRejectedSubjects(got.add))
+			cc, _ := serve(t, nw, limiterServer(f.l, grpc.InTapHandle(f.l.TapHandle)))
+			addr := "a:-"
+			if nw.name == "tcp" {
+				addr = "a:127.0.0.1"
+			}
+			for i := range 4 {
+				ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", fmt.Sprintf("made-up-%d", i))
+				_ = invoke(ctx, cc)
+			}
+			if diff := cmp.Diff([]string{addr, addr}, got.take()); diff != "" {
+				t.Errorf("made-up keys over the anonymous burst of 2 (-want +got):\n%s", diff)
+			}
+
+			sample(0.99, f.clock.Now())
+			ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", acmeKey)
+			for range 3 {
+				_ = invoke(ctx, cc)
+			}
+			if diff := cmp.Diff([]string{"t:acme", "t:acme"}, got.take()); diff != "" {
+				t.Errorf("acme shed by the interceptor, then the tap (-want +got):\n%s", diff)
+			}
+			if st := f.l.Stats(); st.Tap != 1 {
+				t.Errorf("Stats().Tap = %d, want 1", st.Tap)
 			}
 		})
 	}

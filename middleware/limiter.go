@@ -595,6 +595,9 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	if v.allowed || v.dryRun {
 		return nil
 	}
+	if f := l.o.rejected; f != nil {
+		f(r.key[:r.subject])
+	}
 	// The tap handle acts only while the gate sheds, so only then is the
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.

@@ -87,6 +87,7 @@ type options struct {
 	dryRun      bool
 	exempt      []string
 	observer    func(Event)
+	rejected    func(subject string)
 	perMessage  bool
 	tapFloor    float64
 	failClosed  bool
@@ -315,6 +316,21 @@ func WithExemptions(prefixes ...string) Option {
 // path, after the decision is made: keep it fast and do not block. A
 // repeated call replaces it; nil removes it.
 func WithObserver(f func(Event)) Option { return func(o *options) { o.observer = f } }
+
+// WithRejectedSubjects sets a function called with the bucket subject of
+// every call the Limiter turns away, by the interceptors (over quota, shed
+// by the overload controller, or a store error failing closed) or by the
+// tap handle: "t:<tenant ID>", or "a:<address prefix>" ("a:-" without an
+// address) for an anonymous caller. It names the identity the call was
+// charged to, so a caller rotating made-up API keys is one subject, its
+// address; promfloodgate's Offenders.RecordSubject fits it. Dry-run
+// rejections, which run, are not passed. It runs on the request path (the
+// tap's under the transport's lock): keep it fast. The subject is valid
+// only during the call; copy it to keep it. A repeated call replaces the
+// function; nil removes it.
+func WithRejectedSubjects(f func(subject string)) Option {
+	return func(o *options) { o.rejected = f }
+}
 
 // WithPerMessage sets whether each message a client sends on an admitted
 // stream also takes the method's cost from the caller's bucket. A message

@@ -91,6 +91,9 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		obs(e)
 	}
 	if shed != nil {
+		if f := l.o.rejected; f != nil {
+			f(r.key[:r.subject])
+		}
 		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.verdict().note)
 	}
 	return p, nil
@@ -228,9 +231,13 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		key, _ := l.apiKey(h)
 		ten, found = l.keys.resolve(table, key)
 	}
-	left := l.penalty(l.appendSubject(buf[:0], ten, found, p, h), now)
+	subject := l.appendSubject(buf[:0], ten, found, p, h)
+	left := l.penalty(subject, now)
 	if left <= 0 {
 		return ctx, nil
+	}
+	if f := l.o.rejected; f != nil {
+		f(unsafe.String(unsafe.SliceData(subject), len(subject)))
 	}
 	l.c.add(cTap)
 	if l.o.observer != nil {
@@ -256,6 +263,9 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	f := flowOf(ten, ten.Rule(info.FullMethodName), unsafe.String(unsafe.SliceData(subject), len(subject)))
 	if !c.Overloaded(f) {
 		return ctx, nil
+	}
+	if rf := l.o.rejected; rf != nil {
+		rf(f.Key)
 	}
 	c.Shed()
 	l.c.add(cTap)

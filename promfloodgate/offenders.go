@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -170,6 +171,27 @@ func (f *Offenders) Record(key string) {
 	f.s.Add(key, 1)
 }
 
+// RecordSubject counts one rejection of a bucket subject, as
+// middleware.WithRejectedSubjects passes it: "t:<tenant ID>" or
+// "a:<address prefix>". Pass it to that option to name offenders by the
+// identity their calls were charged to, the tap handle's rejections
+// included, instead of installing UnaryServerInterceptor (which would count
+// each rejection again). Tenant IDs are names from the operator's config
+// and are kept as they are; without WithRawKeys an address is hashed, as
+// "a:" followed by HashKey of the address. An empty subject is ignored.
+func (f *Offenders) RecordSubject(subject string) {
+	switch {
+	case subject == "":
+		return
+	case f.o.raw || strings.HasPrefix(subject, "t:"):
+		// The caller's buffer may be reused once this returns.
+		subject = strings.Clone(subject)
+	default:
+		subject = "a:" + f.HashKey(strings.TrimPrefix(subject, "a:"))
+	}
+	f.s.Add(subject, 1)
+}
+
 // Top returns up to n offenders, most rejected first; all of them for n ≤ 0.
 func (f *Offenders) Top(n int) []Offender {
 	items := f.s.Top(n)
@@ -239,7 +261,9 @@ func PeerIP(ctx context.Context, _ string) string {
 // details (middleware.WithDetails, on by default): without them its
 // rejections cannot be told from a handler's own errors and none is recorded. Admitted calls
 // cost one comparison; tap rejections never reach interceptors and are not
-// recorded.
+// recorded, and the default key is the peer's address, not the subject the
+// call was charged to: prefer RecordSubject with
+// middleware.WithRejectedSubjects.
 func (f *Offenders) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)

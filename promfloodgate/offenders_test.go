@@ -241,3 +241,25 @@ func TestRecordAllocs(t *testing.T) {
 		t.Errorf("Record allocates %v times, want at most 1", n)
 	}
 }
+
+func TestRecordSubject(t *testing.T) {
+	f, err := NewOffenders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := []byte("a:203.0.113.7")
+	for range 3 {
+		f.RecordSubject(string(buf))
+	}
+	f.RecordSubject("t:acme")
+	f.RecordSubject("")
+	want := []Offender{{Key: "a:" + f.HashKey("203.0.113.7"), Rejections: 3}, {Key: "t:acme", Rejections: 1}}
+	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+	raw, _ := NewOffenders(WithRawKeys(true))
+	raw.RecordSubject("a:203.0.113.7")
+	if diff := cmp.Diff([]Offender{{Key: "a:203.0.113.7", Rejections: 1}}, raw.Top(0)); diff != "" {
+		t.Errorf("raw Top (-want +got):\n%s", diff)
+	}
+}
