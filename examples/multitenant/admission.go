@@ -5,7 +5,6 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/middleware"
-	"github.com/floodgate-go/floodgate/promfloodgate"
 )
 
 // newLimiter builds the server's admission control: the tenant table in
@@ -30,19 +29,12 @@ const rejectionDomain = "inventory.v1.floodgate.dev"
 // admission returns the server options that put l in front of every call:
 // the tap handle first, then the interceptors, first in their chains so that
 // a rejection leaves before anything sets header metadata and grpc-go
-// clients honour its retry pushback. Offenders, when not nil, records the
-// callers of rejected calls and streams; its interceptors set no metadata
-// and run before the Limiter's, to see its rejections.
-func admission(l *middleware.Limiter, offenders *promfloodgate.Offenders) []grpc.ServerOption {
-	unary := []grpc.UnaryServerInterceptor{l.UnaryServerInterceptor()}
-	stream := []grpc.StreamServerInterceptor{l.StreamServerInterceptor()}
-	if offenders != nil {
-		unary = append([]grpc.UnaryServerInterceptor{offenders.UnaryServerInterceptor()}, unary...)
-		stream = append([]grpc.StreamServerInterceptor{offenders.StreamServerInterceptor()}, stream...)
-	}
+// clients honour its retry pushback. The offenders summary hears of
+// rejections from l itself (WithRejectedSubjects), the tap handle's too.
+func admission(l *middleware.Limiter) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InTapHandle(l.TapHandle),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
+		grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(l.StreamServerInterceptor()),
 	}
 }

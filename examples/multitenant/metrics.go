@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/promfloodgate"
@@ -52,19 +51,29 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if s.cfg.Logger != nil {
 		opts = append(opts, promfloodgate.WithLogger(s.cfg.Logger, time.Second))
 	}
+	opts = append(opts, promfloodgate.WithRegistry(s.reg))
 	metrics, err := promfloodgate.New(opts...)
 	if err != nil {
 		return nil, err
 	}
-	// Offenders are named by their API key, else their address; the
-	// summary keeps hashes of them only.
-	offenders, err := promfloodgate.NewOffenders(promfloodgate.WithKeyFunc(callerKey),
-		promfloodgate.WithRejectionCodes(codes.ResourceExhausted, codes.Unavailable, rejectionDomain))
+	// Offenders are named by the subject their calls were charged to (the
+	// Limiter passes it, WithRejectedSubjects): a tenant by its ID, an
+	// anonymous caller by its address, hashed, however many API keys it
+	// makes up; the tap handle's rejections count too.
+	offenders, err := promfloodgate.NewOffenders()
 	if err != nil {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(metrics); err != nil {
+		return nil, err
+	}
+	// The Go runtime's and the process's own series, which a dashboard
+	// graphs next to floodgate's: goroutines, GC pauses, CPU, memory.
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
 		return nil, err
 	}
 	if s.redisMetrics != nil {
@@ -85,17 +94,6 @@ func newObservability(s *server, addr string) (*observability, error) {
 		lis:       lis,
 		http:      &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 	}, nil
-}
-
-// callerKey names a caller for the offenders summary: its API key, else its
-// address.
-func callerKey(ctx context.Context, method string) string {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(apiKeyHeader); len(v) == 1 && v[0] != "" {
-			return "key:" + v[0]
-		}
-	}
-	return "ip:" + promfloodgate.PeerIP(ctx, method)
 }
 
 // addr returns the address /metrics is served on.

@@ -239,14 +239,13 @@ func newServer(cfg serverConfig) (*server, error) {
 		protect = middleware.WithGate(s.gate)
 	}
 	var extra []middleware.Option
-	var offenders *promfloodgate.Offenders
 	if cfg.Metrics != "" {
 		if s.obs, err = newObservability(s, cfg.Metrics); err != nil {
 			s.closeStore()
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
-		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()))
-		offenders = s.obs.offenders
+		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()),
+			middleware.WithRejectedSubjects(s.obs.offenders.RecordSubject))
 	}
 	if s.limiter, err = newLimiter(s.store, s.reg, protect, extra...); err != nil {
 		s.closeListeners()
@@ -261,7 +260,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		b = calibrate()
 	}
 	s.inv = newInventory(s.skus, cfg.Units, cfg.Cost, b)
-	s.grpc = grpc.NewServer(admission(s.limiter, offenders)...)
+	s.grpc = grpc.NewServer(admission(s.limiter)...)
 	inventoryv1.RegisterInventoryServer(s.grpc, s.inv)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
