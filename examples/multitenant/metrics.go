@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,7 +71,11 @@ func newObservability(s *server, addr string) (*observability, error) {
 	}
 	// The Go runtime's and the process's own series, which a dashboard
 	// graphs next to floodgate's: goroutines, GC pauses, CPU, memory.
-	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+	// The scheduling latency histogram too: how long goroutines wait to
+	// run, the delay the overload controller's signal is part of.
+	goc := collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.MetricsScheduler, collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)}))
+	if err := reg.Register(goc); err != nil {
 		return nil, err
 	}
 	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {

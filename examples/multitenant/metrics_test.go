@@ -156,6 +156,9 @@ func TestMetricsUnderLoad(t *testing.T) {
 	if got := sum(ss, "go_goroutines", nil); got < 1 {
 		t.Errorf("go_goroutines = %g, want the Go collector's series", got)
 	}
+	if got := sum(ss, "go_sched_latencies_seconds_count", nil); got < 1 {
+		t.Errorf("go_sched_latencies_seconds_count = %g, want the scheduler's histogram", got)
+	}
 	for _, name := range []string{"floodgate_tap_rejections_total", "floodgate_keyed_evictions_total", "floodgate_keyed_overflowed_total"} {
 		if got := sum(ss, name, nil); got != 0 {
 			t.Errorf("%s = %g, want 0", name, got)
