@@ -32,12 +32,13 @@ import (
 //
 //   - every call returns within its deadline (the caller's, when it set an
 //     earlier one) plus faultSlack, or within the store's documented bound:
-//     the stretch of Redis's share while the process is starved (twice the
-//     scheduling delay, at most 1 s), plus the runtime's delay in running
-//     the caller again, counted twice (a wake-up and a preemption), where
-//     the scheduling delay is the longest wait in /sched/latencies:seconds
-//     during the run. Back-to-back load saturates both CPUs, so there the
-//     bound is mostly the latter; paced runs stay near deadline + slack;
+//     the stretch of Redis's share while the process is starved (twice a
+//     recent scheduling delay, at most 1 s, as the stores applied it), plus
+//     the runtime's delay in running the caller again, counted twice (a
+//     wake-up and a preemption): the longest wait in
+//     /sched/latencies:seconds, or oversleep of a 1 ms sleep, during the
+//     run. Back-to-back load saturates both CPUs, so there the bound is
+//     mostly the latter; paced runs stay near deadline + slack;
 //   - while the fault lasts, every decision follows the failure policy;
 //   - decisions Redis made admit at most 1% over burst + rate·elapsed (plus
 //     a burst after a kill, which loses the bucket), and the Local
@@ -219,6 +220,7 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 	// From the start: the stores stretch their calls by delays seen
 	// during the warm-up too.
 	stalls := watchStalls(t)
+	redisstore.Stretched() // from now on
 	lim := floodgate.PerSecond(faultRate, faultBurst)
 	callers := c.callers
 	if callers == 0 {
@@ -460,12 +462,14 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	delay := stalls.longest()
+	stretched := max(redisstore.Stretched(), min(2*delay, time.Second))
 
-	// Latency: the caller's deadline, or the store's with its documented
-	// stretch, plus the time the runtime takes to run the caller again
-	// (twice the longest scheduling delay: once to wake it, once if it is
-	// preempted on the way out) and the slack.
-	bound := storeDeadline + min(2*delay, time.Second) + 2*delay + faultSlack
+	// Latency: the caller's deadline, or the store's with the stretch it
+	// applied (twice a recent scheduling delay, at most 1 s; the delay may
+	// predate this run by a moment), plus the time the runtime takes to run
+	// the caller again (twice the longest scheduling delay: once to wake
+	// it, once if it is preempted on the way out) and the slack.
+	bound := storeDeadline + stretched + 2*delay + faultSlack
 	if c.ctxTime > 0 {
 		bound = c.ctxTime + 2*delay + faultSlack
 	}

@@ -43,6 +43,7 @@ type schedSpan struct {
 const (
 	schedWindow  = 10 * time.Millisecond
 	schedWindows = 64
+	staleWindow  = 2 * time.Second
 )
 
 // sched is process-wide, as the histogram it reads is.
@@ -98,7 +99,18 @@ func (w *schedWatch) read(now int64) {
 	last := w.ring[w.pos]
 	w.pos = (w.pos + 1) % schedWindows
 	w.ring[w.pos] = schedSpan{start: last.end, end: now, longest: longest}
-	w.delay.Store(max(longest, last.longest))
+	// A window over which nobody asked for seconds (an idle process) may
+	// hold a wait from long ago, and stretching calls by it now would only
+	// wait for a slow Redis in vain: it does not count as recent. A
+	// starved process asks late too, but not that late.
+	switch {
+	case now-last.end > int64(staleWindow):
+		w.delay.Store(0)
+	case last.end-last.start > int64(staleWindow):
+		w.delay.Store(longest)
+	default:
+		w.delay.Store(max(longest, last.longest))
+	}
 	w.next.Store(now + int64(schedWindow))
 }
 
@@ -114,7 +126,15 @@ func (s *Store) starved(d time.Duration) bool { return d >= s.budget/4 }
 // now: twice the scheduling delay while the process is starved, else 0.
 func (s *Store) stretch() time.Duration {
 	if d := sched.recent(); s.starved(d) {
-		return min(2*d, maxStretch)
+		st := min(2*d, maxStretch)
+		if st > time.Duration(stretched.Load()) {
+			stretched.Store(int64(st)) // racy max: tests read it, for a bound
+		}
+		return st
 	}
 	return 0
 }
+
+// stretched is the longest stretch any store has applied (ns), which
+// tests read to bound how long a call may take.
+var stretched atomic.Int64
