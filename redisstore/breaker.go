@@ -27,6 +27,7 @@ type breaker struct {
 	probing atomic.Bool
 	fails   atomic.Int64
 	trips   atomic.Uint64
+	okAt    atomic.Int64 // unix ns: the start of a recent call Redis answered, to the ms
 
 	mu       sync.Mutex
 	openedAt time.Time
@@ -114,13 +115,18 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 	return false, true
 }
 
-// success records a call that Redis answered. It never closes an open
-// breaker: such a call left before the breaker opened, and says little
-// about Redis now (a slow server answers some calls within the deadline
-// while most miss it). Only the probe closes it.
-func (b *breaker) success() {
+// success records a call that started at start and that Redis answered.
+// It never closes an open breaker: such a call left before the breaker
+// opened, and says little about Redis now (a slow server answers some
+// calls within the deadline while most miss it). Only the probe closes it.
+func (b *breaker) success(start time.Time) {
 	if b.fails.Load() != 0 {
 		b.fails.Store(0)
+	}
+	// To the millisecond: a store per call would bounce the line between
+	// cores.
+	if t := start.UnixNano(); t-b.okAt.Load() > int64(time.Millisecond) {
+		b.okAt.Store(t)
 	}
 }
 
@@ -141,9 +147,13 @@ func (b *breaker) failure(now time.Time, err error) {
 	}
 }
 
-// trip opens a closed breaker at once: a probe with a generous budget
-// failed, which is evidence enough.
-func (b *breaker) trip(now time.Time, err error) {
+// trip opens a closed breaker at once: a probe with a generous budget,
+// started at start, failed, which is evidence enough, unless a call that
+// started later has been answered since (Redis came back meanwhile).
+func (b *breaker) trip(start, now time.Time, err error) {
+	if b.okAt.Load() > start.UnixNano() {
+		return
+	}
 	b.mu.Lock()
 	queued := false
 	if !b.open.Load() {

@@ -16,7 +16,7 @@ func TestBreakerLateSuccess(t *testing.T) {
 		t.Fatalf("allow on a closed breaker = %v, %v", ok, probe)
 	}
 	b.failure(now, errors.New("timeout")) // another call fails: open
-	b.success()                           // the slow call answers late
+	b.success(now)                        // the slow call answers late
 	if !b.isOpen() || b.current() != BreakerOpen {
 		t.Fatalf("a late success closed the breaker: state %v", b.current())
 	}
@@ -62,5 +62,22 @@ func TestBreakerProbeFails(t *testing.T) {
 	}
 	if _, probe := b.allow(end.Add(time.Second)); !probe {
 		t.Error("no probe a cooldown after the failed probe")
+	}
+}
+
+// TestBreakerTripAfterRecovery: a probe that failed does not open the
+// breaker when a call that started after the probe was answered since.
+func TestBreakerTripAfterRecovery(t *testing.T) {
+	var b breaker
+	b.init(5, time.Second, nil)
+	start := time.Now()
+	b.success(start.Add(10 * time.Millisecond)) // Redis came back
+	b.trip(start, start.Add(time.Second), errors.New("refused"))
+	if b.isOpen() {
+		t.Fatal("a probe older than a success opened the breaker")
+	}
+	b.trip(start.Add(20*time.Millisecond), start.Add(time.Second), errors.New("refused"))
+	if !b.isOpen() || b.trips.Load() != 1 {
+		t.Errorf("a failed probe newer than every success left the breaker %v after %d trips", b.current(), b.trips.Load())
 	}
 }

@@ -347,11 +347,11 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 	}
 	switch {
 	case err == nil:
-		s.br.success()
+		s.br.success(now)
 		s.register()
 	case err == errNotBucket:
 		// Redis answered; one key's content says nothing about it.
-		s.br.success()
+		s.br.success(now)
 		s.errs.Add(1)
 		if s.opts.onError != nil {
 			s.opts.onError(err)
@@ -415,7 +415,7 @@ func (s *Store) probe(o op, halfOpen bool) {
 		case halfOpen:
 			s.br.probed(time.Now(), err) // a moot one reopens: no proof of health
 		case err != nil && !moot:
-			s.br.trip(time.Now(), err)
+			s.br.trip(start, time.Now(), err)
 		}
 		if !halfOpen {
 			s.checking.Store(false)
@@ -633,7 +633,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	}
 	switch {
 	case err == nil:
-		s.br.success()
+		s.br.success(start)
 		return nil
 	case ended(ctx) != nil:
 	case s.starvedTimeout(err, start):
