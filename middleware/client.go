@@ -112,6 +112,8 @@ func (u *upstream) acquire(ctx context.Context, method string) error {
 		switch {
 		case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
 			return status.FromContextError(err).Err()
+		case errors.Is(err, floodgate.ErrExceedsBurst):
+			return ErrUpstreamCost
 		case err != nil:
 			return ErrUpstreamStore
 		case res.Allowed:

@@ -15,6 +15,7 @@ import (
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // refusing is a store that refuses every take with the same RetryAfter.
@@ -228,5 +229,35 @@ func TestRetryInfoBeyondTheCap(t *testing.T) {
 		if got := retry.GetRetryDelay().AsDuration(); got != tc.want {
 			t.Errorf("wait %v: RetryInfo %v, want the wait rounded up (%v)", tc.retry, got, tc.want)
 		}
+	}
+}
+
+// TestCostAboveScaledBurst: when the gate scales a burst below a method's
+// cost, the store's ErrExceedsBurst is a refusal under overload, not a
+// store failure that the default fail-open policy would admit.
+func TestCostAboveScaledBurst(t *testing.T) {
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{"gold": {
+			Default: &tenant.LimitSpec{Rate: 10, Burst: 10},
+			Methods: map[string]tenant.MethodSpec{methodPut: {Cost: 5}},
+		}},
+		Tenants: map[string]tenant.TenantSpec{"acme": {Tier: "gold", Keys: []string{hashKey(t, acmeKey)}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, sample := scriptedGate(t)
+	store, _ := keyed.New()
+	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithGate(g))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample(0.95, time.Now()) // burst 10 × 0.2 = 2, below the cost of 5
+	ran, _, _, err := unary(l, call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}, methodPut)
+	if ran || status.Code(err) != codes.Unavailable {
+		t.Errorf("cost 5 over a scaled burst of 2: ran %v, %v, want an overload rejection", ran, err)
+	}
+	if st := l.Stats(); st.StoreErrors != 0 || st.Overload != 1 {
+		t.Errorf("Stats() = %+v, want 1 overload and no store error", st)
 	}
 }

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -554,6 +555,12 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		lim = lim.Scale(scale)
 	}
 	res, err := l.store.TakeN(ctx, r.key, lim, r.rule.Cost)
+	if errors.Is(err, floodgate.ErrExceedsBurst) {
+		// The call costs more than the bucket can ever hold at this
+		// scale: a refusal, not a store that failed (which fails open by
+		// default). It can come back once the gate gives limits back.
+		res, err = floodgate.Result{Limit: lim, RetryAfter: floodgate.Never}, nil
+	}
 	switch {
 	case err != nil:
 		v.res = floodgate.Result{}
