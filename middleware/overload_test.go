@@ -3,6 +3,8 @@ package middleware_test
 import (
 	"context"
 	"math"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,7 +62,14 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl))
+	var mu sync.Mutex
+	subjects := map[string]int{}
+	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl),
+		middleware.WithRejectedSubjects(func(s string) {
+			mu.Lock()
+			subjects[strings.Clone(s)]++
+			mu.Unlock()
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +150,13 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	if st.Overload+st.Tap < 2 {
 		t.Errorf("Stats() = %+v, want the two shed calls counted", st)
 	}
+	// Both sheds, at the tap and in the interceptor, are charged to the
+	// tenant, for the offenders list.
+	mu.Lock()
+	if subjects["t:globex"] != 2 || len(subjects) != 1 {
+		t.Errorf("rejected subjects %v, want t:globex twice", subjects)
+	}
+	mu.Unlock()
 	if snap := ctrl.Snapshot(); snap.Inflight != 0 || snap.Queued != 0 {
 		t.Errorf("controller after every call ended: %+v", snap)
 	}
