@@ -20,12 +20,23 @@
 // host and its dependencies. Calls admitted beyond what it can run at once
 // do not make it faster: they queue inside it (in the Go scheduler, on a
 // lock, in a connection pool), every call gets slower, and past the callers'
-// deadlines all of them fail. The controller measures that queueing by its
-// effect on the latency of the calls it admits, against a baseline: the
-// latency of a call that does not queue, which it measures itself in short
-// probes at a reduced limit. Its limit grows while calls complete within
-// [Law.Tolerance] times the baseline and shrinks when they queue; see
-// [Law] for the control law and docs/DESIGN.md for why this law.
+// deadlines all of them fail. The controller measures that queueing where
+// it happens:
+//
+//   - Before the handlers. A gRPC server starts a goroutine per call, and a
+//     handler that computes runs to its end once started, so when the CPU
+//     is saturated calls wait for the Go scheduler before any interceptor
+//     runs. The tap handle stamps each call's arrival ([Arrived]); when the
+//     wait from arrival to Acquire exceeds a target ([Law.QueueTarget], a
+//     few calls' worth), the controller limits admissions to what the
+//     server completes, and steers that rate by the wait.
+//   - Inside the handlers. A handler that waits on a pool, a lock or a
+//     dependency queues there; the controller keeps a concurrency limit
+//     that grows while calls complete within [Law.Tolerance] times a
+//     baseline (the latency of a call that does not queue, measured in
+//     short probes at a reduced limit) and shrinks when they queue.
+//
+// See [Law] for the control law and docs/DESIGN.md for why this law.
 //
 // CPU use is not the target. A host's other processes, a CPU quota and the
 // time a dependency takes all move a CPU reading without moving what the
