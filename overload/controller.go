@@ -880,13 +880,12 @@ func (c *Controller) shedLocked(fl *flow, cause ShedCause, now time.Time) error 
 // event is what to log and report after the lock is released.
 type event struct {
 	snap         Snapshot
-	from         State
 	state, limit bool
 	probeEnded   bool
 }
 
 func (c *Controller) transition(to State, now time.Time) event {
-	ev := event{from: c.state, state: true}
+	ev := event{state: true}
 	c.state, c.since = to, now
 	ev.snap = c.snapshotLocked()
 	return ev
@@ -942,13 +941,9 @@ func (c *Controller) step(now time.Time) event {
 	case c.state == Open && shed > 0:
 		ev = c.transition(Shedding, now)
 	}
-	if c.ctl.Limit != prev.Limit || (c.ctl.Rate == 0) != (prev.Rate == 0) {
-		ev.limit = true
-		ev.from = c.state
-		ev.snap = c.snapshotLocked()
-	}
-	if prev.Probing && !c.ctl.Probing {
-		ev.probeEnded = true
+	ev.limit = c.ctl.Limit != prev.Limit || (c.ctl.Rate == 0) != (prev.Rate == 0)
+	ev.probeEnded = prev.Probing && !c.ctl.Probing
+	if ev.limit || ev.probeEnded {
 		ev.snap = c.snapshotLocked()
 	}
 	return ev
