@@ -141,20 +141,7 @@ func failureRun(t *testing.T, srv *redistest.Server, c redis.UniversalClient, fa
 			}
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			t0 := time.Now()
-			time.Sleep(time.Millisecond)
-			storeMax(&lag, int64(time.Since(t0)-time.Millisecond))
-		}
-	}()
+	wg.Go(func() { measureOversleep(stop, &lag) })
 	time.Sleep(200 * time.Millisecond)
 	if got := s.Stats().Redis; got == 0 {
 		t.Errorf("no Redis decisions before the fault")
@@ -205,6 +192,22 @@ func failureRun(t *testing.T, srv *redistest.Server, c redis.UniversalClient, fa
 }
 
 // storeMax raises a to v if v is larger.
+// measureOversleep sleeps a millisecond at a time until stop is closed and
+// keeps in max the longest oversleep: how late this process's goroutines
+// get to run, whatever keeps them off the CPU.
+func measureOversleep(stop <-chan struct{}, max *atomic.Int64) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		storeMax(max, int64(time.Since(t0)-time.Millisecond))
+	}
+}
+
 func storeMax(a *atomic.Int64, v int64) {
 	for {
 		old := a.Load()

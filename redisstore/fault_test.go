@@ -619,18 +619,7 @@ func watchStalls(t *testing.T) *stallWatch {
 	w := &stallWatch{before: schedCounts()}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			t0 := time.Now()
-			time.Sleep(time.Millisecond)
-			storeMax(&w.lag, int64(time.Since(t0)-time.Millisecond))
-		}
-	})
+	wg.Go(func() { measureOversleep(stop, &w.lag) })
 	t.Cleanup(func() {
 		close(stop)
 		wg.Wait()
