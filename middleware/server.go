@@ -81,9 +81,9 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		l.c.sub(cAdmitted)
 	}
 	if obs := l.o.observer; obs != nil {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.verdict().res.Source, Flags: FlagAllowed}
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.verdict().res.Source, Allowed: true}
 		if shed != nil {
-			e.Reason, e.Flags = ReasonOverload, 0
+			e.Reason, e.Allowed = ReasonOverload, false
 		}
 		if r.found {
 			e.Tenant = r.ten.ID()
@@ -241,7 +241,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	}
 	l.c.add(cTap)
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
+		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
 	return ctx, l.rej.tapError(left, note)
 }
@@ -270,7 +270,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	c.Shed()
 	l.c.add(cTap)
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Flags: FlagTap})
+		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
 	return ctx, l.rej.tapError(c.RetryAfter(), note)
 }

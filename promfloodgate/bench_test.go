@@ -115,7 +115,7 @@ func BenchmarkObserver(b *testing.B) {
 		b.Fatal(err)
 	}
 	obs := c.Observer()
-	e := middleware.Event{Method: methodGet, Tier: "pro", Flags: middleware.FlagAllowed}
+	e := middleware.Event{Method: methodGet, Tier: "pro", Allowed: true}
 	b.ReportAllocs()
 	for b.Loop() {
 		obs(e)

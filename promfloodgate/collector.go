@@ -237,8 +237,12 @@ func ServiceMethods(desc *grpc.ServiceDesc) []string {
 // a marker bit that keeps every key non-zero.
 const (
 	numReasons = 5 // middleware.ReasonAdmitted … ReasonStoreError
-	numFlags   = 8 // allowed, dry run, tap
+	numFlags   = 8 // allowed, dry run, tap: the bits below
 	numCombos  = numReasons * numFlags
+
+	flagAllowed = 1
+	flagDryRun  = 2
+	flagTap     = 4
 
 	sourceShift = 6  // numCombos < 1<<6
 	tierShift   = 10 // len(sourceLabels) < 1<<4
@@ -374,12 +378,20 @@ func (c *Collector) Observer() func(middleware.Event) {
 		if combo >= numReasons {
 			return
 		}
-		// The flags' bits are the slot's (middleware.FlagAllowed is 1,
-		// FlagDryRun 2, FlagTap 4; TestFlagBits).
-		combo = combo*numFlags + int(e.Flags)&(numFlags-1)
+		flags := 0
+		if e.Allowed {
+			flags |= flagAllowed
+		}
+		if e.DryRun {
+			flags |= flagDryRun
+		}
+		if e.Tap {
+			flags |= flagTap
+		}
+		combo = combo*numFlags + flags
 		// Only the interceptors' decisions were made by a store.
 		src := 0
-		if e.Flags&middleware.FlagTap == 0 && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
+		if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
 			src = 1 + min(int(e.Source), len(sourceLabels)-2)
 		}
 		m, ok := c.memo.get(e.Method)
@@ -394,7 +406,7 @@ func (c *Collector) Observer() func(middleware.Event) {
 			key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
 		}
 		c.series.counter(key).n.Add(1)
-		if e.Flags&middleware.FlagAllowed == 0 && c.o.logger != nil {
+		if !e.Allowed && c.o.logger != nil {
 			c.logRejection(e)
 		}
 	}
@@ -450,7 +462,7 @@ func (c *Collector) logRejection(e middleware.Event) {
 		tenant = LabelNone
 	}
 	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier, "tenant", tenant,
-		"method", c.methodLabel(e.Method), "tap", e.Tap(), "dry_run", e.DryRun(),
+		"method", c.methodLabel(e.Method), "tap", e.Tap, "dry_run", e.DryRun,
 		"suppressed", c.suppressed.Swap(0))
 }
 
@@ -614,7 +626,7 @@ func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
 		m := int(key >> methodShift & (1<<(tenantShift-methodShift) - 1))
 		reason := middleware.Reason(combo / numFlags)
 		flags := combo % numFlags
-		allowed, dry, tap := flags&int(middleware.FlagAllowed) != 0, flags&int(middleware.FlagDryRun) != 0, flags&int(middleware.FlagTap) != 0
+		allowed, dry, tap := flags&flagAllowed != 0, flags&flagDryRun != 0, flags&flagTap != 0
 		outcome, code := "admitted", codes.OK
 		if !allowed {
 			if dry {

@@ -237,10 +237,10 @@ func TestCodesAndFlags(t *testing.T) {
 	obs := c.Observer()
 	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota})
 	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonOverload})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Flags: middleware.FlagTap})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true})
 	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Flags: middleware.FlagAllowed})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Flags: middleware.FlagDryRun})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Allowed: true})
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true})
 	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // unknown: dropped
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
@@ -264,7 +264,7 @@ func TestTierCap(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, tier := range []string{"a", "b", "c", "d", "a", "c"} {
-		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Flags: middleware.FlagAllowed})
+		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Allowed: true})
 	}
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
@@ -289,9 +289,9 @@ func TestObserverAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		obs := c.Observer()
-		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Flags: middleware.FlagAllowed}
+		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
 		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
-		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Flags: middleware.FlagAllowed}
+		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
 		obs(accepted)
 		obs(rejected) // logs once; later rejections are suppressed
 		obs(overCap)
@@ -314,12 +314,12 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	obs := c.Observer()
 	for range 100 {
 		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Reason: middleware.ReasonQuota})
-		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Flags: middleware.FlagAllowed})
+		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Allowed: true})
 	}
 	now = now.Add(999 * time.Millisecond)
 	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload})
 	now = now.Add(time.Millisecond)
-	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Flags: middleware.FlagTap})
+	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Tap: true})
 
 	type line struct {
 		Msg, Reason, Tier, Tenant, Method string
@@ -452,9 +452,9 @@ func TestConcurrentObserveAndCollect(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 1000 {
-				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Flags: middleware.FlagAllowed}
+				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Allowed: true}
 				if i%3 == 0 {
-					e.Flags, e.Reason = 0, middleware.ReasonQuota
+					e.Allowed, e.Reason = false, middleware.ReasonQuota
 				}
 				obs(e)
 			}
@@ -549,7 +549,7 @@ floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Invento
 		t.Error(err)
 	}
 	// A source newer than this package is counted, not dropped.
-	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Source: floodgate.Source(42), Flags: middleware.FlagAllowed})
+	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Source: floodgate.Source(42), Allowed: true})
 	if got := seriesValue(t, c, map[string]string{"source": "unknown"}); got != 1 {
 		t.Errorf("unknown source counted %g times, want 1", got)
 	}
@@ -599,11 +599,11 @@ func TestTenantLabels(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, ten := range []string{"acme", "globex", "initech", "acme", "umbrella", "globex", "acme"} {
-		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Flags: middleware.FlagAllowed})
+		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Allowed: true})
 	}
 	obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: "initech", Reason: middleware.ReasonQuota})
-	obs(middleware.Event{Method: methodGet, Flags: middleware.FlagAllowed})                                // anonymous
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Flags: middleware.FlagTap}) // tap: no tenant
+	obs(middleware.Event{Method: methodGet, Allowed: true})                                // anonymous
+	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}) // tap: no tenant
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
@@ -735,21 +735,12 @@ func TestMethodMemoConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
-// TestFlagBits: the observer uses an Event's flags as the low bits of a
-// series' slot, which decode as allowed 1, dry run 2, tap 4.
-func TestFlagBits(t *testing.T) {
-	if middleware.FlagAllowed != 1 || middleware.FlagDryRun != 2 || middleware.FlagTap != 4 || numFlags != 8 {
-		t.Fatalf("flags %d, %d, %d in %d slots; the series key expects 1, 2, 4 in 8",
-			middleware.FlagAllowed, middleware.FlagDryRun, middleware.FlagTap, numFlags)
-	}
-}
-
 // TestScrapeNeverRepeatsALabelSet: distinct series that come out with the
 // same labels are summed into one, since a scrape that sends a label set
 // twice fails whole.
 func TestScrapeNeverRepeatsALabelSet(t *testing.T) {
-	admit := func(tier, tenant string, flags middleware.EventFlags) middleware.Event {
-		return middleware.Event{Method: methodGet, Tier: tier, Tenant: tenant, Flags: middleware.FlagAllowed | flags}
+	admit := func(tier, tenant string, dryRun bool) middleware.Event {
+		return middleware.Event{Method: methodGet, Tier: tier, Tenant: tenant, Allowed: true, DryRun: dryRun}
 	}
 	for _, tc := range []struct {
 		name       string
@@ -758,15 +749,15 @@ func TestScrapeNeverRepeatsALabelSet(t *testing.T) {
 		label, val string // of the one series the events count in
 	}{
 		{"a tier named other, over the cap", []Option{WithMaxTiers(1)},
-			[]middleware.Event{admit("other", "", 0), admit("gold", "", 0)}, "tier", "other"},
+			[]middleware.Event{admit("other", "", false), admit("gold", "", false)}, "tier", "other"},
 		{"a tier named none, and anonymous", nil,
-			[]middleware.Event{admit("none", "", 0), admit("", "", 0)}, "tier", "none"},
+			[]middleware.Event{admit("none", "", false), admit("", "", false)}, "tier", "none"},
 		{"dry run and not", nil,
-			[]middleware.Event{admit("pro", "", 0), admit("pro", "", middleware.FlagDryRun)}, "tier", "pro"},
+			[]middleware.Event{admit("pro", "", false), admit("pro", "", true)}, "tier", "pro"},
 		{"a tier that is not UTF-8", nil,
-			[]middleware.Event{admit("pro\xff", "", 0), admit("pro\xfe", "", 0)}, "tier", "pro\ufffd"},
+			[]middleware.Event{admit("pro\xff", "", false), admit("pro\xfe", "", false)}, "tier", "pro\ufffd"},
 		{"a tenant named none, and anonymous", []Option{WithTenantLabels(4)},
-			[]middleware.Event{admit("pro", "none", 0), admit("pro", "", 0)}, "tenant", "none"},
+			[]middleware.Event{admit("pro", "none", false), admit("pro", "", false)}, "tenant", "none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := New(append(tc.opts, WithMethods(methodGet))...)
@@ -822,7 +813,7 @@ func TestScrapeRacesANewTier(t *testing.T) {
 				return
 			default:
 			}
-			obs(middleware.Event{Method: methodGet, Tier: []string{"gold", "silver", "bronze"}[i%3], Flags: middleware.FlagAllowed})
+			obs(middleware.Event{Method: methodGet, Tier: []string{"gold", "silver", "bronze"}[i%3], Allowed: true})
 		}
 	})
 	for range 200 {

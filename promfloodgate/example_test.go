@@ -30,7 +30,7 @@ func Example() {
 	// middleware.New(store, tables, middleware.WithObserver(metrics.Observer()))
 	// and then calls metrics.SetLimiter; here the observer is called directly.
 	observe := metrics.Observer()
-	observe(middleware.Event{Method: "/inventory.v1.Inventory/Get", Tier: "pro", Flags: middleware.FlagAllowed})
+	observe(middleware.Event{Method: "/inventory.v1.Inventory/Get", Tier: "pro", Allowed: true})
 	observe(middleware.Event{Method: "/inventory.v1.Inventory/Get", Tier: "free", Reason: middleware.ReasonQuota})
 	observe(middleware.Event{Method: "/made.up/Method", Reason: middleware.ReasonQuota})
 
