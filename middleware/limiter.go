@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
@@ -139,58 +137,9 @@ type Stats struct {
 	RepeatedKeys, LongKeys uint64
 }
 
-// counters are striped: every call counts, and one shared word would bounce
-// between cores on every call. Decisions pick a stripe from the address of
-// their verdict, which each core allocates from its own spans; other counts
-// pick one at random.
+// counters are the Limiter's counts, one atomic word each (see Stats).
 type counters struct {
-	stripes [counterStripes]stripe
-}
-
-const counterStripes = 8
-
-type stripe struct {
-	n [nCounters]atomic.Uint64
-	_ [64 - nCounters*8%64]byte
-}
-
-type counter uint8
-
-const (
-	cAdmitted counter = iota
-	cExempt
-	cQuota
-	cOverload
-	cStoreErr
-	cDryRun
-	cTap
-	cRepeatedKey
-	cLongKey
-	nCounters
-)
-
-func (c *counters) add(k counter) {
-	c.stripes[rand.Uint32()&(counterStripes-1)].n[k].Add(1)
-}
-
-// addFor counts k on the stripe chosen by v's address: cheaper than a
-// random number, and spread across cores alike.
-func (c *counters) addFor(k counter, v *verdict) {
-	c.stripes[uintptr(unsafe.Pointer(v))>>10&(counterStripes-1)].n[k].Add(1)
-}
-
-// sub takes one back from k's count, for a decision that turned out
-// otherwise.
-func (c *counters) sub(k counter) {
-	c.stripes[rand.Uint32()&(counterStripes-1)].n[k].Add(^uint64(0))
-}
-
-func (c *counters) load(k counter) uint64 {
-	var sum uint64
-	for i := range c.stripes {
-		sum += c.stripes[i].n[k].Load()
-	}
-	return sum
+	admitted, exempt, quota, overload, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
 }
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
@@ -267,15 +216,15 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 // they are not a consistent snapshot.
 func (l *Limiter) Stats() Stats {
 	return Stats{
-		Admitted:     l.c.load(cAdmitted),
-		Exempt:       l.c.load(cExempt),
-		Quota:        l.c.load(cQuota),
-		Overload:     l.c.load(cOverload),
-		StoreErrors:  l.c.load(cStoreErr),
-		DryRun:       l.c.load(cDryRun),
-		Tap:          l.c.load(cTap),
-		RepeatedKeys: l.c.load(cRepeatedKey),
-		LongKeys:     l.c.load(cLongKey),
+		Admitted:     l.c.admitted.Load(),
+		Exempt:       l.c.exempt.Load(),
+		Quota:        l.c.quota.Load(),
+		Overload:     l.c.overload.Load(),
+		StoreErrors:  l.c.storeErr.Load(),
+		DryRun:       l.c.dryRun.Load(),
+		Tap:          l.c.tap.Load(),
+		RepeatedKeys: l.c.repeatedKeys.Load(),
+		LongKeys:     l.c.longKeys.Load(),
 	}
 }
 
@@ -444,9 +393,9 @@ func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *t
 	}
 	switch note {
 	case noteRepeated:
-		l.c.add(cRepeatedKey)
+		l.c.repeatedKeys.Add(1)
 	case noteTooLong:
-		l.c.add(cLongKey)
+		l.c.longKeys.Add(1)
 	}
 	return table.Anonymous(), false, note
 }
@@ -541,25 +490,25 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		v.res = floodgate.Result{}
 		v.allowed = !l.o.failClosed
 		v.reason = ReasonStoreError
-		l.c.addFor(cStoreErr, v)
+		l.c.storeErr.Add(1)
 	case res.Allowed:
 		v.res = res
 		v.allowed = true
 		v.reason = ReasonAdmitted
-		l.c.addFor(cAdmitted, v)
+		l.c.admitted.Add(1)
 	default:
 		v.res = res
 		v.allowed = false
 		if scale < 1 {
 			v.reason = ReasonOverload
-			l.c.addFor(cOverload, v)
+			l.c.overload.Add(1)
 		} else {
 			v.reason = ReasonQuota
-			l.c.addFor(cQuota, v)
+			l.c.quota.Add(1)
 		}
 	}
 	if !v.allowed && v.dryRun {
-		l.c.addFor(cDryRun, v)
+		l.c.dryRun.Add(1)
 	}
 	if obs := l.o.observer; obs != nil && !(v.allowed && v.gated) {
 		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}

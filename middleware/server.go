@@ -36,7 +36,7 @@ var ErrNotServerCall = errors.New("middleware: Limit needs a server call's conte
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if l.Exempt(info.FullMethod) {
-			l.c.add(cExempt)
+			l.c.exempt.Add(1)
 			return handler(ctx, req)
 		}
 		c := l.o.overload
@@ -77,8 +77,8 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 	if shed != nil {
 		// The call was counted as admitted by its quota; it is an
 		// overload rejection instead.
-		l.c.add(cOverload)
-		l.c.sub(cAdmitted)
+		l.c.overload.Add(1)
+		l.c.admitted.Add(^uint64(0))
 	}
 	if obs := l.o.observer; obs != nil {
 		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.verdict().res.Source, Allowed: true}
@@ -107,7 +107,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if l.Exempt(info.FullMethod) {
-			l.c.add(cExempt)
+			l.c.exempt.Add(1)
 			return handler(srv, ss)
 		}
 		// The table is read before the decision: if a reload comes between
@@ -239,7 +239,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if f := l.o.rejected; f != nil {
 		f(unsafe.String(unsafe.SliceData(subject), len(subject)))
 	}
-	l.c.add(cTap)
+	l.c.tap.Add(1)
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
@@ -268,7 +268,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 		rf(f.Key)
 	}
 	c.Shed()
-	l.c.add(cTap)
+	l.c.tap.Add(1)
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
@@ -300,7 +300,7 @@ func (l *Limiter) Limit(ctx context.Context) error {
 		return ErrNotServerCall
 	}
 	if l.Exempt(method) {
-		l.c.add(cExempt)
+		l.c.exempt.Add(1)
 		return nil
 	}
 	var v verdict
