@@ -1,124 +1,49 @@
 package middleware
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // keyCache remembers which tenant each API key seen on the request path
-// belongs to in the table in force, so that a known key costs one map
-// lookup instead of a SHA-256 and a digest lookup on every call. It belongs
-// to one table: when the table in force changes (a reload), the cache starts
-// over, so a revoked key stops resolving at once. Unknown and malformed
-// keys are never cached, so a caller rotating made-up keys cannot fill it;
-// it is bounded anyway, and a full cache starts over.
-//
-// The cache is split into shards, each copied on write: a lookup is one
-// atomic load and one map access, with no lock to contend for. A write (a
-// known key's first call after a reload) copies one shard, at most
-// keyShardCap entries. In front of the shards, a direct-mapped table of
-// the keys last found, indexed by a few of their bytes, spares a hit the
-// hashing of the whole key; a known key that shares its slot with another
-// falls through to its shard.
+// belongs to, so that a known key costs one lookup instead of a SHA-256
+// and a digest lookup on every call. An entry holds the table it was
+// resolved in and is a miss under any other: after a reload a revoked key
+// stops resolving at once, and the old table's entries age out. Unknown
+// and malformed keys are never cached, so a caller rotating made-up keys
+// cannot push the known ones out.
 type keyCache struct {
-	recent atomic.Pointer[recentKeys]
-	shards [keyShards]keyShard
+	lru *lru.Cache[string, keyEntry]
 }
 
-// recentKeys is the recent table of one tenant table, replaced with the
-// table so that it never pins an old one.
-type recentKeys struct {
-	table *tenant.Table
-	slots [recentSlots]atomic.Pointer[keyEntry]
-}
-
-// keyEntry is one known key of one table, shared by its shard's maps (from
-// copy to copy) and the recent table.
 type keyEntry struct {
 	table *tenant.Table
-	key   string
 	ten   *tenant.Tenant
 }
 
-const (
-	recentBits  = 10
-	recentSlots = 1 << recentBits
-)
+// keyCacheSize bounds the keys remembered; beyond it the least recently
+// used key is hashed again on its next call.
+const keyCacheSize = 4096
 
-// recentSlot picks a slot from the key's length and its last eight bytes
-// (fewer for a short key): API keys end in random characters.
-func (r *recentKeys) slot(key string) *atomic.Pointer[keyEntry] {
-	h := uint64(len(key))
-	if n := len(key); n >= 8 {
-		h ^= binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(key[n-8:]), 8))
-	} else {
-		for i := 0; i < n; i++ {
-			h = h<<8 ^ uint64(key[i])
-		}
+func newKeyCache() *keyCache {
+	c, err := lru.New[string, keyEntry](keyCacheSize)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
 	}
-	return &r.slots[(h*0x9e3779b97f4a7c15)>>(64-recentBits)]
-}
-
-// remember puts e in the recent table of e's table, replacing the table
-// of an older one.
-func (c *keyCache) remember(e *keyEntry) {
-	r := c.recent.Load()
-	if r == nil || r.table != e.table {
-		next := &recentKeys{table: e.table}
-		if !c.recent.CompareAndSwap(r, next) {
-			return // another call replaced it first; e will come again
-		}
-		r = next
-	}
-	r.slot(e.key).Store(e)
-}
-
-type keyShard struct {
-	cur atomic.Pointer[keyMap]
-	mu  sync.Mutex // serializes writers
-	_   [48]byte   // keep shards on separate cache lines
-}
-
-type keyMap struct {
-	table *tenant.Table
-	m     map[string]*keyEntry
-}
-
-const (
-	keyShards   = 32
-	keyShardCap = 128
-)
-
-func newKeyCache() *keyCache { return &keyCache{} }
-
-// shard picks a shard from the key's last byte and length: API keys end in
-// random characters, and a real hash would cost more than the lookup.
-func (c *keyCache) shard(key string) *keyShard {
-	return &c.shards[(uint(key[len(key)-1])^uint(len(key)))%keyShards]
+	return &keyCache{c}
 }
 
 func (c *keyCache) get(t *tenant.Table, key string) (*tenant.Tenant, bool) {
-	if r := c.recent.Load(); r != nil && r.table == t {
-		if e := r.slot(key).Load(); e != nil && e.key == key {
-			return e.ten, true
-		}
-	}
-	km := c.shard(key).cur.Load()
-	if km == nil || km.table != t {
+	e, ok := c.lru.Get(key)
+	if !ok || e.table != t {
 		return nil, false
 	}
-	e, ok := km.m[key]
-	if !ok {
-		return nil, false
-	}
-	c.remember(e)
 	return e.ten, true
 }
 
@@ -136,27 +61,11 @@ func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 		return ten, true
 	}
 	ten, found := t.TenantByKey(key)
-	if !found {
-		return ten, false
+	if found {
+		// A copy, so the cache does not pin the request's header buffers.
+		c.lru.Add(strings.Clone(key), keyEntry{table: t, ten: ten})
 	}
-	s := c.shard(key)
-	s.mu.Lock()
-	old := s.cur.Load()
-	next := &keyMap{table: t}
-	if old == nil || old.table != t || len(old.m) >= keyShardCap {
-		next.m = make(map[string]*keyEntry, 1)
-	} else {
-		next.m = make(map[string]*keyEntry, len(old.m)+1)
-		for k, v := range old.m {
-			next.m[k] = v
-		}
-	}
-	// A copy, so the cache does not pin the request's header buffers.
-	e := &keyEntry{table: t, key: strings.Clone(key), ten: ten}
-	next.m[e.key] = e
-	s.cur.Store(next)
-	s.mu.Unlock()
-	return ten, true
+	return ten, found
 }
 
 // penalties remembers, per bucket subject, until when the interceptor told

@@ -127,8 +127,8 @@ func TestReloadChangesCachedRoutes(t *testing.T) {
 	}
 }
 
-// Keys that end alike share a slot of the cache of recent keys: each call
-// must still resolve its own tenant, and a revoked key stop resolving.
+// Keys that end alike each resolve their own tenant through the key cache,
+// and a revoked key stops resolving.
 func TestAPIKeysEndingAlike(t *testing.T) {
 	keys := map[string]string{"acme": "acme-0123456789abcdef", "umbrella": "umbr-0123456789abcdef"}
 	cfg := func(revoke string) *tenant.Table {
