@@ -1,12 +1,19 @@
 # floodgate: build, test and benchmark entry points.
 #
 #   make test   install what the tests need (redis-server), then go vet and
-#               go test -race over every package of both modules, and the
+#               go test -race over every package of every module, and the
 #               allocation tests again without the race detector
 #   make bench  the side-by-side benchmarks against peer libraries
 #   make overload  the overload experiment (about 15 minutes; BENCHMARKS.md)
 
 GO        ?= go
+# Each module is vetted and tested against its own go.mod, as its users
+# build it; go.work (there for `go run ./examples/...` from the root) would
+# unify their versions.
+export GOWORK := off
+# The core module (the root) and the modules that carry heavier
+# dependencies, so that importing the core never pulls them in.
+MODULES   := . redisstore promfloodgate examples bench
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -24,17 +31,15 @@ deps:
 	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is still missing" >&2; exit 1; }
 
 vet:
-	$(GO) vet ./...
-	cd bench && $(GO) vet ./...
+	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; (cd $$m && $(GO) vet ./...); done
 
 unit:
-	$(GO) test $(TESTFLAGS) ./...
-	cd bench && $(GO) test $(TESTFLAGS) ./...
+	@set -e; for m in $(MODULES); do echo "go test ($$m)"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); done
 
 # The race detector changes allocation counts (sync.Pool drops what it is
 # given), so tests that count allocations and skip under it run here.
 allocs:
-	$(GO) test -count=1 -run 'Allocs' ./...
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) test -count=1 -run 'Allocs' ./...); done
 
 # Results and how to read them: bench/README.md.
 bench: deps

@@ -4,8 +4,10 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,4 +111,82 @@ func TestDependencyDirection(t *testing.T) {
 func stdlib(imp string) bool {
 	first, _, _ := strings.Cut(imp, "/")
 	return !strings.Contains(first, ".")
+}
+
+// heavy are the dependency families that live in modules of their own, so
+// that a user who imports the core packages (keyed, middleware, …) never
+// sees them in `go list -m all`.
+var heavy = map[string]string{
+	"github.com/prometheus/":  "promfloodgate",
+	"github.com/redis/":       "redisstore",
+	"gonum.org/v1/plot":       "examples",
+	"github.com/go-redis/":    "bench",
+	"github.com/sethvargo/":   "bench",
+	"github.com/zeromicro/":   "bench",
+	"github.com/go-kratos/":   "bench",
+	"golang.org/x/time":       "bench",
+	"github.com/platinummonk": "bench",
+}
+
+// TestCoreModuleRequirements reads the core module's go.mod, which since Go
+// 1.17 lists every module its packages and tests need: a consumer's module
+// graph holds exactly these, so none may be a heavy family.
+func TestCoreModuleRequirements(t *testing.T) {
+	data, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		mod := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(mod) == 0 {
+			continue
+		}
+		for prefix, home := range heavy {
+			if strings.HasPrefix(mod[0], prefix) {
+				t.Errorf("go.mod requires %s: it belongs in the %s module, not the core", mod[0], home)
+			}
+		}
+	}
+}
+
+// TestEveryModuleTested fails when a go.mod in the tree is missing from the
+// Makefile's MODULES, which `make test` vets and tests one by one.
+func TestEveryModuleTested(t *testing.T) {
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, line := range strings.Split(string(mk), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MODULES"); ok {
+			_, v, _ := strings.Cut(rest, "=")
+			listed = strings.Fields(v)
+		}
+	}
+	if len(listed) == 0 {
+		t.Fatal("Makefile has no MODULES line")
+	}
+	found := 0
+	err = filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && p != "." || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.Name() != "go.mod" {
+			return nil
+		}
+		found++
+		if dir := filepath.ToSlash(filepath.Dir(p)); !slices.Contains(listed, dir) {
+			t.Errorf("module %s is not in the Makefile's MODULES: make test would skip it", dir)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 2 {
+		t.Fatalf("found %d go.mod files, want the core and its sibling modules", found)
+	}
 }

@@ -2,10 +2,17 @@ module github.com/floodgate-go/floodgate/bench
 
 go 1.26.0
 
-replace github.com/floodgate-go/floodgate => ../
+replace (
+	github.com/floodgate-go/floodgate => ../
+	github.com/floodgate-go/floodgate/examples => ../examples
+	github.com/floodgate-go/floodgate/promfloodgate => ../promfloodgate
+	github.com/floodgate-go/floodgate/redisstore => ../redisstore
+)
 
 require (
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
+	github.com/floodgate-go/floodgate/examples v0.0.0-00010101000000-000000000000
+	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000
 	github.com/go-kratos/aegis v0.2.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
@@ -28,6 +35,7 @@ require (
 	github.com/fatih/color v1.18.0 // indirect
 	github.com/go-ole/go-ole v1.2.6 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	github.com/lufia/plan9stats v0.0.0-20230110061619-bbe2e5e100de // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect

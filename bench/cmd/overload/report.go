@@ -14,7 +14,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	fgplot "github.com/floodgate-go/floodgate/internal/plot"
+	fgplot "github.com/floodgate-go/floodgate/examples/plot"
 )
 
 // notesFile, when it exists next to the charts, is appended to the report:

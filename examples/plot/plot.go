@@ -1,6 +1,8 @@
 // Package plot draws the time-series and sweep charts of floodgate's
 // examples and of the overload experiment (bench/cmd/overload) with
-// gonum.org/v1/plot: panels of lines stacked into one PNG.
+// gonum.org/v1/plot: panels of lines stacked into one PNG. It lives in the
+// examples module so that the library modules do not depend on gonum; it is
+// not part of floodgate's API.
 package plot
 
 import (
