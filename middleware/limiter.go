@@ -248,9 +248,9 @@ func (l *Limiter) Exempt(fullMethod string) bool {
 // ':' and the rule ID.
 const keyBufLen = 80
 
-// verdict is a decision in the compact form the context stores: Decision
-// is built from it only when FromContext asks. The route holds the tenant,
-// the method and the rule.
+// verdict is a decision as the interceptors keep it: Decision is built
+// from it only when FromContext asks. The route holds the tenant, the
+// method and the rule.
 type verdict struct {
 	r       *route
 	allowed bool
@@ -279,73 +279,11 @@ func (v *verdict) decision() Decision {
 	return d
 }
 
-// decisionCtx carries an admitted call's decision. It is the only
-// allocation of an admitted call, so it is packed into 64 bytes, the next
-// size class being 80: allocation and collection cost by the byte. The
-// rule and the bucket key live in the shared route; the verdict's flags
-// and the Result's source share a word with Remaining, which never needs
-// more than 34 bits (a valid burst is at most floodgate.MaxBurst).
+// decisionCtx carries an admitted call's decision: the one allocation of
+// an admitted call.
 type decisionCtx struct {
 	context.Context
-	r     *route
-	rate  float64 // Result.Limit
-	burst int
-	rem   int64 // Result.Remaining<<remShift | Result.Source<<8 | flags
-	retry time.Duration
-	reset time.Duration
-}
-
-// Bits of decisionCtx.rem below the Remaining count.
-const (
-	fAllowed  = 1 << 0
-	fDryRun   = 1 << 1
-	fResAllow = 1 << 2
-	reasonPos = 3 // 3 bits
-	notePos   = 6 // 2 bits
-	remShift  = 16
-	remMax    = 1<<(63-remShift) - 1
-)
-
-func newDecisionCtx(ctx context.Context, v *verdict) *decisionCtx {
-	rem := int64(max(min(v.res.Remaining, remMax), -remMax))
-	flags := int64(v.reason)<<reasonPos | int64(v.note)<<notePos | int64(v.res.Source)<<8
-	if v.allowed {
-		flags |= fAllowed
-	}
-	if v.dryRun {
-		flags |= fDryRun
-	}
-	if v.res.Allowed {
-		flags |= fResAllow
-	}
-	return &decisionCtx{
-		Context: ctx,
-		r:       v.r,
-		rate:    v.res.Limit.Rate,
-		burst:   v.res.Limit.Burst,
-		rem:     rem<<remShift | flags,
-		retry:   v.res.RetryAfter,
-		reset:   v.res.ResetAfter,
-	}
-}
-
-// verdict unpacks the decision.
-func (c *decisionCtx) verdict() verdict {
-	return verdict{
-		r:       c.r,
-		allowed: c.rem&fAllowed != 0,
-		dryRun:  c.rem&fDryRun != 0,
-		reason:  Reason(c.rem >> reasonPos & 7),
-		note:    keyNote(c.rem >> notePos & 3),
-		res: floodgate.Result{
-			Allowed:    c.rem&fResAllow != 0,
-			Limit:      floodgate.Limit{Rate: c.rate, Burst: c.burst},
-			Remaining:  int(c.rem >> remShift),
-			RetryAfter: c.retry,
-			ResetAfter: c.reset,
-			Source:     floodgate.Source(c.rem >> 8),
-		},
-	}
+	v verdict
 }
 
 type decisionKey struct{}
@@ -365,8 +303,7 @@ func FromContext(ctx context.Context) (Decision, bool) {
 	if !ok {
 		return Decision{}, false
 	}
-	v := dc.verdict()
-	return v.decision(), true
+	return dc.v.decision(), true
 }
 
 // identify finds the caller's tenant: the tenant and true, or the anonymous
@@ -466,7 +403,7 @@ func (l *Limiter) admit(ctx context.Context, method string, gated bool) (*decisi
 	if err := l.decide(ctx, method, &v, gated); err != nil {
 		return nil, err
 	}
-	return newDecisionCtx(ctx, &v), nil
+	return &decisionCtx{Context: ctx, v: v}, nil
 }
 
 // take takes the route's cost from its bucket and records the outcome

@@ -55,7 +55,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			defer p.Done()
 		}
 		if l.o.rateHeaders {
-			_ = grpc.SetHeader(ctx, rateHeaders(dc.verdict().res))
+			_ = grpc.SetHeader(ctx, rateHeaders(dc.v.res))
 		}
 		return handler(dc, req)
 	}
@@ -66,7 +66,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // retry delay, or the status of the caller's context when it ended while
 // the call waited.
 func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decisionCtx) (overload.Permit, error) {
-	r := dc.r
+	r := dc.v.r
 	p, err := c.Acquire(ctx, r.flow)
 	var shed *overload.ShedError
 	if err != nil && !errors.As(err, &shed) {
@@ -81,7 +81,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		l.c.admitted.Add(^uint64(0))
 	}
 	if obs := l.o.observer; obs != nil {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.verdict().res.Source, Allowed: true}
+		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.v.res.Source, Allowed: true}
 		if shed != nil {
 			e.Reason, e.Allowed = ReasonOverload, false
 		}
@@ -94,7 +94,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		if f := l.o.rejected; f != nil {
 			f(r.key[:r.subject])
 		}
-		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.verdict().note)
+		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.v.note)
 	}
 	return p, nil
 }
@@ -119,12 +119,12 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if l.o.rateHeaders {
-			_ = ss.SetHeader(rateHeaders(dc.verdict().res))
+			_ = ss.SetHeader(rateHeaders(dc.v.res))
 		}
 		if !l.o.perMessage {
 			return handler(srv, &stream{ServerStream: ss, dc: dc})
 		}
-		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, table: table, r: dc.verdict().r})
+		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, table: table, r: dc.v.r})
 	}
 }
 
@@ -155,7 +155,7 @@ func (s *stream) RecvMsg(m any) error {
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
-	v := s.dc.verdict()
+	v := s.dc.v
 	v.r = s.r
 	return s.l.take(s.dc.Context, &v)
 }
