@@ -31,7 +31,7 @@ var peers = []string{
 var allowed = map[string][]string{
 	".":       {},
 	"keyed":   {module},
-	"cpugate": {module, "github.com/shirou/gopsutil/v3"},
+	"cpugate": {module, "github.com/shirou/gopsutil/v3", "golang.org/x/sys"},
 	"tenant":  {module, "go.yaml.in/yaml/v3"},
 	// The overload controller is transport-neutral: the middleware feeds
 	// it gRPC's calls, and could feed it anyone's.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // State is the gate's regime.
@@ -67,7 +69,7 @@ func (c Control) Scale() float64 {
 
 // A Policy decides the gate's scale from CPU readings. Step must be a pure
 // function: the same Control, Reading and time give the same result. Validate
-// reports a configuration error, wrapping [ErrInvalidConfig] and naming the
+// reports a configuration error, wrapping [floodgate.ErrInvalidOption] and naming the
 // field; [New] calls it.
 type Policy interface {
 	Step(c Control, r Reading, now time.Time) Control
@@ -78,7 +80,7 @@ type Policy interface {
 func frac(v float64) bool { return v > 0 && v <= 1 }
 
 func invalid(field string, v any, want string) error {
-	return fmt.Errorf("%w: %s = %v, want %s", ErrInvalidConfig, field, v, want)
+	return fmt.Errorf("%w: cpugate: %s = %v, want %s", floodgate.ErrInvalidOption, field, v, want)
 }
 
 // Fixed is the classic policy. When a reading is at or above Threshold the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 )
 
@@ -344,11 +345,11 @@ func TestValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
 			err := tt.p.Validate()
-			if !errors.Is(err, cpugate.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) {
-				t.Errorf("%+v.Validate() = %v, want ErrInvalidConfig naming %s", tt.p, err, tt.field)
+			if !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), tt.field) {
+				t.Errorf("%+v.Validate() = %v, want ErrInvalidOption naming %s", tt.p, err, tt.field)
 			}
-			if _, err := cpugate.New(cpugate.SamplerFunc(nil), cpugate.WithPolicy(tt.p)); !errors.Is(err, cpugate.ErrInvalidConfig) {
-				t.Errorf("New(WithPolicy(%+v)) error = %v, want ErrInvalidConfig", tt.p, err)
+			if _, err := cpugate.New(cpugate.SamplerFunc(nil), cpugate.WithPolicy(tt.p)); !errors.Is(err, floodgate.ErrInvalidOption) {
+				t.Errorf("New(WithPolicy(%+v)) error = %v, want ErrInvalidOption", tt.p, err)
 			}
 		})
 	}

@@ -139,7 +139,7 @@ func WithOnChange(f func(Snapshot)) Option {
 
 // New returns a gate driven by sampler, with full limits (scale 1) until the
 // first hot reading. It starts nothing; call [Gate.Run] to sample. It returns
-// an error wrapping [ErrInvalidConfig] that names the offending option or
+// an error wrapping [floodgate.ErrInvalidOption] that names the offending option or
 // field when the configuration is invalid.
 func New(sampler Sampler, opts ...Option) (*Gate, error) {
 	if sampler == nil {

@@ -11,10 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/google/go-cmp/cmp"
 )
 
 // script returns a sampler that replays readings in order, then repeats the
@@ -52,7 +51,7 @@ func TestNewValidates(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g, err := cpugate.New(tt.sampler, tt.opts...)
-			if g != nil || !errors.Is(err, cpugate.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) {
+			if g != nil || !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), tt.field) {
 				t.Errorf("New() = %v, %v, want nil and ErrInvalidConfig naming %s", g, err, tt.field)
 			}
 		})

@@ -29,9 +29,6 @@ var (
 	ErrMalformed = errors.New("cpugate: malformed file")
 	// ErrUnsupported means a sampler cannot work on this operating system.
 	ErrUnsupported = errors.New("cpugate: unsupported on this platform")
-	// ErrInvalidConfig is wrapped by every configuration error; the message
-	// names the offending field or option.
-	ErrInvalidConfig = errors.New("cpugate: invalid config")
 )
 
 // A Reading is one measurement of CPU use.

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // ErrShed is wrapped by every [ShedError]: errors.Is(err, ErrShed) tells a
@@ -359,15 +361,15 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // replaces it.
 func WithGuard(g Guard) Option { return func(o *options) { o.guard = g } }
 
-// WithClock sets the clock, for tests; the default is time.Now. A repeated
-// call replaces it.
-func WithClock(now func() time.Time) Option {
+// WithClock sets the clock, for tests; the default reads time.Now. A
+// repeated call replaces it.
+func WithClock(c floodgate.Clock) Option {
 	return func(o *options) {
-		if now == nil {
+		if c == nil {
 			o.errs = append(o.errs, invalid("WithClock", "nil", "a clock"))
 			return
 		}
-		o.now = now
+		o.now = c.Now
 	}
 }
 
@@ -408,7 +410,7 @@ func WithRetryAfter(d time.Duration) Option {
 func WithOnChange(f func(Snapshot)) Option { return func(o *options) { o.onChange = f } }
 
 // New returns a Controller. It returns an error wrapping
-// [ErrInvalidConfig], naming the option or field, when the configuration
+// [floodgate.ErrInvalidOption], naming the option or field, when the configuration
 // is invalid.
 func New(opts ...Option) (*Controller, error) {
 	o := options{now: time.Now}

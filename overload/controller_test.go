@@ -13,6 +13,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // testLaw starts at 4 slots, ends its start-up probe after one sample and
@@ -355,8 +357,8 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 
 func TestNewRejectsInvalidOptions(t *testing.T) {
 	for _, o := range []Option{WithMaxWait(-1), WithRetryAfter(-1), WithClock(nil), WithLaw(Law{Tolerance: 1})} {
-		if _, err := New(o); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New = %v, want ErrInvalidConfig", err)
+		if _, err := New(o); !errors.Is(err, floodgate.ErrInvalidOption) {
+			t.Errorf("New = %v, want ErrInvalidOption", err)
 		}
 	}
 }

@@ -1,18 +1,17 @@
 package overload
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
-// ErrInvalidConfig is wrapped by every configuration error; the message
-// names the offending field or option.
-var ErrInvalidConfig = errors.New("overload: invalid config")
-
+// invalid is every configuration error: it wraps [floodgate.ErrInvalidOption]
+// and names the offending field or option.
 func invalid(field string, v any, want string) error {
-	return fmt.Errorf("%w: %s = %v, want %s", ErrInvalidConfig, field, v, want)
+	return fmt.Errorf("%w: overload: %s = %v, want %s", floodgate.ErrInvalidOption, field, v, want)
 }
 
 // Law is the control law: how the concurrency limit follows the latency of

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 var t0 = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
@@ -255,8 +257,8 @@ func TestLawValidate(t *testing.T) {
 		{"GuardCPU", Law{GuardCPU: math.NaN()}},
 	} {
 		err := tc.l.Validate()
-		if !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", tc.l, err)
+		if !errors.Is(err, floodgate.ErrInvalidOption) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidOption", tc.l, err)
 			continue
 		}
 		if want := "Law." + tc.name; !strings.Contains(err.Error(), want) {
