@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // A Registry holds the Table in force and replaces it when the config
@@ -108,14 +110,15 @@ func WithOnReload(f func(path string, t *Table, err error)) Option {
 }
 
 // New returns a Registry holding the empty table (see [Registry]). It
-// returns an error for an invalid option.
+// returns an error wrapping [floodgate.ErrInvalidOption] for an invalid
+// option.
 func New(opts ...Option) (*Registry, error) {
 	o := options{interval: DefaultPollInterval, logger: slog.Default()}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.interval <= 0 {
-		return nil, errors.New("tenant: poll interval " + o.interval.String() + " must be > 0")
+		return nil, fmt.Errorf("%w: tenant: WithPollInterval = %v, want > 0", floodgate.ErrInvalidOption, o.interval)
 	}
 	r := &Registry{opts: o}
 	r.table.Store(emptyTable)

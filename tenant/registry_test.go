@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -546,5 +547,14 @@ tenants:
 	}
 	if st.LoadedAt.Before(before) || st.LoadedAt.After(time.Now()) {
 		t.Errorf("Stats().LoadedAt = %v, want the last load, after %v", st.LoadedAt, before)
+	}
+}
+
+func TestNewRejectsPollInterval(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		r, err := tenant.New(tenant.WithPollInterval(d))
+		if r != nil || !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), "WithPollInterval") {
+			t.Errorf("New(WithPollInterval(%v)) = %v, %v, want nil and ErrInvalidOption naming WithPollInterval", d, r, err)
+		}
 	}
 }
