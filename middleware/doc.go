@@ -29,11 +29,8 @@
 // methods do not drain each other; anonymous callers have the same buckets
 // per client address. An admitted call allocates one object: its context,
 // which carries the Decision. A rejected call allocates nothing: each
-// caller's route (its rule and bucket key, per method) is cached in a fixed
-// table, by tenant or, for anonymous callers, by the connection. (Under
-// grpc.Server's ServeHTTP, which names the peer afresh on every request,
-// and behind a trusted proxy, anonymous routes are built per call: two
-// small allocations.)
+// caller's bucket key, per rule, is kept in a bounded LRU cache, by tenant
+// or, for anonymous callers, by address prefix.
 //
 // # Identity and trust
 //

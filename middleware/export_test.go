@@ -5,10 +5,9 @@ import "context"
 // Subject returns the bucket subject the interceptor would use for a call
 // with context ctx: "t:<tenant>" or "a:<address>".
 func Subject(l *Limiter, ctx context.Context) string {
-	var buf [keyBufLen]byte
 	p, h := peerOf(ctx), incoming(ctx)
 	ten, found, _ := l.identify(ctx, p, h, l.tables.Table())
-	return string(l.appendSubject(buf[:0], ten, found, p, h))
+	return l.route(ten, found, p, h, methodOf(ctx)).subject
 }
 
 var (

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 
@@ -159,7 +160,7 @@ type Limiter struct {
 	o      options
 	rej    *rejecter
 	keys   *keyCache
-	routes *routeCache
+	routes *lru.Cache[routeKey, *route]
 	pen    *penalties
 	epoch  time.Time
 	c      counters
@@ -197,7 +198,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		tables: tables,
 		o:      o,
 		keys:   newKeyCache(),
-		routes: &routeCache{},
+		routes: newRouteCache(),
 		pen:    newPenalties(),
 		epoch:  o.now(),
 	}
@@ -243,16 +244,12 @@ func (l *Limiter) Exempt(fullMethod string) bool {
 	return false
 }
 
-// keyBufLen holds every bucket key: "a:", an IPv6 address of at most 39
-// bytes, ':' and an 8-byte rule ID, or "t:", a tenant ID of at most 64 bytes,
-// ':' and the rule ID.
-const keyBufLen = 80
-
 // verdict is a decision as the interceptors keep it: Decision is built
-// from it only when FromContext asks. The route holds the tenant, the
-// method and the rule.
+// from it only when FromContext asks. The route holds the tenant and the
+// rule.
 type verdict struct {
 	r       *route
+	method  string
 	allowed bool
 	dryRun  bool
 	// gated: the overload controller decides an allowed call next, and
@@ -363,21 +360,6 @@ func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten 
 	return table.Anonymous(), false, true, note
 }
 
-// appendSubject appends the bucket subject to buf: "t:<id>" for a known
-// tenant, "a:<address>" for anyone else.
-func (l *Limiter) appendSubject(buf []byte, ten *tenant.Tenant, found bool, p *peer.Peer, h header) []byte {
-	if found {
-		buf = append(buf, "t:"...)
-		return append(buf, ten.ID()...)
-	}
-	buf = append(buf, "a:"...)
-	a := l.aggregate(l.forwarded(addrOf(p), h))
-	if !a.IsValid() {
-		return append(buf, '-')
-	}
-	return a.AppendTo(buf)
-}
-
 // methodOf returns the method of a server call's context, for KeyFuncs.
 func methodOf(ctx context.Context) string {
 	m, _ := grpc.Method(ctx)
@@ -391,7 +373,7 @@ func (l *Limiter) decide(ctx context.Context, method string, v *verdict, gated b
 	h := incoming(ctx)
 	p := peerOf(ctx)
 	ten, found, note := l.identify(ctx, p, h, l.tables.Table())
-	*v = verdict{r: l.route(ten, found, p, h, method), dryRun: l.o.dryRun, gated: gated, note: note}
+	*v = verdict{r: l.route(ten, found, p, h, method), method: method, dryRun: l.o.dryRun, gated: gated, note: note}
 	return l.take(ctx, v)
 }
 
@@ -448,7 +430,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		l.c.dryRun.Add(1)
 	}
 	if obs := l.o.observer; obs != nil && !(v.allowed && v.gated) {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
+		e := Event{Method: v.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
 		if r.found {
 			e.Tenant = r.ten.ID()
 		}
@@ -458,13 +440,13 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 		return nil
 	}
 	if f := l.o.rejected; f != nil {
-		f(r.key[:r.subject])
+		f(r.subject)
 	}
 	// The tap handle acts only while the gate sheds, so only then is the
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
-		l.pen.note(r.key[:r.subject], l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
+		l.pen.note(r.subject, l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter, v.note)
 }

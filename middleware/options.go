@@ -325,9 +325,8 @@ func WithObserver(f func(Event)) Option { return func(o *options) { o.observer =
 // charged to, so a caller rotating made-up API keys is one subject, its
 // address; promfloodgate's Offenders.RecordSubject fits it. Dry-run
 // rejections, which run, are not passed. It runs on the request path (the
-// tap's under the transport's lock): keep it fast. The subject is valid
-// only during the call; copy it to keep it. A repeated call replaces the
-// function; nil removes it.
+// tap's under the transport's lock): keep it fast. A repeated call
+// replaces the function; nil removes it.
 func WithRejectedSubjects(f func(subject string)) Option {
 	return func(o *options) { o.rejected = f }
 }

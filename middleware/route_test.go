@@ -16,8 +16,7 @@ import (
 )
 
 // connCall makes call contexts that share one peer, as the calls of one
-// connection do in grpc-go: routes are cached by the connection's address
-// object, so these tests reuse it where call.context makes a new one.
+// connection do in grpc-go.
 type connCall struct {
 	p *peer.Peer
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"time"
-	"unsafe"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
@@ -81,7 +79,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 		l.c.admitted.Add(^uint64(0))
 	}
 	if obs := l.o.observer; obs != nil {
-		e := Event{Method: r.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.v.res.Source, Allowed: true}
+		e := Event{Method: dc.v.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.v.res.Source, Allowed: true}
 		if shed != nil {
 			e.Reason, e.Allowed = ReasonOverload, false
 		}
@@ -92,7 +90,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 	}
 	if shed != nil {
 		if f := l.o.rejected; f != nil {
-			f(r.key[:r.subject])
+			f(r.subject)
 		}
 		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.v.note)
 	}
@@ -151,7 +149,7 @@ func (s *stream) RecvMsg(m any) error {
 		ctx := s.dc.Context
 		h, p := incoming(ctx), peerOf(ctx)
 		ten, found, _ := s.l.identify(ctx, p, h, t)
-		s.r, s.table = s.l.route(ten, found, p, h, s.r.method), t
+		s.r, s.table = s.l.route(ten, found, p, h, s.dc.v.method), t
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
@@ -219,25 +217,25 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		return ctx, nil
 	}
 	now := l.sinceEpoch()
-	var buf [keyBufLen]byte
 	if !ok {
 		// An API key the cache does not hold: a tenant's first call, or a
 		// made-up key. Only if its address is under a retry delay is the
 		// key worth a SHA-256 here, to tell the tenant, judged by its own
 		// bucket, from a caller hiding behind a key that names no one.
-		if l.penalty(l.appendSubject(buf[:0], table.Anonymous(), false, p, h), now) <= 0 {
+		anon := l.route(table.Anonymous(), false, p, h, info.FullMethodName)
+		if l.pen.left(anon.subject, now) <= 0 {
 			return ctx, nil
 		}
 		key, _ := l.apiKey(h)
 		ten, found = l.keys.resolve(table, key)
 	}
-	subject := l.appendSubject(buf[:0], ten, found, p, h)
-	left := l.penalty(subject, now)
+	r := l.route(ten, found, p, h, info.FullMethodName)
+	left := l.pen.left(r.subject, now)
 	if left <= 0 {
 		return ctx, nil
 	}
 	if f := l.o.rejected; f != nil {
-		f(unsafe.String(unsafe.SliceData(subject), len(subject)))
+		f(r.subject)
 	}
 	l.c.tap.Add(1)
 	if l.o.observer != nil {
@@ -258,14 +256,12 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if !ok {
 		return ctx, nil // the interceptor will tell
 	}
-	var buf [keyBufLen]byte
-	subject := l.appendSubject(buf[:0], ten, found, p, h)
-	f := flowOf(ten, ten.Rule(info.FullMethodName), unsafe.String(unsafe.SliceData(subject), len(subject)))
-	if !c.Overloaded(f) {
+	r := l.route(ten, found, p, h, info.FullMethodName)
+	if !c.Overloaded(r.flow) {
 		return ctx, nil
 	}
-	if rf := l.o.rejected; rf != nil {
-		rf(f.Key)
+	if f := l.o.rejected; f != nil {
+		f(r.subject)
 	}
 	c.Shed()
 	l.c.tap.Add(1)
@@ -273,13 +269,6 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
 	return ctx, l.rej.tapError(c.RetryAfter(), note)
-}
-
-// penalty returns how much of the retry delay last given to subject is
-// left at now. The subject is hashed, not kept, so it may alias a stack
-// buffer.
-func (l *Limiter) penalty(subject []byte, now time.Duration) time.Duration {
-	return l.pen.left(unsafe.String(unsafe.SliceData(subject), len(subject)), now)
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
