@@ -79,6 +79,9 @@ func TestClassicScenarioThroughGate(t *testing.T) {
 		if got := g.State(); got != wantState {
 			t.Errorf("at %v: State() = %v, want %v", at, got, wantState)
 		}
+		if got, want := g.Shedding(), wantState == cpugate.Shedding; got != want {
+			t.Errorf("at %v: Shedding() = %v, want %v", at, got, want)
+		}
 	}
 }
 

@@ -178,6 +178,11 @@ func (g *Gate) State() State {
 	return State(g.state.Load())
 }
 
+// Shedding reports whether the gate is in the Shedding state: limits are
+// cut because the CPU is hot, or was less than a cooldown ago, rather than
+// climbing back. It is one atomic load.
+func (g *Gate) Shedding() bool { return g.State() == Shedding }
+
 // Apply returns lim scaled by the gate: lim.Scale(g.Scale()). An unlimited
 // limit stays unlimited, and a scaled limit keeps a burst of at least 1.
 func (g *Gate) Apply(lim floodgate.Limit) floodgate.Limit {

@@ -67,6 +67,9 @@ func TestNilGate(t *testing.T) {
 	if got := g.State(); got != cpugate.Open {
 		t.Errorf("nil Gate: State() = %v, want open", got)
 	}
+	if g.Shedding() {
+		t.Error("nil Gate: Shedding() = true, want false")
+	}
 	if got := g.Apply(lim); got != lim {
 		t.Errorf("nil Gate: Apply(%v) = %v, want it unchanged", lim, got)
 	}
