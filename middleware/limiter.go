@@ -33,6 +33,18 @@ type staticTables struct{ t *tenant.Table }
 
 func (s staticTables) Table() *tenant.Table { return s.t }
 
+// A Gate scales every limit down while the server is overloaded
+// (WithGate); *cpugate.Gate is one. Both methods are called on the request
+// path: they must be cheap and safe for concurrent use.
+type Gate interface {
+	// Scale returns the factor, in (0, 1], that every limit is multiplied
+	// by: 1 means full limits.
+	Scale() float64
+	// Shedding reports whether the gate is cutting limits now, rather than
+	// giving them back: only then does the tap handle turn callers away.
+	Shedding() bool
+}
+
 // Reason says why a decision went the way it did.
 type Reason uint8
 
@@ -392,7 +404,10 @@ func (l *Limiter) admit(ctx context.Context, method string, gated bool) (*decisi
 // in v.
 func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	r := v.r
-	scale := l.o.gate.Scale()
+	scale := 1.0
+	if l.o.gate != nil {
+		scale = l.o.gate.Scale()
+	}
 	lim := r.rule.Limit
 	if scale < 1 {
 		lim = lim.Scale(scale)

@@ -203,6 +203,8 @@ func TestPushbackNeverZero(t *testing.T) {
 	}
 }
 
+var _ middleware.Gate = (*cpugate.Gate)(nil)
+
 // scriptedGate returns a Fixed gate driven by explicit readings.
 func scriptedGate(t *testing.T) (*cpugate.Gate, func(cpu float64, at time.Time)) {
 	t.Helper()

@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/overload"
 )
 
@@ -69,7 +68,7 @@ func CommonName(leaf *x509.Certificate) (string, bool) {
 type Option func(*options)
 
 type options struct {
-	gate        *cpugate.Gate
+	gate        Gate
 	overload    *overload.Controller
 	trusted     []netip.Prefix
 	fwdHeader   uint8 // fwdBoth, fwdXFF or fwdRealIP
@@ -117,9 +116,9 @@ func (o *options) fail(msg string) { o.errs = append(o.errs, msg) }
 
 // WithGate scales every limit by g's scale, so that all tenants shed load
 // together while the CPU is saturated, and lets the tap handle reject early
-// while the gate sheds (WithTapFloor). A nil g, the default, scales nothing. A repeated call
-// replaces the gate.
-func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
+// while the gate sheds (WithTapFloor). A nil g, the default, scales
+// nothing. A repeated call replaces the gate.
+func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 
 // WithOverload puts an overload controller in front of the handlers of
 // unary calls: a call admitted by its tenant's quota then takes one of the

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate"
-	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/tenant"
 )
@@ -205,7 +204,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		return ctx, nil
 	}
 	g := l.o.gate
-	if g == nil || l.o.dryRun || g.State() != cpugate.Shedding || g.Scale() > l.o.tapFloor {
+	if g == nil || l.o.dryRun || !g.Shedding() || g.Scale() > l.o.tapFloor {
 		return ctx, nil
 	}
 	if l.Exempt(info.FullMethodName) {
