@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
 	"github.com/floodgate-go/floodgate"
 )
 
@@ -19,10 +21,9 @@ import (
 // and is spent within d of that, so over any window of length t all
 // instances admit at most burst + rate×(t+d).
 type leaseTable struct {
-	mu   sync.Mutex
-	d    int64 // ns
-	size int
-	m    map[string]*lease
+	mu sync.Mutex // guards m and its entries: a decision reads and updates its lease at once
+	d  int64      // ns
+	m  *simplelru.LRU[string, *lease]
 }
 
 type lease struct {
@@ -33,31 +34,31 @@ type lease struct {
 	remaining int   // the shared bucket's whole tokens when leased
 }
 
-func newLeaseTable(d time.Duration, size int) *leaseTable {
-	return &leaseTable{d: int64(d), size: size, m: make(map[string]*lease, size)}
+// newLeaseTable returns a table of keys ≥ 1 entries, which evicts the key
+// whose last decision is oldest: its lease is spent or expired, or the key
+// is the coldest.
+func newLeaseTable(d time.Duration, keys int) *leaseTable {
+	m, _ := simplelru.NewLRU[string, *lease](keys, nil) // fails only for keys ≤ 0
+	return &leaseTable{d: int64(d), m: m}
 }
 
 func (l *leaseTable) remove(key string) {
 	l.mu.Lock()
-	delete(l.m, key)
+	l.m.Remove(key)
 	l.mu.Unlock()
 }
 
-// entryLocked returns key's entry, adding one (and evicting another when
-// full) if there is none.
-func (l *leaseTable) entryLocked(key string, now int64) *lease {
-	if e := l.m[key]; e != nil {
-		return e
+// entryLocked returns key's entry, adding one if there is none.
+func (l *leaseTable) entryLocked(key string) *lease {
+	e, ok := l.m.Get(key)
+	if !ok {
+		e = &lease{seen: math.MinInt64 / 2}
+		l.m.Add(key, e)
 	}
-	if len(l.m) >= l.size {
-		evictSampled(l.m, func(e *lease) bool { return now-e.seen > l.d && now >= e.expires })
-	}
-	e := &lease{seen: math.MinInt64 / 2}
-	l.m[key] = e
 	return e
 }
 
-// size returns how many tokens beyond n to lease under lim.
+// extra returns how many tokens beyond n to lease under lim.
 func (l *leaseTable) extra(lim floodgate.Limit, n int) int {
 	x := lim.Rate * float64(l.d) / 1e9
 	if x > float64(lim.Burst-n) {
@@ -71,7 +72,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	l := s.leases
 	now := s.local()
 	l.mu.Lock()
-	e := l.entryLocked(key, now)
+	e := l.entryLocked(key)
 	if e.lim == lim && now < e.expires && e.tokens >= n {
 		e.tokens -= n
 		e.seen = now
@@ -101,7 +102,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		x := int(r.taken) - n
 		res.Remaining += x
 		l.mu.Lock()
-		e := l.entryLocked(key, now)
+		e := l.entryLocked(key)
 		e.lim, e.tokens, e.expires, e.remaining = lim, x, now+l.d, res.Remaining-x
 		l.mu.Unlock()
 	} else if s.cache != nil && !r.allowed {

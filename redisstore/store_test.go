@@ -396,6 +396,30 @@ func TestLeases(t *testing.T) {
 	}
 }
 
+// TestLeasesBounded: a store tracks at most its lease keys. Two keys that
+// take in turn are both hot, and lease, when two keys are tracked; with
+// one, each evicts the other and neither is ever seen twice.
+func TestLeasesBounded(t *testing.T) {
+	srv := sharedServer(t)
+	for _, tc := range []struct {
+		keys   int
+		leased bool
+	}{{2, true}, {1, false}} {
+		t.Run(fmt.Sprint(tc.keys), func(t *testing.T) {
+			s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(newFakeClock().Now),
+				redisstore.WithLeases(100*time.Millisecond, tc.keys))
+			for i := range 8 {
+				if res, err := s.TakeN(bg, fmt.Sprint("k", i%2), floodgate.PerSecond(100, 50), 1); err != nil || !res.Allowed {
+					t.Fatalf("TakeN = %+v, %v", res, err)
+				}
+			}
+			if got := s.Stats().Lease > 0; got != tc.leased {
+				t.Errorf("with %d lease keys and 2 hot keys, Stats().Lease = %d, want leases %v", tc.keys, s.Stats().Lease, tc.leased)
+			}
+		})
+	}
+}
+
 // TestLeaseBound checks the documented bound under concurrency from several
 // stores on real time: admitted ≤ burst + rate·(t + lease time).
 func TestLeaseBound(t *testing.T) {
