@@ -1,8 +1,9 @@
 package redisstore
 
 import (
-	"sync"
 	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/floodgate-go/floodgate"
 )
@@ -17,13 +18,16 @@ import (
 // above: a request that does not fit under the bound would be denied by
 // Redis too. A request that fits goes to Redis.
 //
-// Lookups share a read lock: under load most decisions are cached denials,
-// and with an exclusive lock they queued behind whichever of them the
-// scheduler had just descheduled.
+// The entries live in an LRU that only Redis's denials refresh. Lookups use
+// Peek, which shares the LRU's read lock: under load most decisions are
+// cached denials, and with an exclusive lock they queued behind whichever
+// of them the scheduler had just descheduled. An entry past its retry time
+// is ignored and left for eviction, which is always safe: the cache only
+// denies. (golang-lru's expirable LRU does not fit: it has one TTL for all
+// entries, reads the wall clock rather than the store's, and starts a
+// goroutine that never ends.)
 type denyCache struct {
-	mu   sync.RWMutex
-	size int
-	m    map[string]denyEntry
+	*lru.Cache[string, denyEntry]
 }
 
 type denyEntry struct {
@@ -40,23 +44,15 @@ const (
 	maxCached = time.Hour
 )
 
+// newDenyCache returns a cache of size ≥ 1 entries.
 func newDenyCache(size int) *denyCache {
-	return &denyCache{size: size, m: make(map[string]denyEntry, size)}
+	c, _ := lru.New[string, denyEntry](size) // fails only for size ≤ 0
+	return &denyCache{c}
 }
 
 func (c *denyCache) lookup(key string, lim floodgate.Limit, n int, now int64) (floodgate.Result, bool) {
-	c.mu.RLock()
-	e, ok := c.m[key]
-	c.mu.RUnlock()
-	if !ok {
-		return floodgate.Result{}, false
-	}
-	if e.lim != lim || now >= e.until {
-		c.mu.Lock()
-		if cur, ok := c.m[key]; ok && cur == e {
-			delete(c.m, key)
-		}
-		c.mu.Unlock()
+	e, ok := c.Peek(key)
+	if !ok || e.lim != lim || now >= e.until {
 		return floodgate.Result{}, false
 	}
 	burst := int64(lim.Burst) * 1e9
@@ -92,44 +88,5 @@ func (c *denyCache) insert(key string, lim floodgate.Limit, tokens int64, sent i
 	case retry > maxCached:
 		retry = maxCached
 	}
-	e := denyEntry{lim: lim, tokens: tokens, sent: sent, until: sent + int64(retry)}
-	c.mu.Lock()
-	if _, ok := c.m[key]; !ok && len(c.m) >= c.size {
-		c.evictLocked(sent)
-	}
-	c.m[key] = e
-	c.mu.Unlock()
-}
-
-// evictLocked drops an expired entry if one of the first few it sees is,
-// else an arbitrary one.
-func (c *denyCache) evictLocked(now int64) {
-	evictSampled(c.m, func(e denyEntry) bool { return now >= e.until })
-}
-
-// evictSampled deletes one entry of m: the first of up to eight that stale
-// reports, else the first seen. Map iteration starts at a random place, so
-// this is a random sample at constant cost, not a scan.
-func evictSampled[E any](m map[string]E, stale func(E) bool) {
-	i := 0
-	var victim string
-	for k, e := range m {
-		if stale(e) {
-			victim = k
-			break
-		}
-		if i == 0 {
-			victim = k
-		}
-		if i++; i == 8 {
-			break
-		}
-	}
-	delete(m, victim)
-}
-
-func (c *denyCache) remove(key string) {
-	c.mu.Lock()
-	delete(c.m, key)
-	c.mu.Unlock()
+	c.Add(key, denyEntry{lim: lim, tokens: tokens, sent: sent, until: sent + int64(retry)})
 }

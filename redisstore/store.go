@@ -597,7 +597,7 @@ func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n i
 		return nil
 	}
 	if s.cache != nil {
-		s.cache.remove(key)
+		s.cache.Remove(key)
 	}
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeRefund}
 	if _, err := s.call(ctx, &o); err != nil {
@@ -614,7 +614,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	if s.cache != nil {
-		s.cache.remove(key)
+		s.cache.Remove(key)
 	}
 	if s.leases != nil {
 		s.leases.remove(key)

@@ -356,14 +356,21 @@ func TestDenyCache(t *testing.T) {
 	if !res.Allowed || res.Source != floodgate.SourceRedis {
 		t.Fatalf("TakeN(1) with 1.1 tokens = %+v, want allowed by Redis", res)
 	}
-	// Bounded: more denied keys than the size still work.
+	// Bounded: of three more denied keys, the cache keeps the last two.
 	for _, k := range []string{"x", "y", "z"} {
 		s.TakeN(bg, k, lim, 5)
-		s.TakeN(bg, k, lim, 5)
+		s.TakeN(bg, k, lim, 5) // denied by Redis, cached
 	}
-	st := s.Stats()
-	if st.Cache != 1 {
-		t.Errorf("Stats().Cache = %d, want 1", st.Cache)
+	for _, tc := range []struct {
+		key  string
+		want floodgate.Source
+	}{{"z", floodgate.SourceCache}, {"x", floodgate.SourceRedis}} {
+		if res, _ := s.TakeN(bg, tc.key, lim, 5); res.Allowed || res.Source != tc.want {
+			t.Errorf("TakeN(%q) = %+v, want denied by %v", tc.key, res, tc.want)
+		}
+	}
+	if got, want := s.Stats().Cache, uint64(2); got != want {
+		t.Errorf("Stats().Cache = %d, want %d", got, want)
 	}
 }
 
