@@ -36,6 +36,9 @@ var allowed = map[string][]string{
 	// The overload controller is transport-neutral: the middleware feeds
 	// it gRPC's calls, and could feed it anyone's.
 	"overload": {module},
+	// Client-side throttling: a transport-neutral core and gRPC client
+	// interceptors; it knows nothing of the server side.
+	"throttle": {module, "google.golang.org/grpc", "google.golang.org/genproto/googleapis/rpc/errdetails"},
 }
 
 // TestDependencyDirection fails on an import edge the design forbids: gRPC
