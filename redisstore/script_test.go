@@ -185,7 +185,7 @@ func TestInfAndErrors(t *testing.T) {
 	if n, _ := c.Exists(bg, s.Key("k")).Result(); n != 0 {
 		t.Errorf("TakeN(Inf) wrote %s", s.Key("k"))
 	}
-	if _, err := s.TakeN(bg, "k", floodgate.PerSecond(1, 1), -1); err != redisstore.ErrNegativeN {
+	if _, err := s.TakeN(bg, "k", floodgate.PerSecond(1, 1), -1); !errors.Is(err, floodgate.ErrNegativeN) {
 		t.Errorf("TakeN(n=-1) error = %v, want ErrNegativeN", err)
 	}
 	_, err = s.TakeN(bg, "k", floodgate.PerSecond(math.NaN(), 1), 1)

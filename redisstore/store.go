@@ -13,9 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNegativeN is returned by takes and refunds of a negative count.
-var ErrNegativeN = errors.New("redisstore: n is negative")
-
 // MaxKeyLen is the longest key, in bytes, that the store accepts: a
 // bucket's Redis key is at most the prefix, the key (up to three times as
 // long once escaped), the name and four bytes. Subjects are meant to be
@@ -186,7 +183,7 @@ var monoBase = time.Now()
 
 func check(key string, lim floodgate.Limit, n int) error {
 	if n < 0 {
-		return ErrNegativeN
+		return floodgate.ErrNegativeN
 	}
 	if err := lim.Validate(); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
@@ -224,13 +221,13 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 //     and Source [floodgate.SourceRedis] (the store's normal source).
 //
 // When Redis cannot decide in time, the failure policy does. TakeN returns
-// an error, and makes no call, for a negative n ([ErrNegativeN]), an invalid
-// limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst], with a
-// Result refused with RetryAfter [floodgate.Never]; the zero Limit, which
-// admits nothing, refuses with that Result and no error) and a key longer than
-// [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error when ctx
-// ends before Redis answers, also when ctx's deadline, earlier than the
-// store's, cut the call short: such a call never goes to the failure
+// an error, and makes no call, for a negative n ([floodgate.ErrNegativeN]),
+// an invalid limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst],
+// with a Result refused with RetryAfter [floodgate.Never]; the zero Limit,
+// which admits nothing, refuses with that Result and no error) and a key
+// longer than [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error
+// when ctx ends before Redis answers, also when ctx's deadline, earlier than
+// the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	if err := check(key, lim, n); err != nil {

@@ -166,7 +166,7 @@ func TestPeekRefundReset(t *testing.T) {
 	if res, _ := s.Peek(bg, "k", lim); res.Remaining != 10 {
 		t.Fatalf("Peek after Reset = %+v, want full", res)
 	}
-	if err := s.Refund(bg, "k", lim, -1); err != redisstore.ErrNegativeN {
+	if err := s.Refund(bg, "k", lim, -1); !errors.Is(err, floodgate.ErrNegativeN) {
 		t.Errorf("Refund(-1) = %v, want ErrNegativeN", err)
 	}
 }
