@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -223,35 +222,36 @@ func WithObserver(obs Observer) Option { return func(o *options) { o.observer = 
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 func (o *options) validate() error {
-	for _, f := range []struct{ field, v string }{{"prefix", o.prefix}, {"name", o.name}} {
-		if f.v == "" {
-			return fmt.Errorf("redisstore: %s is empty", f.field)
-		}
-		if strings.ContainsAny(f.v, "{}") {
-			return fmt.Errorf("redisstore: %s %q contains '{' or '}'", f.field, f.v)
+	for _, f := range []struct{ option, v string }{{"WithPrefix", o.prefix}, {"WithName", o.name}} {
+		if f.v == "" || strings.ContainsAny(f.v, "{}") {
+			return invalid("%s(%q): empty or holds '{' or '}'", f.option, f.v)
 		}
 	}
 	switch {
 	case o.deadline <= 0:
-		return fmt.Errorf("redisstore: deadline %v is not positive", o.deadline)
+		return invalid("WithDeadline(%v): not positive", o.deadline)
 	case o.policy > Closed:
-		return fmt.Errorf("redisstore: unknown failure policy %d", o.policy)
+		return invalid("WithFailurePolicy(%d): unknown policy", o.policy)
 	case math.IsNaN(o.divisor) || math.IsInf(o.divisor, 0) || o.divisor < 1:
-		return fmt.Errorf("redisstore: local divisor %v is not a finite number ≥ 1", o.divisor)
+		return invalid("WithLocalDivisor(%v): not a finite number ≥ 1", o.divisor)
 	case o.failures < 1:
-		return fmt.Errorf("redisstore: breaker failures %d is below 1", o.failures)
+		return invalid("WithBreaker(%d, %v): failures below 1", o.failures, o.cooldown)
 	case o.cooldown <= 0:
-		return fmt.Errorf("redisstore: breaker cooldown %v is not positive", o.cooldown)
+		return invalid("WithBreaker(%d, %v): cooldown not positive", o.failures, o.cooldown)
 	case o.batch < 0:
-		return fmt.Errorf("redisstore: batch size %d is negative", o.batch)
+		return invalid("WithBatching(%d): negative", o.batch)
 	case o.cacheSize < 0:
-		return fmt.Errorf("redisstore: deny cache size %d is negative", o.cacheSize)
+		return invalid("WithDenyCache(%d): negative", o.cacheSize)
 	case o.leaseTime < 0:
-		return fmt.Errorf("redisstore: lease time %v is negative", o.leaseTime)
+		return invalid("WithLeases(%v, %d): negative lease time", o.leaseTime, o.leaseKeys)
 	case o.leaseTime > 0 && o.leaseKeys < 1:
-		return fmt.Errorf("redisstore: lease keys %d is below 1", o.leaseKeys)
+		return invalid("WithLeases(%v, %d): keys below 1", o.leaseTime, o.leaseKeys)
 	}
 	return nil
 }
 
-var errNilClient = errors.New("redisstore: client is nil")
+// invalid returns a configuration error of New: it names what was refused
+// and wraps [floodgate.ErrInvalidOption].
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("redisstore: %s: %w", fmt.Sprintf(format, args...), floodgate.ErrInvalidOption)
+}

@@ -81,7 +81,9 @@ type Store struct {
 var _ floodgate.Store = (*Store)(nil)
 
 // New returns a Store deciding on client, a *redis.Client, *redis.ClusterClient
-// or *redis.Ring (anything that runs scripts and pipelines).
+// or *redis.Ring (anything that runs scripts and pipelines). A nil client
+// or an invalid option is an error wrapping [floodgate.ErrInvalidOption]
+// that names the option and the value refused.
 //
 // Every call carries a context bounded by the store's deadline. go-redis
 // honours that deadline only when the client was made with
@@ -92,7 +94,7 @@ var _ floodgate.Store = (*Store)(nil)
 // at the deadline, which costs a goroutine per decision.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
-		return nil, errNilClient
+		return nil, invalid("nil client")
 	}
 	o := defaults()
 	for _, opt := range opts {

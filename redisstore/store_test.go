@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,29 +23,31 @@ func TestNewValidates(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opt  redisstore.Option
-		want string
+		want string // the option named
 	}{
-		{"empty prefix", redisstore.WithPrefix(""), "prefix"},
-		{"brace in prefix", redisstore.WithPrefix("a{b"), "prefix"},
-		{"brace in name", redisstore.WithName("x}"), "name"},
-		{"zero deadline", redisstore.WithDeadline(0), "deadline"},
-		{"policy", redisstore.WithFailurePolicy(9), "policy"},
-		{"divisor", redisstore.WithLocalDivisor(0.5), "divisor"},
-		{"breaker failures", redisstore.WithBreaker(0, time.Second), "failures"},
-		{"breaker cooldown", redisstore.WithBreaker(3, 0), "cooldown"},
-		{"batch", redisstore.WithBatching(-1), "batch"},
-		{"cache", redisstore.WithDenyCache(-1), "cache"},
-		{"lease keys", redisstore.WithLeases(time.Second, 0), "lease"},
+		{"empty prefix", redisstore.WithPrefix(""), "WithPrefix"},
+		{"brace in prefix", redisstore.WithPrefix("a{b"), "WithPrefix"},
+		{"brace in name", redisstore.WithName("x}"), "WithName"},
+		{"zero deadline", redisstore.WithDeadline(0), "WithDeadline"},
+		{"policy", redisstore.WithFailurePolicy(9), "WithFailurePolicy"},
+		{"divisor", redisstore.WithLocalDivisor(0.5), "WithLocalDivisor"},
+		{"NaN divisor", redisstore.WithLocalDivisor(math.NaN()), "WithLocalDivisor"},
+		{"breaker failures", redisstore.WithBreaker(0, time.Second), "WithBreaker"},
+		{"breaker cooldown", redisstore.WithBreaker(3, 0), "WithBreaker"},
+		{"batch", redisstore.WithBatching(-1), "WithBatching"},
+		{"cache", redisstore.WithDenyCache(-1), "WithDenyCache"},
+		{"lease time", redisstore.WithLeases(-time.Second, 10), "WithLeases"},
+		{"lease keys", redisstore.WithLeases(time.Second, 0), "WithLeases"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := redisstore.New(c, tc.opt)
-			if err == nil || !strings.HasPrefix(err.Error(), "redisstore: ") || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("New(%s) error = %v, want a redisstore error naming %q", tc.name, err, tc.want)
+			if !errors.Is(err, floodgate.ErrInvalidOption) || !strings.HasPrefix(err.Error(), "redisstore: "+tc.want+"(") {
+				t.Errorf("New(%s) error = %v, want ErrInvalidOption naming %s", tc.name, err, tc.want)
 			}
 		})
 	}
-	if _, err := redisstore.New(nil); err == nil {
-		t.Error("New(nil) succeeded")
+	if _, err := redisstore.New(nil); !errors.Is(err, floodgate.ErrInvalidOption) {
+		t.Errorf("New(nil) error = %v, want ErrInvalidOption", err)
 	}
 	if _, err := redisstore.New(c); err != nil {
 		t.Errorf("New() with defaults: %v", err)
