@@ -132,7 +132,7 @@ func Start(cfg Config) (*Harness, error) {
 	}
 	h.store = store
 	mopts := []middleware.Option{
-		middleware.WithClock(h.clock.Now),
+		middleware.WithClock(h.clock),
 		middleware.WithTrustedProxies(netip.MustParsePrefix("127.0.0.1/32")),
 	}
 	if cfg.Policy != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,14 +25,15 @@ var (
 	ErrUpstreamStore = status.Error(codes.Unavailable, "middleware: upstream rate limiter unavailable")
 )
 
-// A ClientOption configures the client interceptors.
+// A ClientOption configures the client interceptors. Options only record
+// their arguments; UnaryClientInterceptor and StreamClientInterceptor
+// validate them.
 type ClientOption func(*clientOptions)
 
 type clientOptions struct {
 	key      func(ctx context.Context, method string) string
 	cost     int
 	failFast bool
-	errs     []string
 }
 
 // WithUpstreamKey makes every call share the bucket key, such as
@@ -54,12 +54,7 @@ func WithUpstreamKeyFunc(f func(ctx context.Context, method string) string) Clie
 // WithUpstreamCost sets the tokens each call takes, ≥ 1; the default is 1.
 // A repeated call replaces it.
 func WithUpstreamCost(n int) ClientOption {
-	return func(o *clientOptions) {
-		if n < 1 {
-			o.errs = append(o.errs, "WithUpstreamCost: must be ≥ 1")
-		}
-		o.cost = n
-	}
+	return func(o *clientOptions) { o.cost = n }
 }
 
 // WithFailFast sets whether a call that finds the bucket empty fails at
@@ -81,13 +76,13 @@ func newUpstream(store floodgate.Store, lim floodgate.Limit, opts []ClientOption
 		}
 	}
 	if store == nil {
-		o.errs = append(o.errs, "nil store")
+		return nil, fmt.Errorf("%w: middleware: nil upstream store", floodgate.ErrInvalidOption)
 	}
 	if err := lim.Validate(); err != nil {
-		o.errs = append(o.errs, "invalid limit")
+		return nil, fmt.Errorf("%w: middleware: upstream limit: %v", floodgate.ErrInvalidOption, err)
 	}
-	if len(o.errs) > 0 {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidOption, strings.Join(o.errs, "; "))
+	if o.cost < 1 {
+		return nil, fmt.Errorf("%w: middleware: WithUpstreamCost(%d): want at least 1", floodgate.ErrInvalidOption, o.cost)
 	}
 	return &upstream{store: store, lim: lim, o: o}, nil
 }
@@ -148,8 +143,8 @@ func (u *upstream) acquire(ctx context.Context, method string) error {
 // from store under lim before each call to a rate-limited upstream: it waits
 // for them, bounded by the call's context, or with WithFailFast fails at
 // once. A call that cannot get its tokens is not sent. It returns an error
-// wrapping ErrInvalidOption for a nil store, an invalid limit or an invalid
-// option.
+// wrapping floodgate.ErrInvalidOption for a nil store, an invalid limit or
+// an invalid option.
 //
 // With a store shared by many processes (redisstore), all of them together
 // stay within lim.

@@ -49,15 +49,15 @@ func okInvoker(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ..
 // ErrInvalidOption, as documented, so that errors.Is finds it.
 func TestInvalidOptionsWrapErrInvalidOption(t *testing.T) {
 	_, err := middleware.UnaryClientInterceptor(nil, floodgate.PerSecond(1, 1))
-	if err == nil || !errors.Is(err, middleware.ErrInvalidOption) {
+	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
 		t.Errorf("UnaryClientInterceptor(nil store) = %v; errors.Is(ErrInvalidOption) = false", err)
 	}
 	_, err = middleware.StreamClientInterceptor(refusing(0), floodgate.PerSecond(1, 1), middleware.WithUpstreamCost(0))
-	if err == nil || !errors.Is(err, middleware.ErrInvalidOption) {
+	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
 		t.Errorf("StreamClientInterceptor(cost 0) = %v; errors.Is(ErrInvalidOption) = false", err)
 	}
 	_, err = middleware.New(nil, nil)
-	if err == nil || !errors.Is(err, middleware.ErrInvalidOption) {
+	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
 		t.Errorf("New(nil, nil) = %v; errors.Is(ErrInvalidOption) = false", err)
 	}
 }

@@ -11,11 +11,12 @@ func Subject(l *Limiter, ctx context.Context) string {
 }
 
 var (
-	WalkForwarded = walkForwarded
-	ParseHop      = parseHop
-	Bearer        = bearer
-	GridIndex     = gridIndex
-	GridSize      = gridSize
+	WalkForwarded    = walkForwarded
+	ParseHop         = parseHop
+	Bearer           = bearer
+	GridIndex        = gridIndex
+	GridSize         = gridSize
+	MaxPushbackLimit = maxPushbackLimit
 )
 
 // DirectMetadata reports whether the middleware reads grpc-go's incoming

@@ -91,7 +91,7 @@ func newFixture(t testing.TB, opts ...middleware.Option) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := middleware.New(store, middleware.Static(testTable(t)), append([]middleware.Option{middleware.WithClock(c.Now)}, opts...)...)
+	l, err := middleware.New(store, middleware.Static(testTable(t)), append([]middleware.Option{middleware.WithClock(c)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

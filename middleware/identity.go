@@ -141,12 +141,12 @@ func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {
 	if !a.IsValid() || !l.isTrusted(a) {
 		return a
 	}
-	if l.o.fwdHeader != fwdRealIP {
+	if l.o.fwdHeader != "x-real-ip" {
 		if xff := h.get("x-forwarded-for"); len(xff) > 0 {
 			return walkForwarded(a, xff, l.isTrusted)
 		}
 	}
-	if l.o.fwdHeader != fwdXFF {
+	if l.o.fwdHeader != "x-forwarded-for" {
 		// The last line: a proxy that adds a line rather than replacing
 		// the client's adds it last.
 		if rip := h.get("x-real-ip"); len(rip) > 0 {

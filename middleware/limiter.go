@@ -183,27 +183,27 @@ type Limiter struct {
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.
-// It returns an error wrapping ErrInvalidOption when store or tables is nil,
-// when tables supplies no table, or when an option is invalid.
+// It returns an error wrapping floodgate.ErrInvalidOption when store or
+// tables is nil, when tables supplies no table, or when an option is
+// invalid; the message names the option.
 func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error) {
+	switch {
+	case store == nil:
+		return nil, fmt.Errorf("%w: middleware: New: nil store", floodgate.ErrInvalidOption)
+	case tables == nil, reflect.ValueOf(tables).Kind() == reflect.Pointer && reflect.ValueOf(tables).IsNil():
+		// A typed nil, such as a nil *tenant.Registry, is nil too.
+		return nil, fmt.Errorf("%w: middleware: New: nil tables", floodgate.ErrInvalidOption)
+	case tables.Table() == nil:
+		return nil, fmt.Errorf("%w: middleware: New: the tables supply no table", floodgate.ErrInvalidOption)
+	}
 	o := defaults()
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
 		}
 	}
-	if store == nil {
-		o.fail("New: nil store")
-	}
-	if tables == nil {
-		o.fail("New: nil tables")
-	} else if v := reflect.ValueOf(tables); v.Kind() == reflect.Pointer && v.IsNil() {
-		o.fail("New: nil tables") // a typed nil, such as a nil *tenant.Registry
-	} else if tables.Table() == nil {
-		o.fail("New: tables supply no table")
-	}
-	if len(o.errs) > 0 {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidOption, strings.Join(o.errs, "; "))
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
 	l := &Limiter{
 		store:  store,
@@ -212,7 +212,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		keys:   newKeyCache(),
 		routes: newRouteCache(),
 		pen:    newPenalties(),
-		epoch:  o.now(),
+		epoch:  o.clock.Now(),
 	}
 	l.rej = newRejecter(&l.o)
 	for _, p := range o.exempt {
@@ -467,11 +467,4 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 }
 
 // sinceEpoch returns the Limiter clock's time since the Limiter was made.
-// With the default clock it reads only the monotonic clock, about half the
-// cost of time.Now.
-func (l *Limiter) sinceEpoch() time.Duration {
-	if l.o.clockSet {
-		return l.o.now().Sub(l.epoch)
-	}
-	return time.Since(l.epoch)
-}
+func (l *Limiter) sinceEpoch() time.Duration { return l.o.clock.Now().Sub(l.epoch) }

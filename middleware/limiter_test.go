@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -188,7 +189,7 @@ func TestPushbackNeverZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFixture(t)
-	l, err := middleware.New(f.store, middleware.Static(tbl), middleware.WithClock(f.clock.Now))
+	l, err := middleware.New(f.store, middleware.Static(tbl), middleware.WithClock(f.clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,25 +381,27 @@ func TestNewValidates(t *testing.T) {
 		store  floodgate.Store
 		tables middleware.Tables
 		opts   []middleware.Option
+		want   string // in the message
 	}{
-		{name: "nil store", tables: tables},
-		{name: "nil tables", store: store},
-		{name: "no table", store: store, tables: middleware.Static(nil)},
-		{name: "v4 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(0, 64)}},
-		{name: "client address header", store: store, tables: tables, opts: []middleware.Option{middleware.WithClientAddressHeader("forwarded")}},
-		{name: "v6 bits", store: store, tables: tables, opts: []middleware.Option{middleware.WithAddressBits(32, 129)}},
-		{name: "OK code", store: store, tables: tables, opts: []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}},
-		{name: "pushback cap", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}},
-		{name: "pushback cap below the grid", store: store, tables: tables, opts: []middleware.Option{middleware.WithMaxPushback(500 * time.Microsecond)}},
-		{name: "domain", store: store, tables: tables, opts: []middleware.Option{middleware.WithDomain("")}},
-		{name: "tap floor", store: store, tables: tables, opts: []middleware.Option{middleware.WithTapFloor(0)}},
-		{name: "header case", store: store, tables: tables, opts: []middleware.Option{middleware.WithAPIKeyHeaders("X-Api-Key")}},
-		{name: "exemption", store: store, tables: tables, opts: []middleware.Option{middleware.WithExemptions("grpc.health")}},
+		{name: "nil store", tables: tables, want: "nil store"},
+		{name: "nil tables", store: store, want: "nil tables"},
+		{name: "no table", store: store, tables: middleware.Static(nil), want: "no table"},
+		{"v4 bits", store, tables, []middleware.Option{middleware.WithAddressBits(0, 64)}, "WithAddressBits"},
+		{"client address header", store, tables, []middleware.Option{middleware.WithClientAddressHeader("forwarded")}, "WithClientAddressHeader"},
+		{"v6 bits", store, tables, []middleware.Option{middleware.WithAddressBits(32, 129)}, "WithAddressBits"},
+		{"OK code", store, tables, []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}, "WithCodes"},
+		{"pushback cap", store, tables, []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}, "WithMaxPushback"},
+		{"pushback cap below the grid", store, tables, []middleware.Option{middleware.WithMaxPushback(500 * time.Microsecond)}, "WithMaxPushback"},
+		{"domain", store, tables, []middleware.Option{middleware.WithDomain("")}, "WithDomain"},
+		{"tap floor", store, tables, []middleware.Option{middleware.WithTapFloor(0)}, "WithTapFloor"},
+		{"header case", store, tables, []middleware.Option{middleware.WithAPIKeyHeaders("X-Api-Key")}, "WithAPIKeyHeaders"},
+		{"exemption", store, tables, []middleware.Option{middleware.WithExemptions("grpc.health")}, "WithExemptions"},
+		{"trusted proxy", store, tables, []middleware.Option{middleware.WithTrustedProxies(netip.Prefix{})}, "WithTrustedProxies"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, err := middleware.New(tc.store, tc.tables, tc.opts...)
-			if l != nil || err == nil || !errors.Is(err, middleware.ErrInvalidOption) && err.Error()[:len(middleware.ErrInvalidOption.Error())] != middleware.ErrInvalidOption.Error() {
-				t.Errorf("New() = %v, %v; want an invalid-option error", l, err)
+			if l != nil || !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New() = %v, %v; want an invalid-option error naming %s", l, err, tc.want)
 			}
 		})
 	}
@@ -514,7 +517,7 @@ func TestStreamFollowsReload(t *testing.T) {
 			reg.Set(mk(1000, 1000, key))
 			f := newFixture(t)
 			var last middleware.Event
-			l, err := middleware.New(f.store, reg, middleware.WithPerMessage(true), middleware.WithClock(f.clock.Now),
+			l, err := middleware.New(f.store, reg, middleware.WithPerMessage(true), middleware.WithClock(f.clock),
 				middleware.WithObserver(func(e middleware.Event) { last = e }))
 			if err != nil {
 				t.Fatal(err)

@@ -3,7 +3,6 @@ package middleware
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -11,12 +10,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/overload"
 )
-
-// ErrInvalidOption is wrapped by every configuration error of New and of the
-// client interceptors; the message names the option.
-var ErrInvalidOption = errors.New("middleware: invalid option")
 
 // Defaults of the options.
 const (
@@ -30,9 +26,10 @@ const (
 	DefaultMaxPushback = 30 * time.Second
 	// DefaultDomain is the ErrorInfo domain of rejections.
 	DefaultDomain = "floodgate.dev"
-	// MaxPushbackLimit is the largest WithMaxPushback accepts.
-	MaxPushbackLimit = time.Hour
 )
+
+// maxPushbackLimit is the largest WithMaxPushback accepts.
+const maxPushbackLimit = time.Hour
 
 // DefaultExemptions returns the method prefixes exempt from limiting unless
 // WithExemptions says otherwise: gRPC health checks, server reflection (both
@@ -64,14 +61,15 @@ func CommonName(leaf *x509.Certificate) (string, bool) {
 	return cn, cn != ""
 }
 
-// An Option configures a Limiter.
+// An Option configures a Limiter. Options only record their arguments; New
+// validates them.
 type Option func(*options)
 
 type options struct {
 	gate        Gate
 	overload    *overload.Controller
 	trusted     []netip.Prefix
-	fwdHeader   uint8 // fwdBoth, fwdXFF or fwdRealIP
+	fwdHeader   string // "" for both, else the one header read
 	v4Bits      int
 	v6Bits      int
 	keyHeaders  []string
@@ -90,9 +88,7 @@ type options struct {
 	perMessage  bool
 	tapFloor    float64
 	failClosed  bool
-	now         func() time.Time
-	clockSet    bool
-	errs        []string
+	clock       floodgate.Clock
 }
 
 func defaults() options {
@@ -108,11 +104,53 @@ func defaults() options {
 		domain:      DefaultDomain,
 		exempt:      DefaultExemptions(),
 		tapFloor:    1,
-		now:         time.Now,
+		clock:       floodgate.ClockFunc(time.Now),
 	}
 }
 
-func (o *options) fail(msg string) { o.errs = append(o.errs, msg) }
+// validate checks the options New was given and normalizes the trusted
+// prefixes and the pushback cap. The error names the first invalid option.
+func (o *options) validate() error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: middleware: "+format, append([]any{floodgate.ErrInvalidOption}, args...)...)
+	}
+	for i, p := range o.trusted {
+		if !p.IsValid() {
+			return invalid("WithTrustedProxies: invalid prefix %v", p)
+		}
+		o.trusted[i] = p.Masked()
+	}
+	if o.fwdHeader != "" && o.fwdHeader != "x-forwarded-for" && o.fwdHeader != "x-real-ip" {
+		return invalid("WithClientAddressHeader(%q): neither x-forwarded-for nor x-real-ip", o.fwdHeader)
+	}
+	if o.v4Bits < 1 || o.v4Bits > 32 || o.v6Bits < 1 || o.v6Bits > 128 {
+		return invalid("WithAddressBits(%d, %d): want v4 in [1, 32] and v6 in [1, 128]", o.v4Bits, o.v6Bits)
+	}
+	for _, n := range o.keyHeaders {
+		if n == "" || n != strings.ToLower(n) || strings.HasSuffix(n, "-bin") || strings.HasPrefix(n, "grpc-") {
+			return invalid("WithAPIKeyHeaders(%q): want a lower-case name, not binary and not reserved", n)
+		}
+	}
+	if o.quotaCode == codes.OK || o.overCode == codes.OK || o.quotaCode > codes.Unauthenticated || o.overCode > codes.Unauthenticated {
+		return invalid("WithCodes(%v, %v): want valid codes other than OK", o.quotaCode, o.overCode)
+	}
+	if o.maxPushback < time.Millisecond || o.maxPushback > maxPushbackLimit {
+		return invalid("WithMaxPushback(%v): want [1ms, 1h]", o.maxPushback)
+	}
+	o.maxPushback = gridFloor(o.maxPushback)
+	if o.domain == "" {
+		return invalid("WithDomain: empty domain")
+	}
+	for _, p := range o.exempt {
+		if !strings.HasPrefix(p, "/") {
+			return invalid("WithExemptions(%q): want a prefix starting with '/'", p)
+		}
+	}
+	if !(o.tapFloor > 0 && o.tapFloor <= 1) {
+		return invalid("WithTapFloor(%v): want (0, 1]", o.tapFloor)
+	}
+	return nil
+}
 
 // WithGate scales every limit by g's scale, so that all tenants shed load
 // together while the CPU is saturated, and lets the tap handle reject early
@@ -147,23 +185,8 @@ func WithOverload(c *overload.Controller) Option { return func(o *options) { o.o
 // when the proxy sets only one of them. Repeated calls add to the list; the
 // default is empty: headers are never believed.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
-	return func(o *options) {
-		for _, p := range prefixes {
-			if !p.IsValid() {
-				o.fail("WithTrustedProxies: invalid prefix")
-				continue
-			}
-			o.trusted = append(o.trusted, p.Masked())
-		}
-	}
+	return func(o *options) { o.trusted = append(o.trusted, prefixes...) }
 }
-
-// Which forwarding headers a trusted proxy's calls are read by.
-const (
-	fwdBoth   = iota // x-forwarded-for, else x-real-ip
-	fwdXFF           // x-forwarded-for only
-	fwdRealIP        // x-real-ip only
-)
 
 // WithClientAddressHeader names the one header in which the trusted proxies
 // (WithTrustedProxies) pass on the client's address: "x-forwarded-for"
@@ -176,16 +199,7 @@ const (
 // each client names its own address, and picks its own bucket. A repeated
 // call replaces the header.
 func WithClientAddressHeader(name string) Option {
-	return func(o *options) {
-		switch strings.ToLower(name) {
-		case "x-forwarded-for":
-			o.fwdHeader = fwdXFF
-		case "x-real-ip":
-			o.fwdHeader = fwdRealIP
-		default:
-			o.fail(fmt.Sprintf("WithClientAddressHeader: %q is neither x-forwarded-for nor x-real-ip", name))
-		}
-	}
+	return func(o *options) { o.fwdHeader = strings.ToLower(name) }
 }
 
 // WithAddressBits sets how anonymous callers' addresses are aggregated:
@@ -193,15 +207,7 @@ func WithClientAddressHeader(name string) Option {
 // caller by its first v6 bits (1–128, default 64). A repeated call replaces
 // both values.
 func WithAddressBits(v4, v6 int) Option {
-	return func(o *options) {
-		if v4 < 1 || v4 > 32 {
-			o.fail("WithAddressBits: v4 must be in [1, 32]")
-		}
-		if v6 < 1 || v6 > 128 {
-			o.fail("WithAddressBits: v6 must be in [1, 128]")
-		}
-		o.v4Bits, o.v6Bits = v4, v6
-	}
+	return func(o *options) { o.v4Bits, o.v6Bits = v4, v6 }
 }
 
 // WithAPIKeyHeaders sets the metadata keys an API key is read from, in
@@ -214,14 +220,7 @@ func WithAddressBits(v4, v6 int) Option {
 // bearer tokens that are not floodgate API keys (OAuth access tokens, say),
 // leave "authorization" out.
 func WithAPIKeyHeaders(names ...string) Option {
-	return func(o *options) {
-		for _, n := range names {
-			if n == "" || n != strings.ToLower(n) || strings.HasSuffix(n, "-bin") || strings.HasPrefix(n, "grpc-") {
-				o.fail("WithAPIKeyHeaders: names must be non-empty, lower-case, not binary and not reserved")
-			}
-		}
-		o.keyHeaders = append([]string(nil), names...)
-	}
+	return func(o *options) { o.keyHeaders = append([]string(nil), names...) }
 }
 
 // WithTLSIdentity sets how a verified client certificate names its tenant.
@@ -241,12 +240,7 @@ func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
 // gate sheds load, a failed store under WithFailClosed, or the tap handle
 // (default UNAVAILABLE). Neither may be OK. A repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
-	return func(o *options) {
-		if quota == codes.OK || overload == codes.OK || quota > codes.Unauthenticated || overload > codes.Unauthenticated {
-			o.fail("WithCodes: codes must be valid and not OK")
-		}
-		o.quotaCode, o.overCode = quota, overload
-	}
+	return func(o *options) { o.quotaCode, o.overCode = quota, overload }
 }
 
 // WithDetails sets whether rejections carry status details (ErrorInfo,
@@ -264,23 +258,13 @@ func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 // rounded down to it, so that no wait within the cap asks for more. The
 // default is DefaultMaxPushback. A repeated call replaces the cap.
 func WithMaxPushback(d time.Duration) Option {
-	return func(o *options) {
-		if d < time.Millisecond || d > MaxPushbackLimit {
-			o.fail("WithMaxPushback: must be in [1ms, 1h]")
-		}
-		o.maxPushback = gridFloor(d)
-	}
+	return func(o *options) { o.maxPushback = d }
 }
 
 // WithDomain sets the ErrorInfo domain of rejections, typically the
 // service's name. It must not be empty. A repeated call replaces it.
 func WithDomain(domain string) Option {
-	return func(o *options) {
-		if domain == "" {
-			o.fail("WithDomain: must not be empty")
-		}
-		o.domain = domain
-	}
+	return func(o *options) { o.domain = domain }
 }
 
 // WithRateLimitHeaders sets whether accepted unary calls and streams carry
@@ -301,14 +285,7 @@ func WithDryRun(on bool) Option { return func(o *options) { o.dryRun = on } }
 // tokens and carry no decision. A repeated call replaces the list, so pass
 // DefaultExemptions() along to keep the defaults.
 func WithExemptions(prefixes ...string) Option {
-	return func(o *options) {
-		for _, p := range prefixes {
-			if !strings.HasPrefix(p, "/") {
-				o.fail("WithExemptions: prefixes must start with '/'")
-			}
-		}
-		o.exempt = append([]string(nil), prefixes...)
-	}
+	return func(o *options) { o.exempt = append([]string(nil), prefixes...) }
 }
 
 // WithObserver sets a function called once per decision, on the request
@@ -349,12 +326,7 @@ func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = o
 // far, for callers that ignore pushback but honour the interceptor's
 // details. A repeated call replaces it.
 func WithTapFloor(f float64) Option {
-	return func(o *options) {
-		if !(f > 0 && f <= 1) {
-			o.fail("WithTapFloor: must be in (0, 1]")
-		}
-		o.tapFloor = f
-	}
+	return func(o *options) { o.tapFloor = f }
 }
 
 // WithFailClosed sets what happens when the store cannot decide (a Redis
@@ -367,13 +339,12 @@ func WithFailClosed(on bool) Option { return func(o *options) { o.failClosed = o
 // the tap handle remembers. It changes neither the store's clock (give the
 // store the same clock in simulations) nor the deadline check, which
 // compares with the real deadline of the call. nil restores the default,
-// the monotonic clock. For tests and simulations; a repeated call replaces
-// it.
-func WithClock(now func() time.Time) Option {
+// time.Now. For tests and simulations; a repeated call replaces it.
+func WithClock(c floodgate.Clock) Option {
 	return func(o *options) {
-		o.now, o.clockSet = now, now != nil
-		if now == nil {
-			o.now = time.Now
+		o.clock = c
+		if c == nil {
+			o.clock = floodgate.ClockFunc(time.Now)
 		}
 	}
 }

@@ -69,12 +69,12 @@ const (
 
 // Retry delays are rounded up onto a fixed grid, so that each rejection
 // status with its details is built once and then shared: milliseconds up
-// to 1 s, 10 ms up to 10 s, seconds up to MaxPushbackLimit. Rounding up
+// to 1 s, 10 ms up to 10 s, seconds up to maxPushbackLimit. Rounding up
 // never asks a client to come back before its tokens have.
 const (
 	gridFine   = 1000
 	gridMedium = gridFine + (10_000-1_000)/10
-	gridSize   = gridMedium + int((MaxPushbackLimit-10*time.Second)/time.Second)
+	gridSize   = gridMedium + int((maxPushbackLimit-10*time.Second)/time.Second)
 )
 
 // gridFloor rounds d down to the grid, or returns it when it is below the
@@ -202,7 +202,7 @@ func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 }
 
 // lookup returns the shared entry for a rejection of kind k (quota or
-// overload) with a retry delay of d ≤ MaxPushbackLimit, for a caller
+// overload) with a retry delay of d ≤ maxPushbackLimit, for a caller
 // whose key was ignored as n says.
 func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
 	i, rounded := gridIndex(d)
@@ -294,10 +294,10 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 
 // beyond returns the rejection of kind k for a wait of d past the pushback
 // cap, with RetryInfo stating d: from the shared grid up to
-// MaxPushbackLimit, and built for the call beyond it, rounded up to the
+// maxPushbackLimit, and built for the call beyond it, rounded up to the
 // second (only quotas refilled over hours wait that long).
 func (r *rejecter) beyond(k kind, d time.Duration, n keyNote) error {
-	if d <= MaxPushbackLimit {
+	if d <= maxPushbackLimit {
 		return r.lookup(k, d, n).err
 	}
 	return r.build(k, (d + time.Second - 1).Truncate(time.Second), n)

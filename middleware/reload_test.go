@@ -23,7 +23,7 @@ func TestRegistryReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFixture(t)
-	l, err := middleware.New(f.store, reg, middleware.WithClock(f.clock.Now))
+	l, err := middleware.New(f.store, reg, middleware.WithClock(f.clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestConcurrent(t *testing.T) {
 	}
 	reg.Set(testTable(t))
 	f := newFixture(t)
-	l, err := middleware.New(f.store, reg, middleware.WithGate(g), middleware.WithClock(f.clock.Now))
+	l, err := middleware.New(f.store, reg, middleware.WithGate(g), middleware.WithClock(f.clock))
 	if err != nil {
 		t.Fatal(err)
 	}

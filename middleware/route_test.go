@@ -106,7 +106,7 @@ func TestReloadChangesCachedRoutes(t *testing.T) {
 	reg.Set(build(nil))
 	c := newClock()
 	f := newFixture(t)
-	l, err := middleware.New(f.store, reg, middleware.WithClock(c.Now))
+	l, err := middleware.New(f.store, reg, middleware.WithClock(c))
 	if err != nil {
 		t.Fatal(err)
 	}
