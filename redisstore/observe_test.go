@@ -357,7 +357,7 @@ func TestObserverCalls(t *testing.T) {
 	t.Run("cache and leases", func(t *testing.T) {
 		var rec recorder
 		clock := newFakeClock()
-		s := newStore(t, newClient(t, srv.Addr), redisstore.WithObserver(&rec), redisstore.WithClientClock(clock.Now),
+		s := newStore(t, newClient(t, srv.Addr), redisstore.WithObserver(&rec), redisstore.WithClientClock(clock),
 			redisstore.WithDenyCache(10), redisstore.WithLeases(100*time.Millisecond, 10))
 		hot := floodgate.PerSecond(100, 50) // a lease is 10 tokens
 		for range 12 {                      // 1st: a take, 2nd: a lease of 1+10, then 10 from it
@@ -504,7 +504,7 @@ func TestObserverNoAllocs(t *testing.T) {
 	}{{"none", nil}, {"observer", countingObserver{&calls}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newFakeClock()
-			opts := []redisstore.Option{redisstore.WithClientClock(clock.Now), redisstore.WithDenyCache(10)}
+			opts := []redisstore.Option{redisstore.WithClientClock(clock), redisstore.WithDenyCache(10)}
 			if tc.obs != nil {
 				opts = append(opts, redisstore.WithObserver(tc.obs))
 			}

@@ -50,7 +50,7 @@ type Option func(*options)
 type options struct {
 	prefix       string
 	name         string
-	clock        func() time.Time
+	clock        floodgate.Clock // nil: Redis TIME
 	deadline     time.Duration
 	policy       Policy
 	divisor      float64
@@ -90,20 +90,15 @@ func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = pre
 // same subjects need different names. The same rules as for the prefix apply.
 func WithName(name string) Option { return func(o *options) { o.name = name } }
 
-// WithClientClock makes the store send the time from now (as µs since the
-// Unix epoch) instead of reading Redis TIME in the script: for servers or
-// proxies that refuse TIME in scripts, and for tests with a controlled clock.
-// Every client must then keep its clock in sync; a client whose clock runs
-// behind cannot move a bucket's time backwards, it only refills less. A nil
-// now means time.Now. Without this option the store uses the server's clock.
-func WithClientClock(now func() time.Time) Option {
-	return func(o *options) {
-		if now == nil {
-			now = time.Now
-		}
-		o.clock = now
-	}
-}
+// WithClientClock makes the store send c's time (as µs since the Unix
+// epoch) instead of reading Redis TIME in the script, and time its deny
+// cache and leases by c: for servers or proxies that refuse TIME in
+// scripts (pass floodgate.ClockFunc(time.Now)), and for tests and
+// simulations that drive time. Every client must then keep its clock in
+// sync; a client whose clock runs behind cannot move a bucket's time
+// backwards, it only refills less. A nil c restores the default, Redis's
+// clock; a repeated call replaces the clock.
+func WithClientClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 // WithDeadline bounds each decision's time, 50 ms by default. Redis gets the
 // deadline less a reserve of a tenth (at most 5 ms), in which the callers

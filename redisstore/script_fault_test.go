@@ -58,7 +58,7 @@ func TestRetryAfterSuffices(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	s := newStore(t, c, redisstore.WithClientClock(clock))
 	for _, lim := range []floodgate.Limit{floodgate.PerSecond(3, 1), floodgate.PerSecond(7, 2), floodgate.PerSecond(1000.0/3, 1), floodgate.PerSecond(0.3, 1)} {
 		key := lim.String()
 		for i := range 20 {

@@ -34,7 +34,7 @@ func TestVectors(t *testing.T) {
 		opts []redisstore.Option
 	}{{"single", nil}, {"batched", []redisstore.Option{redisstore.WithBatching(8)}}} {
 		clock := newFakeClock()
-		s := newStore(t, c, append(mode.opts, redisstore.WithClientClock(clock.Now))...)
+		s := newStore(t, c, append(mode.opts, redisstore.WithClientClock(clock))...)
 		for _, tc := range cases {
 			t.Run(mode.name+"/"+tc.Name, func(t *testing.T) {
 				start := clock.Now().Add(time.Hour)
@@ -116,7 +116,7 @@ func TestRandomSequences(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	s := newStore(t, c, redisstore.WithClientClock(clock))
 	ref, err := keyed.New()
 	if err != nil {
 		t.Fatal(err)

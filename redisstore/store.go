@@ -167,7 +167,7 @@ var escaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 // client clock, or -1 for the server's TIME.
 func (s *Store) now() int64 {
 	if s.opts.clock != nil {
-		return s.opts.clock().UnixMicro()
+		return s.opts.clock.Now().UnixMicro()
 	}
 	return -1
 }
@@ -176,7 +176,7 @@ func (s *Store) now() int64 {
 // client clock when one is set, so that tests control it, else monotonic.
 func (s *Store) local() int64 {
 	if s.opts.clock != nil {
-		return s.opts.clock().UnixNano()
+		return s.opts.clock.Now().UnixNano()
 	}
 	return int64(time.Since(monoBase))
 }

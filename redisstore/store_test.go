@@ -83,7 +83,7 @@ func TestTTLInvariants(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	s := newStore(t, c, redisstore.WithClientClock(clock))
 	limits := []floodgate.Limit{
 		floodgate.PerSecond(10, 5), floodgate.PerSecond(0, 3), floodgate.PerSecond(1e6, 1000),
 		floodgate.PerSecond(0.001, 2), floodgate.PerSecond(5000, 1),
@@ -141,7 +141,7 @@ func TestPeekRefundReset(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now))
+	s := newStore(t, c, redisstore.WithClientClock(clock))
 	lim := floodgate.PerSecond(1, 10)
 	if res, err := s.TakeN(bg, "k", lim, 7); err != nil || !res.Allowed || res.Remaining != 3 {
 		t.Fatalf("TakeN(7) = %+v, %v, want allowed, 3 left", res, err)
@@ -259,7 +259,7 @@ func TestBatchedExact(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithBatching(16))
+	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithBatching(16))
 	lim := floodgate.PerSecond(1, 100)
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
@@ -342,7 +342,7 @@ func TestDenyCache(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithDenyCache(2))
+	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithDenyCache(2))
 	lim := floodgate.PerSecond(10, 5)
 	s.TakeN(bg, "k", lim, 5)
 	res, _ := s.TakeN(bg, "k", lim, 2)
@@ -381,7 +381,7 @@ func TestLeases(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock.Now), redisstore.WithLeases(100*time.Millisecond, 10))
+	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithLeases(100*time.Millisecond, 10))
 	lim := floodgate.PerSecond(100, 50) // a lease is 100/s × 100ms = 10 tokens
 	var sources [8]int
 	for range 12 {
@@ -416,7 +416,7 @@ func TestLeasesBounded(t *testing.T) {
 		leased bool
 	}{{2, true}, {1, false}} {
 		t.Run(fmt.Sprint(tc.keys), func(t *testing.T) {
-			s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(newFakeClock().Now),
+			s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(newFakeClock()),
 				redisstore.WithLeases(100*time.Millisecond, tc.keys))
 			for i := range 8 {
 				if res, err := s.TakeN(bg, fmt.Sprint("k", i%2), floodgate.PerSecond(100, 50), 1); err != nil || !res.Allowed {
