@@ -176,10 +176,6 @@ type Limiter struct {
 	pen    *penalties
 	epoch  time.Time
 	c      counters
-	// exemptAt1 has the bit of the second byte of every exemption
-	// prefix; exemptRoot says one prefix is "/" alone.
-	exemptAt1  [4]uint64
-	exemptRoot bool
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.
@@ -215,13 +211,6 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		epoch:  o.clock.Now(),
 	}
 	l.rej = newRejecter(&l.o)
-	for _, p := range o.exempt {
-		if len(p) < 2 {
-			l.exemptRoot = true
-			continue
-		}
-		l.exemptAt1[p[1]>>6] |= 1 << (p[1] & 63)
-	}
 	return l, nil
 }
 
@@ -243,11 +232,6 @@ func (l *Limiter) Stats() Stats {
 
 // Exempt reports whether fullMethod is exempt from limiting.
 func (l *Limiter) Exempt(fullMethod string) bool {
-	// Most methods share their second byte with no exemption: one bit test
-	// clears them before any prefix is compared.
-	if len(fullMethod) >= 2 && !l.exemptRoot && l.exemptAt1[fullMethod[1]>>6]&(1<<(fullMethod[1]&63)) == 0 {
-		return false
-	}
 	for _, p := range l.o.exempt {
 		if strings.HasPrefix(fullMethod, p) {
 			return true
