@@ -11,12 +11,10 @@ func Subject(l *Limiter, ctx context.Context) string {
 }
 
 var (
-	WalkForwarded    = walkForwarded
-	ParseHop         = parseHop
-	Bearer           = bearer
-	GridIndex        = gridIndex
-	GridSize         = gridSize
-	MaxPushbackLimit = maxPushbackLimit
+	WalkForwarded = walkForwarded
+	ParseHop      = parseHop
+	Bearer        = bearer
+	GridCeil      = gridCeil
 )
 
 // DirectMetadata reports whether the middleware reads grpc-go's incoming

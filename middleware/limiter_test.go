@@ -727,23 +727,29 @@ func TestTapHandle(t *testing.T) {
 	}
 }
 
-// TestRetryGrid: retry delays round up, never down, onto a grid that
-// covers every delay up to MaxPushbackLimit.
+// TestRetryGrid: retry delays round up, never down, onto a grid of
+// milliseconds up to 1 s, tens of them up to 10 s, then seconds.
 func TestRetryGrid(t *testing.T) {
-	prev := -1
-	for _, d := range []time.Duration{0, 1, time.Millisecond, 1500 * time.Microsecond, 999 * time.Millisecond, time.Second,
-		time.Second + 1, 9999 * time.Millisecond, 10 * time.Second, 10*time.Second + 1, time.Minute, middleware.MaxPushbackLimit} {
-		i, r := middleware.GridIndex(d)
-		if r < d || r < time.Millisecond || r%time.Millisecond != 0 {
-			t.Errorf("GridIndex(%v) rounds to %v", d, r)
+	for _, tc := range []struct{ d, want time.Duration }{
+		{0, time.Millisecond},
+		{1, time.Millisecond},
+		{time.Millisecond, time.Millisecond},
+		{1500 * time.Microsecond, 2 * time.Millisecond},
+		{999 * time.Millisecond, 999 * time.Millisecond},
+		{time.Second, time.Second},
+		{time.Second + 1, 1010 * time.Millisecond},
+		{9999 * time.Millisecond, 10 * time.Second},
+		{10 * time.Second, 10 * time.Second},
+		{10*time.Second + 1, 11 * time.Second},
+		{time.Minute, time.Minute},
+		{time.Hour + 1, time.Hour + time.Second},
+	} {
+		if got := middleware.GridCeil(tc.d); got != tc.want {
+			t.Errorf("GridCeil(%v) = %v, want %v", tc.d, got, tc.want)
 		}
-		if i < 0 || i >= middleware.GridSize || i < prev {
-			t.Errorf("GridIndex(%v) = %d, want in [%d, %d)", d, i, prev, middleware.GridSize)
+		if got := middleware.GridCeil(tc.want); got != tc.want {
+			t.Errorf("GridCeil(%v) = %v, want it on the grid", tc.want, got)
 		}
-		if j, r2 := middleware.GridIndex(r); j != i || r2 != r {
-			t.Errorf("GridIndex(%v) = %d, %v; not a fixed point of %v", r, j, r2, d)
-		}
-		prev = i
 	}
 }
 

@@ -28,9 +28,6 @@ const (
 	DefaultDomain = "floodgate.dev"
 )
 
-// maxPushbackLimit is the largest WithMaxPushback accepts.
-const maxPushbackLimit = time.Hour
-
 // DefaultExemptions returns the method prefixes exempt from limiting unless
 // WithExemptions says otherwise: gRPC health checks, server reflection (both
 // versions) and ORCA load reports. Limiting them would make an overloaded
@@ -134,7 +131,7 @@ func (o *options) validate() error {
 	if o.quotaCode == codes.OK || o.overCode == codes.OK || o.quotaCode > codes.Unauthenticated || o.overCode > codes.Unauthenticated {
 		return invalid("WithCodes(%v, %v): want valid codes other than OK", o.quotaCode, o.overCode)
 	}
-	if o.maxPushback < time.Millisecond || o.maxPushback > maxPushbackLimit {
+	if o.maxPushback < time.Millisecond || o.maxPushback > time.Hour {
 		return invalid("WithMaxPushback(%v): want [1ms, 1h]", o.maxPushback)
 	}
 	o.maxPushback = gridFloor(o.maxPushback)

@@ -3,10 +3,9 @@ package middleware
 import (
 	"context"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -67,15 +66,23 @@ const (
 	nKinds
 )
 
-// Retry delays are rounded up onto a fixed grid, so that each rejection
-// status with its details is built once and then shared: milliseconds up
-// to 1 s, 10 ms up to 10 s, seconds up to maxPushbackLimit. Rounding up
-// never asks a client to come back before its tokens have.
-const (
-	gridFine   = 1000
-	gridMedium = gridFine + (10_000-1_000)/10
-	gridSize   = gridMedium + int((maxPushbackLimit-10*time.Second)/time.Second)
-)
+// Retry delays are rounded up onto a grid, so that each rejection status
+// with its details is built once and then shared: milliseconds up to 1 s,
+// 10 ms up to 10 s, then seconds. Rounding up never asks a client to come
+// back before its tokens have.
+func gridCeil(d time.Duration) time.Duration {
+	switch {
+	case d <= time.Millisecond:
+		return time.Millisecond
+	case d <= time.Second:
+		return ceil(d, time.Millisecond)
+	case d <= 10*time.Second:
+		return ceil(d, 10*time.Millisecond)
+	}
+	return ceil(d, time.Second)
+}
+
+func ceil(d, unit time.Duration) time.Duration { return (d + unit - 1) / unit * unit }
 
 // gridFloor rounds d down to the grid, or returns it when it is below the
 // grid's first step.
@@ -91,57 +98,46 @@ func gridFloor(d time.Duration) time.Duration {
 	return d.Truncate(time.Second)
 }
 
-func gridIndex(d time.Duration) (int, time.Duration) {
-	ms := (d + time.Millisecond - 1) / time.Millisecond
-	switch {
-	case ms < 1:
-		return 0, time.Millisecond
-	case ms <= 1_000:
-		return int(ms) - 1, ms * time.Millisecond
-	case ms <= 10_000:
-		r := (ms + 9) / 10
-		return gridFine + int(r-100) - 1, r * 10 * time.Millisecond
-	default:
-		r := (ms + 999) / 1000
-		return gridMedium + int(r-10) - 1, r * time.Second
-	}
-}
-
+// An entry is a shared rejection: its status error and the pushback
+// trailer asking for d.
 type entry struct {
 	err error
 	md  metadata.MD
-	d   time.Duration // the delay, rounded up to the grid, that md asks for
+	d   time.Duration
 }
+
+type entryKey struct {
+	k kind
+	n keyNote
+	d time.Duration // on the grid
+}
+
+// entryCacheSize bounds the rejections kept built: distinct retry delays,
+// on the grid, in use at once.
+const entryCacheSize = 4096
 
 // abortMD tells a retrying client not to retry: the wait exceeds its
 // deadline or the cap.
 var abortMD = metadata.MD{PushbackKey: {"-1"}}
 
 type rejecter struct {
-	o     *options
-	plain [nKinds]error         // no details
-	never [nNotes][nKinds]error // details without RetryInfo: no retry can succeed
-	grid  [nKinds - 1][]atomic.Pointer[entry]
-	// noted holds the entries of callers whose key was ignored, by note:
-	// rare, so filled on demand rather than laid out like grid.
-	noted [nNotes - 1][nKinds - 1]notedGrid
-}
-
-type notedGrid struct {
-	mu sync.RWMutex
-	m  map[int]*entry
+	o       *options
+	plain   [nKinds]error         // no details
+	never   [nNotes][nKinds]error // details without RetryInfo: no retry can succeed
+	entries *lru.Cache[entryKey, *entry]
 }
 
 func newRejecter(o *options) *rejecter {
-	r := &rejecter{o: o}
+	entries, err := lru.New[entryKey, *entry](entryCacheSize)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
+	}
+	r := &rejecter{o: o, entries: entries}
 	for k := range nKinds {
 		r.plain[k] = status.New(r.code(k), message(k)).Err()
 		for n := range nNotes {
 			r.never[n][k] = r.build(k, 0, n)
 		}
-	}
-	for k := range r.grid {
-		r.grid[k] = make([]atomic.Pointer[entry], gridSize)
 	}
 	return r
 }
@@ -202,50 +198,20 @@ func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 }
 
 // lookup returns the shared entry for a rejection of kind k (quota or
-// overload) with a retry delay of d ≤ maxPushbackLimit, for a caller
-// whose key was ignored as n says.
+// overload) with a retry delay of d, for a caller whose key was ignored as
+// n says.
 func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
-	i, rounded := gridIndex(d)
-	if n != noteNone {
-		return r.lookupNoted(k, i, rounded, n)
-	}
-	slot := &r.grid[k][i]
-	if e := slot.Load(); e != nil {
+	key := entryKey{k: k, n: n, d: gridCeil(d)}
+	if e, ok := r.entries.Get(key); ok {
 		return e
 	}
-	e := r.newEntry(k, rounded, n)
-	// Racing builders make equal entries; whichever is stored last wins.
-	slot.Store(e)
-	return e
-}
-
-func (r *rejecter) newEntry(k kind, rounded time.Duration, n keyNote) *entry {
-	return &entry{
-		d:   rounded,
-		err: r.build(k, rounded, n),
-		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(rounded/time.Millisecond), 10)}},
+	// Racing builders make equal entries; whichever is added last stays.
+	e := &entry{
+		d:   key.d,
+		err: r.build(k, key.d, n),
+		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}},
 	}
-}
-
-func (r *rejecter) lookupNoted(k kind, i int, rounded time.Duration, n keyNote) *entry {
-	g := &r.noted[n-1][k]
-	g.mu.RLock()
-	e := g.m[i]
-	g.mu.RUnlock()
-	if e != nil {
-		return e
-	}
-	e = r.newEntry(k, rounded, n)
-	g.mu.Lock()
-	if old := g.m[i]; old != nil {
-		e = old
-	} else {
-		if g.m == nil {
-			g.m = map[int]*entry{}
-		}
-		g.m[i] = e
-	}
-	g.mu.Unlock()
+	r.entries.Add(key, e)
 	return e
 }
 
@@ -272,7 +238,7 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 		// Too long for grpc-go to sleep through, but the caller still
 		// learns when to come back: an hourly quota says when it resets.
 		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.beyond(k, retry, n)
+		return r.lookup(k, retry, n).err
 	}
 	// The cap and the deadline are checked against the delay the trailer
 	// will ask for, which the grid rounds up: grpc-go sleeps for the
@@ -292,22 +258,11 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 	return e.err
 }
 
-// beyond returns the rejection of kind k for a wait of d past the pushback
-// cap, with RetryInfo stating d: from the shared grid up to
-// maxPushbackLimit, and built for the call beyond it, rounded up to the
-// second (only quotas refilled over hours wait that long).
-func (r *rejecter) beyond(k kind, d time.Duration, n keyNote) error {
-	if d <= maxPushbackLimit {
-		return r.lookup(k, d, n).err
-	}
-	return r.build(k, (d + time.Second - 1).Truncate(time.Second), n)
-}
-
 // tapError returns the tap handle's rejection for a caller who may retry
 // after d. The tap cannot send metadata, so there is no pushback trailer.
 func (r *rejecter) tapError(d time.Duration, n keyNote) error {
 	if d <= 0 || d == floodgate.Never {
 		return r.never[n][kindOverload]
 	}
-	return r.beyond(kindOverload, d, n)
+	return r.lookup(kindOverload, d, n).err
 }
