@@ -4,9 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
+	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -231,47 +230,24 @@ func ServiceMethods(desc *grpc.ServiceDesc) []string {
 	return out
 }
 
-// Decision dimensions. The outcome and code labels are functions of the
-// reason and the event's flags, so a series is keyed by those alone, with
-// the source, tier, method and tenant slots: one uint64, bit fields below
-// a marker bit that keeps every key non-zero.
-const (
-	numReasons = 5 // middleware.ReasonAdmitted … ReasonStoreError
-	numFlags   = 8 // allowed, dry run, tap: the bits below
-	numCombos  = numReasons * numFlags
-
-	flagAllowed = 1
-	flagDryRun  = 2
-	flagTap     = 4
-
-	sourceShift = 6  // numCombos < 1<<6
-	tierShift   = 10 // len(sourceLabels) < 1<<4
-	methodShift = 19 // maxTiers + 2 ≤ 258 < 1<<9
-	tenantShift = 30 // MaxMethods + 1 < 1<<11
-	keyMarker   = 1 << 63
-)
-
-// sourceLabels label the source slot: none, then floodgate.Source values
-// in order (named as in floodgate_redis_decisions_total), then any newer
-// source.
+// sourceLabels label the source: none, then floodgate.Source values in
+// order (named as in floodgate_redis_fallback_decisions_total), then any
+// newer source.
 var sourceLabels = [...]string{LabelNone, "memory", "redis", "cache", "lease", "fallback", "fail_open", "fail_closed", "unknown"}
 
 // A Collector is a prometheus.Collector over floodgate's counters: the
 // decisions its observer counts and the stats of the sources given to New.
 // It is safe for concurrent use; register it once.
 type Collector struct {
-	o       options
-	methods methodTable // registered full method → index
-	memo    *methodMemo // method string → index, by address
-	mnames  []string    // index → label; the last is "other"
+	o         options
+	methods   map[string]label // registered full method → its label
+	tiers     capped
+	tenants   capped
+	decisions *prometheus.CounterVec
+	// series finds a decision's counter without the CounterVec's hashing
+	// and lock.
+	series  cowMap[series, prometheus.Counter]
 	limiter atomic.Pointer[middleware.Limiter]
-	tiers   atomic.Pointer[[]string]
-	tierMu  sync.Mutex
-	tenants atomic.Pointer[tenantSlots]
-	tenMu   sync.Mutex
-	series  *seriesTable
-	nTier   int // tier slots: "none", maxTiers tiers, "other"
-	nMethod int
 
 	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
 	logBase    time.Time    // read from the clock at New: monotonic by default
@@ -280,8 +256,17 @@ type Collector struct {
 	descs descs
 }
 
+// series are a decision's labels, some of them as the event gives them:
+// two series whose labels come out alike share a counter.
+type series struct {
+	reason               middleware.Reason
+	allowed, dryRun, tap bool
+	source               int // index in sourceLabels
+	tier, method, tenant int // label ids
+}
+
 type descs struct {
-	decisions, tap, exempt, keysIgnored                *prometheus.Desc
+	tap, exempt, keysIgnored                           *prometheus.Desc
 	keys, evictions, evictedNotFull, overflowed        *prometheus.Desc
 	scale, state, cpu, cpuSmoothed, source, failures   *prometheus.Desc
 	redisDecisions, redisErrors, redisOpen, redisTrips *prometheus.Desc
@@ -302,25 +287,26 @@ func New(opts ...Option) (*Collector, error) {
 			return nil, err
 		}
 	}
-	c := &Collector{o: o, methods: newMethodTable(o.methods), memo: &methodMemo{}, logBase: o.now()}
-	c.mnames = append(c.mnames, c.methods.names...)
-	c.mnames = append(c.mnames, LabelOther)
-	c.nMethod = len(c.mnames)
-	c.nTier = o.maxTiers + 2
-	c.series = newSeriesTable()
-	c.tiers.Store(&[]string{})
-	c.tenants.Store(&tenantSlots{})
+	c := &Collector{o: o, methods: make(map[string]label), logBase: o.now(),
+		tiers: capped{max: o.maxTiers}, tenants: capped{max: o.maxTenants}}
+	for _, m := range o.methods {
+		if _, ok := c.methods[m]; !ok {
+			c.methods[m] = label{m, len(c.methods) + 1} // 0 is "other"
+		}
+	}
 	labels := []string{"outcome", "reason", "code", "source", "tier", "method", "stage"}
 	if o.maxTenants > 0 {
 		labels = append(labels, "tenant")
 	}
+	c.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "floodgate_decisions_total",
+		Help: "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.",
+	}, labels)
 
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
 	}
 	c.descs = descs{
-		decisions: d("decisions_total", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.",
-			labels...),
 		exempt:         d("exempt_total", "Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total."),
 		tap:            d("tap_rejections_total", "Calls rejected by the tap handle before their request was read."),
 		keysIgnored:    d("api_keys_ignored_total", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.", "reason"),
@@ -367,80 +353,57 @@ func New(opts ...Option) (*Collector, error) {
 func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision in an atomic counter found without a lock, and
-// allocates nothing but a series' first counter; a rejection may also be
-// logged (WithLogger).
-func (c *Collector) Observer() func(middleware.Event) {
-	// The counting is in the literal itself, not in a method value that
-	// would call a method with the Event again.
-	return func(e middleware.Event) {
-		combo := int(e.Reason)
-		if combo >= numReasons {
-			return
-		}
-		flags := 0
-		if e.Allowed {
-			flags |= flagAllowed
-		}
-		if e.DryRun {
-			flags |= flagDryRun
-		}
-		if e.Tap {
-			flags |= flagTap
-		}
-		combo = combo*numFlags + flags
-		// Only the interceptors' decisions were made by a store.
-		src := 0
-		if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
-			src = 1 + min(int(e.Source), len(sourceLabels)-2)
-		}
-		m, ok := c.memo.get(e.Method)
-		if !ok {
-			if m, ok = c.methods.lookup(e.Method); !ok {
-				m = c.nMethod - 1
-			}
-			c.memo.put(e.Method, m)
-		}
-		key := keyMarker | uint64(combo) | uint64(src)<<sourceShift | uint64(c.tierIndex(e.Tier))<<tierShift | uint64(m)<<methodShift
-		if c.o.maxTenants > 0 {
-			key |= uint64(c.tenantIndex(e.Tenant)) << tenantShift
-		}
-		c.series.counter(key).n.Add(1)
-		if !e.Allowed && c.o.logger != nil {
-			c.logRejection(e)
-		}
+// counts each decision, allocating nothing but a series' first counter; a
+// rejection may also be logged (WithLogger).
+func (c *Collector) Observer() func(middleware.Event) { return c.observe }
+
+func (c *Collector) observe(e middleware.Event) {
+	if e.Reason > middleware.ReasonStoreError {
+		return
+	}
+	tier, method, tenant := c.tiers.label(e.Tier), c.methodLabel(e.Method), label{}
+	if c.o.maxTenants > 0 {
+		tenant = c.tenants.label(e.Tenant)
+	}
+	k := series{reason: e.Reason, allowed: e.Allowed, dryRun: e.DryRun, tap: e.Tap,
+		tier: tier.id, method: method.id, tenant: tenant.id}
+	// Only the interceptors' decisions were made by a store.
+	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
+		k.source = 1 + min(int(e.Source), len(sourceLabels)-2)
+	}
+	ctr, ok := c.series.get(k)
+	if !ok {
+		ctr, _ = c.series.add(k, math.MaxInt, func(int) prometheus.Counter {
+			return c.counter(k, tier.value, method.value, tenant.value)
+		})
+	}
+	ctr.Inc()
+	if !e.Allowed && c.o.logger != nil {
+		c.logRejection(e)
 	}
 }
 
-// tierIndex returns the slot of tier: 0 for "", 1… for the tiers seen first,
-// nTier−1 beyond the cap.
-func (c *Collector) tierIndex(tier string) int {
-	if tier == "" {
-		return 0
+// counter returns the counter of k's series, whose tier, method and tenant
+// are labelled as given.
+func (c *Collector) counter(k series, tier, method, tenant string) prometheus.Counter {
+	outcome, code, stage := "admitted", codes.OK, "interceptor"
+	switch {
+	case k.allowed:
+	case k.dryRun:
+		outcome = "dry_run_rejected"
+	case k.reason == middleware.ReasonQuota:
+		outcome, code = "rejected", c.o.quota
+	default:
+		outcome, code = "rejected", c.o.over
 	}
-	ts := *c.tiers.Load()
-	for i, t := range ts {
-		if t == tier {
-			return i + 1
-		}
+	if k.tap {
+		stage = "tap"
 	}
-	// Tiers past the cap are common to every later event of theirs: they
-	// must not take the lock each time.
-	if len(ts) >= c.o.maxTiers {
-		return c.nTier - 1
+	labels := []string{outcome, k.reason.String(), code.String(), sourceLabels[k.source], tier, method, stage}
+	if c.o.maxTenants > 0 {
+		labels = append(labels, tenant)
 	}
-	c.tierMu.Lock()
-	defer c.tierMu.Unlock()
-	ts = *c.tiers.Load()
-	if i := slices.Index(ts, tier); i >= 0 {
-		return i + 1
-	}
-	if len(ts) >= c.o.maxTiers {
-		return c.nTier - 1
-	}
-	next := append(slices.Clip(ts), tier)
-	c.tiers.Store(&next)
-	return len(next)
+	return c.decisions.WithLabelValues(labels...)
 }
 
 // logRejection logs e unless a line was logged less than an interval ago, in
@@ -462,20 +425,21 @@ func (c *Collector) logRejection(e middleware.Event) {
 		tenant = LabelNone
 	}
 	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier, "tenant", tenant,
-		"method", c.methodLabel(e.Method), "tap", e.Tap, "dry_run", e.DryRun,
+		"method", c.methodLabel(e.Method).value, "tap", e.Tap, "dry_run", e.DryRun,
 		"suppressed", c.suppressed.Swap(0))
 }
 
-func (c *Collector) methodLabel(method string) string {
-	if i, ok := c.methods.lookup(method); ok {
-		return c.mnames[i]
+// methodLabel returns the label of a method: its name if registered.
+func (c *Collector) methodLabel(method string) label {
+	if l, ok := c.methods[method]; ok {
+		return l
 	}
-	return LabelOther
+	return label{LabelOther, 0}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.descs.decisions
+	c.decisions.Describe(ch)
 	ch <- c.descs.tap
 	ch <- c.descs.exempt
 	ch <- c.descs.keysIgnored
@@ -511,7 +475,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. Decision series appear once
 // their count is non-zero.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	c.collectDecisions(ch)
+	c.decisions.Collect(ch)
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
@@ -602,78 +566,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.descs.redisOpen, open)
 		counter(c.descs.redisTrips, st.Trips)
-	}
-}
-
-func (c *Collector) collectDecisions(ch chan<- prometheus.Metric) {
-	tiers := *c.tiers.Load()
-	tenants := c.tenants.Load().names
-	withTenant := c.o.maxTenants > 0
-	// Distinct series may come out with the same labels: a tier or tenant
-	// named "none" or "other" next to the slots of those names, admitted
-	// decisions with and without dry run, names made valid UTF-8. A scrape
-	// that sends one label set twice fails whole, so equal ones are summed.
-	type labelSet [8]string
-	sums := make(map[labelSet]float64)
-	var order []labelSet
-	c.series.each(func(key, v uint64) {
-		if v == 0 {
-			return
-		}
-		combo := int(key & (1<<sourceShift - 1))
-		src := int(key >> sourceShift & (1<<(tierShift-sourceShift) - 1))
-		t := int(key >> tierShift & (1<<(methodShift-tierShift) - 1))
-		m := int(key >> methodShift & (1<<(tenantShift-methodShift) - 1))
-		reason := middleware.Reason(combo / numFlags)
-		flags := combo % numFlags
-		allowed, dry, tap := flags&flagAllowed != 0, flags&flagDryRun != 0, flags&flagTap != 0
-		outcome, code := "admitted", codes.OK
-		if !allowed {
-			if dry {
-				outcome = "dry_run_rejected"
-			} else {
-				outcome = "rejected"
-				code = c.o.quota
-				if reason != middleware.ReasonQuota {
-					code = c.o.over
-				}
-			}
-		}
-		stage := "interceptor"
-		if tap {
-			stage = "tap"
-		}
-		tier := LabelOther
-		if t > 0 && t < c.nTier-1 && t-1 >= len(tiers) {
-			// Named after the lists were read: the observer publishes
-			// a name before counting under it, so read them again.
-			tiers = *c.tiers.Load()
-		}
-		switch {
-		case t == 0:
-			tier = LabelNone
-		case t-1 < len(tiers):
-			tier = tiers[t-1]
-		}
-		ls := labelSet{outcome, reason.String(), code.String(), sourceLabels[src], validLabel(tier), c.mnames[m], stage}
-		if withTenant {
-			slot := int(key >> tenantShift & (1<<(63-tenantShift) - 1))
-			if slot >= tenantFirst && slot-tenantFirst >= len(tenants) {
-				tenants = c.tenants.Load().names
-			}
-			ls[7] = validLabel(tenantLabel(tenants, slot))
-		}
-		if _, ok := sums[ls]; !ok {
-			order = append(order, ls)
-		}
-		sums[ls] += float64(v)
-	})
-	n := 7
-	if withTenant {
-		n = 8
-	}
-	for _, ls := range order {
-		ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, sums[ls], ls[:n]...)
 	}
 }
 

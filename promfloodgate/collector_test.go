@@ -395,33 +395,6 @@ floodgate_redis_errors_total 2
 	}
 }
 
-func TestMethodTable(t *testing.T) {
-	names := []string{"/a.v1.Svc/Get", "/b.v1.Svc/Get", "/a.v1.Svc/Get", "/x", "/a.v1.Svc/GetThing", "/a.v1.Svc/GetThinG", ""}
-	for i := range 100 {
-		names = append(names, "/gen.v1.Svc/Method"+strings.Repeat("x", i%7)+string(rune('A'+i%26))+strings.Repeat("y", i/26))
-	}
-	tbl := newMethodTable(names)
-	seen := map[string]int{}
-	for _, n := range names {
-		if _, ok := seen[n]; !ok {
-			seen[n] = len(seen)
-		}
-	}
-	if len(tbl.names) != len(seen) {
-		t.Fatalf("%d names, want %d", len(tbl.names), len(seen))
-	}
-	for n, want := range seen {
-		if got, ok := tbl.lookup(n); !ok || got != want {
-			t.Errorf("lookup(%q) = %d, %v; want %d", n, got, ok, want)
-		}
-	}
-	for _, n := range []string{"/a.v1.Svc/Ge", "/a.v1.Svc/Gett", "/y", "/gen.v1.Svc/MethodZ", "/c.v1.Svc/Get"} {
-		if _, ok := tbl.lookup(n); ok {
-			t.Errorf("lookup(%q) found an unregistered name", n)
-		}
-	}
-}
-
 // TestConcurrentObserveAndCollect counts from several goroutines, with new
 // tiers arriving, while scrapes run: no count is lost.
 func TestConcurrentObserveAndCollect(t *testing.T) {
@@ -656,85 +629,6 @@ func TestTenantLabelsFromLimiter(t *testing.T) {
 	}
 }
 
-// TestSeriesTableGrows counts many series from several goroutines while the
-// table grows under them: no series and no count is lost.
-func TestSeriesTableGrows(t *testing.T) {
-	tbl := newSeriesTable()
-	const keys, workers = 3000, 4
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := range keys {
-				k := uint64((i*7+w*13)%keys) + 1
-				tbl.counter(keyMarker | k).n.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	got := map[uint64]uint64{}
-	tbl.each(func(key, n uint64) { got[key] += n })
-	if len(got) != keys {
-		t.Fatalf("%d series, want %d", len(got), keys)
-	}
-	for k, n := range got {
-		if n != workers {
-			t.Fatalf("series %#x counted %d times, want %d", k, n, workers)
-		}
-	}
-}
-
-// TestMethodMemo remembers an index by the string's address and length:
-// a prefix sharing the address, or an equal name elsewhere, is not taken
-// for it.
-func TestMethodMemo(t *testing.T) {
-	var m methodMemo
-	name := strings.Clone(methodGet)
-	if _, ok := m.get(name); ok {
-		t.Fatal("empty memo hits")
-	}
-	m.put(name, 7)
-	if i, ok := m.get(name); !ok || i != 7 {
-		t.Errorf("get(name) = %d, %v; want 7, true", i, ok)
-	}
-	if _, ok := m.get(name[:len(name)-1]); ok {
-		t.Error("a prefix at the same address hits")
-	}
-	if _, ok := m.get(strings.Clone(methodGet)); ok {
-		t.Error("an equal name at another address hits")
-	}
-	m.put("", 3)
-	if _, ok := m.get(""); ok {
-		t.Error("the empty name hits")
-	}
-}
-
-// TestMethodMemoConcurrent has readers check every answer while writers
-// keep refilling the slots, for the race detector and torn reads.
-func TestMethodMemoConcurrent(t *testing.T) {
-	var m methodMemo
-	names := make([]string, 64)
-	for i := range names {
-		names[i] = "/gen.v1.Svc/M" + strings.Repeat("x", i)
-	}
-	var wg sync.WaitGroup
-	for g := range 4 {
-		wg.Go(func() {
-			for n := range 20000 {
-				i := (n*7 + g) % len(names)
-				if n%3 == 0 {
-					m.put(names[i], i)
-					continue
-				}
-				if got, ok := m.get(names[i]); ok && got != i {
-					t.Errorf("get(names[%d]) = %d", i, got)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
 // TestScrapeNeverRepeatsALabelSet: distinct series that come out with the
 // same labels are summed into one, since a scrape that sends a label set
 // twice fails whole.
@@ -850,5 +744,22 @@ func TestRejectionLogSurvivesClockStep(t *testing.T) {
 	}
 	if lines := strings.Count(buf.String(), "\n"); lines < 50 {
 		t.Errorf("%d log lines in the minute after the clock stepped back, want about 60", lines)
+	}
+}
+
+// TestRepeatedMethods: a method registered twice is one label, and the
+// methods after it keep their own.
+func TestRepeatedMethods(t *testing.T) {
+	c, err := New(WithMethods(methodGet, methodSecret, methodGet), WithMethods("/x.Y/Z"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{methodGet, methodSecret, "/x.Y/Z", "/x.Y/Z"} {
+		c.Observer()(middleware.Event{Method: m, Allowed: true})
+	}
+	for m, want := range map[string]float64{methodGet: 1, methodSecret: 1, "/x.Y/Z": 2} {
+		if got := seriesValue(t, c, map[string]string{"method": m}); got != want {
+			t.Errorf("series of %s = %g, want %g", m, got, want)
+		}
 	}
 }

@@ -61,22 +61,21 @@
 // "other" (anonymous callers and tap rejections "none"). The source label
 // has nine values (none, the seven sources and "unknown"), of which a
 // deployment meets few. The decision series are therefore bounded by 40
-// reason-and-flag combinations (5 reasons × 8 flag sets) × 9 sources ×
-// (tiers + 2) × (methods + 1) × (n + 2), and in practice are the few
-// combinations that occur: a series exists from its first count.
+// combinations of reason and flags (5 reasons × 8 settings of Allowed,
+// DryRun and Tap) × 9 sources × (tiers + 2) × (methods + 1) × (n + 2), and
+// in practice are the few combinations that occur: a series exists from
+// its first count.
 //
 // # Cost
 //
-// The observer runs on the request path. It packs the event's reason and
-// flags, source, the tier's slot (a scan of the few tiers seen), the
-// method's (remembered by the address of the method string, which the
-// middleware reuses, else a probe of a small open-addressing table built by
-// New) and, with tenant labels, the tenant's (a map lookup) into one word,
-// finds the series' counter by a lock-free probe and increments it. It
-// allocates nothing but a new series' counter. On an admitted call through
-// the interceptor it adds about 13 ns to 178 (BenchmarkObserverOverhead, the
-// median difference over alternating blocks of calls without and with it,
-// on an idle machine; on a busy host both grow). A rejection also reads the
+// The observer runs on the request path. It finds the method's label in a
+// map built by New, the tier's and (with tenant labels) the tenant's in
+// maps read without a lock, and the series' counter in another, keyed by
+// the labels' numbers, and increments it. It allocates nothing but a new
+// series' counter. On an admitted call through the interceptor it adds
+// about 70 ns (BenchmarkObserverOverhead, the median difference over
+// alternating blocks of calls without and with it, on a busy 2-vCPU VM):
+// well under a thousandth of a gRPC call's cost. A rejection also reads the
 // clock when WithLogger is set.
 //
 // # Top offenders
