@@ -1,9 +1,7 @@
 package middleware
 
 import (
-	"hash/maphash"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -68,46 +66,35 @@ func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 	return ten, found
 }
 
-// penalties remembers, per bucket subject, until when the interceptor told
-// the caller to wait: the tap handle's notion of a caller "over its share".
-// It is a fixed table of one atomic word per slot (24 bits of the subject's
-// hash, 40 bits of milliseconds since the Limiter's epoch), so noting and
-// checking cost one hash and one atomic operation and memory never grows.
-// Two subjects that share a slot overwrite each other; a tag mismatch
-// reads as no penalty. The tap handle therefore errs towards admitting,
-// and the interceptor behind it still decides exactly.
+// penalties remembers, per bucket subject, until when (on the Limiter's
+// clock, since its epoch) the interceptor last told the caller to wait
+// under the gate: the tap handle's notion of a caller "over its share".
+// Past penaltiesSize subjects the least recently penalized are forgotten,
+// which errs towards admitting: the interceptor behind the tap still
+// decides exactly.
 type penalties struct {
-	seed  maphash.Seed
-	slots [penaltySlots]atomic.Uint64
+	lru *lru.Cache[string, time.Duration]
 }
 
-const (
-	penaltySlots = 4096
-	penaltyBits  = 40
-	penaltyMask  = 1<<penaltyBits - 1
-)
+const penaltiesSize = 4096
 
-func newPenalties() *penalties { return &penalties{seed: maphash.MakeSeed()} }
-
-func (p *penalties) note(subject string, until time.Duration) {
-	if until < 0 {
-		return
+func newPenalties() *penalties {
+	c, err := lru.New[string, time.Duration](penaltiesSize)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
 	}
-	h := maphash.String(p.seed, subject)
-	ms := uint64((until + time.Millisecond - 1) / time.Millisecond)
-	if ms > penaltyMask {
-		ms = penaltyMask
-	}
-	p.slots[h&(penaltySlots-1)].Store(h>>penaltyBits<<penaltyBits | ms)
+	return &penalties{c}
 }
+
+// note remembers that subject, a route's, must wait until until.
+func (p *penalties) note(subject string, until time.Duration) { p.lru.Add(subject, until) }
 
 // left returns how long the subject's penalty still runs at now, ≤ 0 when
 // it has none.
 func (p *penalties) left(subject string, now time.Duration) time.Duration {
-	h := maphash.String(p.seed, subject)
-	v := p.slots[h&(penaltySlots-1)].Load()
-	if v == 0 || v>>penaltyBits != h>>penaltyBits {
+	until, ok := p.lru.Peek(subject)
+	if !ok {
 		return 0
 	}
-	return time.Duration(v&penaltyMask)*time.Millisecond - now
+	return until - now
 }
