@@ -67,19 +67,18 @@ func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 }
 
 // penalties remembers, per bucket subject, until when (on the Limiter's
-// clock, since its epoch) the interceptor last told the caller to wait
-// under the gate: the tap handle's notion of a caller "over its share".
+// clock) the interceptor last told the caller to wait under the gate: the tap handle's notion of a caller "over its share".
 // Past penaltiesSize subjects the least recently penalized are forgotten,
 // which errs towards admitting: the interceptor behind the tap still
 // decides exactly.
 type penalties struct {
-	lru *lru.Cache[string, time.Duration]
+	lru *lru.Cache[string, time.Time]
 }
 
 const penaltiesSize = 4096
 
 func newPenalties() *penalties {
-	c, err := lru.New[string, time.Duration](penaltiesSize)
+	c, err := lru.New[string, time.Time](penaltiesSize)
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
@@ -87,14 +86,14 @@ func newPenalties() *penalties {
 }
 
 // note remembers that subject, a route's, must wait until until.
-func (p *penalties) note(subject string, until time.Duration) { p.lru.Add(subject, until) }
+func (p *penalties) note(subject string, until time.Time) { p.lru.Add(subject, until) }
 
 // left returns how long the subject's penalty still runs at now, ≤ 0 when
 // it has none.
-func (p *penalties) left(subject string, now time.Duration) time.Duration {
+func (p *penalties) left(subject string, now time.Time) time.Duration {
 	until, ok := p.lru.Peek(subject)
 	if !ok {
 		return 0
 	}
-	return until - now
+	return until.Sub(now)
 }

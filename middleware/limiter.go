@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/grpc"
@@ -174,7 +173,6 @@ type Limiter struct {
 	keys   *keyCache
 	routes *lru.Cache[routeKey, *route]
 	pen    *penalties
-	epoch  time.Time
 	c      counters
 }
 
@@ -208,7 +206,6 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		keys:   newKeyCache(),
 		routes: newRouteCache(),
 		pen:    newPenalties(),
-		epoch:  o.clock.Now(),
 	}
 	l.rej = newRejecter(&l.o)
 	return l, nil
@@ -364,21 +361,22 @@ func methodOf(ctx context.Context) string {
 
 // decide decides one call to method. It returns the verdict, with the
 // rejection to return when the call must not run, and allocates nothing
-// for a caller whose route is cached.
-func (l *Limiter) decide(ctx context.Context, method string, v *verdict, gated bool) error {
+// for a caller whose route is cached. gated says the overload controller
+// decides an admitted call next.
+func (l *Limiter) decide(ctx context.Context, method string, gated bool) (verdict, error) {
 	h := incoming(ctx)
 	p := peerOf(ctx)
 	ten, found, note := l.identify(ctx, p, h, l.tables.Table())
-	*v = verdict{r: l.route(ten, found, p, h, method), method: method, dryRun: l.o.dryRun, gated: gated, note: note}
-	return l.take(ctx, v)
+	v := verdict{r: l.route(ten, found, p, h, method), method: method, dryRun: l.o.dryRun, gated: gated, note: note}
+	err := l.take(ctx, &v)
+	return v, err
 }
 
 // admit decides one call to method and returns the context of an admitted
-// call, or the rejection. gated says the overload controller decides an
-// admitted call next.
+// call, or the rejection.
 func (l *Limiter) admit(ctx context.Context, method string, gated bool) (*decisionCtx, error) {
-	var v verdict
-	if err := l.decide(ctx, method, &v, gated); err != nil {
+	v, err := l.decide(ctx, method, gated)
+	if err != nil {
 		return nil, err
 	}
 	return &decisionCtx{Context: ctx, v: v}, nil
@@ -445,10 +443,8 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
-		l.pen.note(r.subject, l.sinceEpoch()+min(res.RetryAfter, l.o.maxPushback))
+		l.pen.note(r.subject, l.o.clock.Now().Add(min(res.RetryAfter, l.o.maxPushback)))
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter, v.note)
 }
 
-// sinceEpoch returns the Limiter clock's time since the Limiter was made.
-func (l *Limiter) sinceEpoch() time.Duration { return l.o.clock.Now().Sub(l.epoch) }

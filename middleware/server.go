@@ -215,7 +215,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if !ok && l.o.keyFunc != nil {
 		return ctx, nil
 	}
-	now := l.sinceEpoch()
+	now := l.o.clock.Now()
 	if !ok {
 		// An API key the cache does not hold: a tenant's first call, or a
 		// made-up key. Only if its address is under a retry delay is the
@@ -291,8 +291,8 @@ func (l *Limiter) Limit(ctx context.Context) error {
 		l.c.exempt.Add(1)
 		return nil
 	}
-	var v verdict
-	return l.decide(ctx, method, &v, false)
+	_, err := l.decide(ctx, method, false)
+	return err
 }
 
 // Selector returns a go-grpc-middleware selector.Matcher that matches the
