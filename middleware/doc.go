@@ -23,14 +23,16 @@
 // table (tenant.Registry, or Static for a fixed table) and, optionally, an
 // overload.Controller (WithOverload, recommended) that admits what the
 // server completes and sheds the tenants over their fair share first, or
-// a cpugate.Gate (WithGate, the classic) whose scale multiplies every
-// limit while the CPU is saturated. Each tenant has one bucket per rule (a rule is the method
-// pattern that supplied the limit), so a tenant's cheap and expensive
-// methods do not drain each other; anonymous callers have the same buckets
-// per client address. An admitted call allocates one object: its context,
-// which carries the Decision. A rejected call allocates nothing: each
-// caller's bucket key, per rule, is kept in a bounded LRU cache, by tenant
-// or, for anonymous callers, by address prefix.
+// a Gate such as cpugate.Gate (WithGate, the classic) whose scale
+// multiplies every limit while the CPU is saturated. Each tenant has one
+// bucket per rule (a rule is the method pattern that supplied the limit),
+// so a tenant's cheap and expensive methods do not drain each other;
+// anonymous callers have the same buckets per client address. An admitted
+// call allocates one object: its context, which carries the Decision.
+// A rejected call allocates nothing: each caller's bucket key, per rule,
+// is kept in a bounded LRU cache (golang-lru), by tenant or, for anonymous
+// callers, by address prefix, and rejection statuses are built once per
+// retry delay and shared.
 //
 // # Identity and trust
 //

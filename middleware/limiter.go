@@ -447,4 +447,3 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	}
 	return l.rej.reject(ctx, v.reason, res.RetryAfter, v.note)
 }
-
