@@ -1,7 +1,6 @@
 package promfloodgate
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -21,10 +21,6 @@ import (
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
 )
-
-// ErrInvalidOption is wrapped by every configuration error of New and
-// NewOffenders; the message names the option.
-var ErrInvalidOption = errors.New("promfloodgate: invalid option")
 
 const (
 	// DefaultMaxTiers is the number of distinct tiers labelled when
@@ -46,11 +42,11 @@ const (
 	LabelNone = "none"
 )
 
-// An Option configures a Collector.
-type Option func(*options) error
+// An Option configures a Collector. New applies the options to a copy of
+// the defaults, then validates the result.
+type Option func(*options)
 
 type options struct {
-	limiter     *middleware.Limiter
 	keyed       *keyed.Map
 	gate        *cpugate.Gate
 	overload    *overload.Controller
@@ -62,71 +58,36 @@ type options struct {
 	quota, over codes.Code
 	logger      *slog.Logger
 	logInterval time.Duration
-	now         func() time.Time
+	clock       floodgate.Clock
 }
 
 // WithKeyed exports the in-memory store's size, evictions and overflow.
-func WithKeyed(m *keyed.Map) Option {
-	return func(o *options) error {
-		if m == nil {
-			return fmt.Errorf("%w: WithKeyed: nil map", ErrInvalidOption)
-		}
-		o.keyed = m
-		return nil
-	}
-}
+// A nil m, the default, exports none; a repeated call replaces m.
+func WithKeyed(m *keyed.Map) Option { return func(o *options) { o.keyed = m } }
 
 // WithGate exports the CPU gate's scale, state, CPU and sampler source.
-func WithGate(g *cpugate.Gate) Option {
-	return func(o *options) error {
-		if g == nil {
-			return fmt.Errorf("%w: WithGate: nil gate", ErrInvalidOption)
-		}
-		o.gate = g
-		return nil
-	}
-}
+// A nil g, the default, exports none; a repeated call replaces g.
+func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
 
 // WithOverload exports the overload controller's signals, the values its
 // log lines give for each change of state, so that a dashboard can say why
 // calls were shed: its state, concurrency limit, calls in flight and
 // waiting, the latency of the last interval against its probed baseline,
 // the queueing delay, what set the limit last, and the calls it admitted,
-// made wait and shed by cause.
-func WithOverload(c *overload.Controller) Option {
-	return func(o *options) error {
-		if c == nil {
-			return fmt.Errorf("%w: WithOverload: nil controller", ErrInvalidOption)
-		}
-		o.overload = c
-		return nil
-	}
-}
+// made wait and shed by cause. A nil c, the default, exports none; a
+// repeated call replaces c.
+func WithOverload(c *overload.Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRedis exports the Redis store's decisions by source, errors and
-// breaker state.
-func WithRedis(s *redisstore.Store) Option {
-	return func(o *options) error {
-		if s == nil {
-			return fmt.Errorf("%w: WithRedis: nil store", ErrInvalidOption)
-		}
-		o.redis = s
-		return nil
-	}
-}
+// breaker state. A nil s, the default, exports none; a repeated call
+// replaces s.
+func WithRedis(s *redisstore.Store) Option { return func(o *options) { o.redis = s } }
 
 // WithRegistry exports the tenant registry's config loads by outcome
 // (applied, rejected) and the time the table in force was loaded, so that
-// a dashboard shows a reload that failed, or one that never happened.
-func WithRegistry(r *tenant.Registry) Option {
-	return func(o *options) error {
-		if r == nil {
-			return fmt.Errorf("%w: WithRegistry: nil registry", ErrInvalidOption)
-		}
-		o.registry = r
-		return nil
-	}
-}
+// a dashboard shows a reload that failed, or one that never happened. A
+// nil r, the default, exports none; a repeated call replaces r.
+func WithRegistry(r *tenant.Registry) Option { return func(o *options) { o.registry = r } }
 
 // WithMethods sets the full method names ("/pkg.Svc/Method") that label
 // decisions as themselves; every other method is labelled "other", so a
@@ -134,87 +95,78 @@ func WithRegistry(r *tenant.Registry) Option {
 // service's methods. At most MaxMethods; repeated calls add to the list.
 // The default is none: every method is "other".
 func WithMethods(fullMethods ...string) Option {
-	return func(o *options) error {
-		for _, m := range fullMethods {
-			if m == "" || m[0] != '/' || !utf8.ValidString(m) {
-				return fmt.Errorf("%w: WithMethods: %q is not a full method name", ErrInvalidOption, m)
-			}
-		}
-		o.methods = append(o.methods, fullMethods...)
-		if len(o.methods) > MaxMethods {
-			return fmt.Errorf("%w: WithMethods: more than %d methods", ErrInvalidOption, MaxMethods)
-		}
-		return nil
-	}
+	return func(o *options) { o.methods = append(o.methods, fullMethods...) }
 }
 
 // WithMaxTiers caps the distinct tier labels, in [1, 256]: the first n tiers
-// seen label themselves, later ones "other". The default is DefaultMaxTiers.
-func WithMaxTiers(n int) Option {
-	return func(o *options) error {
-		if n < 1 || n > 256 {
-			return fmt.Errorf("%w: WithMaxTiers: %d not in [1, 256]", ErrInvalidOption, n)
-		}
-		o.maxTiers = n
-		return nil
-	}
-}
+// seen label themselves, later ones "other". The default is DefaultMaxTiers;
+// a repeated call replaces the cap.
+func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 
 // WithTenantLabels adds a tenant label to floodgate_decisions_total, for
-// at most n tenants, in [1, MaxTenantLabels]: the first n tenants seen
+// at most n tenants, in [0, MaxTenantLabels]: the first n tenants seen
 // label themselves, later ones "other", and anonymous callers (and the tap
 // handle's rejections, which resolve no tenant) "none". Tiers stay labelled
-// as well. The default is no tenant label: every tenant multiplies the
+// as well. The default, 0, is no tenant label: every tenant multiplies the
 // series by the methods and outcomes it meets, so keep n to the tenants an
 // operator watches one by one. With the label, each decision also costs a
 // map lookup of the tenant ID. A repeated call replaces the cap.
-func WithTenantLabels(n int) Option {
-	return func(o *options) error {
-		if n < 1 || n > MaxTenantLabels {
-			return fmt.Errorf("%w: WithTenantLabels: %d not in [1, %d]", ErrInvalidOption, n, MaxTenantLabels)
-		}
-		o.maxTenants = n
-		return nil
-	}
-}
+func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
 
 // WithCodes tells the collector the status codes the Limiter rejects with,
 // as given to middleware.WithCodes, for the code label. The defaults are
 // the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
 // Behind go-grpc-middleware's ratelimit interceptors (Limiter.Limit) every
 // rejection reaches the client as RESOURCE_EXHAUSTED: pass that code twice.
+// A repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
-	return func(o *options) error {
-		if quota == codes.OK || overload == codes.OK || quota > codes.Unauthenticated || overload > codes.Unauthenticated {
-			return fmt.Errorf("%w: WithCodes: invalid code", ErrInvalidOption)
-		}
-		o.quota, o.over = quota, overload
-		return nil
-	}
+	return func(o *options) { o.quota, o.over = quota, overload }
 }
 
 // WithLogger makes the observer log rejections to l at Warn, at most one line
-// per interval (> 0; DefaultLogInterval when 0): the line names the latest
+// per interval (≥ 0; DefaultLogInterval when 0): the line names the latest
 // rejection's reason, tier, tenant ("none" when anonymous) and method and
 // counts the rejections not logged since the previous line ("suppressed").
 // Never a key or an address: a tenant is a name from the operator's
-// configuration, not a credential.
+// configuration, not a credential. A nil l, the default, logs nothing; a
+// repeated call replaces both.
 func WithLogger(l *slog.Logger, interval time.Duration) Option {
-	return func(o *options) error {
-		if interval < 0 {
-			return fmt.Errorf("%w: WithLogger: negative interval", ErrInvalidOption)
-		}
-		if interval == 0 {
-			interval = DefaultLogInterval
-		}
-		o.logger, o.logInterval = l, interval
-		return nil
-	}
+	return func(o *options) { o.logger, o.logInterval = l, interval }
 }
 
-// withClock sets the logger's clock, for tests.
-func withClock(now func() time.Time) Option {
-	return func(o *options) error { o.now = now; return nil }
+// WithClock sets the clock the rejection log's interval is measured on. A
+// nil c, the default, reads time.Now, whose monotonic reading no step of the
+// wall clock disturbs. A repeated call replaces c.
+func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
+
+func (o *options) validate() error {
+	for _, m := range o.methods {
+		if m == "" || m[0] != '/' || !utf8.ValidString(m) {
+			return invalid("WithMethods", fmt.Sprintf("%q", m), "a full method name")
+		}
+	}
+	switch {
+	case len(o.methods) > MaxMethods:
+		return invalid("WithMethods", fmt.Sprintf("%d methods", len(o.methods)), fmt.Sprint("at most ", MaxMethods))
+	case o.maxTiers < 1 || o.maxTiers > 256:
+		return invalid("WithMaxTiers", o.maxTiers, "in [1, 256]")
+	case o.maxTenants < 0 || o.maxTenants > MaxTenantLabels:
+		return invalid("WithTenantLabels", o.maxTenants, fmt.Sprintf("in [0, %d]", MaxTenantLabels))
+	case !rejectionCode(o.quota) || !rejectionCode(o.over):
+		return invalid("WithCodes", fmt.Sprintf("%v, %v", o.quota, o.over), "codes other than OK")
+	case o.logInterval < 0:
+		return invalid("WithLogger", o.logInterval, "an interval ≥ 0")
+	}
+	return nil
+}
+
+// rejectionCode reports whether c is a status code other than OK.
+func rejectionCode(c codes.Code) bool { return c != codes.OK && c <= codes.Unauthenticated }
+
+// invalid is every configuration error: it wraps floodgate.ErrInvalidOption
+// and names the option.
+func invalid(option string, v any, want string) error {
+	return fmt.Errorf("%w: promfloodgate: %s = %v, want %s", floodgate.ErrInvalidOption, option, v, want)
 }
 
 // ServiceMethods returns the full method names of a service's unary and
@@ -279,15 +231,23 @@ type descs struct {
 }
 
 // New returns a Collector configured by opts, or an error wrapping
-// ErrInvalidOption. Only the sources passed are exported.
+// floodgate.ErrInvalidOption that names the option. Only the sources
+// passed are exported.
 func New(opts ...Option) (*Collector, error) {
-	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable, now: time.Now}
+	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
 	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+		opt(&o)
 	}
-	c := &Collector{o: o, methods: make(map[string]label), logBase: o.now(),
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.logInterval == 0 {
+		o.logInterval = DefaultLogInterval
+	}
+	if o.clock == nil {
+		o.clock = floodgate.ClockFunc(time.Now)
+	}
+	c := &Collector{o: o, methods: make(map[string]label), logBase: o.clock.Now(),
 		tiers: capped{max: o.maxTiers}, tenants: capped{max: o.maxTenants}}
 	for _, m := range o.methods {
 		if _, ok := c.methods[m]; !ok {
@@ -409,9 +369,9 @@ func (c *Collector) counter(k series, tier, method, tenant string) prometheus.Co
 // logRejection logs e unless a line was logged less than an interval ago, in
 // which case it counts e as suppressed.
 func (c *Collector) logRejection(e middleware.Event) {
-	// Time since New, on the monotonic clock unless a test set its own
-	// clock: a wall clock stepped back must not silence the log.
-	now := int64(c.o.now().Sub(c.logBase))
+	// Time since New, on the monotonic clock unless WithClock set another:
+	// a wall clock stepped back must not silence the log.
+	now := int64(c.o.clock.Now().Sub(c.logBase))
 	next := c.nextLog.Load()
 	if now < next && next-now <= int64(c.o.logInterval) || !c.nextLog.CompareAndSwap(next, now+int64(c.o.logInterval)) {
 		c.suppressed.Add(1)

@@ -84,27 +84,29 @@ func (nopStream) SetTrailer(metadata.MD) error { return nil }
 func noop(context.Context, any) (any, error) { return "ok", nil }
 
 func TestNewValidates(t *testing.T) {
-	for name, opt := range map[string]Option{
-		"nil map":      WithKeyed(nil),
-		"nil gate":     WithGate(nil),
-		"nil redis":    WithRedis(nil),
-		"bad method":   WithMethods("Get"),
-		"empty method": WithMethods(""),
-		"zero tiers":   WithMaxTiers(0),
-		"many tiers":   WithMaxTiers(257),
-		"OK code":      WithCodes(codes.OK, codes.Unavailable),
-		"bad code":     WithCodes(codes.Code(99), codes.Unavailable),
-		"negative log": WithLogger(slog.Default(), -time.Second),
-		"many methods": WithMethods(make([]string, MaxMethods+1)...),
-		"zero tenants": WithTenantLabels(0),
-		"many tenants": WithTenantLabels(MaxTenantLabels + 1),
+	for _, tc := range []struct {
+		name, option string
+		opt          Option
+	}{
+		{"bad method", "WithMethods", WithMethods("Get")},
+		{"empty method", "WithMethods", WithMethods("")},
+		{"method not UTF-8", "WithMethods", WithMethods("/svc.S/\xff")},
+		{"zero tiers", "WithMaxTiers", WithMaxTiers(0)},
+		{"many tiers", "WithMaxTiers", WithMaxTiers(257)},
+		{"OK code", "WithCodes", WithCodes(codes.OK, codes.Unavailable)},
+		{"bad code", "WithCodes", WithCodes(codes.Code(99), codes.Unavailable)},
+		{"negative log", "WithLogger", WithLogger(slog.Default(), -time.Second)},
+		{"many methods", "WithMethods", WithMethods(make([]string, MaxMethods+1)...)},
+		{"negative tenants", "WithTenantLabels", WithTenantLabels(-1)},
+		{"many tenants", "WithTenantLabels", WithTenantLabels(MaxTenantLabels + 1)},
 	} {
-		if _, err := New(opt); !errors.Is(err, ErrInvalidOption) {
-			t.Errorf("%s: New() error = %v, want ErrInvalidOption", name, err)
+		if _, err := New(tc.opt); !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), tc.option) {
+			t.Errorf("%s: New() error = %v, want floodgate.ErrInvalidOption naming %s", tc.name, err, tc.option)
 		}
 	}
-	if _, err := New(); err != nil {
-		t.Errorf("New() error = %v", err)
+	// Nil sources are no sources, as when not given.
+	if _, err := New(WithKeyed(nil), WithGate(nil), WithOverload(nil), WithRedis(nil), WithRegistry(nil), WithTenantLabels(0)); err != nil {
+		t.Errorf("New(nil sources) error = %v", err)
 	}
 }
 
@@ -307,7 +309,7 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	var buf bytes.Buffer
 	now := time.Unix(1000, 0)
 	c, err := New(WithMethods(methodGet), WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)), time.Second),
-		withClock(func() time.Time { return now }))
+		WithClock(floodgate.ClockFunc(func() time.Time { return now })))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -719,19 +721,13 @@ func TestScrapeRacesANewTier(t *testing.T) {
 	wg.Wait()
 }
 
-func TestWithMethodsRefusesInvalidUTF8(t *testing.T) {
-	if _, err := New(WithMethods("/svc.S/\xff")); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("New(WithMethods(invalid UTF-8)) error = %v, want ErrInvalidOption", err)
-	}
-}
-
 // TestRejectionLogSurvivesClockStep: a wall clock stepped back an hour must
 // not silence the rejection log for that hour.
 func TestRejectionLogSurvivesClockStep(t *testing.T) {
 	var buf bytes.Buffer
 	now := time.Unix(100000, 0)
 	c, err := New(WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)), time.Second),
-		withClock(func() time.Time { return now }))
+		WithClock(floodgate.ClockFunc(func() time.Time { return now })))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,8 +35,9 @@ const DefaultOffenders = 64
 // (48 bits) of its HMAC-SHA-256.
 const HashedKeyLen = 12
 
-// An OffendersOption configures an Offenders.
-type OffendersOption func(*offendersOptions) error
+// An OffendersOption configures an Offenders. NewOffenders applies the
+// options to a copy of the defaults, then validates the result.
+type OffendersOption func(*offendersOptions)
 
 type offendersOptions struct {
 	k      int
@@ -50,16 +51,8 @@ type offendersOptions struct {
 
 // WithCapacity sets the number of keys tracked, k in [1, 10000]: every key
 // with more than 1/k of the rejections recorded is guaranteed to be listed.
-// The default is DefaultOffenders.
-func WithCapacity(k int) OffendersOption {
-	return func(o *offendersOptions) error {
-		if k < 1 || k > 10000 {
-			return fmt.Errorf("%w: WithCapacity: %d not in [1, 10000]", ErrInvalidOption, k)
-		}
-		o.k = k
-		return nil
-	}
-}
+// The default is DefaultOffenders; a repeated call replaces k.
+func WithCapacity(k int) OffendersOption { return func(o *offendersOptions) { o.k = k } }
 
 // WithRawKeys sets whether keys are kept and shown as given. The default,
 // false, keeps only the first HashedKeyLen hex digits of each key's
@@ -68,48 +61,46 @@ func WithCapacity(k int) OffendersOption {
 // a plain hash of an IPv4 address is undone by hashing all 2^32 of them,
 // in minutes. Offenders.HashKey hashes a key the same way, to look one up.
 // Turn raw keys on only where the debug handler is reachable by operators
-// alone; a raw key that is not valid UTF-8 is shown Go-quoted.
-func WithRawKeys(on bool) OffendersOption {
-	return func(o *offendersOptions) error { o.raw = on; return nil }
-}
+// alone; a raw key that is not valid UTF-8 is shown Go-quoted. A repeated
+// call replaces the setting.
+func WithRawKeys(on bool) OffendersOption { return func(o *offendersOptions) { o.raw = on } }
 
 // WithHashSecret sets the HMAC key of hashed keys, at least 16 bytes, so
 // that several processes (a fleet's instances, or one across restarts)
-// hash a caller alike. Keep it as secret as the keys it hides. The default
-// is 32 random bytes per Offenders.
+// hash a caller alike. Keep it as secret as the keys it hides. The default,
+// nil, is 32 random bytes per Offenders; a repeated call replaces the
+// secret.
 func WithHashSecret(secret []byte) OffendersOption {
-	return func(o *offendersOptions) error {
-		if len(secret) < 16 {
-			return fmt.Errorf("%w: WithHashSecret: %d bytes, want at least 16", ErrInvalidOption, len(secret))
-		}
-		o.secret = bytes.Clone(secret)
-		return nil
-	}
+	return func(o *offendersOptions) { o.secret = bytes.Clone(secret) }
 }
 
 // WithKeyFunc sets how UnaryServerInterceptor names the caller of a rejected
-// call. The default, PeerIP, is the client's address.
+// call. The default, PeerIP, is the client's address; a repeated call
+// replaces f.
 func WithKeyFunc(f func(ctx context.Context, fullMethod string) string) OffendersOption {
-	return func(o *offendersOptions) error {
-		if f == nil {
-			return fmt.Errorf("%w: WithKeyFunc: nil function", ErrInvalidOption)
-		}
-		o.key = f
-		return nil
-	}
+	return func(o *offendersOptions) { o.key = f }
 }
 
 // WithRejectionCodes tells UnaryServerInterceptor the codes and ErrorInfo
 // domain of the Limiter's rejections, as given to middleware.WithCodes and
-// middleware.WithDomain. The defaults are the middleware's.
+// middleware.WithDomain. The defaults are the middleware's; a repeated
+// call replaces all three.
 func WithRejectionCodes(quota, overload codes.Code, domain string) OffendersOption {
-	return func(o *offendersOptions) error {
-		if quota == codes.OK || overload == codes.OK || domain == "" {
-			return fmt.Errorf("%w: WithRejectionCodes: OK code or empty domain", ErrInvalidOption)
-		}
-		o.quota, o.over, o.domain = quota, overload, domain
-		return nil
+	return func(o *offendersOptions) { o.quota, o.over, o.domain = quota, overload, domain }
+}
+
+func (o *offendersOptions) validate() error {
+	switch {
+	case o.k < 1 || o.k > 10000:
+		return invalid("WithCapacity", o.k, "in [1, 10000]")
+	case o.secret != nil && len(o.secret) < 16:
+		return invalid("WithHashSecret", fmt.Sprintf("%d bytes", len(o.secret)), "at least 16")
+	case o.key == nil:
+		return invalid("WithKeyFunc", "nil", "a function")
+	case !rejectionCode(o.quota) || !rejectionCode(o.over) || o.domain == "":
+		return invalid("WithRejectionCodes", fmt.Sprintf("%v, %v, %q", o.quota, o.over, o.domain), "codes other than OK and a domain")
 	}
+	return nil
 }
 
 // Offenders is a bounded summary of the callers rejected most often
@@ -136,14 +127,15 @@ type Offender struct {
 }
 
 // NewOffenders returns an empty summary, or an error wrapping
-// ErrInvalidOption.
+// floodgate.ErrInvalidOption that names the option.
 func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
 	o := offendersOptions{k: DefaultOffenders, key: PeerIP, quota: codes.ResourceExhausted,
 		over: codes.Unavailable, domain: middleware.DefaultDomain}
 	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+		opt(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
 	s, err := topk.New(o.k)
 	if err != nil {

@@ -1,7 +1,6 @@
 package promfloodgate
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"sync/atomic"
@@ -18,8 +17,9 @@ import (
 // trip on loopback) to 1 s (well past any decision's deadline).
 var DefaultCallBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
 
-// A RedisOption configures RedisMetrics.
-type RedisOption func(*redisOptions) error
+// A RedisOption configures RedisMetrics. NewRedisMetrics applies the
+// options to a copy of the defaults, then validates the result.
+type RedisOption func(*redisOptions)
 
 type redisOptions struct {
 	buckets []float64
@@ -29,18 +29,19 @@ type redisOptions struct {
 // histogram's buckets: at least one, finite, positive and increasing. The
 // default is DefaultCallBuckets. A repeated call replaces the bounds.
 func WithCallBuckets(bounds ...float64) RedisOption {
-	return func(o *redisOptions) error {
-		if len(bounds) == 0 {
-			return fmt.Errorf("%w: WithCallBuckets: no bounds", ErrInvalidOption)
+	return func(o *redisOptions) { o.buckets = slices.Clone(bounds) }
+}
+
+func (o *redisOptions) validate() error {
+	for i, b := range o.buckets {
+		if !(b > 0) || math.IsInf(b, 0) || i > 0 && b <= o.buckets[i-1] {
+			return invalid("WithCallBuckets", o.buckets, "finite, positive and increasing bounds")
 		}
-		for i, b := range bounds {
-			if !(b > 0) || math.IsInf(b, 0) || i > 0 && b <= bounds[i-1] {
-				return fmt.Errorf("%w: WithCallBuckets: bounds %v are not finite, positive and increasing", ErrInvalidOption, bounds)
-			}
-		}
-		o.buckets = append([]float64(nil), bounds...)
-		return nil
 	}
+	if len(o.buckets) == 0 {
+		return invalid("WithCallBuckets", "no bounds", "at least one")
+	}
+	return nil
 }
 
 // numKinds is the number of error kinds labelled; a kind beyond them, from
@@ -107,16 +108,17 @@ var (
 )
 
 // NewRedisMetrics returns a RedisMetrics configured by opts, or an error
-// wrapping ErrInvalidOption. The breaker gauge starts closed, as a new
-// Store's breaker does.
+// wrapping floodgate.ErrInvalidOption that names the option. The breaker
+// gauge starts closed, as a new Store's breaker does.
 func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
 	// A copy: the histogram keeps its bounds, and DefaultCallBuckets is a
 	// variable anyone can change.
 	o := redisOptions{buckets: slices.Clone(DefaultCallBuckets)}
 	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+		opt(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
 	m := &RedisMetrics{
 		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{

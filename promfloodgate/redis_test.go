@@ -34,8 +34,8 @@ func TestNewRedisMetricsValidates(t *testing.T) {
 		{"NaN", []float64{math.NaN()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := NewRedisMetrics(WithCallBuckets(tc.bounds...)); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithCallBuckets") {
-				t.Errorf("NewRedisMetrics(WithCallBuckets(%v)) error = %v, want ErrInvalidOption naming WithCallBuckets", tc.bounds, err)
+			if _, err := NewRedisMetrics(WithCallBuckets(tc.bounds...)); !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), "WithCallBuckets") {
+				t.Errorf("NewRedisMetrics(WithCallBuckets(%v)) error = %v, want floodgate.ErrInvalidOption naming WithCallBuckets", tc.bounds, err)
 			}
 		})
 	}

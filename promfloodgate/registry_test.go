@@ -1,7 +1,6 @@
 package promfloodgate
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,9 +20,6 @@ import (
 // Prometheus server would, before any load, after a good one and after a
 // bad one.
 func TestConfigLoadMetrics(t *testing.T) {
-	if _, err := New(WithRegistry(nil)); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("New(WithRegistry(nil)) error = %v, want ErrInvalidOption", err)
-	}
 	reg, err := tenant.New(tenant.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
