@@ -99,7 +99,7 @@ func gridFloor(d time.Duration) time.Duration {
 }
 
 // An entry is a shared rejection: its status error and the pushback
-// trailer asking for d.
+// trailer asking for d, or telling the client not to retry when d is 0.
 type entry struct {
 	err error
 	md  metadata.MD
@@ -109,7 +109,7 @@ type entry struct {
 type entryKey struct {
 	k kind
 	n keyNote
-	d time.Duration // on the grid
+	d time.Duration // on the grid, or 0 for no retry delay
 }
 
 // entryCacheSize bounds the rejections kept built: distinct retry delays,
@@ -117,13 +117,13 @@ type entryKey struct {
 const entryCacheSize = 4096
 
 // abortMD tells a retrying client not to retry: the wait exceeds its
-// deadline or the cap.
+// deadline or the cap, or no wait will do.
 var abortMD = metadata.MD{PushbackKey: {"-1"}}
 
+// A rejecter builds rejections and keeps them, so that a rejection costs
+// no proto marshalling and allocates nothing.
 type rejecter struct {
 	o       *options
-	plain   [nKinds]error         // no details
-	never   [nNotes][nKinds]error // details without RetryInfo: no retry can succeed
 	entries *lru.Cache[entryKey, *entry]
 }
 
@@ -132,14 +132,7 @@ func newRejecter(o *options) *rejecter {
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	r := &rejecter{o: o, entries: entries}
-	for k := range nKinds {
-		r.plain[k] = status.New(r.code(k), message(k)).Err()
-		for n := range nNotes {
-			r.never[n][k] = r.build(k, 0, n)
-		}
-	}
-	return r
+	return &rejecter{o: o, entries: entries}
 }
 
 func (r *rejecter) code(k kind) codes.Code {
@@ -173,8 +166,9 @@ func reasonOf(k kind) string {
 // without RetryInfo for d == 0, for a caller whose key was ignored as n
 // says.
 func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
+	st := status.New(r.code(k), message(k))
 	if !r.o.details {
-		return r.plain[k]
+		return st.Err()
 	}
 	info := &errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}
 	if n != noteNone {
@@ -190,26 +184,27 @@ func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 			Description: "the caller's request quota is exhausted",
 		}}})
 	}
-	st, err := status.New(r.code(k), message(k)).WithDetails(details...)
-	if err != nil {
-		return r.plain[k]
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
 	}
 	return st.Err()
 }
 
-// lookup returns the shared entry for a rejection of kind k (quota or
-// overload) with a retry delay of d, for a caller whose key was ignored as
-// n says.
+// lookup returns the shared entry for a rejection of kind k with a retry
+// delay of d (none when d ≤ 0 or Never), for a caller whose key was
+// ignored as n says.
 func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
-	key := entryKey{k: k, n: n, d: gridCeil(d)}
+	key := entryKey{k: k, n: n}
+	if d > 0 && d != floodgate.Never {
+		key.d = gridCeil(d)
+	}
 	if e, ok := r.entries.Get(key); ok {
 		return e
 	}
 	// Racing builders make equal entries; whichever is added last stays.
-	e := &entry{
-		d:   key.d,
-		err: r.build(k, key.d, n),
-		md:  metadata.MD{PushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}},
+	e := &entry{d: key.d, err: r.build(k, key.d, n), md: abortMD}
+	if key.d > 0 {
+		e.md = metadata.MD{PushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}}
 	}
 	r.entries.Add(key, e)
 	return e
@@ -219,37 +214,23 @@ func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
 // on ctx's call, never header metadata, so the response stays
 // Trailers-Only and grpc-go's retry honours the pushback.
 func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duration, n keyNote) error {
-	var k kind
+	k := kindQuota
 	switch reason {
-	case ReasonQuota:
-		k = kindQuota
 	case ReasonOverload:
 		k = kindOverload
-	default:
-		// The store failed: no retry delay to offer, and no pushback, so
-		// clients back off by their own policy.
-		return r.never[n][kindStore]
+	case ReasonStoreError:
+		// No retry delay to offer, and no pushback, so clients back off
+		// by their own policy.
+		return r.lookup(kindStore, 0, n).err
 	}
-	if retry <= 0 || retry == floodgate.Never {
-		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.never[n][k]
-	}
-	if retry > r.o.maxPushback {
-		// Too long for grpc-go to sleep through, but the caller still
-		// learns when to come back: an hourly quota says when it resets.
-		_ = grpc.SetTrailer(ctx, abortMD)
-		return r.lookup(k, retry, n).err
-	}
-	// The cap and the deadline are checked against the delay the trailer
-	// will ask for, which the grid rounds up: grpc-go sleeps for the
-	// pushback without checking the deadline.
 	e := r.lookup(k, retry, n)
-	if e.d > r.o.maxPushback {
-		_ = grpc.SetTrailer(ctx, abortMD)
-		return e.err
-	}
+	// The cap and the deadline are checked against the delay the trailer
+	// asks for, which the grid rounds up: grpc-go sleeps for the pushback
+	// without checking the deadline. A wait past the cap is too long for
+	// grpc-go to sleep through, but RetryInfo still tells the caller when
+	// to come back: an hourly quota says when it resets.
 	md := e.md
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < e.d {
+	if dl, ok := ctx.Deadline(); e.d > r.o.maxPushback || ok && time.Until(dl) < e.d {
 		md = abortMD
 	}
 	// SetTrailer fails only outside a gRPC call (a direct call in a test);
@@ -261,8 +242,5 @@ func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duratio
 // tapError returns the tap handle's rejection for a caller who may retry
 // after d. The tap cannot send metadata, so there is no pushback trailer.
 func (r *rejecter) tapError(d time.Duration, n keyNote) error {
-	if d <= 0 || d == floodgate.Never {
-		return r.never[n][kindOverload]
-	}
 	return r.lookup(kindOverload, d, n).err
 }
