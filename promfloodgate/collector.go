@@ -47,11 +47,11 @@ const (
 type Option func(*options)
 
 type options struct {
-	keyed       *keyed.Map
-	gate        *cpugate.Gate
-	overload    *overload.Controller
+	keyed       KeyedMap
+	gate        Gate
+	overload    Controller
 	redis       *redisstore.Store
-	registry    *tenant.Registry
+	registry    Registry
 	methods     []string
 	maxTiers    int
 	maxTenants  int // 0: no tenant label
@@ -61,13 +61,29 @@ type options struct {
 	clock       floodgate.Clock
 }
 
+// The sources a Collector reads at each scrape are small interfaces, so
+// that a wrapper or a test's fake can stand in for floodgate's own types.
+type (
+	// A KeyedMap is an in-memory store, such as *keyed.Map.
+	KeyedMap interface {
+		Len() int
+		Stats() keyed.Stats
+	}
+	// A Gate is a CPU gate, such as *cpugate.Gate.
+	Gate interface{ Snapshot() cpugate.Snapshot }
+	// A Controller is an overload controller, such as *overload.Controller.
+	Controller interface{ Snapshot() overload.Snapshot }
+	// A Registry is a tenant registry, such as *tenant.Registry.
+	Registry interface{ Stats() tenant.Stats }
+)
+
 // WithKeyed exports the in-memory store's size, evictions and overflow.
 // A nil m, the default, exports none; a repeated call replaces m.
-func WithKeyed(m *keyed.Map) Option { return func(o *options) { o.keyed = m } }
+func WithKeyed(m KeyedMap) Option { return func(o *options) { o.keyed = m } }
 
 // WithGate exports the CPU gate's scale, state, CPU and sampler source.
 // A nil g, the default, exports none; a repeated call replaces g.
-func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
+func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 
 // WithOverload exports the overload controller's signals, the values its
 // log lines give for each change of state, so that a dashboard can say why
@@ -76,7 +92,7 @@ func WithGate(g *cpugate.Gate) Option { return func(o *options) { o.gate = g } }
 // the queueing delay, what set the limit last, and the calls it admitted,
 // made wait and shed by cause. A nil c, the default, exports none; a
 // repeated call replaces c.
-func WithOverload(c *overload.Controller) Option { return func(o *options) { o.overload = c } }
+func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRedis exports the Redis store's decisions by source, errors and
 // breaker state. A nil s, the default, exports none; a repeated call
@@ -87,7 +103,7 @@ func WithRedis(s *redisstore.Store) Option { return func(o *options) { o.redis =
 // (applied, rejected) and the time the table in force was loaded, so that
 // a dashboard shows a reload that failed, or one that never happened. A
 // nil r, the default, exports none; a repeated call replaces r.
-func WithRegistry(r *tenant.Registry) Option { return func(o *options) { o.registry = r } }
+func WithRegistry(r Registry) Option { return func(o *options) { o.registry = r } }
 
 // WithMethods sets the full method names ("/pkg.Svc/Method") that label
 // decisions as themselves; every other method is labelled "other", so a

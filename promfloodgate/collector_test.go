@@ -27,11 +27,19 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	_ KeyedMap   = (*keyed.Map)(nil)
+	_ Gate       = (*cpugate.Gate)(nil)
+	_ Controller = (*overload.Controller)(nil)
+	_ Registry   = (*tenant.Registry)(nil)
+)
 
 const (
 	methodGet    = "/inventory.v1.Inventory/Get"
