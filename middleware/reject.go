@@ -63,7 +63,6 @@ const (
 	kindQuota kind = iota
 	kindOverload
 	kindStore
-	nKinds
 )
 
 // Retry delays are rounded up onto a grid, so that each rejection status
