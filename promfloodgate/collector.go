@@ -18,7 +18,6 @@ import (
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
-	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -50,7 +49,6 @@ type options struct {
 	keyed       KeyedMap
 	gate        Gate
 	overload    Controller
-	redis       *redisstore.Store
 	registry    Registry
 	methods     []string
 	maxTiers    int
@@ -93,11 +91,6 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // made wait and shed by cause. A nil c, the default, exports none; a
 // repeated call replaces c.
 func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
-
-// WithRedis exports the Redis store's decisions by source, errors and
-// breaker state. A nil s, the default, exports none; a repeated call
-// replaces s.
-func WithRedis(s *redisstore.Store) Option { return func(o *options) { o.redis = s } }
 
 // WithRegistry exports the tenant registry's config loads by outcome
 // (applied, rejected) and the time the table in force was loaded, so that
@@ -234,10 +227,9 @@ type series struct {
 }
 
 type descs struct {
-	tap, exempt, keysIgnored                           *prometheus.Desc
-	keys, evictions, evictedNotFull, overflowed        *prometheus.Desc
-	scale, state, cpu, cpuSmoothed, source, failures   *prometheus.Desc
-	redisDecisions, redisErrors, redisOpen, redisTrips *prometheus.Desc
+	tap, exempt, keysIgnored                         *prometheus.Desc
+	keys, evictions, evictedNotFull, overflowed      *prometheus.Desc
+	scale, state, cpu, cpuSmoothed, source, failures *prometheus.Desc
 
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
 	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
@@ -311,10 +303,6 @@ func New(opts ...Option) (*Collector, error) {
 		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late, tap).", "cause"),
 		configLoads:    d("config_loads_total", "Loads of the tenant config by outcome: applied (a new table put in force) or rejected (unreadable or invalid; the table in force stays).", "outcome"),
 		configLoaded:   d("config_loaded_timestamp_seconds", "When the tenant table in force was put in force, in Unix seconds; 0 while no config has loaded."),
-		redisDecisions: d("redis_decisions_total", "Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).", "source"),
-		redisErrors:    d("redis_errors_total", "Redis calls that failed or missed their deadline."),
-		redisOpen:      d("redis_breaker_open", "1 while the Redis store's circuit breaker is open or half-open."),
-		redisTrips:     d("redis_breaker_trips_total", "Transitions of the Redis store's circuit breaker to open."),
 	}
 	return c, nil
 }
@@ -441,11 +429,6 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- c.descs.configLoads
 		ch <- c.descs.configLoaded
 	}
-	if c.o.redis != nil {
-		for _, d := range []*prometheus.Desc{c.descs.redisDecisions, c.descs.redisErrors, c.descs.redisOpen, c.descs.redisTrips} {
-			ch <- d
-		}
-	}
 }
 
 // Collect implements prometheus.Collector. Decision series appear once
@@ -526,22 +509,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			at = float64(st.LoadedAt.UnixNano()) / 1e9
 		}
 		gauge(c.descs.configLoaded, at)
-	}
-	if r := c.o.redis; r != nil {
-		st := r.Stats()
-		for _, v := range []struct {
-			source string
-			n      uint64
-		}{{"redis", st.Redis}, {"cache", st.Cache}, {"lease", st.Lease}, {"fallback", st.Fallback}, {"fail_open", st.FailOpen}, {"fail_closed", st.FailClosed}} {
-			counter(c.descs.redisDecisions, v.n, v.source)
-		}
-		counter(c.descs.redisErrors, st.Errors)
-		open := 0.0
-		if st.Open {
-			open = 1
-		}
-		gauge(c.descs.redisOpen, open)
-		counter(c.descs.redisTrips, st.Trips)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -28,7 +27,6 @@ import (
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
-	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -113,7 +111,7 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 	// Nil sources are no sources, as when not given.
-	if _, err := New(WithKeyed(nil), WithGate(nil), WithOverload(nil), WithRedis(nil), WithRegistry(nil), WithTenantLabels(0)); err != nil {
+	if _, err := New(WithKeyed(nil), WithGate(nil), WithOverload(nil), WithRegistry(nil), WithTenantLabels(0)); err != nil {
 		t.Errorf("New(nil sources) error = %v", err)
 	}
 }
@@ -352,56 +350,6 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("log lines (-want +got):\n%s", diff)
-	}
-}
-
-// TestRedis exports a store whose Redis is unreachable: every decision falls
-// back and counts an error.
-func TestRedis(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close() // nothing listens there now
-	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	defer client.Close()
-	store, err := redisstore.New(client, redisstore.WithBreaker(2, time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(WithRedis(store))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := floodgate.PerSecond(10, 10)
-	for range 4 {
-		if _, err := store.TakeN(context.Background(), "k", lim, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st := store.Stats()
-	want := `
-# HELP floodgate_redis_breaker_open 1 while the Redis store's circuit breaker is open or half-open.
-# TYPE floodgate_redis_breaker_open gauge
-floodgate_redis_breaker_open 1
-# HELP floodgate_redis_breaker_trips_total Transitions of the Redis store's circuit breaker to open.
-# TYPE floodgate_redis_breaker_trips_total counter
-floodgate_redis_breaker_trips_total 1
-# HELP floodgate_redis_decisions_total Decisions of the Redis store by source (redis, cache, lease, fallback, fail_open, fail_closed).
-# TYPE floodgate_redis_decisions_total counter
-floodgate_redis_decisions_total{source="cache"} 0
-floodgate_redis_decisions_total{source="fail_closed"} 0
-floodgate_redis_decisions_total{source="fail_open"} 0
-floodgate_redis_decisions_total{source="fallback"} 4
-floodgate_redis_decisions_total{source="lease"} 0
-floodgate_redis_decisions_total{source="redis"} 0
-# HELP floodgate_redis_errors_total Redis calls that failed or missed their deadline.
-# TYPE floodgate_redis_errors_total counter
-floodgate_redis_errors_total 2
-`
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
-		t.Errorf("%v\nstore stats: %+v", err, st)
 	}
 }
 

@@ -30,22 +30,23 @@
 //   - WithGate: floodgate_gate_scale, floodgate_gate_state{state},
 //     floodgate_gate_cpu_ratio, floodgate_gate_cpu_smoothed_ratio,
 //     floodgate_gate_sampler_info{source}, floodgate_gate_sample_failures_total;
-//   - WithRedis: floodgate_redis_decisions_total{source},
-//     floodgate_redis_errors_total, floodgate_redis_breaker_open,
-//     floodgate_redis_breaker_trips_total.
+//   - WithOverload: floodgate_overload_state{state}, _limit, _inflight,
+//     _queued, _latency_seconds, _baseline_seconds, _queue_delay_seconds,
+//     _wait_seconds, _rate, _limit_cause{cause}, _probing,
+//     _admitted_total{waited} and _shed_total{cause};
+//   - WithRegistry: floodgate_config_loads_total{outcome},
+//     floodgate_config_loaded_timestamp_seconds.
 //
-// WithRedis counts per decision, from the store's Stats, at no cost to the
-// store. For the round trips themselves, NewRedisMetrics returns a
-// RedisMetrics: set it as the store's observer (redisstore.WithObserver) and
-// register it beside the Collector. It exports a histogram of each round
-// trip's latency (floodgate_redis_call_duration_seconds{outcome}; a batch is
-// one round trip), failed round trips by kind
-// (floodgate_redis_call_errors_total{kind}: timeout, canceled, connection,
-// cluster, script, other), the breaker's state including half-open
-// (floodgate_redis_breaker_state{state}) and its transitions
-// (floodgate_redis_breaker_transitions_total{to}), and decisions Redis did
-// not make (floodgate_redis_fallback_decisions_total{source}). Breaker
-// transitions are logged, one line each, by redisstore.WithLogger.
+// For the Redis store, NewRedisMetrics returns a RedisMetrics: set it as the
+// store's observer (redisstore.WithObserver) and register it beside the
+// Collector. It exports a histogram of each round trip's latency
+// (floodgate_redis_call_duration_seconds{outcome}; a batch is one round
+// trip), failed round trips by kind (floodgate_redis_call_errors_total{kind}:
+// timeout, canceled, connection, cluster, script, other), the breaker's
+// state including half-open (floodgate_redis_breaker_state{state}) and its
+// transitions (floodgate_redis_breaker_transitions_total{to}), and decisions
+// Redis did not make (floodgate_redis_fallback_decisions_total{source}).
+// Breaker transitions are logged, one line each, by redisstore.WithLogger.
 //
 // # Cardinality
 //

@@ -109,28 +109,6 @@ floodgate_redis_fallback_decisions_total{source="lease"} 1
 	if problems, err := testutil.CollectAndLint(m); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
-	// It registers beside a Collector over the same store.
-	reg := prometheus.NewPedanticRegistry()
-	c, err := New(WithRedis(newUnreachableStore(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.MustRegister(c, m)
-	if _, err := reg.Gather(); err != nil {
-		t.Errorf("Gather with both collectors: %v", err)
-	}
-}
-
-// newUnreachableStore returns a store on a client that never dials.
-func newUnreachableStore(t *testing.T) *redisstore.Store {
-	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { client.Close() })
-	s, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func TestRedisMetricsAllocs(t *testing.T) {

@@ -15,7 +15,6 @@ import (
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
-	"github.com/floodgate-go/floodgate/redisstore"
 )
 
 const (
@@ -43,11 +42,8 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if s.ctrl != nil {
 		opts = append(opts, promfloodgate.WithOverload(s.ctrl))
 	}
-	switch st := s.store.(type) {
-	case *keyed.Map:
+	if st, ok := s.store.(*keyed.Map); ok {
 		opts = append(opts, promfloodgate.WithKeyed(st))
-	case *redisstore.Store:
-		opts = append(opts, promfloodgate.WithRedis(st))
 	}
 	if s.cfg.Logger != nil {
 		opts = append(opts, promfloodgate.WithLogger(s.cfg.Logger, time.Second))
