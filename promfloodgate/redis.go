@@ -52,7 +52,7 @@ const numKinds = int(redisstore.KindOther) + 1
 const numBreakerStates = int(redisstore.BreakerHalfOpen) + 1
 
 // fallbackSources are the sources of the decisions Redis did not make, in
-// label order, and their labels (those of floodgate_redis_decisions_total).
+// label order, and their labels (as in floodgate_decisions_total).
 var fallbackSources = [...]struct {
 	source floodgate.Source
 	label  string
@@ -97,7 +97,6 @@ type RedisMetrics struct {
 	state                atomic.Uint32 // redisstore.BreakerState
 	transitions          [numBreakerStates]atomic.Uint64
 	fallbacks            [len(fallbackSources)]atomic.Uint64
-	fallbackIndex        [256]int8 // floodgate.Source → index in fallbacks, or -1
 	errDesc, stateDesc   *prometheus.Desc
 	transDesc, fallsDesc *prometheus.Desc
 }
@@ -137,12 +136,6 @@ func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
 	}
 	m.ok = m.calls.WithLabelValues("ok")
 	m.failed = m.calls.WithLabelValues("error")
-	for i := range m.fallbackIndex {
-		m.fallbackIndex[i] = -1
-	}
-	for i, f := range fallbackSources {
-		m.fallbackIndex[f.source] = int8(i)
-	}
 	return m, nil
 }
 
@@ -171,8 +164,10 @@ func (m *RedisMetrics) ObserveBreaker(from, to redisstore.BreakerState) {
 
 // ObserveFallback implements redisstore.Observer.
 func (m *RedisMetrics) ObserveFallback(source floodgate.Source) {
-	if i := m.fallbackIndex[source]; i >= 0 {
-		m.fallbacks[i].Add(1)
+	for i, f := range fallbackSources {
+		if f.source == source {
+			m.fallbacks[i].Add(1)
+		}
 	}
 }
 
