@@ -9,6 +9,16 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
+// newLRU returns a golang-lru cache, safe for concurrent use, that keeps
+// the size entries used last.
+func newLRU[K comparable, V any](size int) *lru.Cache[K, V] {
+	c, err := lru.New[K, V](size)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
+	}
+	return c
+}
+
 // keyCache remembers which tenant each API key seen on the request path
 // belongs to, so that a known key costs one lookup instead of a SHA-256
 // and a digest lookup on every call. An entry holds the table it was
@@ -29,13 +39,7 @@ type keyEntry struct {
 // used key is hashed again on its next call.
 const keyCacheSize = 4096
 
-func newKeyCache() *keyCache {
-	c, err := lru.New[string, keyEntry](keyCacheSize)
-	if err != nil {
-		panic(err) // only for a size ≤ 0
-	}
-	return &keyCache{c}
-}
+func newKeyCache() *keyCache { return &keyCache{newLRU[string, keyEntry](keyCacheSize)} }
 
 func (c *keyCache) get(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 	e, ok := c.lru.Get(key)
@@ -67,23 +71,17 @@ func (c *keyCache) resolve(t *tenant.Table, key string) (*tenant.Tenant, bool) {
 }
 
 // penalties remembers, per bucket subject, until when (on the Limiter's
-// clock) the interceptor last told the caller to wait under the gate: the tap handle's notion of a caller "over its share".
-// Past penaltiesSize subjects the least recently penalized are forgotten,
-// which errs towards admitting: the interceptor behind the tap still
-// decides exactly.
+// clock) the interceptor last told the caller to wait under the gate: the
+// tap handle's notion of a caller "over its share". Past penaltiesSize
+// subjects the least recently penalized are forgotten, which errs towards
+// admitting: the interceptor behind the tap still decides exactly.
 type penalties struct {
 	lru *lru.Cache[string, time.Time]
 }
 
 const penaltiesSize = 4096
 
-func newPenalties() *penalties {
-	c, err := lru.New[string, time.Time](penaltiesSize)
-	if err != nil {
-		panic(err) // only for a size ≤ 0
-	}
-	return &penalties{c}
-}
+func newPenalties() *penalties { return &penalties{newLRU[string, time.Time](penaltiesSize)} }
 
 // note remembers that subject, a route's, must wait until until.
 func (p *penalties) note(subject string, until time.Time) { p.lru.Add(subject, until) }

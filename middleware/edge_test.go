@@ -46,7 +46,7 @@ func okInvoker(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ..
 }
 
 // TestInvalidOptionsWrapErrInvalidOption: option errors wrap
-// ErrInvalidOption, as documented, so that errors.Is finds it.
+// floodgate.ErrInvalidOption, as documented, so that errors.Is finds it.
 func TestInvalidOptionsWrapErrInvalidOption(t *testing.T) {
 	_, err := middleware.UnaryClientInterceptor(nil, floodgate.PerSecond(1, 1))
 	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {

@@ -204,7 +204,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		tables: tables,
 		o:      o,
 		keys:   newKeyCache(),
-		routes: newRouteCache(),
+		routes: newLRU[routeKey, *route](routeCacheSize),
 		pen:    newPenalties(),
 	}
 	l.rej = newRejecter(&l.o)

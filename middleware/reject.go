@@ -127,11 +127,7 @@ type rejecter struct {
 }
 
 func newRejecter(o *options) *rejecter {
-	entries, err := lru.New[entryKey, *entry](entryCacheSize)
-	if err != nil {
-		panic(err) // only for a size ≤ 0
-	}
-	return &rejecter{o: o, entries: entries}
+	return &rejecter{o: o, entries: newLRU[entryKey, *entry](entryCacheSize)}
 }
 
 func (r *rejecter) code(k kind) codes.Code {

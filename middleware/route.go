@@ -3,7 +3,6 @@ package middleware
 import (
 	"net/netip"
 
-	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate/overload"
@@ -37,14 +36,6 @@ type routeKey struct {
 // in use, times their rules. A route pushed out is built again on its
 // caller's next call, with one small allocation.
 const routeCacheSize = 8192
-
-func newRouteCache() *lru.Cache[routeKey, *route] {
-	c, err := lru.New[routeKey, *route](routeCacheSize)
-	if err != nil {
-		panic(err) // only for a size ≤ 0
-	}
-	return c
-}
 
 // route returns the route of a call to method by the caller identified as
 // ten (found) on connection p with metadata h.
