@@ -11,8 +11,7 @@ import (
 
 // A route is where one caller's calls under one rule go: the bucket key and
 // the overload controller's flow. Routes are immutable and cached, so that
-// a caller seen before costs no key built: a rejection allocates nothing,
-// and the key the store receives is never a buffer a later call reuses.
+// a caller seen before costs no key built: a rejection allocates nothing.
 type route struct {
 	ten     *tenant.Tenant // the tenant, or the anonymous policy
 	found   bool           // ten is a known tenant, not the anonymous policy
@@ -34,7 +33,7 @@ type routeKey struct {
 
 // routeCacheSize bounds the routes cached: tenants and anonymous addresses
 // in use, times their rules. A route pushed out is built again on its
-// caller's next call, with one small allocation.
+// caller's next call, with a few small allocations.
 const routeCacheSize = 8192
 
 // route returns the route of a call to method by the caller identified as
