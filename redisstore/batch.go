@@ -21,8 +21,9 @@ import (
 // While batches are on the wire the next one accumulates, so batches grow
 // with concurrency and the round trips per decision fall.
 type batcher struct {
-	s   *Store
-	max int
+	s    *Store
+	max  int
+	pool sync.Pool // of *pending, per batcher: see newBatcher
 
 	mu      sync.Mutex
 	queue   []*pending
@@ -50,16 +51,21 @@ type result1 struct {
 	err error
 }
 
-var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan result1, 1)} }}
-
-func newBatcher(s *Store, max int) *batcher { return &batcher{s: s, max: max} }
+// newBatcher returns a batcher with a pool of its own: a pending holds a
+// channel, which must not pass from a store in a testing/synctest bubble to
+// one outside it.
+func newBatcher(s *Store, max int) *batcher {
+	b := &batcher{s: s, max: max}
+	b.pool.New = func() any { return &pending{done: make(chan result1, 1)} }
+	return b
+}
 
 // do queues o and waits for its reply. With a client that honours
 // deadlines, senders answer every op by its due time (see send), so callers
 // wait without a timer of their own: timers cost more CPU than anything else
 // on this path. With a client that ignores them, each caller keeps a timer.
 func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
-	p := pendingPool.Get().(*pending)
+	p := b.pool.Get().(*pending)
 	p.op = o
 	p.due = time.Now().Add(b.s.budget + b.s.stretch())
 	b.mu.Lock()
@@ -143,7 +149,7 @@ func (b *batcher) early(ctx context.Context, p *pending, a result1) (reply, erro
 
 func (b *batcher) release(p *pending, a result1) (reply, error) {
 	p.op = nil
-	pendingPool.Put(p)
+	b.pool.Put(p)
 	return a.r, a.err
 }
 

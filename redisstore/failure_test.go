@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -293,4 +294,131 @@ func TestShortCallerDeadline(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHungRedisTiming runs a store on a Redis that hangs, then heals, in a
+// testing/synctest bubble, where time moves only while every goroutine
+// waits: the durations it checks are exact, whatever the machine's load.
+// With and without batching, on a client that honours context deadlines
+// and on one that ignores them:
+//
+//   - a caller whose deadline is earlier than the store's gets its
+//     context's error at that deadline, held against nothing;
+//   - a decision returns by the store's deadline, made by the fallback;
+//   - once failures open the breaker, decisions return at once;
+//   - Redis decides again within a cooldown of healing.
+func TestHungRedisTiming(t *testing.T) {
+	// Long enough that no real scheduling delay of this process passes for
+	// starvation (a quarter of the deadline), which would stretch calls.
+	const deadline, cooldown = time.Minute, 5 * time.Minute
+	const step = time.Second // between decisions while waiting for recovery
+	lim := floodgate.PerSecond(1, 1)
+	for _, ignoreCtx := range []bool{false, true} {
+		for _, batched := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ignoreCtx=%v/batched=%v", ignoreCtx, batched), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					r := &hungRedis{ignoreCtx: ignoreCtx, healed: make(chan struct{})}
+					c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: !ignoreCtx})
+					c.AddHook(r)
+					defer c.Close()
+					defer r.heal() // ends calls that ignored their context
+					opts := []redisstore.Option{redisstore.WithDeadline(deadline), redisstore.WithBreaker(2, cooldown)}
+					if batched {
+						opts = append(opts, redisstore.WithBatching(8))
+					}
+					s, err := redisstore.New(c, opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					take := func(ctx context.Context) (floodgate.Result, error, time.Duration) {
+						start := time.Now()
+						res, err := s.TakeN(ctx, "k", lim, 1)
+						return res, err, time.Since(start)
+					}
+
+					ctx, cancel := context.WithTimeout(bg, deadline/10)
+					res, err, d := take(ctx)
+					cancel()
+					if !errors.Is(err, context.DeadlineExceeded) || d != deadline/10 {
+						t.Errorf("TakeN with a caller deadline of %v = %+v, %v after %v; want the context's error at its deadline", deadline/10, res, err, d)
+					}
+					if st := s.Stats(); st.Errors != 0 || st.Fallback != 0 {
+						t.Errorf("Stats after the caller's deadline = %+v, want no error, no fallback", st)
+					}
+					for i, want := range []time.Duration{deadline, deadline, 0} {
+						res, err, d := take(bg)
+						if err != nil || res.Source != floodgate.SourceFallback || d > want {
+							t.Errorf("TakeN %d with Redis hung = %+v, %v after %v; want the fallback's decision within %v", i, res, err, d, want)
+						}
+					}
+					if st := s.Stats(); st.Trips != 1 || !st.Open {
+						t.Errorf("Stats after two failed calls = %+v, want the breaker open", st)
+					}
+
+					r.heal()
+					healed := time.Now()
+					for {
+						res, err, _ := take(bg)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if res.Source == floodgate.SourceRedis {
+							break
+						}
+						if time.Since(healed) > cooldown {
+							t.Fatalf("Redis did not decide within the cooldown %v of healing; %+v", cooldown, s.Stats())
+						}
+						time.Sleep(step)
+					}
+				})
+			})
+		}
+	}
+}
+
+// hungRedis is a go-redis hook that stands in for a server: every command
+// hangs until heal, or until its context ends unless ignoreCtx (as go-redis
+// without ContextTimeoutEnabled); after heal, every take is admitted. It
+// dials nothing, so a client that uses it can run in a synctest bubble.
+type hungRedis struct {
+	ignoreCtx bool
+	healed    chan struct{}
+	once      sync.Once
+}
+
+func (r *hungRedis) heal() { r.once.Do(func() { close(r.healed) }) }
+
+func (r *hungRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *hungRedis) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { return r.answer(ctx, []redis.Cmder{cmd}) }
+}
+
+func (r *hungRedis) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return r.answer
+}
+
+func (r *hungRedis) answer(ctx context.Context, cmds []redis.Cmder) error {
+	done := ctx.Done()
+	if r.ignoreCtx {
+		done = nil
+	}
+	select {
+	case <-r.healed:
+	case <-done:
+		for _, cmd := range cmds {
+			cmd.SetErr(ctx.Err())
+		}
+		return ctx.Err()
+	}
+	for _, cmd := range cmds {
+		// EVALSHA sha numkeys key… arg…: each key's take is admitted,
+		// leaving an empty bucket.
+		var vals []any
+		for range cmd.Args()[2].(int) {
+			vals = append(vals, int64(1), int64(0), int64(1))
+		}
+		cmd.(*redis.Cmd).SetVal(vals)
+	}
+	return nil
 }
