@@ -206,6 +206,36 @@ func TestPushbackNeverZero(t *testing.T) {
 
 var _ middleware.Gate = (*cpugate.Gate)(nil)
 
+// fixedGate is a Gate of fixed scale: any gate plugs into WithGate.
+type fixedGate struct {
+	scale    float64
+	shedding bool
+}
+
+func (g fixedGate) Scale() float64 { return g.scale }
+func (g fixedGate) Shedding() bool { return g.shedding }
+
+func TestCustomGate(t *testing.T) {
+	f := newFixture(t, middleware.WithGate(fixedGate{scale: 0.5, shedding: true}))
+	acme := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
+	ran, d, _, err := unary(f.l, acme, methodGet)
+	if !ran || d.Result.Limit.Rate != 5 {
+		t.Fatalf("first call: ran %v, limit %v, err %v; want admitted at the gold rate halved, 5/s", ran, d.Result.Limit, err)
+	}
+	for range 20 {
+		if _, _, _, err = unary(f.l, acme, methodGet); err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("interceptor under the gate: %v, want UNAVAILABLE", err)
+	}
+	ctx, _ := acme.context(methodGet)
+	if _, err := f.l.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: acme.md}); status.Code(err) != codes.Unavailable {
+		t.Errorf("tap while the gate sheds: %v, want UNAVAILABLE", err)
+	}
+}
+
 // scriptedGate returns a Fixed gate driven by explicit readings.
 func scriptedGate(t *testing.T) (*cpugate.Gate, func(cpu float64, at time.Time)) {
 	t.Helper()
