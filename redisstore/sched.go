@@ -126,15 +126,7 @@ func (s *Store) starved(d time.Duration) bool { return d >= s.budget/4 }
 // now: twice the scheduling delay while the process is starved, else 0.
 func (s *Store) stretch() time.Duration {
 	if d := sched.recent(); s.starved(d) {
-		st := min(2*d, maxStretch)
-		if st > time.Duration(stretched.Load()) {
-			stretched.Store(int64(st)) // racy max: tests read it, for a bound
-		}
-		return st
+		return min(2*d, maxStretch)
 	}
 	return 0
 }
-
-// stretched is the longest stretch any store has applied (ns), which
-// tests read to bound how long a call may take.
-var stretched atomic.Int64
