@@ -40,11 +40,12 @@
 // # Time source
 //
 // By default the script reads Redis TIME, so that every client shares one
-// clock. [WithClientClock] sends the client's time instead, for servers or
-// proxies that refuse TIME in scripts and for tests with a controlled clock.
-// A client whose clock runs behind cannot move a bucket back; it only
-// refills less. In that mode TTLs carry 1 s of slack, so that a key does not
-// expire on Redis's clock before its bucket is full on the clients'.
+// clock. [WithClientClock] sends the time of a [floodgate.Clock] instead,
+// for servers or proxies that refuse TIME in scripts and for tests with a
+// controlled clock, which then times the deny cache and leases too. A
+// client whose clock runs behind cannot move a bucket back; it only refills
+// less. In that mode TTLs carry 1 s of slack, so that a key does not expire
+// on Redis's clock before its bucket is full on the clients'.
 //
 // # Failure policy and breaker
 //
@@ -107,14 +108,14 @@
 // decision is still applied on its own and in order, so accounting is
 // exact; only latency changes. Under concurrency it multiplies throughput.
 //
-// [WithDenyCache] remembers up to a given number of denied buckets in
-// process, with the tokens Redis counted and the time the request was sent.
-// Until the denied request's retry-after, a request that cannot fit under
-// that count plus the refill since is denied locally (floodgate.SourceCache).
-// The bound is conservative: a cached denial is one Redis would also give,
-// except that a Refund, a Reset or a raised limit elsewhere is seen only
-// when the entry expires. The cache only ever denies, so it never admits
-// more than Redis would.
+// [WithDenyCache] remembers the buckets Redis denied most recently, up to a
+// given number, with the tokens Redis counted and the time the request was
+// sent. Until the denied request's retry-after, a request that cannot fit
+// under that count plus the refill since is denied locally
+// (floodgate.SourceCache). The bound is conservative: a cached denial is one
+// Redis would also give, except that a Refund, a Reset or a raised limit
+// elsewhere is seen only when the entry expires. The cache only ever
+// denies, so it never admits more than Redis would.
 //
 // [WithLeases] serves hot keys (two decisions within the lease time d) from
 // tokens leased in advance: one atomic take of the request's tokens plus up

@@ -175,20 +175,20 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 // every decision is its own call.
 func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 
-// WithDenyCache keeps up to size recently denied buckets in process and
-// denies requests on them without a round trip while the bucket cannot yet
-// hold the requested tokens. A cached denial never admits and never denies
-// a request Redis would admit, except that a Refund, Reset or raised limit
-// elsewhere is seen only once the entry expires (at the denied request's
-// retry-after). size = 0 (the default) turns it off.
+// WithDenyCache keeps the size buckets Redis most recently denied in
+// process and denies requests on them without a round trip while the
+// bucket cannot yet hold the requested tokens. A cached denial never admits
+// and never denies a request Redis would admit, except that a Refund, Reset
+// or raised limit elsewhere is seen only once the entry expires (at the
+// denied request's retry-after). size = 0 (the default) turns it off.
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 
 // WithLeases lets hot buckets (two decisions on one key within d) take up to
 // rate×d tokens from Redis at once and spend them locally for d. Over any
 // window of length t, all instances together admit at most
 // burst + rate×(t+d): the bound grows by rate×d. Tokens unused when a lease
-// expires are lost, which under-admits. At most keys leases are tracked.
-// d = 0 (the default) turns leases off.
+// expires are lost, which under-admits. At most keys keys are tracked, the
+// ones decided on most recently. d = 0 (the default) turns leases off.
 func WithLeases(d time.Duration, keys int) Option {
 	return func(o *options) { o.leaseTime, o.leaseKeys = d, keys }
 }
