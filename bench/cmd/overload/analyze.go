@@ -24,6 +24,11 @@ type Second struct {
 	Reading   float64 `json:"reading"` // gate's CPU reading at the end of the second
 	LightSent int     `json:"light_sent"`
 	LightGood int     `json:"light_good"`
+	// Wire and WireRejected are, in a run whose clients retry (Run.Wire),
+	// the attempts that went on the network in this second, counted by
+	// their own start, and those of them the server rejected.
+	Wire         int `json:"wire,omitempty"`
+	WireRejected int `json:"wire_rejected,omitempty"`
 }
 
 // GatePoint is one look at the server's gate.
@@ -82,6 +87,17 @@ type Window struct {
 	HealthSent int     `json:"health_sent"`
 	MeanScale  float64 `json:"mean_scale"`
 	ServerCPU  float64 `json:"server_cpu"` // CPUs the server used on average
+	// In a run whose clients retry (Run.Wire), Sent and the other rates
+	// above count calls, each once however many attempts it made, and
+	// its latency runs from its first attempt to the end of its last.
+	// Wire and WireRejected are then the attempts that went on the network
+	// and those the server rejected, per second, Dropped the calls that
+	// ended dropped on the client by its throttle, per second, and WireP99
+	// the p99 of the attempts that ended OK, in ms (-1 when none did).
+	Wire         float64 `json:"wire,omitempty"`
+	WireRejected float64 `json:"wire_rejected,omitempty"`
+	Dropped      float64 `json:"dropped,omitempty"`
+	WireP99      float64 `json:"wire_p99_ms,omitempty"`
 }
 
 // Run is one scenario against one variant, analysed.
@@ -100,6 +116,9 @@ type Run struct {
 	// Neighbour is what the scenario's CPU-burning neighbour did, if it
 	// had one.
 	Neighbour *NeighbourStat `json:"neighbour,omitempty"`
+	// Wire tells that the run's clients retried (the retry storm), and
+	// counted their attempts on the network: see Window.Wire.
+	Wire bool `json:"wire,omitempty"`
 	// CapS is, in the capacity change, the time from the change to the
 	// start of the first capSustain seconds whose goodput each reached
 	// capTarget of the new capacity; -1 when that never happened.
@@ -119,13 +138,16 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	}
 	var okLat, rejLat, lightLat []time.Duration
 	var sent, good [numTenants]int
-	var n, nok, ngood, nrej, ndl int
+	var n, nok, ngood, nrej, ndl, ndrop int
 	for _, c := range raw.Calls {
 		if c.At < from || c.At >= to {
 			continue
 		}
 		n++
 		sent[c.Tenant]++
+		if c.Dropped {
+			ndrop++
+		}
 		switch c.Out {
 		case outOK:
 			nok++
@@ -150,6 +172,25 @@ func (raw *rawRun) window(name string, from, to time.Duration, load float64, slo
 	w.LightP99 = ms(lightLat, 0.99)
 	w.Sent, w.OKRate, w.Goodput = float64(n)/secs, float64(nok)/secs, float64(ngood)/secs
 	w.Rejected, w.Deadline = float64(nrej)/secs, float64(ndl)/secs
+	if raw.Wire {
+		var nw, nwrej int
+		var wireLat []time.Duration
+		for _, a := range raw.Attempts {
+			if a.At < from || a.At >= to {
+				continue
+			}
+			nw++
+			switch a.Out {
+			case outRejected:
+				nwrej++
+			case outOK:
+				wireLat = append(wireLat, a.Lat)
+			}
+		}
+		slices.Sort(wireLat)
+		w.Wire, w.WireRejected, w.Dropped = float64(nw)/secs, float64(nwrej)/secs, float64(ndrop)/secs
+		w.WireP99 = ms(wireLat, 0.99)
+	}
 	w.P50, w.P99, w.P999 = ms(okLat, 0.5), ms(okLat, 0.99), ms(okLat, 0.999)
 	w.RejP50, w.RejP99 = ms(rejLat, 0.5), ms(rejLat, 0.99)
 	var ls, lg int
@@ -235,7 +276,7 @@ func jain(xs []float64) float64 {
 
 // analyse turns a scenario's raw record into a Run.
 func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capacity float64, slo time.Duration) Run {
-	run := Run{Scenario: sc.Name, Variant: variant, Ready: ready}
+	run := Run{Scenario: sc.Name, Variant: variant, Ready: ready, Wire: raw.Wire}
 	total := sc.Duration()
 	nsec := int(math.Ceil(total.Seconds()))
 	secs := make([]Second, nsec)
@@ -277,6 +318,16 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 			s.Deadline++
 		default:
 			s.Other++
+		}
+	}
+	for _, a := range raw.Attempts {
+		i := int(a.At / time.Second)
+		if i < 0 || i >= nsec {
+			continue
+		}
+		secs[i].Wire++
+		if a.Out == outRejected {
+			secs[i].WireRejected++
 		}
 	}
 	for i := range secs {
@@ -595,7 +646,8 @@ type Fit struct {
 }
 
 // fitCPU fits the seconds of runs (skipping each run's first second, which
-// holds the server's warm-up).
+// holds the server's warm-up). The rejections are the server's: where
+// clients retried, those on the wire, not the calls that ended rejected.
 func fitCPU(runs []Run) Fit {
 	// Normal equations for y = a x1 + b x2 + c.
 	var m [3][4]float64
@@ -605,7 +657,11 @@ func fitCPU(runs []Run) Fit {
 			if i == 0 || s.CPU <= 0 {
 				continue
 			}
-			x := [3]float64{s.Handled, float64(s.Rejected), 1}
+			rej := s.Rejected
+			if r.Wire {
+				rej = s.WireRejected
+			}
+			x := [3]float64{s.Handled, float64(rej), 1}
 			for a := range 3 {
 				for b := range 3 {
 					m[a][b] += x[a] * x[b]

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
+	"github.com/floodgate-go/floodgate/throttle"
 )
 
 // A Segment is a stretch of a scenario at one offered load.
@@ -39,6 +41,10 @@ type Segment struct {
 	Skip time.Duration `json:"skip"`
 	// Measure marks the segments that get a window of their own.
 	Measure bool `json:"measure"`
+	// Client is how the segment's clients treat rejections: clientOnce
+	// (every scenario but the retry storm), clientNaive or
+	// clientThrottled.
+	Client string `json:"client,omitempty"`
 }
 
 // rate returns tenant i's rate in calls per second during s.
@@ -117,12 +123,15 @@ func classify(err error) outcome {
 }
 
 // callRec is one call: when it started (from the scenario's start), how
-// long it took, whose it was and how it ended.
+// long it took, whose it was and how it ended. A call whose client retries
+// is one record, from its first attempt to the end of its last; Dropped
+// tells that the last was dropped on the client by its throttle.
 type callRec struct {
-	At     time.Duration
-	Lat    time.Duration
-	Tenant uint8
-	Out    outcome
+	At      time.Duration
+	Lat     time.Duration
+	Tenant  uint8
+	Out     outcome
+	Dropped bool
 }
 
 // probeRec is one health probe.
@@ -143,6 +152,11 @@ type rawRun struct {
 	Probes []probeRec
 	Polls  []pollRec
 	Sent   [numTenants]int
+	// Wire tells that the scenario's clients retry (see
+	// Scenario.retries), and Attempts are then every attempt that went on
+	// the network.
+	Wire     bool
+	Attempts []attemptRec
 }
 
 // loadConfig is what the load generator needs besides the scenario.
@@ -153,17 +167,22 @@ type loadConfig struct {
 }
 
 // client is the load generator's connections to one server: one per
-// tenant, as ten separate clients would have, and one for health probes.
+// tenant, as ten separate clients would have, and one for health probes;
+// in the retry storm, also a throttled one per tenant (dialThrottled).
 type client struct {
-	conns  [numTenants]*grpc.ClientConn
-	health *grpc.ClientConn
+	conns     [numTenants]*grpc.ClientConn
+	throttled [numTenants]*grpc.ClientConn
+	health    *grpc.ClientConn
 }
 
 func dial(addr string) (*client, error) {
 	c := &client{}
 	var err error
 	for i := range c.conns {
-		if c.conns[i], err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		// The wire counter does nothing to calls that carry no trace,
+		// that is, outside the retry storm.
+		if c.conns[i], err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithChainUnaryInterceptor(wireInterceptor)); err != nil {
 			c.close()
 			return nil, err
 		}
@@ -172,21 +191,28 @@ func dial(addr string) (*client, error) {
 		c.close()
 		return nil, err
 	}
-	// Connect before the clock starts, so the first calls do not pay for
-	// the handshake.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, conn := range append(c.conns[:], c.health) {
-		if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-			c.close()
-			return nil, fmt.Errorf("warm-up health check: %w", err)
-		}
+	if err := warmUp(append(c.conns[:], c.health)...); err != nil {
+		c.close()
+		return nil, err
 	}
 	return c, nil
 }
 
+// warmUp connects conns before the clock starts, so that the first calls
+// do not pay for the handshake.
+func warmUp(conns ...*grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, conn := range conns {
+		if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			return fmt.Errorf("warm-up health check: %w", err)
+		}
+	}
+	return nil
+}
+
 func (c *client) close() {
-	for _, conn := range append(c.conns[:], c.health) {
+	for _, conn := range append(append(c.conns[:], c.throttled[:]...), c.health) {
 		if conn != nil {
 			conn.Close()
 		}
@@ -194,28 +220,44 @@ func (c *client) close() {
 }
 
 // runScenario drives sc against the server p: open-loop Poisson arrivals
-// per tenant, a deadline on every call and no retries, a health probe every
-// second and a look at the server's stats every 250 ms. It returns when the
-// scenario is over and every call has ended.
+// per tenant, a deadline on every call and no retries (but where the
+// segment's clients retry), a health probe every second and a look at the
+// server's stats every 250 ms. It returns when the scenario is over and
+// every call has ended.
 func runScenario(ctx context.Context, p *serverProc, sc Scenario, cfg loadConfig) (*rawRun, error) {
 	c, err := dial(p.ready.GRPC)
 	if err != nil {
 		return nil, err
 	}
 	defer c.close()
+	if slices.ContainsFunc(sc.Segments, func(s Segment) bool { return s.Client == clientThrottled }) {
+		if err := c.dialThrottled(p.ready.GRPC); err != nil {
+			return nil, err
+		}
+	}
 
-	run := &rawRun{}
+	run := &rawRun{Wire: sc.retries()}
 	var mu sync.Mutex
 	var calls sync.WaitGroup
 	start := time.Now()
 	total := sc.Duration()
 	ctx, cancel := context.WithTimeout(ctx, total+cfg.Deadline+2*time.Second)
 	defer cancel()
+	record := func(t0 time.Time, err error) {
+		a := attemptRec{At: t0.Sub(start), Lat: time.Since(t0), Out: classify(err)}
+		mu.Lock()
+		run.Attempts = append(run.Attempts, a)
+		mu.Unlock()
+	}
 
 	var loops sync.WaitGroup
 	for i := range numTenants {
 		loops.Go(func() {
 			inv := inventoryv1.NewInventoryClient(c.conns[i])
+			var throttled inventoryv1.InventoryClient
+			if c.throttled[i] != nil {
+				throttled = inventoryv1.NewInventoryClient(c.throttled[i])
+			}
 			md := metadata.Pairs(apiKeyHeader, apiKey(i))
 			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1))
 			next := time.Duration(0)
@@ -249,12 +291,28 @@ func runScenario(ctx context.Context, p *serverProc, sc Scenario, cfg loadConfig
 				}
 				sent++
 				at := next
+				mode := sc.Segments[seg].Client
 				calls.Go(func() {
 					cctx, ccancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), cfg.Deadline)
 					defer ccancel()
+					if run.Wire {
+						cctx = context.WithValue(cctx, wireKey{}, &wireTrace{record: record})
+					}
+					req := &inventoryv1.AllocateRequest{Sku: "sku-00001", Quantity: 1}
 					t0 := time.Now()
-					_, err := inv.Allocate(cctx, &inventoryv1.AllocateRequest{Sku: "sku-00001", Quantity: 1})
-					rec := callRec{At: at, Lat: time.Since(t0), Tenant: uint8(i), Out: classify(err)}
+					var err error
+					switch mode {
+					case clientNaive:
+						err = callNaive(cctx, func(ctx context.Context) error {
+							_, err := inv.Allocate(ctx, req)
+							return err
+						})
+					case clientThrottled:
+						_, err = throttled.Allocate(cctx, req)
+					default:
+						_, err = inv.Allocate(cctx, req)
+					}
+					rec := callRec{At: at, Lat: time.Since(t0), Tenant: uint8(i), Out: classify(err), Dropped: errors.Is(err, throttle.ErrThrottled)}
 					mu.Lock()
 					run.Calls = append(run.Calls, rec)
 					mu.Unlock()

@@ -20,8 +20,9 @@
 //	cd bench && go run ./cmd/overload
 //
 // It measures the capacity first, then runs every scenario (a sweep of the
-// offered load, a step, a capacity change, a tenant burst, and an idle and
-// an overloaded server beside a CPU-burning neighbour) against every
+// offered load, a step, a capacity change, a tenant burst, an idle and an
+// overloaded server beside a CPU-burning neighbour, and a retry storm from
+// clients that retry naively, then through package throttle) against every
 // variant, one fresh server process per pair (the rejection-cost scenario,
 // rejcost, only against the variants that reject: B, C, D, E and P1), and
 // writes the raw results as JSON (-out), BENCHMARKS.md (-md) and charts
@@ -211,6 +212,10 @@ func scenarios(quick bool) []Scenario {
 		}}, {Name: neighbourOverload, Title: "Neighbour, overload", Neighbour: true, Segments: []Segment{
 			{Name: "warm-up", Dur: sec(0.3), Load: 0.5},
 			{Name: "overload", Dur: sec(1.7), Load: 2, Skip: sec(0.5), Measure: true},
+		}}, {Name: retryStorm, Title: "Retry storm", Segments: []Segment{
+			{Name: stormBaseline, Dur: sec(0.8), Load: stormLoad, Skip: sec(0.3), Measure: true},
+			{Name: clientNaive, Dur: sec(1), Load: stormLoad, Skip: sec(0.3), Measure: true, Client: clientNaive},
+			{Name: clientThrottled, Dur: sec(1.2), Load: stormLoad, Skip: sec(0.5), Measure: true, Client: clientThrottled},
 		}}}
 	}
 	sweep := Scenario{Name: "sweep", Title: "Sweep of the offered load", Segments: []Segment{{Name: "warm-up", Dur: sec(3), Load: 0.5}}}
@@ -243,6 +248,14 @@ func scenarios(quick bool) []Scenario {
 		{Name: neighbourOverload, Title: "Overload (2×) beside a CPU-burning neighbour", Neighbour: true, Segments: []Segment{
 			{Name: "warm-up", Dur: sec(2), Load: 0.5},
 			{Name: "overload", Dur: sec(16), Load: 2, Skip: sec(4), Measure: true},
+		}},
+		// 3× from clients that retry, first naively, then through package
+		// throttle; short, since it runs against every variant: the first
+		// segment, without retries, takes the server into shedding.
+		{Name: retryStorm, Title: "Retry storm at 3×: no retries, naive retries, throttled", Segments: []Segment{
+			{Name: stormBaseline, Dur: sec(2), Load: stormLoad, Skip: sec(1), Measure: true},
+			{Name: clientNaive, Dur: sec(2), Load: stormLoad, Skip: sec(0.5), Measure: true, Client: clientNaive},
+			{Name: clientThrottled, Dur: sec(3), Load: stormLoad, Skip: sec(1), Measure: true, Client: clientThrottled},
 		}},
 	}
 }
@@ -536,6 +549,11 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 			res.Runs = append(res.Runs, run)
 			all := run.Windows[len(run.Windows)-1]
 			cfg.Log("%s/%s: sent %.0f/s goodput %.0f/s rejected %.0f/s deadline %.0f/s p99 %.1f ms", sc.Name, v, all.Sent, all.Goodput, all.Rejected, all.Deadline, all.P99)
+			if run.Wire {
+				for _, w := range run.Windows[:len(run.Windows)-1] {
+					cfg.Log("%s/%s %s: offered %.2f× on the wire %.2f× served OK %.2f× goodput %.2f× (× capacity), p99 %.1f ms", sc.Name, v, w.Name, w.Sent/res.Capacity, w.Wire/res.Capacity, w.OKRate/res.Capacity, w.Goodput/res.Capacity, w.P99)
+				}
+			}
 		}
 	}
 	if cfg.wants(rejcostName) {

@@ -15,6 +15,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	fgplot "github.com/floodgate-go/floodgate/examples/plot"
+	"github.com/floodgate-go/floodgate/throttle"
 )
 
 // notesFile, when it exists next to the charts, is appended to the report:
@@ -30,6 +31,11 @@ const (
 	targetLight     = 0.99 // light tenants' success in the burst
 	targetHeavy     = 0.95 // of the heavy tenant's max-min fair share in the burst
 	targetRejCost   = 0.01 // a rejection's CPU over a served request's
+	// The retry storm, with throttled clients: the attempts on the wire,
+	// × the measured capacity, and the calls served OK, as a share of E's
+	// at the same load without retries.
+	targetStormWire = 1.5
+	targetStormOK   = 0.90
 )
 
 // targetVariant is the variant the targets are for.
@@ -344,6 +350,10 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		res.neighbourSection(b, charts, rel)
 	}
 
+	if res.hasScenario(retryStorm) {
+		res.retryStormSection(b, charts, rel)
+	}
+
 	f("## Cost of a rejection\n\n")
 	res.rejCostSection(b)
 	f("### Estimates from the other scenarios\n\n")
@@ -584,6 +594,29 @@ func (res *Results) targets(b *strings.Builder) {
 			all.Rejections == 0, fmt.Sprintf("%d calls", all.Rejections))
 	}
 
+	// The retry storm.
+	if r := res.run(retryStorm, v); r.window(clientThrottled) != nil {
+		w := r.window(clientThrottled)
+		wire := w.Wire / res.Capacity
+		m := fmt.Sprintf("throttled: on the wire %.2f× capacity (naive: %s; no retries: %s); served OK %.0f/s = %.2f× capacity",
+			wire, stormWire(r.window(clientNaive), res.Capacity), stormWire(r.window(stormBaseline), res.Capacity), w.OKRate, w.OKRate/res.Capacity)
+		var by []string
+		if wire > targetStormWire {
+			by = append(by, fmt.Sprintf("%.2f× capacity on the wire", wire-targetStormWire))
+		}
+		target := fmt.Sprintf("retry storm at %s: with throttled clients, ≤ %.1f× capacity on the wire, and calls served OK ≥ %.0f%% of E's at %s without retries (the sweep's: the shedding controller's level)", loadName(stormLoad), targetStormWire, 100*targetStormOK, loadName(stormLoad))
+		ref, from := res.stormReference(v)
+		if ref == nil || ref.OKRate <= 0 {
+			f("| %s | %s; nothing served OK without retries to compare with | **undetermined** |\n", target, m)
+		} else {
+			m += fmt.Sprintf(", %s of the %.0f/s without retries (%s; goodput there %.0f/s)", pct(w.OKRate/ref.OKRate), ref.OKRate, from, ref.Goodput)
+			if w.OKRate < targetStormOK*ref.OKRate {
+				by = append(by, fmt.Sprintf("%.1f points served OK", 100*(targetStormOK-w.OKRate/ref.OKRate)))
+			}
+			row(target, m, len(by) == 0, strings.Join(by, "; "))
+		}
+	}
+
 	// Health probes, scenario by scenario.
 	var missed []string
 	okAll, nAll := 0, 0
@@ -764,6 +797,90 @@ func (res *Results) neighbourSection(b *strings.Builder, charts map[string]strin
 	}
 }
 
+// stormReference returns variant v's window at the retry storm's load
+// without retries, and where it comes from: the sweep's window at that
+// load when the run has one, else the retry storm's own segment without
+// retries; nil when the run has neither.
+func (res *Results) stormReference(v string) (*Window, string) {
+	if w := res.run("sweep", v).window(loadName(stormLoad)); w != nil {
+		return w, "the sweep's " + loadName(stormLoad)
+	}
+	if w := res.run(retryStorm, v).window(stormBaseline); w != nil {
+		return w, "the retry storm's own segment without retries, for want of a sweep at " + loadName(stormLoad)
+	}
+	return nil, ""
+}
+
+// stormWire returns a retry-storm window's load on the wire, × capacity.
+func stormWire(w *Window, capacity float64) string {
+	if w == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", w.Wire/capacity)
+}
+
+// retryStormSection writes the retry storm's table.
+func (res *Results) retryStormSection(b *strings.Builder, charts map[string]string, rel func(string) string) {
+	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	vs := res.variants()
+	cap := res.Capacity
+	f("## Retry storm\n\n")
+	f("%s capacity of calls throughout, counted as in the other scenarios (one per arrival, however many attempts it takes), from the same ten tenants, against one fresh server per variant, in three segments: ", loadName(stormLoad))
+	sc := res.scenario(retryStorm)
+	var parts, skips []string
+	if sc != nil {
+		for _, s := range sc.Segments {
+			what := ""
+			switch s.Client {
+			case clientOnce:
+				what = "each call is sent once, as in every other scenario"
+			case clientNaive:
+				what = fmt.Sprintf("the application retries every UNAVAILABLE or RESOURCE_EXHAUSTED after a backoff drawn from %v–%v, up to %d attempts in all, while the call's %v deadline leaves room for the backoff, and ignores the rejection's RetryInfo: what most clients do", naiveBackoffMin, naiveBackoffMax, naiveAttempts, res.Config.Deadline)
+			case clientThrottled:
+				what = fmt.Sprintf("no application retries; each tenant's calls go through a connection of its own with the interceptors of `throttle.New(throttle.WithRetries(%d))`, one throttle per tenant as ten separate clients would have: the adaptive throttle drops a call on the client with probability max(0, (requests − %g·accepts)/(requests + 1)) and fails it with `throttle.ErrThrottled`, and rejected calls are retried within the retry budget after the delay in the server's RetryInfo", naiveAttempts, throttle.DefaultK)
+			}
+			parts = append(parts, fmt.Sprintf("**%s** (%v: %s)", s.Name, s.Dur, what))
+			skips = append(skips, s.Skip.String())
+		}
+	}
+	f("%s. The segments' figures start %s into them, leaving the transitions out.\n\n", strings.Join(parts, "; "), strings.Join(skips, ", "))
+	f("On the wire: the attempts that went on the network, counted by a client interceptor chained after the throttle's, so that the calls the throttle dropped are not counted: the load the server saw. ")
+	f("Served OK: calls that ended OK within their deadline, each once however many attempts it took: what the server's work gave the clients. Goodput, as elsewhere, counts those of them that ended within the SLO, from their first attempt to the end of their last, so a call served on a retry, after the wait the server asked for, is served OK but mostly not goodput. ")
+	f("The accepted p99 is over the calls that ended OK, their retries and waits included, and over the attempts the server answered OK. ")
+	f("With K = %g, the adaptive throttle settles where a client sends about K times what the server accepts of it: a server that accepts about its capacity sees about %g× its capacity on the wire from throttled clients.\n\n", throttle.DefaultK, throttle.DefaultK)
+	if c, ok := charts[retryStorm]; ok {
+		f("![retry-storm timeline](%s)\n\n", rel(c))
+	}
+	f("| variant | clients | offered, × capacity | on the wire, × capacity | rejected on the wire/s | dropped on the client/s | served OK/s (× capacity) | served OK vs. no retries | goodput/s | accepted p99, ms: calls / attempts | deadline exceeded/s | health probes |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, v := range vs {
+		r := res.run(retryStorm, v)
+		if r == nil || sc == nil {
+			continue
+		}
+		base, all := r.window(stormBaseline), r.window("all")
+		for _, s := range sc.Segments {
+			w := r.window(s.Name)
+			if w == nil {
+				continue
+			}
+			vsBase := "–"
+			if base != nil && base.OKRate > 0 {
+				vsBase = pct(w.OKRate / base.OKRate)
+			}
+			health := ""
+			if all != nil && s.Client == clientOnce {
+				health = fmt.Sprintf("%d/%d", all.HealthOK, all.HealthSent)
+			}
+			f("| %s | %s | %.2f× | %.2f× | %.0f | %.0f | %.0f (%.2f×) | %s | %.0f | %s / %s | %.1f | %s |\n", v, clientLabel(s.Client), w.Sent/cap, w.Wire/cap, w.WireRejected, w.Dropped, w.OKRate, w.OKRate/cap, vsBase, w.Goodput, num(w.P99, 0), num(w.WireP99, 0), w.Deadline, health)
+		}
+	}
+	f("\nHealth probes over the whole run, on the first row of each variant. ")
+	if ref, from := res.stormReference(targetVariant); ref != nil {
+		f("The target's reference, E's calls served OK at %s without retries: %.0f/s (%s).", loadName(stormLoad), ref.OKRate, from)
+	}
+	f("\n\n")
+}
+
 // neighbourCPU returns the CPU a run's neighbour used, for the tables.
 func neighbourCPU(r *Run) string {
 	if r.Neighbour == nil {
@@ -821,21 +938,23 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		{"burst", "Tenant burst (heavy tenant 5× from 5 s to 15 s)"},
 		{neighbourIdle, "Idle server (0.5×) beside a CPU-burning neighbour"},
 		{neighbourOverload, "Overload (2×) beside a CPU-burning neighbour"},
+		{retryStorm, "Retry storm at 3×: no retries, naive retries, throttled"},
 	} {
 		if !res.hasScenario(sc.name) {
 			continue
 		}
-		var good, scale, lat, light, limit []fgplot.Series
+		var good, scale, lat, light, limit, wire []fgplot.Series
 		var offered plotter.XYs
 		for _, v := range vs {
 			r := res.run(sc.name, v)
 			if r == nil {
 				continue
 			}
-			var g, l, lt plotter.XYs
+			var g, l, lt, wx plotter.XYs
 			for _, s := range r.Seconds {
 				x := float64(s.T) + 0.5
 				g = append(g, plotter.XY{X: x, Y: float64(s.Good)})
+				wx = append(wx, plotter.XY{X: x, Y: float64(s.Wire)})
 				y := s.P99
 				if y < 0 {
 					y = math.NaN()
@@ -850,6 +969,9 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 			good = append(good, fgplot.Series{Name: v, Color: col, XYs: g})
 			lat = append(lat, fgplot.Series{Name: v, Color: col, XYs: l})
 			light = append(light, fgplot.Series{Name: v, Color: col, XYs: lt})
+			if r.Wire {
+				wire = append(wire, fgplot.Series{Name: v, Color: col, XYs: wx})
+			}
 			if v == "C" || v == "D" {
 				var sx plotter.XYs
 				for _, p := range r.Gate {
@@ -884,6 +1006,13 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 		if sc.name == "burst" {
 			p := fgplot.TimePanel("", "light tenants' success (%)", light)
 			p.Y.Min, p.Y.Max = 0, 135
+			panels = append(panels, p)
+		}
+		if len(wire) > 0 {
+			// The offered calls again, for scale: the wire carries their
+			// attempts.
+			p := fgplot.TimePanel("", "attempts on the wire (/s)", append(wire, good[len(good)-1]))
+			p.Y.Min = 0
 			panels = append(panels, p)
 		}
 		if len(scale) > 0 {

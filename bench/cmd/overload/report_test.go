@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,9 +13,12 @@ import (
 
 // synthRaw makes a run's raw record without a server: every tenant sends
 // at its rate, each call ends by outcome(call start, tenant), with polls of
-// a concurrency limiter every 250 ms.
+// a concurrency limiter every 250 ms. Where the scenario's clients retry,
+// every call is one attempt on the wire at its start, but a rejected call
+// of a naive segment is naiveAttempts, and every other rejected call of a
+// throttled segment was dropped on the client.
 func synthRaw(sc Scenario, capacity float64, outcome func(at time.Duration, tenant int) (outcome, time.Duration)) *rawRun {
-	raw := &rawRun{}
+	raw := &rawRun{Wire: sc.retries()}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range numTenants {
 		for t := time.Duration(0); t < sc.Duration(); {
@@ -25,7 +29,25 @@ func synthRaw(sc Scenario, capacity float64, outcome func(at time.Duration, tena
 				break
 			}
 			out, lat := outcome(t, i)
-			raw.Calls = append(raw.Calls, callRec{At: t, Lat: lat, Tenant: uint8(i), Out: out})
+			c := callRec{At: t, Lat: lat, Tenant: uint8(i), Out: out}
+			tries := 1
+			if raw.Wire && out == outRejected {
+				switch sc.Segments[sc.segmentAt(t)].Client {
+				case clientNaive:
+					tries = naiveAttempts
+				case clientThrottled:
+					c.Dropped = raw.Sent[i]%2 == 0
+					if c.Dropped {
+						tries = 0
+					}
+				}
+			}
+			for range tries {
+				if raw.Wire {
+					raw.Attempts = append(raw.Attempts, attemptRec{At: t, Lat: lat, Out: out})
+				}
+			}
+			raw.Calls = append(raw.Calls, c)
 			raw.Sent[i]++
 		}
 	}
@@ -60,6 +82,10 @@ func TestReportSections(t *testing.T) {
 				if tenant == heavyTenant && at%(3*time.Millisecond) == 0 {
 					return outRejected, time.Millisecond
 				}
+				// In the retry storm, half of the heavy tenant's calls.
+				if sc.Name == retryStorm && tenant == heavyTenant && at/time.Microsecond%2 == 0 {
+					return outRejected, time.Millisecond
+				}
 				return outOK, 10 * time.Millisecond
 			}
 			run := analyse(synthRaw(sc, capacity, outcome), sc, v, serverReady{}, capacity, slo)
@@ -74,6 +100,22 @@ func TestReportSections(t *testing.T) {
 	}
 	if r := res.run("burst", "E"); r.window("burst").FairJain <= 0 || r.window("burst").FairJain > 1 {
 		t.Errorf("burst/E: fair-share Jain %v", r.window("burst").FairJain)
+	}
+	// The wire counts each attempt: a naive rejected call thrice, a
+	// dropped call not at all.
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+	storm := res.run(retryStorm, "E")
+	if w := storm.window(stormBaseline); !near(w.Wire, w.Sent) || w.Dropped != 0 {
+		t.Errorf("%s/E %s: on the wire %v/s, dropped %v/s, for %v/s sent; want as many on the wire, none dropped", retryStorm, w.Name, w.Wire, w.Dropped, w.Sent)
+	}
+	if w := storm.window(clientNaive); w.Rejected == 0 || !near(w.Wire, w.Sent+(naiveAttempts-1)*w.Rejected) || !near(w.WireRejected, naiveAttempts*w.Rejected) {
+		t.Errorf("%s/E %s: on the wire %v/s (rejected %v/s) for %v/s sent and %v/s rejected", retryStorm, w.Name, w.Wire, w.WireRejected, w.Sent, w.Rejected)
+	}
+	if w := storm.window(clientThrottled); w.Dropped == 0 || !near(w.Wire, w.Sent-w.Dropped) {
+		t.Errorf("%s/E %s: on the wire %v/s, dropped %v/s, for %v/s sent", retryStorm, w.Name, w.Wire, w.Dropped, w.Sent)
+	}
+	if r := res.run(retryStorm, "P3"); !r.Wire || r.window(clientNaive).Wire == 0 {
+		t.Errorf("%s/P3: wire %v, naive window %+v", retryStorm, r.Wire, r.window(clientNaive))
 	}
 
 	dir := t.TempDir()
@@ -100,6 +142,10 @@ func TestReportSections(t *testing.T) {
 		"Jain's index, shares of fair share",
 		"aegis takes any cgroup path other than `/`",
 		"P4, platinummonkey/go-concurrency-limits",
+		"## Retry storm",
+		"| E | throttled: `throttle.New(throttle.WithRetries(3))` |",
+		"retry storm at 3×: with throttled clients, ≤ 1.5× capacity on the wire",
+		"for want of a sweep at 3×",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("the report lacks %q", want)
@@ -108,7 +154,7 @@ func TestReportSections(t *testing.T) {
 	if bytes.Contains(report, []byte("NaN")) {
 		t.Error("the report shows NaN")
 	}
-	for _, name := range []string{"overload-neighbour-idle.png", "overload-neighbour-overload.png", "overload-capchange.png"} {
+	for _, name := range []string{"overload-neighbour-idle.png", "overload-neighbour-overload.png", "overload-capchange.png", "overload-retry-storm.png"} {
 		b, err := os.ReadFile(filepath.Join(dir, "charts", name))
 		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 			t.Errorf("chart %s: %v", name, err)
