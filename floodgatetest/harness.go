@@ -119,7 +119,7 @@ func Start(cfg Config) (*Harness, error) {
 		methods = []string{DefaultMethod}
 	}
 	h := &Harness{clock: &clock{now: Epoch}, methods: map[string]bool{}, done: make(chan struct{})}
-	kopts := []keyed.Option{keyed.WithClock(keyed.ClockFunc(h.clock.Now))}
+	kopts := []keyed.Option{keyed.WithClock(h.clock)}
 	if cfg.Capacity > 0 {
 		// One shard: with several, which new callers share an overflow
 		// bucket would depend on the store's random hash seed, and a

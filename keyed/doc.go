@@ -43,7 +43,8 @@
 // creation (cheaper than time.Now). [Map.TakeAt] takes the time from the
 // caller. A time earlier than a bucket's last take counts as that take's
 // time, so concurrent callers that read the clock before taking the lock
-// never move a bucket backwards. [WithClock] substitutes a fake clock.
+// never move a bucket backwards. [WithClock] substitutes any
+// [floodgate.Clock], such as a test's fake one.
 //
 // # Concurrency
 //
@@ -56,14 +57,15 @@
 //
 // # Edge cases
 //
-// A take of 0 tokens reports the bucket without changing it. [Map.TakeN]
-// and [Map.WaitN] reject a negative n with [ErrNegativeN]; [Map.TakeAt],
-// which validates nothing, treats it like 0. A take of more than the burst
-// is rejected with RetryAfter [floodgate.Never] and creates nothing;
-// [Map.TakeN] and [Map.WaitN] also return [floodgate.ErrExceedsBurst] for it,
-// as every [floodgate.Store] does, except under the zero Limit, which admits
-// nothing by design: its takes are refused without an error, and WaitN
-// returns [floodgate.ErrWouldExceedDeadline]. [floodgate.Inf] admits
-// everything and keeps no state. The empty key is an ordinary key, and keys
-// may be of any length: only a hash of each is stored.
+// A take of 0 tokens reports the bucket without changing it. [Map.TakeN] and
+// [Map.WaitN] reject a negative n with [floodgate.ErrNegativeN];
+// [Map.TakeAt], which validates nothing, treats it like 0. A take of more
+// than the burst is rejected with RetryAfter [floodgate.Never] and creates
+// nothing; [Map.TakeN] and [Map.WaitN] also return
+// [floodgate.ErrExceedsBurst] for it, as every [floodgate.Store] does,
+// except under the zero Limit, which admits nothing by design: its takes are
+// refused without an error, and WaitN returns
+// [floodgate.ErrWouldExceedDeadline]. [floodgate.Inf] admits everything and
+// keeps no state. The empty key is an ordinary key, and keys may be of any
+// length: only a hash of each is stored.
 package keyed

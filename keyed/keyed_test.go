@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -18,7 +19,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func newMap(t testing.TB, opts ...Option) *Map {
 	t.Helper()
-	m, err := New(append([]Option{WithClock(ClockFunc(func() time.Time { return t0 }))}, opts...)...)
+	m, err := New(append([]Option{WithClock(floodgate.ClockFunc(func() time.Time { return t0 }))}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -132,7 +133,7 @@ func TestTakeNErrors(t *testing.T) {
 		n    int
 		want error
 	}{
-		{floodgate.PerSecond(1, 1), -1, ErrNegativeN},
+		{floodgate.PerSecond(1, 1), -1, floodgate.ErrNegativeN},
 		{floodgate.PerSecond(math.NaN(), 1), 1, floodgate.ErrInvalidLimit},
 		{floodgate.PerSecond(-1, 1), 1, floodgate.ErrInvalidLimit},
 		{floodgate.PerSecond(1, -1), 1, floodgate.ErrInvalidLimit},
@@ -173,16 +174,20 @@ func TestTakeNExceedsBurst(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	for _, opts := range [][]Option{
-		{WithCapacity(0)},
-		{WithCapacity(-5)},
-		{WithShards(3)},
-		{WithShards(2048)},
-		{WithShards(-2)},
-		{WithPressure(Pressure(7))},
+	for _, c := range []struct {
+		opt  Option
+		name string // the option the error must name, with its value
+	}{
+		{WithCapacity(0), "WithCapacity(0)"},
+		{WithCapacity(-5), "WithCapacity(-5)"},
+		{WithShards(3), "WithShards(3)"},
+		{WithShards(2048), "WithShards(2048)"},
+		{WithShards(-2), "WithShards(-2)"},
+		{WithPressure(Pressure(7)), "WithPressure(7)"},
 	} {
-		if _, err := New(opts...); !errors.Is(err, ErrInvalidOption) {
-			t.Errorf("New(%d options) error = %v, want ErrInvalidOption", len(opts), err)
+		_, err := New(c.opt)
+		if !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("New(%s) error = %v, want floodgate.ErrInvalidOption naming %s", c.name, err, c.name)
 		}
 	}
 }

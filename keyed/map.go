@@ -32,7 +32,7 @@ type Map struct {
 	sshift   uint // 64 - log2(stripes)
 	capacity int64
 	base     time.Time
-	clock    Clock
+	clock    floodgate.Clock
 	onEvict  func(Eviction)
 	evictNF  bool
 
@@ -166,13 +166,13 @@ func (m *Map) at(t time.Time) int64 {
 }
 
 // TakeN takes n tokens from key's bucket under lim, reading the clock once.
-// See [Map.TakeAt] for the semantics. The context is not used: a memory
-// take never blocks on I/O. The error is non-nil only for an invalid limit,
-// a negative n, and n > lim.Burst under a limit with a positive burst:
-// [floodgate.ErrExceedsBurst], with the Result TakeAt gives (refused with
-// RetryAfter [floodgate.Never], nothing taken), as [floodgate.Store]
-// requires. Keys may be of any length: the Map stores a 62-bit hash of each,
-// not its bytes.
+// See [Map.TakeAt] for the semantics. The context is not used: a memory take
+// never blocks on I/O. The error is non-nil only for an invalid limit, a
+// negative n ([floodgate.ErrNegativeN]), and n > lim.Burst under a limit
+// with a positive burst: [floodgate.ErrExceedsBurst], with the Result TakeAt
+// gives (refused with RetryAfter [floodgate.Never], nothing taken), as
+// [floodgate.Store] requires. Keys may be of any length: the Map stores a
+// 62-bit hash of each, not its bytes.
 func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	if err := check(lim, n); err != nil {
 		return floodgate.Result{}, err
@@ -205,7 +205,7 @@ func (m *Map) TakeAt(key string, lim floodgate.Limit, n int, now time.Time) floo
 
 func check(lim floodgate.Limit, n int) error {
 	if n < 0 {
-		return ErrNegativeN
+		return floodgate.ErrNegativeN
 	}
 	if lim.Rate >= 0 && lim.Burst > 0 && lim.Burst <= floodgate.MaxBurst {
 		return nil // the common case, without a call

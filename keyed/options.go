@@ -1,26 +1,14 @@
 package keyed
 
 import (
-	"errors"
 	"fmt"
-	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // DefaultCapacity is the number of keys a Map tracks when no
 // [WithCapacity] option is given.
 const DefaultCapacity = 100_000
-
-// A Clock tells the time. Tests and simulations pass a fake one with
-// [WithClock]; the zero configuration reads the monotonic clock.
-type Clock interface {
-	Now() time.Time
-}
-
-// ClockFunc adapts a function to a [Clock].
-type ClockFunc func() time.Time
-
-// Now returns f().
-func (f ClockFunc) Now() time.Time { return f() }
 
 // Pressure says what a full Map does when a new key arrives and the
 // eviction scan finds no full bucket to drop.
@@ -61,7 +49,7 @@ type Option func(*options)
 type options struct {
 	capacity int
 	shards   int
-	clock    Clock
+	clock    floodgate.Clock
 	onEvict  func(Eviction)
 	pressure Pressure
 }
@@ -83,7 +71,7 @@ func WithShards(n int) Option { return func(o *options) { o.shards = n } }
 // WithClock makes the Map read time from c instead of the monotonic clock:
 // for tests and simulations. A nil c restores the default. A later call
 // replaces an earlier one.
-func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
+func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 // WithOnEvict registers f to be called after each eviction, on the
 // goroutine whose take caused it, after the shard lock is released (so f may
@@ -95,16 +83,13 @@ func WithOnEvict(f func(Eviction)) Option { return func(o *options) { o.onEvict 
 // evict. The default is [Protect]. A later call replaces an earlier one.
 func WithPressure(p Pressure) Option { return func(o *options) { o.pressure = p } }
 
-// ErrInvalidOption is wrapped by every configuration error of [New].
-var ErrInvalidOption = errors.New("keyed: invalid option")
-
 func buildOptions(opts []Option) (options, error) {
 	o := options{capacity: DefaultCapacity}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.capacity < 1 {
-		return o, fmt.Errorf("%w: capacity %d must be ≥ 1", ErrInvalidOption, o.capacity)
+		return o, fmt.Errorf("%w: keyed: WithCapacity(%d): the capacity must be at least 1", floodgate.ErrInvalidOption, o.capacity)
 	}
 	if o.shards == 0 {
 		// Enough shards that two cores rarely meet on one lock, but at
@@ -116,10 +101,10 @@ func buildOptions(opts []Option) (options, error) {
 		}
 	}
 	if o.shards < 1 || o.shards > 1024 || o.shards&(o.shards-1) != 0 {
-		return o, fmt.Errorf("%w: shards %d must be a power of two from 1 to 1024", ErrInvalidOption, o.shards)
+		return o, fmt.Errorf("%w: keyed: WithShards(%d): the shard count must be a power of two from 1 to 1024", floodgate.ErrInvalidOption, o.shards)
 	}
 	if o.pressure > Evict {
-		return o, fmt.Errorf("%w: unknown pressure policy %d", ErrInvalidOption, o.pressure)
+		return o, fmt.Errorf("%w: keyed: WithPressure(%d): no such policy", floodgate.ErrInvalidOption, o.pressure)
 	}
 	return o, nil
 }

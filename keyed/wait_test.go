@@ -82,7 +82,7 @@ func TestWaitNFailsFast(t *testing.T) {
 		if err := m.WaitN(context.Background(), "z", floodgate.PerSecond(0, 1), 1); !errors.Is(err, floodgate.ErrWouldExceedDeadline) {
 			t.Errorf("WaitN on a bucket that never refills = %v, want ErrWouldExceedDeadline", err)
 		}
-		if err := m.WaitN(ctx, "k", lim, -1); !errors.Is(err, ErrNegativeN) {
+		if err := m.WaitN(ctx, "k", lim, -1); !errors.Is(err, floodgate.ErrNegativeN) {
 			t.Errorf("WaitN(-1) = %v, want ErrNegativeN", err)
 		}
 		cancel()
