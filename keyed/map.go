@@ -138,10 +138,6 @@ func New(opts ...Option) (*Map, error) {
 	return m, nil
 }
 
-// Hash returns the 62-bit hash that the Map stores for key, as reported in
-// an [Eviction].
-func (m *Map) Hash(key string) uint64 { return keyOf(maphash.String(m.seed, key)) }
-
 func (m *Map) shardOf(h uint64) *shard {
 	if m.shift == 64 {
 		return &m.shards[0]

@@ -30,12 +30,13 @@ const (
 	Evict
 )
 
-// An Eviction describes a bucket dropped to make room for a new key. The
-// Map keeps no key strings, so it names the bucket by its key's hash, as
-// [Map.Hash] computes it.
+// An Eviction describes a bucket dropped to make room for a new key.
 type Eviction struct {
-	// Hash is the evicted key's 62-bit hash, as [Map.Hash] returns it for
-	// that key.
+	// Hash is a 62-bit hash of the evicted key under the Map's random seed.
+	// The Map keeps no key bytes, so this is all it can say of the key:
+	// evictions of one key from one Map carry the same Hash, which tells a
+	// key evicted again and again from many keys evicted once, but the key
+	// cannot be recovered from it.
 	Hash uint64
 	// Full reports whether the bucket had refilled. Evicting a full bucket
 	// changes no decision; evicting one that was not full hands its client
