@@ -21,7 +21,7 @@ func TestCapacityBound(t *testing.T) {
 		for i := 0; i < 10_000; i++ {
 			// Each key drains a little, then time passes: half the old
 			// buckets are full again when new keys arrive.
-			m.TakeAt(strconv.Itoa(i), lim, 1, t0.Add(time.Duration(i)*100*time.Microsecond))
+			takeAt(t, m, strconv.Itoa(i), lim, 1, t0.Add(time.Duration(i)*100*time.Microsecond))
 			if n := m.Len(); n > 1000 {
 				t.Fatalf("pressure %d: Len() = %d after %d keys, want ≤ 1000", p, n, i+1)
 			}
@@ -54,7 +54,7 @@ func TestUnevenShards(t *testing.T) {
 	lim := floodgate.PerSecond(1, 5)
 	keys := keysInShard(m, 256)
 	for _, k := range keys {
-		m.TakeAt(k, lim, 1, t0)
+		takeAt(t, m, k, lim, 1, t0)
 	}
 	if got := m.Len(); got != 256 {
 		t.Fatalf("Len() = %d, want 256", got)
@@ -74,12 +74,12 @@ func TestUnevenShards(t *testing.T) {
 func TestFloodProtectsActiveKeys(t *testing.T) {
 	m := newMap(t, WithCapacity(100), WithShards(4))
 	lim := floodgate.PerSecond(1, 10) // slow refill: drained buckets stay drained
-	if r := m.TakeAt("victim", lim, 10, t0); !r.Allowed {
+	if r := takeAt(t, m, "victim", lim, 10, t0); !r.Allowed {
 		t.Fatal("drain rejected")
 	}
 	for i := 0; i < 10_000; i++ {
 		at := t0.Add(time.Duration(i) * time.Millisecond) // 10 s in all
-		m.TakeAt("made-up-"+strconv.Itoa(i), lim, 1, at)
+		takeAt(t, m, "made-up-"+strconv.Itoa(i), lim, 1, at)
 	}
 	at := t0.Add(5 * time.Second)
 	if got := m.TokensAt("victim", lim, at); got != 5 {
@@ -102,10 +102,10 @@ func TestFloodProtectsActiveKeys(t *testing.T) {
 func TestOverflowIsShared(t *testing.T) {
 	m := newMap(t, WithCapacity(1), WithShards(1))
 	lim := floodgate.PerSecond(1, 3)
-	m.TakeAt("resident", lim, 1, t0) // not full: protected
+	takeAt(t, m, "resident", lim, 1, t0) // not full: protected
 	admitted := 0
 	for i := 0; i < 100; i++ {
-		if m.TakeAt("new-"+strconv.Itoa(i), lim, 1, t0).Allowed {
+		if takeAt(t, m, "new-"+strconv.Itoa(i), lim, 1, t0).Allowed {
 			admitted++
 		}
 	}
@@ -120,10 +120,10 @@ func TestEvictAccounting(t *testing.T) {
 	m := newMap(t, WithCapacity(2), WithShards(1), WithPressure(Evict),
 		WithOnEvict(func(e Eviction) { got = append(got, e) }))
 	lim := floodgate.PerSecond(1, 2)
-	m.TakeAt("a", lim, 1, t0)                  // a: 1 token, full at +1s
-	m.TakeAt("b", lim, 2, t0)                  // b: 0 tokens, full at +2s
-	m.TakeAt("c", lim, 1, t0.Add(time.Second)) // a is full again: evicted harmlessly
-	m.TakeAt("d", lim, 1, t0.Add(time.Second)) // b and c not full: one must go
+	takeAt(t, m, "a", lim, 1, t0)                  // a: 1 token, full at +1s
+	takeAt(t, m, "b", lim, 2, t0)                  // b: 0 tokens, full at +2s
+	takeAt(t, m, "c", lim, 1, t0.Add(time.Second)) // a is full again: evicted harmlessly
+	takeAt(t, m, "d", lim, 1, t0.Add(time.Second)) // b and c not full: one must go
 	want := []Eviction{{Hash: keyOf(maphash.String(m.seed, "a")), Full: true}}
 	if len(got) < 1 || !cmp.Equal(got[0], want[0]) {
 		t.Fatalf("first eviction = %+v, want %+v", got, want)
@@ -158,10 +158,10 @@ func TestEvictPrefersIdle(t *testing.T) {
 	m := newMap(t, WithCapacity(3), WithShards(1))
 	lim := floodgate.PerSecond(100, 1)
 	for _, k := range []string{"x", "y", "z"} {
-		m.TakeAt(k, lim, 1, t0)
+		takeAt(t, m, k, lim, 1, t0)
 	}
 	at := t0.Add(time.Second) // all full again
-	m.TakeAt("new1", lim, 1, at)
+	takeAt(t, m, "new1", lim, 1, at)
 	// The scan cleared every reference bit and evicted one; now touch two
 	// of the remaining residents and add a key: the untouched one goes.
 	var resident []string
@@ -174,9 +174,9 @@ func TestEvictPrefersIdle(t *testing.T) {
 		t.Fatalf("residents after one eviction = %v, want 2", resident)
 	}
 	at = at.Add(time.Second)
-	m.TakeAt(resident[0], lim, 1, at.Add(-500*time.Millisecond)) // used, full again by at
-	m.TakeAt("new1", lim, 1, at.Add(-500*time.Millisecond))
-	m.TakeAt("new2", lim, 1, at)
+	takeAt(t, m, resident[0], lim, 1, at.Add(-500*time.Millisecond)) // used, full again by at
+	takeAt(t, m, "new1", lim, 1, at.Add(-500*time.Millisecond))
+	takeAt(t, m, "new2", lim, 1, at)
 	if tracks(m, resident[1]) {
 		t.Errorf("idle %q survived while a used bucket was evicted", resident[1])
 	}
@@ -189,14 +189,14 @@ func TestLenNeverExceedsCapacity(t *testing.T) {
 	m := newMap(t, WithCapacity(capacity), WithShards(16))
 	lim := floodgate.PerSecond(0.001, 1)
 	for i := 0; m.Len() < capacity; i++ {
-		m.TakeAt("fill"+strconv.Itoa(i), lim, 1, t0) // drained: protected
+		takeAt(t, m, "fill"+strconv.Itoa(i), lim, 1, t0) // drained: protected
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
-				m.TakeAt("new"+strconv.Itoa(g)+"-"+strconv.Itoa(i), lim, 1, t0)
+				takeAt(t, m, "new"+strconv.Itoa(g)+"-"+strconv.Itoa(i), lim, 1, t0)
 			}
 		})
 	}
@@ -217,12 +217,12 @@ func TestLenNeverExceedsCapacity(t *testing.T) {
 func TestFarTimes(t *testing.T) {
 	m := newMap(t)
 	lim := floodgate.PerSecond(10, 5)
-	m.TakeAt("k", lim, 5, time.Time{})
-	if res := m.TakeAt("k", lim, 1, time.Now()); !res.Allowed || res.Remaining != 4 {
+	takeAt(t, m, "k", lim, 5, time.Time{})
+	if res := takeAt(t, m, "k", lim, 1, time.Now()); !res.Allowed || res.Remaining != 4 {
 		t.Errorf("take today on a bucket drained in year 1 = %+v, want allowed with 4 left", res)
 	}
 	far := time.Now().AddDate(500, 0, 0)
-	if res := m.TakeAt("k", lim, 5, far); !res.Allowed {
+	if res := takeAt(t, m, "k", lim, 5, far); !res.Allowed {
 		t.Errorf("take in 500 years = %+v, want allowed", res)
 	}
 }
@@ -245,10 +245,10 @@ func TestEvictFromOtherShards(t *testing.T) {
 	later := t0.Add(time.Hour)
 	for _, p := range []Pressure{Protect, Evict} {
 		m := newMap(t, WithCapacity(1), WithShards(2), WithPressure(p))
-		m.TakeAt("a", lim, 1, t0) // full again by later
+		takeAt(t, m, "a", lim, 1, t0) // full again by later
 		b := otherShard(m, "a", 1)[0]
-		m.TakeAt(b, lim, 1, later)
-		if res := m.TakeAt(b, lim, 1, later); res.Allowed || !tracks(m, b) || tracks(m, "a") {
+		takeAt(t, m, b, lim, 1, later)
+		if res := takeAt(t, m, b, lim, 1, later); res.Allowed || !tracks(m, b) || tracks(m, "a") {
 			t.Errorf("%v: a new key beside a full bucket in another shard: tracked %v, second take %+v; want its own bucket, drained",
 				p, tracks(m, b), res)
 		}
@@ -258,9 +258,9 @@ func TestEvictFromOtherShards(t *testing.T) {
 	}
 	// Under Protect a drained bucket stays, wherever the new key falls.
 	m := newMap(t, WithCapacity(1), WithShards(2))
-	m.TakeAt("a", lim, 1, t0)
+	takeAt(t, m, "a", lim, 1, t0)
 	for _, b := range otherShard(m, "a", 3) {
-		m.TakeAt(b, lim, 1, t0)
+		takeAt(t, m, b, lim, 1, t0)
 	}
 	if !tracks(m, "a") {
 		t.Error("Protect evicted a drained bucket from another shard")

@@ -26,7 +26,7 @@ func TestConcurrentExact(t *testing.T) {
 	lim := floodgate.PerSecond(rate, burst)
 	// Drain the burst so the bucket stays below its cap for the whole run:
 	// a cap would drop tokens legitimately and hide a real loss.
-	if r := m.TakeAt("k", lim, burst, t0); !r.Allowed {
+	if r := takeAt(t, m, "k", lim, burst, t0); !r.Allowed {
 		t.Fatal("initial drain rejected")
 	}
 	var clock atomic.Int64
@@ -39,7 +39,7 @@ func TestConcurrentExact(t *testing.T) {
 			defer wg.Done()
 			for !done.Load() {
 				now := t0.Add(time.Duration(clock.Load()))
-				if m.TakeAt("k", lim, 1, now).Allowed {
+				if takeAt(t, m, "k", lim, 1, now).Allowed {
 					admitted.Add(1)
 				}
 			}
@@ -90,7 +90,7 @@ func TestConcurrentKeys(t *testing.T) {
 				case 1:
 					m.Peek(key, lim)
 				default:
-					m.TakeAt(key, lim, 1, time.Now())
+					takeAt(t, m, key, lim, 1, time.Now())
 				}
 			}
 		}()
@@ -131,7 +131,7 @@ func TestConcurrentMoves(t *testing.T) {
 					m.Reset(key)
 					continue
 				}
-				m.TakeAt(key, clim, 1, t0.Add(time.Duration(i+1)*time.Microsecond))
+				takeAt(t, m, key, clim, 1, t0.Add(time.Duration(i+1)*time.Microsecond))
 			}
 		}()
 	}
@@ -143,7 +143,7 @@ func TestConcurrentMoves(t *testing.T) {
 				v := i % victims
 				// Later than every churn take, so that the churn
 				// buckets are full when a victim needs room.
-				if m.TakeAt(fmt.Sprint("victim-", v), vlim, 1, t0.Add(time.Hour)).Allowed {
+				if takeAt(t, m, fmt.Sprint("victim-", v), vlim, 1, t0.Add(time.Hour)).Allowed {
 					admitted[v].Add(1)
 				}
 			}
@@ -170,7 +170,7 @@ func TestConcurrentMoves(t *testing.T) {
 func TestConcurrentPeekTake(t *testing.T) {
 	m := newMap(t, WithShards(1))
 	lim := floodgate.PerSecond(1e9, 1_000_000)
-	m.TakeAt("k", lim, 1, t0)
+	takeAt(t, m, "k", lim, 1, t0)
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
@@ -180,7 +180,7 @@ func TestConcurrentPeekTake(t *testing.T) {
 				if (i+w)%2 == 0 {
 					m.Peek("k", lim)
 				} else {
-					m.TakeAt("k", lim, 1, t0)
+					takeAt(t, m, "k", lim, 1, t0)
 				}
 			}
 		}()

@@ -57,14 +57,13 @@
 //
 // # Edge cases
 //
-// A take of 0 tokens reports the bucket without changing it. [Map.TakeN] and
-// [Map.WaitN] reject a negative n with [floodgate.ErrNegativeN];
-// [Map.TakeAt], which validates nothing, treats it like 0. A take of more
-// than the burst is rejected with RetryAfter [floodgate.Never] and creates
-// nothing; [Map.TakeN] and [Map.WaitN] also return
-// [floodgate.ErrExceedsBurst] for it, as every [floodgate.Store] does,
-// except under the zero Limit, which admits nothing by design: its takes are
-// refused without an error, and WaitN returns
+// A take of 0 tokens reports the bucket without changing it. [Map.TakeN],
+// [Map.TakeAt] and [Map.WaitN] reject a negative n with
+// [floodgate.ErrNegativeN], and an invalid limit. A take of more than the
+// burst is refused with RetryAfter [floodgate.Never], creates nothing, and
+// returns [floodgate.ErrExceedsBurst], as every [floodgate.Store] does,
+// except under the zero Limit, which admits nothing by design: its takes
+// are refused without an error, and WaitN returns
 // [floodgate.ErrWouldExceedDeadline]. [floodgate.Inf] admits everything and
 // keeps no state. The empty key is an ordinary key, and keys may be of any
 // length: only a hash of each is stored.

@@ -29,10 +29,12 @@ func ExampleMap_TakeAt() {
 	m, _ := keyed.New()
 	lim := floodgate.PerSecond(10, 1)
 	start := time.Now()
-	fmt.Println(m.TakeAt("k", lim, 1, start).Allowed)
-	res := m.TakeAt("k", lim, 1, start)
+	res, _ := m.TakeAt("k", lim, 1, start)
+	fmt.Println(res.Allowed)
+	res, _ = m.TakeAt("k", lim, 1, start)
 	fmt.Println(res.Allowed, res.RetryAfter)
-	fmt.Println(m.TakeAt("k", lim, 1, start.Add(res.RetryAfter)).Allowed)
+	res, _ = m.TakeAt("k", lim, 1, start.Add(res.RetryAfter))
+	fmt.Println(res.Allowed)
 	// Output:
 	// true
 	// false 100ms

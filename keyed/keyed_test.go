@@ -27,6 +27,17 @@ func newMap(t testing.TB, opts ...Option) *Map {
 	return m
 }
 
+// takeAt is m.TakeAt for takes that are valid, though they may exceed the
+// burst: it reports any other error.
+func takeAt(t testing.TB, m *Map, key string, lim floodgate.Limit, n int, at time.Time) floodgate.Result {
+	t.Helper()
+	res, err := m.TakeAt(key, lim, n, at)
+	if err != nil && !errors.Is(err, floodgate.ErrExceedsBurst) {
+		t.Errorf("TakeAt(%q, %v, %d) error = %v", key, lim, n, err)
+	}
+	return res
+}
+
 func TestStateSize(t *testing.T) {
 	if got, max := unsafe.Sizeof(state{}), uintptr(48); got > max {
 		t.Errorf("sizeof(state) = %d, want ≤ %d", got, max)
@@ -51,7 +62,10 @@ func TestVectors(t *testing.T) {
 				if s.Limit != nil {
 					lim = s.Limit.Limit()
 				}
-				got := m.TakeAt("k", lim, s.N, t0.Add(time.Duration(s.AtUS)*time.Microsecond))
+				got, err := m.TakeAt("k", lim, s.N, t0.Add(time.Duration(s.AtUS)*time.Microsecond))
+				if wantErr := s.N > lim.Burst && lim.Burst > 0 && !lim.IsInf(); wantErr != errors.Is(err, floodgate.ErrExceedsBurst) || !wantErr && err != nil {
+					t.Errorf("step %d: TakeAt(at %dus, n %d) error = %v, want ErrExceedsBurst: %v", i, s.AtUS, s.N, err, wantErr)
+				}
 				type view struct {
 					Allowed                  bool
 					Remaining                int
@@ -115,7 +129,7 @@ func TestTakeSteps(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			m := newMap(t)
 			for i, s := range c.steps {
-				got := m.TakeAt(s.key, c.lim, s.n, t0.Add(s.at))
+				got := takeAt(t, m, s.key, c.lim, s.n, t0.Add(s.at))
 				if got.Allowed != s.allowed || got.Remaining != s.remain && !c.lim.IsInf() {
 					t.Errorf("step %d: TakeAt(%q, %v, %d, +%v) = allowed %v remaining %d, want %v %d",
 						i, s.key, c.lim, s.n, s.at, got.Allowed, got.Remaining, s.allowed, s.remain)
@@ -144,6 +158,9 @@ func TestTakeNErrors(t *testing.T) {
 		if _, err := m.TakeN(ctx, "k", c.lim, c.n); !errors.Is(err, c.want) {
 			t.Errorf("TakeN(%v, %d) error = %v, want %v", c.lim, c.n, err, c.want)
 		}
+		if _, err := m.TakeAt("k", c.lim, c.n, t0); !errors.Is(err, c.want) {
+			t.Errorf("TakeAt(%v, %d) error = %v, want %v", c.lim, c.n, err, c.want)
+		}
 	}
 	if m.Len() != 0 {
 		t.Errorf("Len() = %d after invalid takes, want 0", m.Len())
@@ -151,8 +168,9 @@ func TestTakeNErrors(t *testing.T) {
 }
 
 // TestTakeNExceedsBurst: a take of more than a positive burst fails with
-// ErrExceedsBurst and a refusal for good, taking nothing; the zero Limit
-// refuses without an error (floodgate.Store's contract).
+// ErrExceedsBurst and a refusal for good, taking nothing, from TakeN and
+// TakeAt alike; the zero Limit refuses without an error (floodgate.Store's
+// contract).
 func TestTakeNExceedsBurst(t *testing.T) {
 	m := newMap(t)
 	ctx := context.Background()
@@ -163,6 +181,10 @@ func TestTakeNExceedsBurst(t *testing.T) {
 	res, err := m.TakeN(ctx, "k", lim, 6)
 	if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never || res.Remaining != 3 {
 		t.Errorf("TakeN(n 6 > burst 5) = %+v, %v; want refused for good, 3 left, ErrExceedsBurst", res, err)
+	}
+	res, err = m.TakeAt("new", lim, 6, t0)
+	if !errors.Is(err, floodgate.ErrExceedsBurst) || res.Allowed || res.RetryAfter != floodgate.Never || res.Remaining != 5 || m.Len() != 1 {
+		t.Errorf("TakeAt(new key, n 6 > burst 5) = %+v, %v, Len %d; want refused for good, 5 left, ErrExceedsBurst, no bucket", res, err, m.Len())
 	}
 	res, err = m.TakeN(ctx, "zero", floodgate.Limit{}, 1)
 	if err != nil || res.Allowed || res.RetryAfter != floodgate.Never {
@@ -201,7 +223,7 @@ func TestPeekAndTokens(t *testing.T) {
 	if m.Len() != 0 {
 		t.Errorf("Peek created a bucket: Len() = %d", m.Len())
 	}
-	m.TakeAt("k", lim, 4, t0)
+	takeAt(t, m, "k", lim, 4, t0)
 	if got, want := m.TokensAt("k", lim, t0.Add(50*time.Millisecond)), 6.5; got != want {
 		t.Errorf("TokensAt(+50ms) = %v, want %v", got, want)
 	}

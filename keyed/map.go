@@ -162,23 +162,15 @@ func (m *Map) at(t time.Time) int64 {
 }
 
 // TakeN takes n tokens from key's bucket under lim, reading the clock once.
-// See [Map.TakeAt] for the semantics. The context is not used: a memory take
-// never blocks on I/O. The error is non-nil only for an invalid limit, a
-// negative n ([floodgate.ErrNegativeN]), and n > lim.Burst under a limit
-// with a positive burst: [floodgate.ErrExceedsBurst], with the Result TakeAt
-// gives (refused with RetryAfter [floodgate.Never], nothing taken), as
-// [floodgate.Store] requires. Keys may be of any length: the Map stores a
-// 62-bit hash of each, not its bytes.
+// See [Map.TakeAt] for the semantics. The context is not used: a memory
+// take never blocks on I/O.
 func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	if err := check(lim, n); err != nil {
 		return floodgate.Result{}, err
 	}
 	var res floodgate.Result
 	m.take(&res, key, lim, n, m.now())
-	if n > lim.Burst && lim.Burst > 0 && !lim.IsInf() {
-		return res, floodgate.ErrExceedsBurst
-	}
-	return res, nil
+	return res, exceeds(lim, n)
 }
 
 // TakeAt takes n tokens from key's bucket under lim at time now, for tests
@@ -186,17 +178,34 @@ func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (
 // bucket's last take counts as that time: bucket time never moves backwards.
 //
 //   - A key seen for the first time gets a full bucket.
-//   - n ≤ 0 takes nothing and reports the bucket (allowed, creating nothing).
-//   - n > lim.Burst is rejected with RetryAfter [floodgate.Never] and
-//     changes nothing.
+//   - n == 0 takes nothing and reports the bucket (allowed, creating
+//     nothing).
+//   - n > lim.Burst is refused with RetryAfter [floodgate.Never] and changes
+//     nothing; under a positive burst the error is then
+//     [floodgate.ErrExceedsBurst], as [floodgate.Store] requires, while the
+//     zero Limit, which admits nothing by design, refuses without an error.
 //   - [floodgate.Inf] allows everything and keeps no state.
-//   - The empty key is a key like any other.
+//   - The empty key is a key like any other; keys may be of any length.
 //
-// TakeAt does not validate lim; TakeN does.
-func (m *Map) TakeAt(key string, lim floodgate.Limit, n int, now time.Time) floodgate.Result {
+// Otherwise the error is non-nil only for an invalid limit or a negative n
+// ([floodgate.ErrNegativeN]), and the Result is then zero.
+func (m *Map) TakeAt(key string, lim floodgate.Limit, n int, now time.Time) (floodgate.Result, error) {
+	if err := check(lim, n); err != nil {
+		return floodgate.Result{}, err
+	}
 	var res floodgate.Result
 	m.take(&res, key, lim, n, m.at(now))
-	return res
+	return res, exceeds(lim, n)
+}
+
+// exceeds returns [floodgate.ErrExceedsBurst] for a take that n > lim.Burst
+// refuses for good, except under the zero Limit, which admits nothing by
+// design and refuses without an error.
+func exceeds(lim floodgate.Limit, n int) error {
+	if n > lim.Burst && lim.Burst > 0 && !lim.IsInf() {
+		return floodgate.ErrExceedsBurst
+	}
+	return nil
 }
 
 func check(lim floodgate.Limit, n int) error {

@@ -107,7 +107,7 @@ func runModel(t *testing.T, ops []op) {
 		now = max(now, 0)
 		l := modelLimits[o.lim%len(modelLimits)]
 		key := keys[o.key%len(keys)]
-		got := m.TakeAt(key, l.limit(), o.n, t0.Add(time.Duration(now)))
+		got := takeAt(t, m, key, l.limit(), o.n, t0.Add(time.Duration(now)))
 		wa, wr, wretry, wreset := ref.take(key, l, o.n, now)
 		if got.Allowed != wa || got.Remaining != wr || ns(got.RetryAfter) != wretry || ns(got.ResetAfter) != wreset {
 			t.Fatalf("op %d (key %s, t %dns, n %d, %v): Map = {%v %d retry %d reset %d}, model = {%v %d retry %d reset %d}",
