@@ -36,7 +36,7 @@ type state struct {
 
 // refill returns the bucket's tokens at now under lim, capped at the burst,
 // and the time they are counted at (never earlier than last: a caller that
-// read the clock before another caller took the shard lock must not move the
+// read the clock before another caller locked the bucket must not move the
 // bucket's time backwards).
 func (s *state) refill(lim floodgate.Limit, now int64) (tokens, at int64) {
 	burst := int64(lim.Burst) * unit

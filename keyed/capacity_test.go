@@ -1,7 +1,6 @@
 package keyed
 
 import (
-	"hash/maphash"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,7 +39,7 @@ func keysInShard(m *Map, n int) []string {
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
 		k := "k" + strconv.Itoa(i)
-		if m.shardOf(maphash.String(m.seed, k)) == &m.shards[0] {
+		if s, _ := m.hash(k); s == &m.shards[0] {
 			keys = append(keys, k)
 		}
 	}
@@ -124,7 +123,8 @@ func TestEvictAccounting(t *testing.T) {
 	takeAt(t, m, "b", lim, 2, t0)                  // b: 0 tokens, full at +2s
 	takeAt(t, m, "c", lim, 1, t0.Add(time.Second)) // a is full again: evicted harmlessly
 	takeAt(t, m, "d", lim, 1, t0.Add(time.Second)) // b and c not full: one must go
-	want := []Eviction{{Hash: keyOf(maphash.String(m.seed, "a")), Full: true}}
+	_, a := m.hash("a")
+	want := []Eviction{{Hash: a, Full: true}}
 	if len(got) < 1 || !cmp.Equal(got[0], want[0]) {
 		t.Fatalf("first eviction = %+v, want %+v", got, want)
 	}
@@ -144,12 +144,12 @@ func TestEvictAccounting(t *testing.T) {
 // tracks reports whether m holds a bucket for key, leaving its reference bit
 // as it was.
 func tracks(m *Map, key string) bool {
-	h := maphash.String(m.seed, key)
-	sl, old := m.find(m.shardOf(h), keyOf(h))
-	if sl != nil {
-		sl.meta.Store(old)
+	s, k := m.hash(key)
+	b, _, _ := m.lock(s, k, false, floodgate.Limit{}, 0)
+	if b.st != nil {
+		b.unlock()
 	}
-	return sl != nil
+	return b.st != nil
 }
 
 // TestEvictPrefersIdle: under pressure, a full bucket not used since the
@@ -232,10 +232,11 @@ func TestFarTimes(t *testing.T) {
 // still never evicts a bucket that is not full under Protect.
 func TestEvictFromOtherShards(t *testing.T) {
 	otherShard := func(m *Map, of string, n int) []string {
+		home, _ := m.hash(of)
 		var keys []string
 		for i := 0; len(keys) < n; i++ {
 			k := "b" + strconv.Itoa(i)
-			if m.shardOf(maphash.String(m.seed, k)) != m.shardOf(maphash.String(m.seed, of)) {
+			if s, _ := m.hash(k); s != home {
 				keys = append(keys, k)
 			}
 		}

@@ -48,12 +48,15 @@
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. A take on a tracked key locks
-// only that key's slot, so takes on different keys from different cores
-// share no written memory; new keys, evictions and resets also take their
-// shard's mutex. Eviction callbacks run after the shard's mutex is
-// released. Nothing runs in the background: idle buckets cost only their
-// slot until evicted or reset.
+// All methods are safe for concurrent use, and each take on a key is atomic:
+// concurrent takes on one key are decided one after the other. A take on a
+// tracked key locks only that key's slot, with a bit set by
+// compare-and-swap, so takes on different keys from different cores share
+// no written memory; new keys, evictions and resets also take their shard's
+// mutex. The locking is sync/atomic throughout, so what the race detector
+// checks is the code that runs. Eviction callbacks run after the shard's
+// mutex is released. Nothing runs in the background: idle buckets cost only
+// their slot until evicted or reset.
 //
 // # Edge cases
 //

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/vectors"
@@ -38,12 +38,14 @@ func takeAt(t testing.TB, m *Map, key string, lim floodgate.Limit, n int, at tim
 	return res
 }
 
-func TestStateSize(t *testing.T) {
-	if got, max := unsafe.Sizeof(state{}), uintptr(48); got > max {
-		t.Errorf("sizeof(state) = %d, want ≤ %d", got, max)
-	}
-	if got, want := unsafe.Sizeof(slot{}), uintptr(32); got != want {
+// TestSizes: the memory per key rests on 32-byte slots, and the shards'
+// layout on 128-byte shards.
+func TestSizes(t *testing.T) {
+	if got, want := reflect.TypeFor[slot]().Size(), uintptr(32); got != want {
 		t.Errorf("sizeof(slot) = %d, want %d (two slots per cache line)", got, want)
+	}
+	if got, want := reflect.TypeFor[shard]().Size(), uintptr(128); got != want {
+		t.Errorf("sizeof(shard) = %d, want %d (two cache lines, no sharing)", got, want)
 	}
 }
 
@@ -251,20 +253,17 @@ func TestZeroAllocs(t *testing.T) {
 		m.TakeN(ctx, keys[i], lim, 1)
 	}
 	i := 0
-	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := m.TakeN(ctx, keys[i%len(keys)], lim, 1); err != nil {
-			t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		f    func()
+	}{
+		{"TakeN on an existing key", func() { m.TakeN(ctx, keys[i%len(keys)], lim, 1) }},
+		{"Peek", func() { m.Peek(keys[i%len(keys)], lim) }},
+		{"TakeN above the burst on a new key", func() { m.TakeN(ctx, "new", lim, 2e6) }},
+	} {
+		if allocs := testing.AllocsPerRun(1000, func() { c.f(); i++ }); allocs != 0 {
+			t.Errorf("%s: %v allocs/op, want 0", c.name, allocs)
 		}
-		i++
-	})
-	if allocs != 0 {
-		t.Errorf("TakeN on an existing key: %v allocs/op, want 0", allocs)
-	}
-}
-
-func TestShardSize(t *testing.T) {
-	if got, want := unsafe.Sizeof(shard{}), uintptr(128); got != want {
-		t.Errorf("sizeof(shard) = %d, want %d (two cache lines, no sharing)", got, want)
 	}
 }
 

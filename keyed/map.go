@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/floodgate-go/floodgate"
 )
@@ -29,7 +28,7 @@ type Map struct {
 	shift    uint // 64 - log2(shards): the hash's top bits pick the shard
 	shards   []shard
 	stripes  []stripe
-	sshift   uint // 64 - log2(stripes)
+	smask    uint64 // len(stripes) - 1
 	capacity int64
 	base     time.Time
 	clock    floodgate.Clock
@@ -43,9 +42,8 @@ type Map struct {
 	_       [56]byte
 }
 
-// shard is one part of a Map, 128 bytes: the table header that every take
-// reads is inline, so a take reaches the slots without another pointer hop,
-// and it has a cache line of its own, apart from the mutex. A take on a
+// shard is one part of a Map, 128 bytes. The slots pointer that every take
+// reads has a cache line of its own, apart from the mutex; a take on a
 // tracked key does not take the mutex (see [table]).
 type shard struct {
 	tab      table      // first line: read by takes; then n and hand
@@ -55,10 +53,9 @@ type shard struct {
 	_        [15]byte
 }
 
-// A stripe is one cell of a Map's counters, alone on its cache lines. A take
-// counts in the stripe its goroutine's stack address picks: goroutines have
-// distinct stacks, so two cores rarely count in one stripe, and the counters
-// are not a cache line that every take writes.
+// A stripe is one cell of a Map's counters, alone on its cache lines. A key
+// counts in the stripe its hash picks, so takes of different keys rarely
+// write one counter, and no cache line is written by every take.
 type stripe struct {
 	allowed, rejected atomic.Uint64
 	// refunds counts WaitN reservations given back: each moves an allowed
@@ -68,23 +65,15 @@ type stripe struct {
 	_                                     [128 - 6*8]byte // two lines: adjacent-line prefetch
 }
 
-// stripe returns the calling goroutine's counters.
-func (m *Map) stripe() *stripe {
-	var x byte
-	// Goroutine stacks are separate blocks of at least 2 KiB, so the
-	// address bits from 11 up tell goroutines apart; Fibonacci hashing
-	// spreads neighbouring stacks over the stripes.
-	p := uint64(uintptr(unsafe.Pointer(&x)) >> 11)
-	return &m.stripes[(p*0x9E3779B97F4A7C15)>>m.sshift]
-}
+// stripe returns the counters of the key whose stored hash is k.
+func (m *Map) stripe(k uint64) *stripe { return &m.stripes[k>>32&m.smask] }
 
 // tally records a decided take.
-func (m *Map) tally(allowed bool) {
-	c := m.stripe()
+func (m *Map) tally(k uint64, allowed bool) {
 	if allowed {
-		c.allowed.Add(1)
+		m.stripe(k).allowed.Add(1)
 	} else {
-		c.rejected.Add(1)
+		m.stripe(k).rejected.Add(1)
 	}
 }
 
@@ -125,7 +114,7 @@ func New(opts ...Option) (*Map, error) {
 		shift:    uint(64 - bits.TrailingZeros(uint(o.shards))),
 		shards:   make([]shard, o.shards),
 		stripes:  make([]stripe, stripes),
-		sshift:   uint(64 - bits.TrailingZeros(uint(stripes))),
+		smask:    uint64(stripes - 1),
 		capacity: int64(o.capacity),
 		base:     time.Now(),
 		clock:    o.clock,
@@ -138,11 +127,12 @@ func New(opts ...Option) (*Map, error) {
 	return m, nil
 }
 
-func (m *Map) shardOf(h uint64) *shard {
-	if m.shift == 64 {
-		return &m.shards[0]
-	}
-	return &m.shards[h>>m.shift]
+// hash returns key's shard, which the top bits of its hash pick, and the 62
+// bits of the hash that the shard stores.
+func (m *Map) hash(key string) (*shard, uint64) {
+	h := maphash.String(m.seed, key)
+	// A shift by 64 gives 0 in Go: one shard takes every key.
+	return &m.shards[h>>m.shift], keyOf(h)
 }
 
 // now reads the Map's clock as nanoseconds since the Map was built.
@@ -169,8 +159,8 @@ func (m *Map) TakeN(_ context.Context, key string, lim floodgate.Limit, n int) (
 		return floodgate.Result{}, err
 	}
 	var res floodgate.Result
-	m.take(&res, key, lim, n, m.now())
-	return res, exceeds(lim, n)
+	err := m.take(&res, key, lim, n, m.now())
+	return res, err
 }
 
 // TakeAt takes n tokens from key's bucket under lim at time now, for tests
@@ -194,18 +184,8 @@ func (m *Map) TakeAt(key string, lim floodgate.Limit, n int, now time.Time) (flo
 		return floodgate.Result{}, err
 	}
 	var res floodgate.Result
-	m.take(&res, key, lim, n, m.at(now))
-	return res, exceeds(lim, n)
-}
-
-// exceeds returns [floodgate.ErrExceedsBurst] for a take that n > lim.Burst
-// refuses for good, except under the zero Limit, which admits nothing by
-// design and refuses without an error.
-func exceeds(lim floodgate.Limit, n int) error {
-	if n > lim.Burst && lim.Burst > 0 && !lim.IsInf() {
-		return floodgate.ErrExceedsBurst
-	}
-	return nil
+	err := m.take(&res, key, lim, n, m.at(now))
+	return res, err
 }
 
 func check(lim floodgate.Limit, n int) error {
@@ -218,111 +198,124 @@ func check(lim floodgate.Limit, n int) error {
 	return lim.Validate()
 }
 
-// take decides into res, which must be zero.
-func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int, now int64) {
+// take decides a take of n ≥ 0 tokens into res, which must be zero; n == 0
+// is a peek. The result is written through a pointer because a Result is
+// seven words: returning it by value through the call chain cost more than
+// the decision.
+func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int, now int64) error {
+	s, k := m.hash(key)
 	if lim.Rate > math.MaxFloat64 { // Inf
 		*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
 		if n > 0 {
-			m.tally(true)
+			m.tally(k, true)
 		}
-		return
+		return nil
 	}
-	h := maphash.String(m.seed, key)
-	s := m.shardOf(h)
-	k := keyOf(h)
-	// The fast path: a tracked key, found and locked without the shard lock.
-	if sl, old := s.tab.acquire(k); sl != nil {
-		if n <= 0 {
-			*res = sl.st.peek(lim, now)
-			sl.meta.Store(old)
-			return
-		}
-		sl.st.take(res, lim, n, now)
-		sl.release(k | refBit)
-		m.tally(res.Allowed)
-		return
+	// A take that cannot succeed, or takes nothing, creates no bucket.
+	b, ev, evicted := m.lock(s, k, n >= 1 && n <= lim.Burst, lim, now)
+	st := b.st
+	if st == nil { // untracked: decide on the full bucket it would get
+		full := fullState(lim, now)
+		st = &full
 	}
-	m.takeLocked(res, s, k, lim, n, now)
+	if n == 0 {
+		*res = st.peek(lim, now)
+	} else {
+		st.take(res, lim, n, now)
+		b.meta |= refBit
+		m.tally(k, res.Allowed)
+	}
+	if b.st != nil {
+		b.unlock()
+	}
+	if evicted && m.onEvict != nil {
+		m.onEvict(ev)
+	}
+	if n > lim.Burst && lim.Burst > 0 {
+		return floodgate.ErrExceedsBurst
+	}
+	return nil
 }
 
-// takeLocked is take for a key the lock-free probe did not find: a new key,
-// or one that moved during the probe.
-func (m *Map) takeLocked(res *floodgate.Result, s *shard, k uint64, lim floodgate.Limit, n int, now int64) {
-	var ev Eviction
-	evicted := false
+// A held is a bucket locked by its caller: a slot's, under the slot's lock
+// bit, or a shard's overflow bucket, under the shard mutex.
+type held struct {
+	st   *state // nil: no bucket, nothing locked
+	sl   *slot  // nil for the overflow bucket
+	s    *shard
+	meta uint64 // sl's meta before the lock
+}
+
+// unlock unlocks b, storing back its slot's meta.
+func (b held) unlock() {
+	if b.sl != nil {
+		b.sl.meta.Store(b.meta)
+		return
+	}
+	b.s.mu.Unlock()
+}
+
+// lock returns k's bucket in s, locked. A key s does not track gets, when
+// create is set, a new full bucket, or s's overflow bucket when there is no
+// room, and otherwise no bucket. An eviction that made room is returned for
+// the caller to report after unlocking.
+func (m *Map) lock(s *shard, k uint64, create bool, lim floodgate.Limit, now int64) (b held, ev Eviction, evicted bool) {
+	// The fast path: a tracked key, found and locked without the mutex.
+	if sl, old := s.tab.acquire(k); sl != nil {
+		return held{st: &sl.st, sl: sl, meta: old}, ev, false
+	}
+	// A new key, or one that moved during the probe.
 	s.mu.Lock()
-	sl, old := s.tab.acquire(k) // under the lock, a miss is final
-	if sl == nil {
-		switch {
-		case n <= 0:
-			s.mu.Unlock()
-			*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
-			return
-		case n > lim.Burst: // can never succeed: track nothing
-			s.mu.Unlock()
-			m.tally(false)
-			*res = floodgate.Result{Limit: lim, Remaining: lim.Burst, RetryAfter: floodgate.Never}
-			return
-		}
-		sl, evicted, ev = m.insert(s, k, lim, now)
-		if sl == nil { // the overflow bucket, guarded by the shard lock
-			s.overflow.take(res, lim, n, now)
-			s.mu.Unlock()
-			m.tally(res.Allowed)
-			return
+	sl, old := s.tab.acquire(k) // under the mutex, a miss is final
+	if sl == nil && create {
+		if sl, ev, evicted = m.insert(s, k, lim, now); sl == nil {
+			return held{st: &s.overflow, s: s}, ev, false // the mutex stays locked
 		}
 		old = k | refBit
 	}
 	s.mu.Unlock()
-	if n <= 0 {
-		*res = sl.st.peek(lim, now)
-		sl.meta.Store(old)
-		return
+	if sl == nil {
+		return held{}, ev, false
 	}
-	sl.st.take(res, lim, n, now)
-	sl.meta.Store(k | refBit)
-	m.tally(res.Allowed)
-	if evicted && m.onEvict != nil {
-		m.onEvict(ev)
-	}
+	return held{st: &sl.st, sl: sl, meta: old}, ev, evicted
 }
 
-// insert makes room for k in s, whose lock is held, and returns its new
+// insert makes room for k in s, whose mutex is held, and returns its new
 // slot, locked, holding a full bucket; or nil when there is no room, and
 // the caller uses the shard's overflow bucket, which insert initializes.
-func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (sl *slot, evicted bool, ev Eviction) {
+func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (*slot, Eviction, bool) {
 	// Count the key in only while below capacity, so that Len never
 	// exceeds it; at capacity an eviction makes room one for one.
 	for n := m.tracked.Load(); n < m.capacity; n = m.tracked.Load() {
 		if m.tracked.CompareAndSwap(n, n+1) {
-			return s.tab.insert(k, fullState(lim, now)), false, ev
+			return s.tab.insert(k, fullState(lim, now)), Eviction{}, false
 		}
 	}
-	evicted, ev.Hash, ev.Full = s.tab.evict(now, m.evictNF)
-	if !evicted && s.tab.n*len(m.shards) < int(m.capacity) {
+	ev, ok := s.tab.evict(now, m.evictNF)
+	if !ok && s.tab.n*len(m.shards) < int(m.capacity) {
 		// This shard holds less than its share of the capacity, so others
 		// hold more: make room in one of them.
-		evicted, ev = m.evictElsewhere(s, k, now)
+		ev, ok = m.evictElsewhere(s, k, now)
 	}
-	c := m.stripe()
-	if !evicted {
+	c := m.stripe(k)
+	if !ok {
 		c.overflowed.Add(1)
 		if !s.ovInit {
 			s.overflow, s.ovInit = fullState(lim, now), true
 		}
-		return nil, false, ev
+		return nil, ev, false
 	}
 	c.evictions.Add(1)
 	if !ev.Full {
 		c.evictedNotFull.Add(1)
 	}
-	return s.tab.insert(k, fullState(lim, now)), true, ev
+	return s.tab.insert(k, fullState(lim, now)), ev, true
 }
 
-// evictElsewhere evicts from up to four shards other than s, whose lock the
-// caller holds: it only tries their locks, so two shards making room in
+// evictElsewhere evicts from up to four shards other than s, whose mutex the
+// caller holds: it only tries their mutexes, so two shards making room in
 // each other cannot deadlock, and a busy shard is skipped.
-func (m *Map) evictElsewhere(s *shard, k uint64, now int64) (bool, Eviction) {
+func (m *Map) evictElsewhere(s *shard, k uint64, now int64) (Eviction, bool) {
 	n := len(m.shards)
 	start := int(k * 0x9e3779b97f4a7c15 >> 32)
 	for i, tried := 0, 0; i < n && tried < 4; i++ {
@@ -334,13 +327,13 @@ func (m *Map) evictElsewhere(s *shard, k uint64, now int64) (bool, Eviction) {
 		if !o.mu.TryLock() {
 			continue
 		}
-		ok, hash, full := o.tab.evict(now, m.evictNF)
+		ev, ok := o.tab.evict(now, m.evictNF)
 		o.mu.Unlock()
 		if ok {
-			return true, Eviction{Hash: hash, Full: full}
+			return ev, true
 		}
 	}
-	return false, Eviction{}
+	return Eviction{}, false
 }
 
 // Peek reports key's bucket under lim now without taking anything or
@@ -368,44 +361,27 @@ func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 	if lim.IsInf() {
 		return lim.Rate
 	}
-	h := maphash.String(m.seed, key)
-	sl, old := m.find(m.shardOf(h), keyOf(h))
-	if sl == nil {
+	s, k := m.hash(key)
+	b, _, _ := m.lock(s, k, false, lim, now)
+	if b.st == nil {
 		return float64(lim.Burst)
 	}
-	tokens, _ := sl.st.refill(lim, now)
-	sl.meta.Store(old)
+	tokens, _ := b.st.refill(lim, now)
+	b.unlock()
 	return float64(tokens) / unit
-}
-
-// find returns k's slot in s, locked, and the meta to store back, or nil
-// when s does not hold k. It does not insert.
-func (m *Map) find(s *shard, k uint64) (*slot, uint64) {
-	if sl, old := s.tab.acquire(k); sl != nil {
-		return sl, old
-	}
-	s.mu.Lock()
-	sl, old := s.tab.acquire(k)
-	s.mu.Unlock()
-	return sl, old
 }
 
 // Reset forgets key's bucket, so its next take starts full, and reports
 // whether the Map tracked it.
 func (m *Map) Reset(key string) bool {
-	h := maphash.String(m.seed, key)
-	s := m.shardOf(h)
+	s, k := m.hash(key)
 	s.mu.Lock()
-	sl, _ := s.tab.acquire(keyOf(h))
-	if sl != nil {
-		s.tab.removeAt(s.tab.indexOf(sl))
-	}
+	ok := s.tab.remove(k)
 	s.mu.Unlock()
-	if sl == nil {
-		return false
+	if ok {
+		m.tracked.Add(-1)
 	}
-	m.tracked.Add(-1)
-	return true
+	return ok
 }
 
 // Len returns the number of keys tracked, at most the capacity.

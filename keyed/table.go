@@ -4,7 +4,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // table is a shard's compact storage: an open-addressing hash table with
@@ -21,7 +20,7 @@ import (
 // slot: it probes with atomic loads, locks the slot by setting the lock bit
 // of its meta word with a compare-and-swap, updates the state and stores the
 // meta back unlocked. Two cores taking from different keys then share no
-// written cache line, which the shard mutex (written by every take) made
+// written cache line, which a shard mutex taken by every take would make
 // them do.
 //
 // Everything that changes which slot holds which key (insert, grow, removal
@@ -36,25 +35,21 @@ import (
 //     state.
 //  2. A probe that does not find its key proves nothing, since entries may
 //     have moved behind it: every caller then takes the shard mutex and
-//     probes again, and under the mutex a miss is final. (This is the
-//     seqlock's retry, without the counter: a lock-free probe only ever
-//     reports hits.)
-//  3. Slots only ever grow in number, and grow stores the new array before
-//     its mask while probes load the mask before the array, so a probe never
-//     indexes past the end of the array it holds. Grow leaves every slot of
-//     the old array locked with hash 0, so a probe that still holds the old
-//     array misses and retries under the mutex.
+//     probes again, and under the mutex a miss is final.
+//  3. Grow replaces the slice of slots whole and leaves every slot of the
+//     old one locked for good with hash 0, so a probe that still holds the
+//     old slice misses and retries under the mutex.
 //
 // The lock bit is a spin lock held for a few dozen instructions; a holder
 // never waits for anything while it holds one, except the mutex holder,
 // which waits only for slots whose holders wait for nothing.
 type table struct {
-	// Read by every take; written, under the shard lock, only on grow.
-	mask  atomic.Uint64
-	slots atomic.Pointer[slot] // the first of mask+1 slots
-	_     [48]byte             // keeps the shard lock's cache line apart
+	// Read by every take; replaced, under the shard mutex, only by grow.
+	// Its length is a power of two.
+	slots atomic.Pointer[[]slot]
+	_     [56]byte // keeps the shard mutex and the fields below apart
 
-	// Guarded by the shard lock.
+	// Guarded by the shard mutex.
 	n    int    // occupied slots
 	hand uint64 // CLOCK hand: the next slot the eviction scan looks at
 }
@@ -79,40 +74,39 @@ const (
 // so hash 0 is stored as 1: that adds 2⁻¹²³ to the chance that two keys
 // share a bucket, and the bound documented on [Map] still holds.
 func keyOf(h uint64) uint64 {
-	k := h & hashMask
-	if k == 0 {
-		k = 1
+	if k := h & hashMask; k != 0 {
+		return k
 	}
-	return k
+	return 1
 }
 
 func (t *table) init() {
 	s := make([]slot, minSlots)
-	t.slots.Store(&s[0])
-	t.mask.Store(minSlots - 1)
+	t.slots.Store(&s)
 }
 
-func at(base *slot, i uint64) *slot {
-	return (*slot)(unsafe.Add(unsafe.Pointer(base), uintptr(i)*unsafe.Sizeof(slot{})))
+// load returns the current slots and the mask that reduces a hash to an
+// index into them.
+func (t *table) load() ([]slot, uint64) {
+	s := *t.slots.Load()
+	return s, uint64(len(s) - 1)
 }
 
 // acquire returns the slot holding k, locked, and its meta as it was before
-// the lock (to store back with release), or nil. Without the shard lock a
+// the lock (to store back when unlocking), or nil. Without the shard mutex a
 // nil result means only "not found here": see rule 2 above.
 func (t *table) acquire(k uint64) (*slot, uint64) {
-	mask := t.mask.Load() // before slots: rule 3
-	base := t.slots.Load()
-	i := k & mask
-	for probes := mask; ; {
-		s := at(base, i)
+	slots, mask := t.load()
+	for i, probes := k&mask, mask; ; {
+		s := &slots[i]
 		m := s.meta.Load()
 		if m&hashMask == k {
 			if m&lockBit == 0 && s.meta.CompareAndSwap(m, m|lockBit) {
 				return s, m
 			}
-			// Held by another take, or being moved: look again, and
+			// Held by another caller, or being moved: look again, and
 			// follow the entry if it has gone.
-			wait(s, m)
+			s.wait(m)
 			continue
 		}
 		if m&hashMask == 0 || probes == 0 {
@@ -130,9 +124,9 @@ func (t *table) acquire(k uint64) (*slot, uint64) {
 //
 // A caller whose compare-and-swap failed passes the meta it expected: if
 // that was unlocked, the slot changed under it and it must look again at
-// once. (Waiting for a change there waited for ever when the holder stored
-// back exactly that meta.)
-func wait(s *slot, m uint64) {
+// once. (Waiting for a change there waits for ever when the holder stores
+// back exactly that meta, as a peek does.)
+func (s *slot) wait(m uint64) {
 	if m&lockBit == 0 {
 		return
 	}
@@ -148,7 +142,7 @@ func wait(s *slot, m uint64) {
 }
 
 // lock waits for s to be unlocked, locks it, and returns its meta as it was
-// before the lock. Only the shard lock's holder calls it: s's hash cannot
+// before the lock. Only the shard mutex's holder calls it: s's hash cannot
 // change meanwhile.
 func (s *slot) lock() uint64 {
 	for {
@@ -156,35 +150,23 @@ func (s *slot) lock() uint64 {
 		if m&lockBit == 0 && s.meta.CompareAndSwap(m, m|lockBit) {
 			return m
 		}
-		wait(s, m)
+		s.wait(m)
 	}
-}
-
-// release unlocks s, which the caller locked, storing m. Only the take path
-// uses it: elsewhere an atomic store costs nothing that matters.
-func (s *slot) release(m uint64) {
-	storeRelease((*uint64)(unsafe.Pointer(&s.meta)), m)
-}
-
-// indexOf returns the index of s, a slot of the current array.
-func (t *table) indexOf(s *slot) uint64 {
-	return uint64(uintptr(unsafe.Pointer(s))-uintptr(unsafe.Pointer(t.slots.Load()))) / uint64(unsafe.Sizeof(slot{}))
 }
 
 // insert adds k, which must be absent, with st and returns its slot, locked;
-// release it with k|refBit. The table grows to keep its load at most one
-// half, which keeps probe sequences short. The shard lock must be held.
+// unlock it with k|refBit. The table grows to keep its load at most one
+// half, which keeps probe sequences short. The shard mutex must be held.
 func (t *table) insert(k uint64, st state) *slot {
-	if 2*(t.n+1) > int(t.mask.Load()+1) {
+	if 2*(t.n+1) > len(*t.slots.Load()) {
 		t.grow()
 	}
 	t.n++
-	mask, base := t.mask.Load(), t.slots.Load()
+	slots, mask := t.load()
 	for i := k & mask; ; i = (i + 1) & mask {
-		s := at(base, i)
-		// An empty slot is written by the shard lock's holder only: no
-		// take can lock it, since no key hashes to 0.
-		if s.meta.Load() == 0 {
+		// An empty slot is written by the shard mutex's holder only: no
+		// probe can lock it, since no key hashes to 0.
+		if s := &slots[i]; s.meta.Load() == 0 {
 			s.st = st
 			s.meta.Store(k | refBit | lockBit)
 			return s
@@ -192,141 +174,127 @@ func (t *table) insert(k uint64, st state) *slot {
 	}
 }
 
-// grow doubles the slots. Each old slot is locked for good with hash 0 as it
-// is copied (rule 3), so no take can change a state after it was copied.
+// grow doubles the slots. Each old slot is locked for good with hash 0
+// before it is copied (rule 3), so no take can change a state after it was
+// copied.
 func (t *table) grow() {
-	oldMask, old := t.mask.Load(), t.slots.Load()
-	fresh := make([]slot, 2*(oldMask+1))
+	old, _ := t.load()
+	fresh := make([]slot, 2*len(old))
 	mask := uint64(len(fresh) - 1)
-	for i := uint64(0); i <= oldMask; i++ {
-		s := at(old, i)
-		var m uint64
-		for {
-			m = s.meta.Load()
-			if m&lockBit == 0 && s.meta.CompareAndSwap(m, lockBit) {
-				break
-			}
-			wait(s, m)
-		}
+	for i := range old {
+		m := old[i].lock()
+		old[i].meta.Store(lockBit)
 		if m == 0 {
 			continue
 		}
-		// fresh is not yet visible to any take: plain order suffices,
-		// and the Store of slots below publishes it.
+		// fresh is not yet visible to any take: the Store below publishes it.
 		for j := m & hashMask & mask; ; j = (j + 1) & mask {
 			if fresh[j].meta.Load() == 0 {
-				fresh[j].st = s.st
+				fresh[j].st = old[i].st
 				fresh[j].meta.Store(m)
 				break
 			}
 		}
 	}
-	t.slots.Store(&fresh[0])
-	t.mask.Store(mask) // after slots: rule 3
+	t.slots.Store(&fresh)
 	t.hand = 0
 }
 
+// remove deletes k and reports whether the table held it. The shard mutex
+// must be held.
+func (t *table) remove(k uint64) bool {
+	slots, mask := t.load()
+	for i := k & mask; ; i = (i + 1) & mask {
+		m := slots[i].meta.Load()
+		if m&hashMask == k {
+			slots[i].lock()
+			t.removeAt(i)
+			return true
+		}
+		if m == 0 { // the load is at most one half: there is a hole
+			return false
+		}
+	}
+}
+
 // removeAt empties slot i, which the caller holds locked under the shard
-// lock, with backward-shift deletion: later members of the probe run move
+// mutex, with backward-shift deletion: later members of the probe run move
 // back so that lookups never stop early at a hole, and no tombstones
 // accumulate. Each moved entry is published at its new place before its old
 // slot is unlocked with other contents (rule 1).
-func (t *table) removeAt(i uint64) {
+func (t *table) removeAt(hole uint64) {
 	t.n--
-	mask, base := t.mask.Load(), t.slots.Load()
-	hole := at(base, i)
-	for j := (i + 1) & mask; ; j = (j + 1) & mask {
-		s := at(base, j)
-		m := s.meta.Load()
+	slots, mask := t.load()
+	for j := (hole + 1) & mask; ; j = (j + 1) & mask {
+		m := slots[j].meta.Load()
 		if m == 0 {
 			break
 		}
-		home := m & hashMask & mask
-		// Move j back into the hole at i unless its home lies cyclically
-		// in (i, j], where it would become unreachable.
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-			m = s.lock()
-			hole.st = s.st
-			hole.meta.Store(m)
-			hole, i = s, j
+		// The entry at j may fill the hole unless its home lies cyclically
+		// after the hole, where a probe for it would no longer pass j.
+		if home := m & hashMask & mask; (j-home)&mask >= (j-hole)&mask {
+			m = slots[j].lock()
+			slots[hole].st = slots[j].st
+			slots[hole].meta.Store(m)
+			hole = j
 		}
 	}
-	hole.meta.Store(0)
+	slots[hole].meta.Store(0)
 }
 
-// evict removes one bucket to make room and reports whether it did, the
-// 62-bit hash it held, and whether the bucket was full. It prefers, in
+// evict removes one bucket to make room and reports it. It prefers, in
 // order: a full bucket not used since the hand last passed it; a full bucket
 // used since; and, only when notFull is allowed, the not-yet-full bucket
 // closest to full, preferring unused ones. Evicting a full bucket changes no
-// decision: a new bucket starts full too. The shard lock must be held.
+// decision: a new bucket starts full too. The shard mutex must be held.
 //
-// The scan locks each slot to read its state and keeps the current
-// candidate locked until it is evicted or replaced, so no take can drain a
-// bucket between the check that it is full and its eviction.
-func (t *table) evict(now int64, notFull bool) (ok bool, hash uint64, full bool) {
-	if t.n == 0 {
-		return false, 0, false
-	}
+// The scan locks each slot to read its state and keeps the best candidate
+// locked until it is evicted or replaced, so no take can drain a bucket
+// between the check that it is full and its eviction.
+func (t *table) evict(now int64, notFull bool) (Eviction, bool) {
+	slots, mask := t.load()
 	const none = ^uint64(0)
 	var (
-		mask, base = t.mask.Load(), t.slots.Load()
-		fullRef    = none
-		fullMeta   uint64
-		best       = none
-		bestMeta   uint64
-		bestAt     = int64(never)
-		bestIdle   = false
-		i          = t.hand & mask
-		remaining  = scanSlots
+		best     = none
+		bestMeta uint64 // to unlock it with, reference bit cleared
+		bestFull bool
+		bestIdle bool
+		i        = t.hand & mask
 	)
-	if remaining > int(mask+1) {
-		remaining = int(mask + 1)
-	}
-	for ; remaining > 0; remaining, i = remaining-1, (i+1)&mask {
-		s := at(base, i)
+	for range min(scanSlots, len(slots)) {
+		s := &slots[i]
 		if s.meta.Load() == 0 {
+			i = (i + 1) & mask
 			continue
 		}
 		m := s.lock()
 		idle := m&refBit == 0
-		m &^= refBit // unlocked below with the reference cleared
+		m &^= refBit // the second chance is spent
+		full := s.st.full(now)
 		switch {
-		case s.st.full(now) && idle:
+		case full && idle:
 			if best != none {
-				at(base, best).meta.Store(bestMeta)
-			}
-			if fullRef != none {
-				at(base, fullRef).meta.Store(fullMeta)
+				slots[best].meta.Store(bestMeta)
 			}
 			t.hand = i + 1
 			t.removeAt(i)
-			return true, m & hashMask, true
-		case s.st.full(now) && fullRef == none:
+			return Eviction{Hash: m & hashMask, Full: true}, true
+		case best == none && (full || notFull),
+			best != none && !bestFull && (full || idle && !bestIdle ||
+				idle == bestIdle && s.st.fullAt < slots[best].st.fullAt):
 			if best != none {
-				at(base, best).meta.Store(bestMeta)
-				best = none
+				slots[best].meta.Store(bestMeta)
 			}
-			fullRef, fullMeta = i, m
-			continue // keep it locked
-		case notFull && fullRef == none && !s.st.full(now) &&
-			(idle && !bestIdle || idle == bestIdle && s.st.fullAt < bestAt):
-			if best != none {
-				at(base, best).meta.Store(bestMeta)
-			}
-			best, bestMeta, bestAt, bestIdle = i, m, s.st.fullAt, idle
-			continue // keep it locked
+			best, bestMeta, bestFull, bestIdle = i, m, full, idle
+		default:
+			s.meta.Store(m)
 		}
-		s.meta.Store(m)
+		i = (i + 1) & mask
 	}
 	t.hand = i
-	switch {
-	case fullRef != none:
-		t.removeAt(fullRef)
-		return true, fullMeta & hashMask, true
-	case best != none:
-		t.removeAt(best)
-		return true, bestMeta & hashMask, false
+	if best == none {
+		return Eviction{}, false
 	}
-	return false, 0, false
+	t.removeAt(best)
+	return Eviction{Hash: bestMeta & hashMask, Full: bestFull}, true
 }

@@ -2,7 +2,6 @@ package keyed
 
 import (
 	"context"
-	"hash/maphash"
 	"math"
 	"time"
 
@@ -19,7 +18,8 @@ import (
 //   - [floodgate.ErrWouldExceedDeadline] when the tokens would come after
 //     ctx's deadline, or never (a zero rate, or the zero Limit);
 //   - ctx.Err() when ctx is already done;
-//   - an error for an invalid lim or a negative n.
+//   - [floodgate.ErrNegativeN] for a negative n, and an error for an
+//     invalid lim.
 //
 // When ctx ends during the wait, WaitN gives the reserved tokens back (up
 // to the burst) and returns ctx.Err(). n == 0 and [floodgate.Inf] return nil
@@ -41,68 +41,42 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 		return err
 	}
 	now := m.now()
-	h := maphash.String(m.seed, key)
-	s := m.shardOf(h)
-	k := keyOf(h)
-	sl, _ := s.tab.acquire(k)
-	if sl == nil {
-		s.mu.Lock()
-		if sl, _ = s.tab.acquire(k); sl == nil {
-			var evicted bool
-			var ev Eviction
-			sl, evicted, ev = m.insert(s, k, lim, now)
-			if evicted && m.onEvict != nil {
-				defer m.onEvict(ev) // after the unlock below
-			}
-			if sl != nil {
-				// A new bucket is full and n ≤ burst: no wait.
-				s.mu.Unlock()
-				var res floodgate.Result
-				sl.st.take(&res, lim, n, now)
-				sl.meta.Store(k | refBit)
-				m.tally(true)
-				return nil
-			}
-			// The overflow bucket, under the shard lock.
-			wait, err := m.reserve(ctx, &s.overflow, lim, n, now)
-			s.mu.Unlock()
-			if err != nil || wait == 0 {
-				return err
-			}
-			return m.sleep(ctx, s, k, true, lim, n, wait)
-		}
-		s.mu.Unlock()
+	s, k := m.hash(key)
+	b, ev, evicted := m.lock(s, k, true, lim, now)
+	wait, err := m.reserve(ctx, b.st, k, lim, n, now)
+	b.meta |= refBit
+	b.unlock()
+	if evicted && m.onEvict != nil {
+		m.onEvict(ev)
 	}
-	wait, err := m.reserve(ctx, &sl.st, lim, n, now)
-	sl.meta.Store(k | refBit)
 	if err != nil || wait == 0 {
 		return err
 	}
-	return m.sleep(ctx, s, k, false, lim, n, wait)
+	return m.sleep(ctx, s, k, b.sl == nil, lim, n, wait)
 }
 
-// reserve takes n tokens from st, which the caller holds locked, unless
-// they would come after ctx's deadline, and returns how long they take to
-// arrive.
-func (m *Map) reserve(ctx context.Context, st *state, lim floodgate.Limit, n int, now int64) (int64, error) {
+// reserve takes n tokens from st, key k's bucket, which the caller holds
+// locked, unless they would come after ctx's deadline, and returns how long
+// they take to arrive.
+func (m *Map) reserve(ctx context.Context, st *state, k uint64, lim floodgate.Limit, n int, now int64) (int64, error) {
 	tokens, at := st.refill(lim, now)
 	need := int64(n) * unit
 	if tokens < math.MinInt64+need {
 		// Reservations already owe more than an int64 counts: with a
 		// burst above 2^32, the queue is bounded by the arithmetic.
-		m.tally(false)
+		m.tally(k, false)
 		return 0, floodgate.ErrWouldExceedDeadline
 	}
 	wait := waitFor(lim, less(need, tokens))
 	if wait > 0 {
 		deadline, ok := ctx.Deadline()
 		if wait == never || ok && at+wait > m.at(deadline) {
-			m.tally(false)
+			m.tally(k, false)
 			return 0, floodgate.ErrWouldExceedDeadline
 		}
 	}
 	st.set(lim, tokens-need, at)
-	m.tally(true)
+	m.tally(k, true)
 	return wait, nil
 }
 
@@ -130,10 +104,10 @@ func (m *Map) sleep(ctx context.Context, s *shard, k uint64, overflow bool, lim 
 		s.mu.Lock()
 		give(&s.overflow)
 		s.mu.Unlock()
-	} else if sl, old := m.find(s, k); sl != nil {
-		give(&sl.st)
-		sl.meta.Store(old)
+	} else if b, _, _ := m.lock(s, k, false, lim, 0); b.st != nil {
+		give(b.st)
+		b.unlock()
 	}
-	m.stripe().refunds.Add(1)
+	m.stripe(k).refunds.Add(1)
 	return ctx.Err()
 }
