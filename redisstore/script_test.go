@@ -163,7 +163,10 @@ func TestRandomSequences(t *testing.T) {
 					seq, step, lim, n, res.Allowed, res.Remaining, wantAllowed, int(wantTokens/1e6))
 			}
 			if exactKeyed && nowUS >= 0 {
-				kr := ref.TakeAt(key, lim, n, at)
+				kr, err := ref.TakeAt(key, lim, n, at)
+				if err != nil {
+					t.Fatal(err)
+				}
 				if kr.Allowed != res.Allowed || kr.Remaining != res.Remaining ||
 					!closeUS(vectors.Micros(kr.RetryAfter), vectors.Micros(res.RetryAfter)) ||
 					!closeUS(vectors.Micros(kr.ResetAfter), vectors.Micros(res.ResetAfter)) {
