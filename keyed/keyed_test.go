@@ -267,13 +267,13 @@ func TestZeroAllocs(t *testing.T) {
 	}
 }
 
-// TestInfCounted: a take under Inf is a take like any other in Stats.
-func TestInfCounted(t *testing.T) {
+// TestInfKeepsNoState: takes under Inf are allowed and create no bucket.
+func TestInfKeepsNoState(t *testing.T) {
 	m := newMap(t)
-	m.TakeN(context.Background(), "k", floodgate.Inf, 1)
-	m.TakeN(context.Background(), "k", floodgate.Inf, 0) // a peek: not a take
-	if st := m.Stats(); st.Takes != 1 || st.Allowed != 1 {
-		t.Errorf("Stats after one take under Inf = %+v, want 1 take allowed", st)
+	for _, n := range []int{1, 0, 1 << 40} {
+		if res, err := m.TakeN(context.Background(), "k", floodgate.Inf, n); err != nil || !res.Allowed {
+			t.Errorf("TakeN(Inf, %d) = %+v, %v; want allowed", n, res, err)
+		}
 	}
 	if m.Len() != 0 {
 		t.Errorf("Len() = %d, want 0: Inf keeps no state", m.Len())

@@ -5,7 +5,6 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,19 +26,18 @@ type Map struct {
 	seed     maphash.Seed
 	shift    uint // 64 - log2(shards): the hash's top bits pick the shard
 	shards   []shard
-	stripes  []stripe
-	smask    uint64 // len(stripes) - 1
 	capacity int64
 	base     time.Time
 	clock    floodgate.Clock
 	onEvict  func(Eviction)
 	evictNF  bool
 
-	// tracked is written by inserts and removals only, on a cache line of
-	// its own: every take reads the fields above.
-	_       [64]byte
-	tracked atomic.Int64 // keys tracked, across shards
-	_       [56]byte
+	// Written by inserts and removals only, on a cache line of their own:
+	// every take reads the fields above.
+	_                                     [64]byte
+	tracked                               atomic.Int64 // keys tracked, across shards
+	evictions, evictedNotFull, overflowed atomic.Uint64
+	_                                     [32]byte
 }
 
 // shard is one part of a Map, 128 bytes. The slots pointer that every take
@@ -53,39 +51,10 @@ type shard struct {
 	_        [15]byte
 }
 
-// A stripe is one cell of a Map's counters, alone on its cache lines. A key
-// counts in the stripe its hash picks, so takes of different keys rarely
-// write one counter, and no cache line is written by every take.
-type stripe struct {
-	allowed, rejected atomic.Uint64
-	// refunds counts WaitN reservations given back: each moves an allowed
-	// take to the rejected ones.
-	refunds                               atomic.Uint64
-	evictions, evictedNotFull, overflowed atomic.Uint64
-	_                                     [128 - 6*8]byte // two lines: adjacent-line prefetch
-}
-
-// stripe returns the counters of the key whose stored hash is k.
-func (m *Map) stripe(k uint64) *stripe { return &m.stripes[k>>32&m.smask] }
-
-// tally records a decided take.
-func (m *Map) tally(k uint64, allowed bool) {
-	if allowed {
-		m.stripe(k).allowed.Add(1)
-	} else {
-		m.stripe(k).rejected.Add(1)
-	}
-}
-
-// Stats counts a Map's decisions and evictions since it was built.
+// Stats counts what a Map did to stay within its capacity since it was
+// built. It counts no decisions: every take returns its own, and the
+// middleware counts them per method.
 type Stats struct {
-	// Takes counts takes with n ≥ 1, allowed or not: Allowed + Rejected.
-	Takes uint64
-	// Allowed counts the takes that got their tokens. A WaitN reservation
-	// given back because its context ended counts as rejected instead.
-	Allowed uint64
-	// Rejected counts the takes refused, WaitN's included.
-	Rejected uint64
 	// Evictions counts buckets dropped to make room for new keys.
 	Evictions uint64
 	// EvictedNotFull counts evictions of buckets that had not refilled:
@@ -104,17 +73,10 @@ func New(opts ...Option) (*Map, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Enough stripes that the goroutines running at once rarely share one.
-	stripes := 64
-	for stripes < 8*runtime.GOMAXPROCS(0) && stripes < 4096 {
-		stripes *= 2
-	}
 	m := &Map{
 		seed:     maphash.MakeSeed(),
 		shift:    uint(64 - bits.TrailingZeros(uint(o.shards))),
 		shards:   make([]shard, o.shards),
-		stripes:  make([]stripe, stripes),
-		smask:    uint64(stripes - 1),
 		capacity: int64(o.capacity),
 		base:     time.Now(),
 		clock:    o.clock,
@@ -203,14 +165,11 @@ func check(lim floodgate.Limit, n int) error {
 // seven words: returning it by value through the call chain cost more than
 // the decision.
 func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int, now int64) error {
-	s, k := m.hash(key)
 	if lim.Rate > math.MaxFloat64 { // Inf
 		*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
-		if n > 0 {
-			m.tally(k, true)
-		}
 		return nil
 	}
+	s, k := m.hash(key)
 	// A take that cannot succeed, or takes nothing, creates no bucket.
 	b, ev, evicted := m.lock(s, k, n >= 1 && n <= lim.Burst, lim, now)
 	st := b.st
@@ -223,7 +182,6 @@ func (m *Map) take(res *floodgate.Result, key string, lim floodgate.Limit, n int
 	} else {
 		st.take(res, lim, n, now)
 		b.meta |= refBit
-		m.tally(k, res.Allowed)
 	}
 	if b.st != nil {
 		b.unlock()
@@ -297,17 +255,16 @@ func (m *Map) insert(s *shard, k uint64, lim floodgate.Limit, now int64) (*slot,
 		// hold more: make room in one of them.
 		ev, ok = m.evictElsewhere(s, k, now)
 	}
-	c := m.stripe(k)
 	if !ok {
-		c.overflowed.Add(1)
+		m.overflowed.Add(1)
 		if !s.ovInit {
 			s.overflow, s.ovInit = fullState(lim, now), true
 		}
 		return nil, ev, false
 	}
-	c.evictions.Add(1)
+	m.evictions.Add(1)
 	if !ev.Full {
-		c.evictedNotFull.Add(1)
+		m.evictedNotFull.Add(1)
 	}
 	return s.tab.insert(k, fullState(lim, now)), ev, true
 }
@@ -387,27 +344,11 @@ func (m *Map) Reset(key string) bool {
 // Len returns the number of keys tracked, at most the capacity.
 func (m *Map) Len() int { return int(m.tracked.Load()) }
 
-// Stats returns the counters. They are read while takes go on, so they
-// are not a snapshot of one instant, but Takes is always Allowed plus
-// Rejected.
+// Stats returns the counters.
 func (m *Map) Stats() Stats {
-	var t Stats
-	var refunds uint64
-	// Refunds first: each follows the allowed take it refunds, so every
-	// refund read here has its take counted in the loop after it.
-	for i := range m.stripes {
-		refunds += m.stripes[i].refunds.Load()
+	return Stats{
+		Evictions:      m.evictions.Load(),
+		EvictedNotFull: m.evictedNotFull.Load(),
+		Overflowed:     m.overflowed.Load(),
 	}
-	for i := range m.stripes {
-		c := &m.stripes[i]
-		t.Allowed += c.allowed.Load()
-		t.Rejected += c.rejected.Load()
-		t.Evictions += c.evictions.Load()
-		t.EvictedNotFull += c.evictedNotFull.Load()
-		t.Overflowed += c.overflowed.Load()
-	}
-	t.Allowed -= refunds
-	t.Rejected += refunds
-	t.Takes = t.Allowed + t.Rejected
-	return t
 }

@@ -43,7 +43,7 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	now := m.now()
 	s, k := m.hash(key)
 	b, ev, evicted := m.lock(s, k, true, lim, now)
-	wait, err := m.reserve(ctx, b.st, k, lim, n, now)
+	wait, err := m.reserve(ctx, b.st, lim, n, now)
 	b.meta |= refBit
 	b.unlock()
 	if evicted && m.onEvict != nil {
@@ -55,28 +55,25 @@ func (m *Map) WaitN(ctx context.Context, key string, lim floodgate.Limit, n int)
 	return m.sleep(ctx, s, k, b.sl == nil, lim, n, wait)
 }
 
-// reserve takes n tokens from st, key k's bucket, which the caller holds
-// locked, unless they would come after ctx's deadline, and returns how long
-// they take to arrive.
-func (m *Map) reserve(ctx context.Context, st *state, k uint64, lim floodgate.Limit, n int, now int64) (int64, error) {
+// reserve takes n tokens from st, which the caller holds locked, unless
+// they would come after ctx's deadline, and returns how long they take to
+// arrive.
+func (m *Map) reserve(ctx context.Context, st *state, lim floodgate.Limit, n int, now int64) (int64, error) {
 	tokens, at := st.refill(lim, now)
 	need := int64(n) * unit
 	if tokens < math.MinInt64+need {
 		// Reservations already owe more than an int64 counts: with a
 		// burst above 2^32, the queue is bounded by the arithmetic.
-		m.tally(k, false)
 		return 0, floodgate.ErrWouldExceedDeadline
 	}
 	wait := waitFor(lim, less(need, tokens))
 	if wait > 0 {
 		deadline, ok := ctx.Deadline()
 		if wait == never || ok && at+wait > m.at(deadline) {
-			m.tally(k, false)
 			return 0, floodgate.ErrWouldExceedDeadline
 		}
 	}
 	st.set(lim, tokens-need, at)
-	m.tally(k, true)
 	return wait, nil
 }
 
@@ -108,6 +105,5 @@ func (m *Map) sleep(ctx context.Context, s *shard, k uint64, overflow bool, lim 
 		give(b.st)
 		b.unlock()
 	}
-	m.stripe(k).refunds.Add(1)
 	return ctx.Err()
 }
