@@ -201,7 +201,7 @@ func TestLenNeverExceedsCapacity(t *testing.T) {
 		})
 	}
 	most := 0
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+	for range 1_000_000 {
 		most = max(most, m.Len())
 	}
 	stop.Store(true)
@@ -218,10 +218,10 @@ func TestFarTimes(t *testing.T) {
 	m := newMap(t)
 	lim := floodgate.PerSecond(10, 5)
 	takeAt(t, m, "k", lim, 5, time.Time{})
-	if res := takeAt(t, m, "k", lim, 1, time.Now()); !res.Allowed || res.Remaining != 4 {
+	if res := takeAt(t, m, "k", lim, 1, t0); !res.Allowed || res.Remaining != 4 {
 		t.Errorf("take today on a bucket drained in year 1 = %+v, want allowed with 4 left", res)
 	}
-	far := time.Now().AddDate(500, 0, 0)
+	far := t0.AddDate(500, 0, 0)
 	if res := takeAt(t, m, "k", lim, 5, far); !res.Allowed {
 		t.Errorf("take in 500 years = %+v, want allowed", res)
 	}

@@ -1,7 +1,9 @@
 package keyed
 
 import (
+	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,10 +70,7 @@ func TestConcurrentExact(t *testing.T) {
 // TestConcurrentKeys races takes, peeks, resets and inserts over many keys
 // and shards; run it with -race.
 func TestConcurrentKeys(t *testing.T) {
-	m, err := New(WithCapacity(500), WithShards(4))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMap(t, WithCapacity(500), WithShards(4))
 	lim := floodgate.PerSecond(100, 10)
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
@@ -86,7 +85,7 @@ func TestConcurrentKeys(t *testing.T) {
 				case 1:
 					m.Peek(key, lim)
 				default:
-					takeAt(t, m, key, lim, 1, time.Now())
+					takeAt(t, m, key, lim, 1, t0.Add(time.Duration(i)*time.Millisecond))
 				}
 			}
 		}()
@@ -161,25 +160,66 @@ func TestConcurrentMoves(t *testing.T) {
 }
 
 // TestConcurrentPeekTake races peeks, which store a slot's meta back
-// unchanged, with takes on one key: a take whose compare-and-swap lost to a
-// peek must look again, not wait for the meta to change.
+// unchanged, with takes on one key while a driver advances the clock. A take
+// whose compare-and-swap lost to a peek must look again, not wait for the
+// meta to change (the test would hang); no peek may report tokens that takes
+// already took or that the clock has not yet given; and no token is lost or
+// minted.
 func TestConcurrentPeekTake(t *testing.T) {
-	m := newMap(t, WithShards(1))
-	lim := floodgate.PerSecond(1e9, 1_000_000)
-	takeAt(t, m, "k", lim, 1, t0)
+	const (
+		rate    = 1000 // tokens/s: one per clock step
+		burst   = 50   // never reached: the driver waits for the takers
+		steps   = 2000
+		workers = 4
+	)
+	var clock atomic.Int64 // ns after t0
+	m := newMap(t, WithShards(1), WithClock(floodgate.ClockFunc(func() time.Time {
+		return t0.Add(time.Duration(clock.Load()))
+	})))
+	lim := floodgate.PerSecond(rate, burst)
+	ctx := context.Background()
+	// Drain the bucket, so that it never reaches its cap: a cap would drop
+	// tokens legitimately and hide a real loss.
+	if res, err := m.TakeN(ctx, "k", lim, burst); err != nil || !res.Allowed {
+		t.Fatalf("TakeN(burst) = %+v, %v; want allowed", res, err)
+	}
+	var admitted atomic.Int64 // after the drain
+	var done atomic.Bool
 	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 20_000; i++ {
-				if (i+w)%2 == 0 {
-					m.Peek("k", lim)
-				} else {
-					takeAt(t, m, "k", lim, 1, t0)
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; !done.Load(); i++ {
+				if (i+w)%2 == 1 {
+					if res, _ := m.TakeN(ctx, "k", lim, 1); res.Allowed {
+						admitted.Add(1)
+					}
+					continue
+				}
+				// Every take counted before the peek was decided before
+				// it, and the clock has given at most what it shows after.
+				taken := admitted.Load()
+				res := m.Peek("k", lim)
+				given := rate * clock.Load() / int64(time.Second)
+				if res.Remaining < 0 || int64(res.Remaining) > given-taken {
+					t.Errorf("Peek = %d remaining with %d given and %d taken since the drain", res.Remaining, given, taken)
+					done.Store(true) // stop the driver too
 				}
 			}
-		}()
+		})
+	}
+	for i := int64(1); i <= steps && !done.Load(); i++ {
+		clock.Store(i * int64(time.Millisecond))
+		for admitted.Load() < i-10 && !done.Load() { // keep the takers within 10 tokens
+			runtime.Gosched()
+		}
+	}
+	if done.Swap(true) {
+		wg.Wait()
+		return // failed above
 	}
 	wg.Wait()
+	left := m.Tokens("k", lim)
+	if got := float64(admitted.Load()) + left; got != steps {
+		t.Errorf("admitted %d + left %v = %v, want exactly the %d given", admitted.Load(), left, got, steps)
+	}
 }
