@@ -58,6 +58,13 @@
 // mutex is released. Nothing runs in the background: idle buckets cost only
 // their slot until evicted or reset.
 //
+// # Zero values
+//
+// The zero Map is not usable: build one with [New], whose options all have
+// defaults. The zero [floodgate.Limit] admits nothing by design: its takes
+// are refused without an error, and [Map.WaitN] returns
+// [floodgate.ErrWouldExceedDeadline].
+//
 // # Edge cases
 //
 // A take of 0 tokens reports the bucket without changing it. [Map.TakeN],
@@ -65,9 +72,7 @@
 // [floodgate.ErrNegativeN], and an invalid limit. A take of more than the
 // burst is refused with RetryAfter [floodgate.Never], creates nothing, and
 // returns [floodgate.ErrExceedsBurst], as every [floodgate.Store] does,
-// except under the zero Limit, which admits nothing by design: its takes
-// are refused without an error, and WaitN returns
-// [floodgate.ErrWouldExceedDeadline]. [floodgate.Inf] admits everything and
-// keeps no state. The empty key is an ordinary key, and keys may be of any
-// length: only a hash of each is stored.
+// except under the zero Limit. [floodgate.Inf] admits everything and keeps
+// no state. The empty key is an ordinary key, and keys may be of any length:
+// only a hash of each is stored.
 package keyed
