@@ -70,16 +70,6 @@ const (
 	scanSlots = 64
 )
 
-// keyOf returns the 62 bits of h that a slot stores. An empty slot stores 0,
-// so hash 0 is stored as 1: that adds 2⁻¹²³ to the chance that two keys
-// share a bucket, and the bound documented on [Map] still holds.
-func keyOf(h uint64) uint64 {
-	if k := h & hashMask; k != 0 {
-		return k
-	}
-	return 1
-}
-
 func (t *table) init() {
 	s := make([]slot, minSlots)
 	t.slots.Store(&s)
