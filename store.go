@@ -45,6 +45,19 @@ type Store interface {
 	TakeN(ctx context.Context, key string, lim Limit, n int) (Result, error)
 }
 
+// A Peeker reports key's bucket under lim without taking from it or
+// creating it: Remaining, ResetAfter, and Allowed = true, as a take of 0
+// tokens. Every store in this module implements it with this signature.
+type Peeker interface {
+	Peek(ctx context.Context, key string, lim Limit) (Result, error)
+}
+
+// A Resetter forgets key's bucket, so that its next take starts full.
+// Every store in this module implements it with this signature.
+type Resetter interface {
+	Reset(ctx context.Context, key string) error
+}
+
 // Source names what decided a [Result].
 type Source uint8
 

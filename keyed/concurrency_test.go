@@ -81,9 +81,9 @@ func TestConcurrentKeys(t *testing.T) {
 				key := fmt.Sprint(i % 1000)
 				switch i % 10 {
 				case 0:
-					m.Reset(key)
+					m.Reset(context.Background(), key)
 				case 1:
-					m.Peek(key, lim)
+					m.Peek(context.Background(), key, lim)
 				default:
 					takeAt(t, m, key, lim, 1, t0.Add(time.Duration(i)*time.Millisecond))
 				}
@@ -123,7 +123,7 @@ func TestConcurrentMoves(t *testing.T) {
 			for i := 0; !done.Load(); i++ {
 				key := fmt.Sprint("churn-", w, "-", i%2000)
 				if i%7 == 0 {
-					m.Reset(key)
+					m.Reset(context.Background(), key)
 					continue
 				}
 				takeAt(t, m, key, clim, 1, t0.Add(time.Duration(i+1)*time.Microsecond))
@@ -198,7 +198,7 @@ func TestConcurrentPeekTake(t *testing.T) {
 				// Every take counted before the peek was decided before
 				// it, and the clock has given at most what it shows after.
 				taken := admitted.Load()
-				res := m.Peek("k", lim)
+				res, _ := m.Peek(context.Background(), "k", lim)
 				given := rate * clock.Load() / int64(time.Second)
 				if res.Remaining < 0 || int64(res.Remaining) > given-taken {
 					t.Errorf("Peek = %d remaining with %d given and %d taken since the drain", res.Remaining, given, taken)

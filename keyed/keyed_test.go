@@ -219,7 +219,7 @@ func TestNewErrors(t *testing.T) {
 func TestPeekAndTokens(t *testing.T) {
 	m := newMap(t)
 	lim := floodgate.PerSecond(10, 10)
-	if got := m.Peek("k", lim); !got.Allowed || got.Remaining != 10 {
+	if got, err := m.Peek(context.Background(), "k", lim); err != nil || !got.Allowed || got.Remaining != 10 {
 		t.Errorf("Peek(untracked) = %+v, want a full bucket", got)
 	}
 	if m.Len() != 0 {
@@ -229,11 +229,17 @@ func TestPeekAndTokens(t *testing.T) {
 	if got, want := m.TokensAt("k", lim, t0.Add(50*time.Millisecond)), 6.5; got != want {
 		t.Errorf("TokensAt(+50ms) = %v, want %v", got, want)
 	}
-	if got := m.Peek("k", lim); got.Remaining != 6 || got.ResetAfter != 400*time.Millisecond {
+	if got, _ := m.Peek(context.Background(), "k", lim); got.Remaining != 6 || got.ResetAfter != 400*time.Millisecond {
 		t.Errorf("Peek = %+v, want remaining 6, reset 400ms", got)
 	}
-	if !m.Reset("k") || m.Reset("k") {
-		t.Error("Reset: want true then false")
+	if err := m.Reset(context.Background(), "k"); err != nil || m.Len() != 0 {
+		t.Errorf("Reset = %v with Len() = %d after, want nil and 0", err, m.Len())
+	}
+	if err := m.Reset(context.Background(), "k"); err != nil {
+		t.Errorf("Reset(untracked) = %v, want nil", err)
+	}
+	if _, err := m.Peek(context.Background(), "k", floodgate.Limit{Rate: -1, Burst: 1}); !errors.Is(err, floodgate.ErrInvalidLimit) {
+		t.Errorf("Peek(invalid limit) error = %v, want ErrInvalidLimit", err)
 	}
 	if got := m.TokensAt("k", lim, t0); got != 10 {
 		t.Errorf("TokensAt after Reset = %v, want 10", got)
@@ -258,7 +264,7 @@ func TestZeroAllocs(t *testing.T) {
 		f    func()
 	}{
 		{"TakeN on an existing key", func() { m.TakeN(ctx, keys[i%len(keys)], lim, 1) }},
-		{"Peek", func() { m.Peek(keys[i%len(keys)], lim) }},
+		{"Peek", func() { m.Peek(ctx, keys[i%len(keys)], lim) }},
 		{"TakeN above the burst on a new key", func() { m.TakeN(ctx, "new", lim, 2e6) }},
 	} {
 		if allocs := testing.AllocsPerRun(1000, func() { c.f(); i++ }); allocs != 0 {

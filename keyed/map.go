@@ -12,7 +12,11 @@ import (
 	"github.com/floodgate-go/floodgate"
 )
 
-var _ floodgate.Store = (*Map)(nil)
+var (
+	_ floodgate.Store    = (*Map)(nil)
+	_ floodgate.Peeker   = (*Map)(nil)
+	_ floodgate.Resetter = (*Map)(nil)
+)
 
 // A Map holds one token bucket per key, in memory, for at most a fixed
 // number of keys. It is safe for concurrent use; the zero Map is not usable:
@@ -299,10 +303,15 @@ func (m *Map) evictElsewhere(s *shard, k uint64, now int64) (Eviction, bool) {
 // Peek reports key's bucket under lim now without taking anything or
 // creating a bucket: Remaining is the whole tokens available, ResetAfter
 // the time until full. A key the Map does not track reports a full bucket.
-func (m *Map) Peek(key string, lim floodgate.Limit) floodgate.Result {
+// It returns an error only for an invalid limit; ctx is unused, there for
+// the signature every store shares ([floodgate.Peeker]).
+func (m *Map) Peek(_ context.Context, key string, lim floodgate.Limit) (floodgate.Result, error) {
+	if err := lim.Validate(); err != nil {
+		return floodgate.Result{}, err
+	}
 	var res floodgate.Result
 	m.take(&res, key, lim, 0, m.now())
-	return res
+	return res, nil
 }
 
 // Tokens returns the tokens in key's bucket under lim now, with their
@@ -331,9 +340,10 @@ func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 	return float64(tokens) / unit
 }
 
-// Reset forgets key's bucket, so its next take starts full, and reports
-// whether the Map tracked it.
-func (m *Map) Reset(key string) bool {
+// Reset forgets key's bucket, so its next take starts full. It never
+// fails; ctx and the error are there for the signature every store shares
+// ([floodgate.Resetter]).
+func (m *Map) Reset(_ context.Context, key string) error {
 	s, k := m.hash(key)
 	s.mu.Lock()
 	ok := s.tab.remove(k)
@@ -341,7 +351,7 @@ func (m *Map) Reset(key string) bool {
 	if ok {
 		m.tracked.Add(-1)
 	}
-	return ok
+	return nil
 }
 
 // Len returns the number of keys tracked, at most the capacity.

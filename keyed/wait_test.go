@@ -48,7 +48,7 @@ func TestWaitN(t *testing.T) {
 				t.Errorf("waiter %d served after %v, want %v", i, d, want)
 			}
 		}
-		if r := m.Peek("k", lim); r.Remaining != 0 {
+		if r, _ := m.Peek(context.Background(), "k", lim); r.Remaining != 0 {
 			t.Errorf("Remaining after the waits = %d, want 0", r.Remaining)
 		}
 	})
@@ -162,8 +162,11 @@ func TestWaitNCancelAfterReset(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- m.WaitN(ctx, "k", lim, 1) }()
 		synctest.Wait() // reserved: one token owed
-		if !m.Reset("k") {
-			t.Fatal("Reset found no bucket")
+		if m.Len() != 1 {
+			t.Fatalf("Len() = %d before Reset, want 1", m.Len())
+		}
+		if err := m.Reset(bg, "k"); err != nil || m.Len() != 0 {
+			t.Fatalf("Reset = %v with Len() = %d after, want nil and 0", err, m.Len())
 		}
 		admitted := 0
 		for range 3 {

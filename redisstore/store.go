@@ -78,7 +78,11 @@ type Store struct {
 	starves atomic.Uint64
 }
 
-var _ floodgate.Store = (*Store)(nil)
+var (
+	_ floodgate.Store    = (*Store)(nil)
+	_ floodgate.Peeker   = (*Store)(nil)
+	_ floodgate.Resetter = (*Store)(nil)
+)
 
 // New returns a Store deciding on client, a *redis.Client, *redis.ClusterClient
 // or *redis.Ring (anything that runs scripts and pipelines). A nil client
