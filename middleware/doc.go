@@ -90,6 +90,15 @@
 // The tap handle sends the overload status with its details but cannot send
 // metadata, so clients back off by their policy's exponential backoff.
 //
+// # Other transports
+//
+// Admit makes the interceptors' decision for a Call from any transport:
+// its method, peer address, headers and verified client certificate, under
+// the same tenant table, store, gate and controller. Package httplimit
+// uses it to serve net/http (grpc-gateway, Connect, gRPC-Web) from the
+// same Limiter as the gRPC server, so that a tenant's calls share their
+// buckets whichever way they come.
+//
 // # Composing with go-grpc-middleware
 //
 // The Limiter implements go-grpc-middleware/v2's ratelimit.Limiter

@@ -1,13 +1,18 @@
 package middleware
 
-import "context"
+import (
+	"context"
+
+	"google.golang.org/grpc"
+)
 
 // Subject returns the bucket subject the interceptor would use for a call
 // with context ctx: "t:<tenant>" or "a:<address>".
 func Subject(l *Limiter, ctx context.Context) string {
-	p, h := peerOf(ctx), incoming(ctx)
-	ten, found, _ := l.identify(ctx, p, h, l.tables.Table())
-	return l.route(ten, found, p, h, methodOf(ctx)).subject
+	method, _ := grpc.Method(ctx)
+	c := serverCall(ctx, method, incoming(ctx))
+	ten, found, _ := l.identify(ctx, &c, l.tables.Table())
+	return l.route(ten, found, &c).subject
 }
 
 var (

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"crypto/x509"
 	"net"
 	"net/netip"
 	"reflect"
@@ -61,32 +62,20 @@ func findIncomingKey() any {
 	return key
 }
 
-// header is a read-only view of a call's incoming metadata.
-type header struct {
-	md  metadata.MD
-	ctx context.Context // set when md could not be read directly
-}
+// mdHeader is gRPC metadata, whose keys are lower case, as a Header.
+type mdHeader metadata.MD
 
-func incoming(ctx context.Context) header {
+func (h mdHeader) Values(key string) []string { return h[key] }
+
+// incoming returns a server call's incoming metadata: grpc-go's own map,
+// or a copy when it cannot be read directly.
+func incoming(ctx context.Context) metadata.MD {
 	if incomingKey != nil {
 		md, _ := ctx.Value(incomingKey).(metadata.MD)
-		return header{md: md}
+		return md
 	}
-	return header{ctx: ctx}
-}
-
-// get returns the values of a lower-case key. They must not be modified.
-func (h header) get(key string) []string {
-	if h.ctx != nil {
-		return metadata.ValueFromIncomingContext(h.ctx, key)
-	}
-	return h.md[key]
-}
-
-// peerOf returns the call's peer, or nil.
-func peerOf(ctx context.Context) *peer.Peer {
-	p, _ := peer.FromContext(ctx)
-	return p
+	md, _ := metadata.FromIncomingContext(ctx)
+	return md
 }
 
 // addrOf returns the immediate peer's IP address, unmapped, or the zero
@@ -137,21 +126,24 @@ func parseAddr(s string) netip.Addr {
 	return a
 }
 
-func (l *Limiter) forwarded(a netip.Addr, h header) netip.Addr {
+// forwarded returns the client's address: the call's peer, or the client
+// its forwarding headers name when the peer is a trusted proxy.
+func (l *Limiter) forwarded(c *Call) netip.Addr {
+	a, h := c.Addr.Unmap(), l.o.fwdHeader
 	if !a.IsValid() || !l.isTrusted(a) {
 		return a
 	}
-	if l.o.fwdHeader != "x-real-ip" {
-		if xff := h.get("x-forwarded-for"); len(xff) > 0 {
+	if h == "" || h == "x-forwarded-for" {
+		if xff := c.values("x-forwarded-for"); len(xff) > 0 {
 			return walkForwarded(a, xff, l.isTrusted)
 		}
 	}
-	if l.o.fwdHeader != "x-forwarded-for" {
+	if h == "" || h == "x-real-ip" {
 		// The last line: a proxy that adds a line rather than replacing
 		// the client's adds it last.
-		if rip := h.get("x-real-ip"); len(rip) > 0 {
-			if c, ok := parseHop(rip[len(rip)-1]); ok {
-				return c
+		if rip := c.values("x-real-ip"); len(rip) > 0 {
+			if client, ok := parseHop(rip[len(rip)-1]); ok {
+				return client
 			}
 		}
 	}
@@ -277,9 +269,9 @@ var noteNames = [nNotes]string{"", KeyIgnoredRepeated, KeyIgnoredTooLong}
 // value, and the value must be of a plausible size; the note says which
 // was not so. Whether the key is well-formed is the tenant table's
 // business (tenant.Table.TenantByKey).
-func (l *Limiter) apiKey(h header) (string, keyNote) {
+func (l *Limiter) apiKey(c *Call) (string, keyNote) {
 	for _, name := range l.o.keyHeaders {
-		vals := h.get(name)
+		vals := c.values(name)
 		if len(vals) == 0 {
 			continue
 		}
@@ -307,14 +299,24 @@ func bearer(v string) string {
 	return strings.TrimLeft(v[len(scheme):], " ")
 }
 
-// tlsTenant returns the tenant ID a verified client certificate names.
-func (l *Limiter) tlsTenant(p *peer.Peer) (string, bool) {
-	if l.o.tlsIdentity == nil || p == nil || p.AuthInfo == nil {
+// certTenant returns the tenant ID the call's verified client certificate
+// names.
+func (l *Limiter) certTenant(c *Call) (string, bool) {
+	if l.o.tlsIdentity == nil || c.Cert == nil {
 		return "", false
+	}
+	return l.o.tlsIdentity(c.Cert)
+}
+
+// verifiedCert returns the verified client certificate of a gRPC
+// connection, or nil.
+func verifiedCert(p *peer.Peer) *x509.Certificate {
+	if p == nil || p.AuthInfo == nil {
+		return nil
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return "", false
+		return nil
 	}
-	return l.o.tlsIdentity(info.State.VerifiedChains[0][0])
+	return info.State.VerifiedChains[0][0]
 }

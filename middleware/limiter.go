@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -285,9 +283,9 @@ func (c *decisionCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// FromContext returns the decision the Limiter's interceptors made for the
-// call whose context ctx is (or derives from), and whether there is one.
-// Exempt calls carry none.
+// FromContext returns the decision the Limiter's interceptors (or Admit)
+// made for the call whose context ctx is (or derives from), and whether
+// there is one. Exempt calls carry none.
 func FromContext(ctx context.Context) (Decision, bool) {
 	dc, ok := ctx.Value(decisionKey{}).(*decisionCtx)
 	if !ok {
@@ -299,21 +297,21 @@ func FromContext(ctx context.Context) (Decision, bool) {
 // identify finds the caller's tenant: the tenant and true, or the anonymous
 // policy and false, with the reason an API key header was ignored, which
 // it counts.
-func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *tenant.Table) (*tenant.Tenant, bool, keyNote) {
+func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table) (*tenant.Tenant, bool, keyNote) {
 	if l.o.keyFunc != nil {
-		if id, ok := l.o.keyFunc(ctx, methodOf(ctx)); ok {
+		if id, ok := l.o.keyFunc(ctx, c.Method); ok {
 			ten, found := table.TenantByID(id)
 			return ten, found, noteNone
 		}
 	}
 	// A certificate that names no tenant (a service mesh's workload
 	// identity, say) leaves the question to the API key.
-	if id, ok := l.tlsTenant(p); ok {
+	if id, ok := l.certTenant(c); ok {
 		if ten, found := table.TenantByID(id); found {
 			return ten, true, noteNone
 		}
 	}
-	key, note := l.apiKey(h)
+	key, note := l.apiKey(c)
 	if key != "" {
 		ten, found := l.keys.resolve(table, key)
 		return ten, found, noteNone
@@ -336,16 +334,16 @@ func (l *Limiter) identify(ctx context.Context, p *peer.Peer, h header, table *t
 // neighbours' penalties, and a tenant rejected at the tap would never reach
 // the interceptor to have its key cached; TapHandle hashes the key when the
 // address's penalty makes that matter.
-func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten *tenant.Tenant, found, ok bool, note keyNote) {
+func (l *Limiter) tapIdentify(c *Call, table *tenant.Table) (ten *tenant.Tenant, found, ok bool, note keyNote) {
 	if l.o.keyFunc != nil {
 		return nil, false, false, noteNone
 	}
-	if id, ok := l.tlsTenant(p); ok {
+	if id, ok := l.certTenant(c); ok {
 		if ten, found := table.TenantByID(id); found {
 			return ten, true, true, noteNone
 		}
 	}
-	key, note := l.apiKey(h)
+	key, note := l.apiKey(c)
 	if key != "" {
 		ten, found := l.keys.lookup(table, key)
 		return ten, found, found, noteNone
@@ -353,38 +351,18 @@ func (l *Limiter) tapIdentify(p *peer.Peer, h header, table *tenant.Table) (ten 
 	return table.Anonymous(), false, true, note
 }
 
-// methodOf returns the method of a server call's context, for KeyFuncs.
-func methodOf(ctx context.Context) string {
-	m, _ := grpc.Method(ctx)
-	return m
-}
-
-// decide decides one call to method. It returns the verdict, with the
-// rejection to return when the call must not run, and allocates nothing
-// for a caller whose route is cached. gated says the overload controller
-// decides an admitted call next.
-func (l *Limiter) decide(ctx context.Context, method string, gated bool) (verdict, error) {
-	h := incoming(ctx)
-	p := peerOf(ctx)
-	ten, found, note := l.identify(ctx, p, h, l.tables.Table())
-	v := verdict{r: l.route(ten, found, p, h, method), method: method, dryRun: l.o.dryRun, gated: gated, note: note}
-	err := l.take(ctx, &v)
-	return v, err
-}
-
-// admit decides one call to method and returns the context of an admitted
-// call, or the rejection.
-func (l *Limiter) admit(ctx context.Context, method string, gated bool) (*decisionCtx, error) {
-	v, err := l.decide(ctx, method, gated)
-	if err != nil {
-		return nil, err
-	}
-	return &decisionCtx{Context: ctx, v: v}, nil
+// decide decides one call into v, and returns the rejection when the call
+// must not run. It allocates nothing for a caller whose route is cached.
+// gated says the overload controller decides an admitted call next.
+func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict) *entry {
+	ten, found, note := l.identify(ctx, c, l.tables.Table())
+	*v = verdict{r: l.route(ten, found, c), method: c.Method, dryRun: l.o.dryRun, gated: gated, note: note}
+	return l.take(ctx, v)
 }
 
 // take takes the route's cost from its bucket and records the outcome
-// in v.
-func (l *Limiter) take(ctx context.Context, v *verdict) error {
+// in v. It returns the rejection when the call must not run.
+func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	r := v.r
 	scale := 1.0
 	if l.o.gate != nil {
@@ -445,5 +423,5 @@ func (l *Limiter) take(ctx context.Context, v *verdict) error {
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
 		l.pen.note(r.subject, l.o.clock.Now().Add(min(res.RetryAfter, l.o.maxPushback)))
 	}
-	return l.rej.reject(ctx, v.reason, res.RetryAfter, v.note)
+	return l.rej.lookup(v.reason, res.RetryAfter, v.note)
 }

@@ -7,7 +7,6 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -57,14 +56,6 @@ const (
 	msgStore    = "rate limiter unavailable"
 )
 
-type kind uint8
-
-const (
-	kindQuota kind = iota
-	kindOverload
-	kindStore
-)
-
 // Retry delays are rounded up onto a grid, so that each rejection status
 // with its details is built once and then shared: milliseconds up to 1 s,
 // 10 ms up to 10 s, then seconds. Rounding up never asks a client to come
@@ -98,7 +89,8 @@ func gridFloor(d time.Duration) time.Duration {
 }
 
 // An entry is a shared rejection: its status error and the pushback
-// trailer asking for d, or telling the client not to retry when d is 0.
+// trailer asking for d, or telling the client not to retry when d is 0, or
+// none for a failed store.
 type entry struct {
 	err error
 	md  metadata.MD
@@ -106,7 +98,7 @@ type entry struct {
 }
 
 type entryKey struct {
-	k kind
+	k Reason // ReasonQuota, ReasonOverload or ReasonStoreError
 	n keyNote
 	d time.Duration // on the grid, or 0 for no retry delay
 }
@@ -130,37 +122,37 @@ func newRejecter(o *options) *rejecter {
 	return &rejecter{o: o, entries: newLRU[entryKey, *entry](entryCacheSize)}
 }
 
-func (r *rejecter) code(k kind) codes.Code {
-	if k == kindQuota {
+func (r *rejecter) code(k Reason) codes.Code {
+	if k == ReasonQuota {
 		return r.o.quotaCode
 	}
 	return r.o.overCode
 }
 
-func message(k kind) string {
+func message(k Reason) string {
 	switch k {
-	case kindQuota:
+	case ReasonQuota:
 		return msgQuota
-	case kindOverload:
+	case ReasonOverload:
 		return msgOverload
 	}
 	return msgStore
 }
 
-func reasonOf(k kind) string {
+func reasonOf(k Reason) string {
 	switch k {
-	case kindQuota:
+	case ReasonQuota:
 		return ErrorReasonRateLimited
-	case kindOverload:
+	case ReasonOverload:
 		return ErrorReasonOverloaded
 	}
 	return ErrorReasonUnavailable
 }
 
-// build returns the rejection error of kind k with a retry delay of d, or
+// build returns the rejection error for reason k with a retry delay of d, or
 // without RetryInfo for d == 0, for a caller whose key was ignored as n
 // says.
-func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
+func (r *rejecter) build(k Reason, d time.Duration, n keyNote) error {
 	st := status.New(r.code(k), message(k))
 	if !r.o.details {
 		return st.Err()
@@ -173,7 +165,7 @@ func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 	if d > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
 	}
-	if k == kindQuota {
+	if k == ReasonQuota {
 		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject:     "client",
 			Description: "the caller's request quota is exhausted",
@@ -185,57 +177,40 @@ func (r *rejecter) build(k kind, d time.Duration, n keyNote) error {
 	return st.Err()
 }
 
-// lookup returns the shared entry for a rejection of kind k with a retry
-// delay of d (none when d ≤ 0 or Never), for a caller whose key was
-// ignored as n says.
-func (r *rejecter) lookup(k kind, d time.Duration, n keyNote) *entry {
+// lookup returns the shared rejection of a call rejected for reason k,
+// whose caller may retry after d (none when d ≤ 0 or Never), and whose key
+// was ignored as n says. A store error offers no retry delay and no
+// pushback, so that clients back off by their own policy.
+func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote) *entry {
 	key := entryKey{k: k, n: n}
-	if d > 0 && d != floodgate.Never {
+	if d > 0 && d != floodgate.Never && k != ReasonStoreError {
 		key.d = gridCeil(d)
 	}
 	if e, ok := r.entries.Get(key); ok {
 		return e
 	}
 	// Racing builders make equal entries; whichever is added last stays.
-	e := &entry{d: key.d, err: r.build(k, key.d, n), md: abortMD}
-	if key.d > 0 {
+	e := &entry{d: key.d, err: r.build(k, key.d, n)}
+	switch {
+	case k == ReasonStoreError:
+	case key.d == 0:
+		e.md = abortMD
+	default:
 		e.md = metadata.MD{PushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}}
 	}
 	r.entries.Add(key, e)
 	return e
 }
 
-// reject returns the error for a rejection and sets its pushback trailer
-// on ctx's call, never header metadata, so the response stays
-// Trailers-Only and grpc-go's retry honours the pushback.
-func (r *rejecter) reject(ctx context.Context, reason Reason, retry time.Duration, n keyNote) error {
-	k := kindQuota
-	switch reason {
-	case ReasonOverload:
-		k = kindOverload
-	case ReasonStoreError:
-		// No retry delay to offer, and no pushback, so clients back off
-		// by their own policy.
-		return r.lookup(kindStore, 0, n).err
+// pushback returns the trailer a gRPC rejection sends with e, or nil for
+// none. The cap and the deadline are checked against the delay the trailer
+// asks for, which the grid rounds up: grpc-go sleeps for the pushback
+// without checking the deadline. A wait past the cap is too long for
+// grpc-go to sleep through, but RetryInfo still tells the caller when to
+// come back: an hourly quota says when it resets.
+func (r *rejecter) pushback(ctx context.Context, e *entry) metadata.MD {
+	if dl, ok := ctx.Deadline(); e.md != nil && (e.d > r.o.maxPushback || ok && time.Until(dl) < e.d) {
+		return abortMD
 	}
-	e := r.lookup(k, retry, n)
-	// The cap and the deadline are checked against the delay the trailer
-	// asks for, which the grid rounds up: grpc-go sleeps for the pushback
-	// without checking the deadline. A wait past the cap is too long for
-	// grpc-go to sleep through, but RetryInfo still tells the caller when
-	// to come back: an hourly quota says when it resets.
-	md := e.md
-	if dl, ok := ctx.Deadline(); e.d > r.o.maxPushback || ok && time.Until(dl) < e.d {
-		md = abortMD
-	}
-	// SetTrailer fails only outside a gRPC call (a direct call in a test);
-	// the status is the rejection either way.
-	_ = grpc.SetTrailer(ctx, md)
-	return e.err
-}
-
-// tapError returns the tap handle's rejection for a caller who may retry
-// after d. The tap cannot send metadata, so there is no pushback trailer.
-func (r *rejecter) tapError(d time.Duration, n keyNote) error {
-	return r.lookup(kindOverload, d, n).err
+	return e.md
 }

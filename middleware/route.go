@@ -3,8 +3,6 @@ package middleware
 import (
 	"net/netip"
 
-	"google.golang.org/grpc/peer"
-
 	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/tenant"
 )
@@ -36,13 +34,13 @@ type routeKey struct {
 // caller's next call, with a few small allocations.
 const routeCacheSize = 8192
 
-// route returns the route of a call to method by the caller identified as
-// ten (found) on connection p with metadata h.
-func (l *Limiter) route(ten *tenant.Tenant, found bool, p *peer.Peer, h header, method string) *route {
-	rule := ten.Rule(method)
+// route returns the route of call c by the caller identified as ten
+// (found).
+func (l *Limiter) route(ten *tenant.Tenant, found bool, c *Call) *route {
+	rule := ten.Rule(c.Method)
 	k := routeKey{ten: ten, ruleID: rule.ID}
 	if !found {
-		k.addr = l.aggregate(l.forwarded(addrOf(p), h))
+		k.addr = l.aggregate(l.forwarded(c))
 	}
 	if r, ok := l.routes.Get(k); ok {
 		return r

@@ -10,7 +10,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate"
@@ -32,68 +32,38 @@ var ErrNotServerCall = errors.New("middleware: Limit needs a server call's conte
 // pushback grpc-go's retry honours.
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if l.Exempt(info.FullMethod) {
-			l.c.exempt.Add(1)
-			return handler(ctx, req)
+		c := serverCall(ctx, info.FullMethod, incoming(ctx))
+		var a Admission
+		if err := l.admit(ctx, &c, l.o.overload, &a); err != nil {
+			return nil, l.reject(ctx, a.e, err)
 		}
-		c := l.o.overload
-		if l.o.dryRun {
-			c = nil
+		defer a.Done()
+		if l.o.rateHeaders && a.v.r != nil {
+			_ = grpc.SetHeader(ctx, rateHeaders(a.v.res))
 		}
-		dc, err := l.admit(ctx, info.FullMethod, c != nil)
-		if err != nil {
-			return nil, err
-		}
-		if c != nil {
-			p, err := l.acquire(ctx, c, dc)
-			if err != nil {
-				return nil, err
-			}
-			defer p.Done()
-		}
-		if l.o.rateHeaders {
-			_ = grpc.SetHeader(ctx, rateHeaders(dc.v.res))
-		}
-		return handler(dc, req)
+		return handler(a.ctx, req)
 	}
 }
 
-// acquire takes a slot of the overload controller for an admitted call,
-// or returns its rejection: the overload status with the controller's
-// retry delay, or the status of the caller's context when it ended while
-// the call waited.
-func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decisionCtx) (overload.Permit, error) {
-	r := dc.v.r
-	p, err := c.Acquire(ctx, r.flow)
-	var shed *overload.ShedError
-	if err != nil && !errors.As(err, &shed) {
-		// The caller's context ended while the call waited: neither
-		// admitted nor shed.
-		return p, status.FromContextError(err).Err()
-	}
-	if shed != nil {
-		// The call was counted as admitted by its quota; it is an
-		// overload rejection instead.
-		l.c.overload.Add(1)
-		l.c.admitted.Add(^uint64(0))
-	}
-	if obs := l.o.observer; obs != nil {
-		e := Event{Method: dc.v.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: dc.v.res.Source, Allowed: true}
-		if shed != nil {
-			e.Reason, e.Allowed = ReasonOverload, false
+// serverCall describes the gRPC server call whose context ctx is, to
+// method, with incoming metadata md.
+func serverCall(ctx context.Context, method string, md metadata.MD) Call {
+	p, _ := peer.FromContext(ctx)
+	return Call{Method: method, Addr: addrOf(p), Header: mdHeader(md), Cert: verifiedCert(p)}
+}
+
+// reject sets the pushback trailer of the rejection e, if there is one, on
+// ctx's call, never header metadata, so that the response stays
+// Trailers-Only and grpc-go's retry honours the pushback; it returns err.
+func (l *Limiter) reject(ctx context.Context, e *entry, err error) error {
+	if e != nil {
+		if md := l.rej.pushback(ctx, e); md != nil {
+			// SetTrailer fails only outside a gRPC call (a direct call in
+			// a test); the status is the rejection either way.
+			_ = grpc.SetTrailer(ctx, md)
 		}
-		if r.found {
-			e.Tenant = r.ten.ID()
-		}
-		obs(e)
 	}
-	if shed != nil {
-		if f := l.o.rejected; f != nil {
-			f(r.subject)
-		}
-		return p, l.rej.reject(ctx, ReasonOverload, shed.RetryAfter, dc.v.note)
-	}
-	return p, nil
+	return err
 }
 
 // StreamServerInterceptor returns an interceptor that admits each stream at
@@ -103,17 +73,19 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, dc *decis
 // context carries the Decision of its start.
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if l.Exempt(info.FullMethod) {
-			l.c.exempt.Add(1)
-			return handler(srv, ss)
-		}
+		ctx := ss.Context()
 		// The table is read before the decision: if a reload comes between
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.
 		table := l.tables.Table()
-		dc, err := l.admit(ss.Context(), info.FullMethod, false)
-		if err != nil {
-			return err
+		c := serverCall(ctx, info.FullMethod, incoming(ctx))
+		var a Admission
+		if err := l.admit(ctx, &c, nil, &a); err != nil {
+			return l.reject(ctx, a.e, err)
+		}
+		dc, ok := a.ctx.(*decisionCtx)
+		if !ok { // exempt
+			return handler(srv, ss)
 		}
 		if l.o.rateHeaders {
 			_ = ss.SetHeader(rateHeaders(dc.v.res))
@@ -144,17 +116,20 @@ func (s *stream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil || s.l == nil {
 		return err
 	}
+	ctx := s.dc.Context
 	if t := s.l.tables.Table(); t != s.table {
-		ctx := s.dc.Context
-		h, p := incoming(ctx), peerOf(ctx)
-		ten, found, _ := s.l.identify(ctx, p, h, t)
-		s.r, s.table = s.l.route(ten, found, p, h, s.dc.v.method), t
+		c := serverCall(ctx, s.dc.v.method, incoming(ctx))
+		ten, found, _ := s.l.identify(ctx, &c, t)
+		s.r, s.table = s.l.route(ten, found, &c), t
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted.
 	v := s.dc.v
 	v.r = s.r
-	return s.l.take(s.dc.Context, &v)
+	if e := s.l.take(ctx, &v); e != nil {
+		return s.l.reject(ctx, e, e.err)
+	}
+	return nil
 }
 
 func rateHeaders(r floodgate.Result) metadata.MD {
@@ -210,8 +185,8 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
 	}
-	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
-	ten, found, ok, note := l.tapIdentify(p, h, table)
+	c, table := serverCall(ctx, info.FullMethodName, info.Header), l.tables.Table()
+	ten, found, ok, note := l.tapIdentify(&c, table)
 	if !ok && l.o.keyFunc != nil {
 		return ctx, nil
 	}
@@ -221,14 +196,14 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		// made-up key. Only if its address is under a retry delay is the
 		// key worth a SHA-256 here, to tell the tenant, judged by its own
 		// bucket, from a caller hiding behind a key that names no one.
-		anon := l.route(table.Anonymous(), false, p, h, info.FullMethodName)
+		anon := l.route(table.Anonymous(), false, &c)
 		if l.pen.left(anon.subject, now) <= 0 {
 			return ctx, nil
 		}
-		key, _ := l.apiKey(h)
+		key, _ := l.apiKey(&c)
 		ten, found = l.keys.resolve(table, key)
 	}
-	r := l.route(ten, found, p, h, info.FullMethodName)
+	r := l.route(ten, found, &c)
 	left := l.pen.left(r.subject, now)
 	if left <= 0 {
 		return ctx, nil
@@ -240,7 +215,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
-	return ctx, l.rej.tapError(left, note)
+	return ctx, l.rej.lookup(ReasonOverload, left, note).err
 }
 
 // tapOverload turns a caller away at the tap while the overload
@@ -250,12 +225,12 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
 	}
-	p, h, table := peerOf(ctx), header{md: info.Header}, l.tables.Table()
-	ten, found, ok, note := l.tapIdentify(p, h, table)
+	call := serverCall(ctx, info.FullMethodName, info.Header)
+	ten, found, ok, note := l.tapIdentify(&call, l.tables.Table())
 	if !ok {
 		return ctx, nil // the interceptor will tell
 	}
-	r := l.route(ten, found, p, h, info.FullMethodName)
+	r := l.route(ten, found, &call)
 	if !c.Overloaded(r.flow) {
 		return ctx, nil
 	}
@@ -267,7 +242,7 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
 	}
-	return ctx, l.rej.tapError(c.RetryAfter(), note)
+	return ctx, l.rej.lookup(ReasonOverload, c.RetryAfter(), note).err
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
@@ -291,8 +266,12 @@ func (l *Limiter) Limit(ctx context.Context) error {
 		l.c.exempt.Add(1)
 		return nil
 	}
-	_, err := l.decide(ctx, method, false)
-	return err
+	c := serverCall(ctx, method, incoming(ctx))
+	var v verdict
+	if e := l.decide(ctx, &c, false, &v); e != nil {
+		return l.reject(ctx, e, e.err)
+	}
+	return nil
 }
 
 // Selector returns a go-grpc-middleware selector.Matcher that matches the

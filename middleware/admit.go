@@ -1,0 +1,168 @@
+package middleware
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"net/netip"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/overload"
+)
+
+// A Header reads a call's request headers. Values returns the values of
+// the header named key, which the Limiter passes in lower case, and must
+// not be modified by the caller. An http.Header is a Header as it is.
+type Header interface {
+	Values(key string) []string
+}
+
+// A Call is one call as the Limiter sees it, whatever its transport: the
+// gRPC interceptors build one from grpc-go's server call, the httplimit
+// package from an *http.Request.
+type Call struct {
+	// Method names what is called, as the tenant rules and the exemptions
+	// match it: a gRPC full method ("/pkg.Svc/Method"), or for HTTP a path
+	// or the gRPC method an HTTP route stands for.
+	Method string
+	// Addr is the address of the connection's peer (a trusted proxy's
+	// forwarding headers may name the client behind it), or the zero Addr
+	// when the connection has none.
+	Addr netip.Addr
+	// Header holds the request's headers; nil means none.
+	Header Header
+	// Cert is the client certificate the server verified (the leaf of the
+	// connection's first verified chain), or nil. An unverified certificate
+	// must not be passed: anyone can present one.
+	Cert *x509.Certificate
+}
+
+func (c *Call) values(key string) []string {
+	if c.Header == nil {
+		return nil
+	}
+	return c.Header.Values(key)
+}
+
+// An Admission is the Limiter's answer to one call (Admit). An admitted
+// call runs with Context, and calls Done when it ends. A rejected call
+// does not run; Decision and RetryAfter say why and for how long.
+type Admission struct {
+	ctx    context.Context
+	v      verdict // v.r is nil for an exempt call
+	permit overload.Permit
+	e      *entry // the rejection, or nil
+}
+
+// Context returns the context the call runs with: the caller's, carrying
+// the Decision (FromContext) when the call was limited rather than exempt.
+func (a *Admission) Context() context.Context { return a.ctx }
+
+// Done ends an admitted call, giving its overload controller slot
+// (WithOverload) to the next: call it once, when the handler returns. It
+// does nothing for a call that holds no slot.
+func (a *Admission) Done() { a.permit.Done() }
+
+// Decision returns the Limiter's decision, and false for an exempt call,
+// which has none. A call the overload controller shed has Allowed false
+// and Reason ReasonOverload; a call whose context ended while it waited
+// for the controller keeps the decision of its quota.
+func (a *Admission) Decision() (Decision, bool) {
+	if a.v.r == nil {
+		return Decision{}, false
+	}
+	return a.v.decision(), true
+}
+
+// RetryAfter returns how long a rejected caller should wait before it
+// tries again, as the rejection's RetryInfo states it (rounded up onto
+// the pushback grid, see WithMaxPushback), or 0 when the call was admitted
+// or no wait will do: the store failed, or the call costs more than its
+// bucket holds.
+func (a *Admission) RetryAfter() time.Duration {
+	if a.e == nil {
+		return 0
+	}
+	return a.e.d
+}
+
+// Admit decides one call as UnaryServerInterceptor does, for transports
+// other than gRPC (httplimit uses it): identity, tenant, the method's rule,
+// a take from the caller's bucket and, with WithOverload, a slot of the
+// controller, which may wait. It returns the admission and nil when the
+// call may run (in dry-run mode, always), or the rejection's status
+// error, the one the interceptors return, which a gRPC-aware transport can
+// send as it is; or, when ctx ended while the call waited for a slot,
+// ctx's error as a status. Admit sets no gRPC trailer.
+func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
+	var a Admission
+	err := l.admit(ctx, &c, l.o.overload, &a)
+	return a, err
+}
+
+// admit is Admit holding the call to the controller ctl (nil: to none),
+// filling in a, which the interceptors keep on their stack.
+func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, a *Admission) error {
+	a.ctx = ctx
+	if l.Exempt(c.Method) {
+		l.c.exempt.Add(1)
+		return nil
+	}
+	if l.o.dryRun {
+		ctl = nil
+	}
+	if a.e = l.decide(ctx, c, ctl != nil, &a.v); a.e != nil {
+		return a.e.err
+	}
+	a.ctx = &decisionCtx{Context: ctx, v: a.v}
+	if ctl == nil {
+		return nil
+	}
+	var err error
+	if a.permit, a.e, err = l.acquire(ctx, ctl, &a.v); a.e != nil {
+		a.v.allowed, a.v.reason = false, ReasonOverload
+		a.ctx = ctx
+		return a.e.err
+	}
+	return err
+}
+
+// acquire takes a slot of the overload controller for a call its quota
+// admitted, or returns the overload rejection with the controller's retry
+// delay, or the status of the caller's context when it ended while the
+// call waited.
+func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdict) (overload.Permit, *entry, error) {
+	r := v.r
+	p, err := c.Acquire(ctx, r.flow)
+	var shed *overload.ShedError
+	if err != nil && !errors.As(err, &shed) {
+		// The caller's context ended while the call waited: neither
+		// admitted nor shed.
+		return p, nil, status.FromContextError(err).Err()
+	}
+	if shed != nil {
+		// The call was counted as admitted by its quota; it is an
+		// overload rejection instead.
+		l.c.overload.Add(1)
+		l.c.admitted.Add(^uint64(0))
+	}
+	if obs := l.o.observer; obs != nil {
+		e := Event{Method: v.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: v.res.Source, Allowed: true}
+		if shed != nil {
+			e.Reason, e.Allowed = ReasonOverload, false
+		}
+		if r.found {
+			e.Tenant = r.ten.ID()
+		}
+		obs(e)
+	}
+	if shed == nil {
+		return p, nil, nil
+	}
+	if f := l.o.rejected; f != nil {
+		f(r.subject)
+	}
+	return p, l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note), nil
+}

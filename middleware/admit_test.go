@@ -1,0 +1,159 @@
+package middleware_test
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
+)
+
+// A call through Admit and a call through the interceptor take from the
+// same bucket: a tenant's HTTP and gRPC calls share its quota.
+func TestAdmitSharesBucketsWithTheInterceptor(t *testing.T) {
+	f := newFixture(t)
+	c := middleware.Call{
+		Method: methodGet,
+		Addr:   netip.MustParseAddr("203.0.113.7"),
+		Header: http.Header{"X-Api-Key": {acmeKey}},
+	}
+	// acme's burst is 5: three through Admit, two through the interceptor.
+	for i := range 3 {
+		a, err := f.l.Admit(t.Context(), c)
+		if err != nil {
+			t.Fatalf("Admit #%d: %v", i, err)
+		}
+		d, ok := middleware.FromContext(a.Context())
+		if !ok || !d.Allowed || d.Tenant != "acme" || d.Result.Remaining != 4-i {
+			t.Errorf("Admit #%d: FromContext = %+v, %v, want acme admitted with %d left", i, d, ok, 4-i)
+		}
+		if got, _ := a.Decision(); got != d {
+			t.Errorf("Admit #%d: Decision() = %+v, want the context's %+v", i, got, d)
+		}
+		a.Done()
+	}
+	for i := range 2 {
+		if ran, _, _, err := unary(f.l, call{addr: "198.51.100.1:1", md: apiKeyMD(acmeKey)}, methodGet); !ran || err != nil {
+			t.Fatalf("interceptor call #%d: ran %v, %v", i, ran, err)
+		}
+	}
+	a, err := f.l.Admit(t.Context(), c)
+	if got, want := status.Code(err), codes.ResourceExhausted; got != want {
+		t.Fatalf("Admit over quota: %v, want %v", err, want)
+	}
+	d, ok := a.Decision()
+	if !ok || d.Allowed || d.Reason != middleware.ReasonQuota || d.Result.Limit.Burst != 5 {
+		t.Errorf("Decision() = %+v, %v, want a quota rejection under burst 5", d, ok)
+	}
+	if got, want := a.RetryAfter(), 100*time.Millisecond; got != want {
+		t.Errorf("RetryAfter() = %v, want %v (10/s)", got, want)
+	}
+	if _, ok := middleware.FromContext(a.Context()); ok {
+		t.Error("a rejected call's context carries a decision")
+	}
+	if ran, _, ts, _ := unary(f.l, call{addr: "198.51.100.1:1", md: apiKeyMD(acmeKey)}, methodGet); ran || len(ts.trailer[middleware.PushbackKey]) != 1 {
+		t.Errorf("interceptor after Admit drained the bucket: ran %v, trailer %v", ran, ts.trailer)
+	}
+	if st := f.l.Stats(); st.Admitted != 5 || st.Quota != 2 {
+		t.Errorf("Stats() = %+v, want 5 admitted and 2 over quota", st)
+	}
+}
+
+func TestAdmitExemptAndAnonymous(t *testing.T) {
+	f := newFixture(t)
+	a, err := f.l.Admit(t.Context(), middleware.Call{Method: "/grpc.health.v1.Health/Check"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Decision(); ok || a.Context() != t.Context() {
+		t.Error("an exempt call has a decision")
+	}
+	a.Done()
+	// Neither headers nor an address: the anonymous bucket of callers
+	// without one (burst 2).
+	for i, want := range []codes.Code{codes.OK, codes.OK, codes.ResourceExhausted} {
+		a, err := f.l.Admit(t.Context(), middleware.Call{Method: methodGet})
+		if got := status.Code(err); got != want {
+			t.Fatalf("anonymous call #%d: %v, want %v", i, err, want)
+		}
+		if d, _ := a.Decision(); d.Tenant != "" {
+			t.Errorf("anonymous call #%d: tenant %q", i, d.Tenant)
+		}
+	}
+	if st := f.l.Stats(); st.Exempt != 1 {
+		t.Errorf("Stats().Exempt = %d, want 1", st.Exempt)
+	}
+}
+
+// With an overload controller, an admitted call holds a slot until Done;
+// a call that finds none is shed with the overload status and the
+// controller's retry delay.
+func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
+	clk := newClock()
+	ctrl, err := overload.New(overload.WithClock(clk), overload.WithMaxWait(time.Millisecond), overload.WithRetryAfter(3*time.Second),
+		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, middleware.WithOverload(ctrl))
+	c := middleware.Call{Method: methodGet, Header: http.Header{"Authorization": {"Bearer " + acmeKey}}}
+	held, err := f.l.Admit(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shed, err := f.l.Admit(t.Context(), c)
+	if got, want := status.Code(err), codes.Unavailable; got != want {
+		t.Fatalf("Admit while the slot is held: %v, want %v", err, want)
+	}
+	if d, _ := shed.Decision(); d.Allowed || d.Reason != middleware.ReasonOverload || d.Tenant != "acme" {
+		t.Errorf("shed call's Decision() = %+v, want acme shed for overload", d)
+	}
+	if got, want := shed.RetryAfter(), 3*time.Second; got != want {
+		t.Errorf("shed call's RetryAfter() = %v, want %v", got, want)
+	}
+	shed.Done() // holds nothing: a no-op
+	held.Done()
+	again, err := f.l.Admit(t.Context(), c)
+	if err != nil {
+		t.Fatalf("Admit after Done: %v", err)
+	}
+	again.Done()
+	if s := ctrl.Snapshot(); s.Inflight != 0 {
+		t.Errorf("controller in flight after every Done: %d", s.Inflight)
+	}
+	if st := f.l.Stats(); st.Admitted != 2 || st.Overload != 1 {
+		t.Errorf("Stats() = %+v, want 2 admitted and 1 overload", st)
+	}
+}
+
+// A call whose context ends while it waits for a slot is neither admitted
+// nor shed: Admit returns the context's status.
+func TestAdmitContextEndsWhileWaiting(t *testing.T) {
+	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithMaxWait(time.Minute),
+		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, middleware.WithOverload(ctrl))
+	c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
+	held, err := f.l.Admit(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Done()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	a, err := f.l.Admit(ctx, c)
+	if got, want := status.Code(err), codes.Canceled; got != want {
+		t.Fatalf("Admit with an ended context: %v, want %v", err, want)
+	}
+	if d, _ := a.Decision(); !d.Allowed || a.RetryAfter() != 0 {
+		t.Errorf("Decision() = %+v, RetryAfter %v: want the quota's admission, no wait", d, a.RetryAfter())
+	}
+}
