@@ -49,9 +49,10 @@
 //
 // The address is the connection's peer, with IPv4-mapped IPv6 addresses
 // unmapped and IPv6 addresses aggregated to their /64 (WithAddressBits).
-// x-forwarded-for and x-real-ip are read only when the peer is a trusted
-// proxy (WithTrustedProxies), right to left, skipping trusted hops; the
-// first untrusted address is the client. Headers from anyone else are
+// x-forwarded-for, RFC 7239 forwarded (its for= parameters) and x-real-ip
+// are read only when the peer is a trusted proxy (WithTrustedProxies),
+// right to left, skipping trusted hops; the first untrusted address is the
+// client. Headers from anyone else are
 // ignored, so a client cannot pick its own bucket by spoofing them. A proxy
 // that sets x-real-ip but passes the client's x-forwarded-for through
 // unchanged must be paired with WithClientAddressHeader("x-real-ip").

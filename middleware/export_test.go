@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"net/netip"
 
 	"google.golang.org/grpc"
 )
@@ -16,10 +17,13 @@ func Subject(l *Limiter, ctx context.Context) string {
 }
 
 var (
-	WalkForwarded = walkForwarded
-	ParseHop      = parseHop
-	Bearer        = bearer
-	GridCeil      = gridCeil
+	WalkForwarded = func(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
+		return walkForwarded(peer, values, trusted, parseHop)
+	}
+	ParseForwarded = parseForwarded
+	ParseHop       = parseHop
+	Bearer         = bearer
+	GridCeil       = gridCeil
 )
 
 // DirectMetadata reports whether the middleware reads grpc-go's incoming

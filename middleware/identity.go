@@ -135,7 +135,12 @@ func (l *Limiter) forwarded(c *Call) netip.Addr {
 	}
 	if h == "" || h == "x-forwarded-for" {
 		if xff := c.values("x-forwarded-for"); len(xff) > 0 {
-			return walkForwarded(a, xff, l.isTrusted)
+			return walkForwarded(a, xff, l.isTrusted, parseHop)
+		}
+	}
+	if h == "" || h == "forwarded" {
+		if fwd := c.values("forwarded"); len(fwd) > 0 {
+			return walkForwarded(a, fwd, l.isTrusted, parseForwarded)
 		}
 	}
 	if h == "" || h == "x-real-ip" {
@@ -159,7 +164,8 @@ func (l *Limiter) isTrusted(a netip.Addr) bool {
 	return false
 }
 
-// walkForwarded walks x-forwarded-for values right to left, starting from
+// walkForwarded walks x-forwarded-for or Forwarded values right to left,
+// parsing each entry with parse, starting from
 // the trusted peer: each hop that is itself trusted passes the question on
 // to the hop before it, and the first untrusted hop is the client. A
 // malformed hop or more than maxHops trusted hops stop the walk at the last
@@ -172,7 +178,7 @@ func (l *Limiter) isTrusted(a netip.Addr) bool {
 // right, and a client that pads its own part must not push them out of
 // reach (which would leave the proxy's address, shared by all its clients,
 // as the caller's).
-func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
+func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bool, parse func(string) (netip.Addr, bool)) netip.Addr {
 	last := peer
 	hops := 0
 	for i := len(values) - 1; i >= 0; i-- {
@@ -186,7 +192,7 @@ func walkForwarded(peer netip.Addr, values []string, trusted func(netip.Addr) bo
 			if j < 0 && cut {
 				return last
 			}
-			c, ok := parseHop(rest[j+1:])
+			c, ok := parse(rest[j+1:])
 			if !ok {
 				return last
 			}
@@ -226,6 +232,26 @@ func parseHop(s string) (netip.Addr, bool) {
 	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// parseForwarded parses the for= of one RFC 7239 Forwarded element, as
+// in `for=192.0.2.60;proto=https` or `for="[2001:db8::1]:4711"`. An
+// element without one, or naming no address ("unknown", an obfuscated
+// "_name"), is malformed: the walk stops there.
+func parseForwarded(s string) (netip.Addr, bool) {
+	for s != "" {
+		var pair string
+		pair, s, _ = strings.Cut(s, ";")
+		name, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || !strings.EqualFold(name, "for") {
+			continue
+		}
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			v = v[1 : len(v)-1]
+		}
+		return parseHop(v)
 	}
 	return netip.Addr{}, false
 }

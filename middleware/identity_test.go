@@ -77,6 +77,18 @@ func TestSubject(t *testing.T) {
 		{name: "x-real-ip only", opts: append(proxies, middleware.WithClientAddressHeader("x-real-ip")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1", "x-real-ip", "198.51.100.1")}, want: "a:198.51.100.1"},
 		{name: "x-real-ip only, missing", opts: append(proxies, middleware.WithClientAddressHeader("x-real-ip")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1")}, want: "a:10.1.1.1"},
 		{name: "xff only", opts: append(proxies, middleware.WithClientAddressHeader("X-Forwarded-For")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-real-ip", "198.51.100.1")}, want: "a:10.1.1.1"},
+		{name: "spoofed forwarded, untrusted peer", c: call{addr: "203.0.113.7:1", md: metadata.Pairs("forwarded", "for=198.51.100.1")}, want: "a:203.0.113.7"},
+		{name: "forwarded from trusted proxy", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "for=198.51.100.1;proto=https;by=10.1.1.1")}, want: "a:198.51.100.1"},
+		{name: "forwarded right to left", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "for=1.1.1.1, For=198.51.100.1, for=10.2.2.2")}, want: "a:198.51.100.1"},
+		{name: "forwarded quoted ipv6 with port", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", `for="[2001:db8:7:7::1]:4711"`)}, want: "a:2001:db8:7:7::"},
+		{name: "forwarded unknown", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "for=unknown")}, want: "a:10.1.1.1"},
+		{name: "forwarded obfuscated", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "for=_hidden, for=10.2.2.2")}, want: "a:10.2.2.2"},
+		{name: "forwarded without for", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "proto=https")}, want: "a:10.1.1.1"},
+		{name: "forwarded unterminated quote", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", `for="198.51.100.1`)}, want: "a:10.1.1.1"},
+		{name: "forwarded oversized", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", strings.Repeat("for=1.1.1.1,", 1000)+"for=198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "xff before forwarded", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1", "forwarded", "for=198.51.100.1")}, want: "a:1.1.1.1"},
+		{name: "forwarded only", opts: append(proxies, middleware.WithClientAddressHeader("Forwarded")), c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "1.1.1.1", "forwarded", "for=198.51.100.1")}, want: "a:198.51.100.1"},
+		{name: "forwarded before x-real-ip", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("forwarded", "for=198.51.100.1", "x-real-ip", "1.1.1.1")}, want: "a:198.51.100.1"},
 		{name: "tenant behind proxy", opts: proxies, c: call{addr: "10.1.1.1:1", md: metadata.Pairs("x-forwarded-for", "198.51.100.1", "x-api-key", acmeKey)}, want: "t:acme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,6 +250,21 @@ func FuzzParseHop(f *testing.F) {
 		}
 		if !ok && a.IsValid() {
 			t.Errorf("ParseHop(%q) = %v, false", s, a)
+		}
+	})
+}
+
+func FuzzParseForwarded(f *testing.F) {
+	for _, s := range []string{"for=1.2.3.4", `for="[::1]:80";proto=https`, "by=1.1.1.1;for=unknown", `for="`, "for=;for=1.1.1.1", ";;", "FOR=_x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, ok := middleware.ParseForwarded(s)
+		if ok && (!a.IsValid() || a.Zone() != "" || a.Is4In6()) {
+			t.Errorf("ParseForwarded(%q) = %v, want a valid unmapped address without zone", s, a)
+		}
+		if !ok && a.IsValid() {
+			t.Errorf("ParseForwarded(%q) = %v, false", s, a)
 		}
 	})
 }

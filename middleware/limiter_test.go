@@ -417,7 +417,7 @@ func TestNewValidates(t *testing.T) {
 		{name: "nil tables", store: store, want: "nil tables"},
 		{name: "no table", store: store, tables: middleware.Static(nil), want: "no table"},
 		{"v4 bits", store, tables, []middleware.Option{middleware.WithAddressBits(0, 64)}, "WithAddressBits"},
-		{"client address header", store, tables, []middleware.Option{middleware.WithClientAddressHeader("forwarded")}, "WithClientAddressHeader"},
+		{"client address header", store, tables, []middleware.Option{middleware.WithClientAddressHeader("x-client-ip")}, "WithClientAddressHeader"},
 		{"v6 bits", store, tables, []middleware.Option{middleware.WithAddressBits(32, 129)}, "WithAddressBits"},
 		{"OK code", store, tables, []middleware.Option{middleware.WithCodes(codes.OK, codes.Unavailable)}, "WithCodes"},
 		{"pushback cap", store, tables, []middleware.Option{middleware.WithMaxPushback(2 * time.Hour)}, "WithMaxPushback"},

@@ -117,8 +117,8 @@ func (o *options) validate() error {
 		}
 		o.trusted[i] = p.Masked()
 	}
-	if o.fwdHeader != "" && o.fwdHeader != "x-forwarded-for" && o.fwdHeader != "x-real-ip" {
-		return invalid("WithClientAddressHeader(%q): neither x-forwarded-for nor x-real-ip", o.fwdHeader)
+	if o.fwdHeader != "" && o.fwdHeader != "x-forwarded-for" && o.fwdHeader != "forwarded" && o.fwdHeader != "x-real-ip" {
+		return invalid("WithClientAddressHeader(%q): not x-forwarded-for, forwarded or x-real-ip", o.fwdHeader)
 	}
 	if o.v4Bits < 1 || o.v4Bits > 32 || o.v6Bits < 1 || o.v6Bits > 128 {
 		return invalid("WithAddressBits(%d, %d): want v4 in [1, 32] and v6 in [1, 128]", o.v4Bits, o.v6Bits)
@@ -174,27 +174,29 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // default, means no controller; a repeated call replaces it.
 func WithOverload(c *overload.Controller) Option { return func(o *options) { o.overload = c } }
 
-// WithTrustedProxies adds the networks whose x-forwarded-for and x-real-ip
-// headers are believed. Only when the immediate peer is in one of them is
-// x-forwarded-for read, right to left, skipping further trusted hops; the
-// first untrusted address is the client. Without x-forwarded-for, the last
-// x-real-ip line names the client; WithClientAddressHeader picks one header
-// when the proxy sets only one of them. Repeated calls add to the list; the
+// WithTrustedProxies adds the networks whose x-forwarded-for, forwarded
+// (RFC 7239) and x-real-ip headers are believed. Only when the immediate
+// peer is in one of them is x-forwarded-for read, right to left, skipping
+// further trusted hops; the first untrusted address is the client. Without
+// it, forwarded's for= parameters are walked the same way, and without
+// either, the last x-real-ip line names the client; WithClientAddressHeader
+// picks one header when the proxy sets only one of them. Repeated calls add to the list; the
 // default is empty: headers are never believed.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 	return func(o *options) { o.trusted = append(o.trusted, prefixes...) }
 }
 
 // WithClientAddressHeader names the one header in which the trusted proxies
-// (WithTrustedProxies) pass on the client's address: "x-forwarded-for"
-// (walked right to left) or "x-real-ip" (its last line). By default both
-// are read, x-forwarded-for first, which suits proxies that append to
-// x-forwarded-for: Envoy, HAProxy's forwardfor, nginx with
-// $proxy_add_x_forwarded_for. A proxy that sets x-real-ip but passes the
-// client's own x-forwarded-for through (nginx with only
-// "proxy_set_header X-Real-IP $remote_addr") needs "x-real-ip": otherwise
-// each client names its own address, and picks its own bucket. A repeated
-// call replaces the header.
+// (WithTrustedProxies) pass on the client's address: "x-forwarded-for" or
+// "forwarded" (walked right to left) or "x-real-ip" (its last line). By
+// default the first of them present is read, in that order, which suits
+// proxies that append to x-forwarded-for: Envoy, HAProxy's forwardfor,
+// nginx with $proxy_add_x_forwarded_for. A proxy that sets x-real-ip but
+// passes the client's own x-forwarded-for through (nginx with only
+// "proxy_set_header X-Real-IP $remote_addr") needs "x-real-ip", and one
+// that appends only to forwarded needs "forwarded": otherwise each client
+// names its own address, and picks its own bucket. A repeated call
+// replaces the header.
 func WithClientAddressHeader(name string) Option {
 	return func(o *options) { o.fwdHeader = strings.ToLower(name) }
 }
