@@ -1,0 +1,88 @@
+// Package httplimit admits net/http requests through a middleware.Limiter:
+// the same tenants, per-method rules, buckets, CPU gate and overload
+// controller as the gRPC interceptors, for services also served as
+// JSON/HTTP (grpc-gateway), through Connect or gRPC-Web, or next to plain
+// handlers. A tenant's HTTP and gRPC calls take from the same buckets.
+//
+//	lim, err := middleware.New(store, reg, middleware.WithOverload(ctrl),
+//		middleware.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")))
+//	hl, err := httplimit.New(lim)
+//	err = http.ListenAndServe(addr, hl.Handle(mux))
+//
+// # Identity
+//
+// A request's caller is found as a gRPC call's is (see package
+// middleware): a KeyFunc, given the request's context; the tenant a
+// verified TLS client certificate names (http.Request.TLS); an API key in
+// X-Api-Key or Authorization: Bearer; else the client's address. The
+// address is the connection's peer (http.Request.RemoteAddr), or, when the
+// peer is one of the Limiter's trusted proxies (WithTrustedProxies), the
+// client X-Forwarded-For, Forwarded (RFC 7239, for=) or X-Real-IP names;
+// these headers from any other peer are ignored. A malformed, oversized,
+// repeated or non-ASCII header never rejects a request: it is ignored, and
+// the caller is anonymous, keyed by its address.
+//
+// # Methods
+//
+// The tenant rules and exemptions match the request's path by default.
+// Connect, gRPC-Web and gRPC (grpc.Server's ServeHTTP) put the method in
+// the path, "/pkg.Svc/Method", so one tenant file serves both transports,
+// and health checks stay exempt. WithMethod names the method of other
+// routes: grpc-gateway's, mapped to the gRPC methods they call.
+//
+// # Rejections
+//
+// A request over its quota gets 429 Too Many Requests; one shed for
+// overload, or refused because the store failed (middleware.WithFailClosed),
+// gets 503 Service Unavailable. Both carry Retry-After, the wait the
+// Limiter states in whole seconds, rounded up, and a body in the protocol
+// the client speaks:
+//
+//   - gRPC and gRPC-Web (Content-Type application/grpc…): a Trailers-Only
+//     response, a 200 without a body whose headers hold grpc-status,
+//     grpc-message and grpc-status-details-bin, as grpc-go's server sends
+//     it, so that grpc.Server.ServeHTTP behind the middleware rejects as the
+//     interceptors would. There is no pushback trailer: the middleware
+//     does not see the call's deadline, and clients retry by their policy's
+//     backoff.
+//   - Connect unary calls (a Connect-Protocol-Version header, or a GET with
+//     connect=v1): Connect's error JSON,
+//     {"code":"resource_exhausted","message":"rate limit exceeded","details":[{"type":"google.rpc.RetryInfo","value":"…"}]}.
+//   - Connect streams (Content-Type application/connect+…): a 200 whose
+//     body is the end-of-stream message holding that error.
+//   - Anything else: the google.rpc.Status as JSON, as grpc-gateway writes
+//     errors: {"code":8,"message":"rate limit exceeded","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo",…}]}.
+//
+// The details are the interceptors' (ErrorInfo, RetryInfo, QuotaFailure;
+// see middleware.WithDetails). Each body is built once per rejection the
+// Limiter shares (one per retry delay on its grid) and kept for the 1024
+// used last.
+//
+// # RateLimit fields
+//
+// Responses, admitted or rejected, carry the RateLimit-Policy and
+// RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10 for the
+// bucket the request took from, counted in requests of the method's cost:
+//
+//	RateLimit-Policy: "default";q=100;w=10
+//	RateLimit: "default";r=37;t=7
+//
+// The policy is named by the rule's method pattern ("default",
+// "/pkg.Svc/*", …). q is the bucket's burst, the most requests a full
+// bucket admits at once, and w the seconds it takes to refill from empty
+// (burst ÷ rate, rounded up), both of the rule's limit as configured, so
+// the policy stays the same from response to response. r is the requests
+// left in the bucket, and t the seconds until it is full again, both under
+// the limit in force (scaled down while a CPU gate sheds). A token bucket
+// has no window that resets: t says when the whole quota is back,
+// Retry-After when the next request may pass. WithRateLimitHeaders(false)
+// leaves the fields out.
+//
+// # Order and concurrency
+//
+// An admitted request holds its overload controller slot
+// (middleware.WithOverload) until the wrapped handler returns, panics
+// included. Put the middleware after recovery and logging and before the
+// handlers that do the work. A Middleware is safe for concurrent use and
+// starts no goroutine; the zero Middleware is not usable.
+package httplimit

@@ -1,0 +1,147 @@
+package httplimit
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/middleware"
+)
+
+// A Middleware admits HTTP requests through a middleware.Limiter before
+// they reach the handlers it wraps (Handle), and answers those it turns
+// away in the protocol the client speaks. Build one with New; it is safe
+// for concurrent use and holds no goroutine.
+type Middleware struct {
+	l      *middleware.Limiter
+	o      options
+	bodies *lru.Cache[error, *bodies]
+}
+
+// An Option configures a Middleware. Options only record their arguments;
+// New validates them.
+type Option func(*options)
+
+type options struct {
+	method      func(*http.Request) string
+	methodSet   bool
+	rateHeaders bool
+}
+
+// WithMethod sets how a request names the method that the Limiter's tenant
+// rules and exemptions match: f returns a gRPC full method
+// ("/pkg.Svc/Method") or any name the rules know, or "" for the request's
+// path. The default is the path, which for Connect, gRPC-Web and gRPC
+// (grpc.Server's ServeHTTP) is already "/pkg.Svc/Method". grpc-gateway
+// routes need f: map each route to the gRPC method it calls, for instance
+// by the ServeMux pattern that matched (http.Request.Pattern, set when
+// the Middleware wraps a handler registered on the mux). Whatever f
+// returns names an Event's method too: keep the set bounded. f must not
+// be nil. A repeated call replaces it.
+func WithMethod(f func(*http.Request) string) Option {
+	return func(o *options) { o.method, o.methodSet = f, true }
+}
+
+// WithRateLimitHeaders sets whether responses carry the RateLimit-Policy
+// and RateLimit fields (see the package doc), on admitted requests and
+// rejections alike. The default is true. Retry-After on rejections is
+// sent either way. A repeated call replaces the setting.
+func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHeaders = on } }
+
+// bodyCacheSize bounds the rejection bodies kept built: one per shared
+// rejection of the Limiter (a retry delay on its grid) in use.
+const bodyCacheSize = 1024
+
+// New returns a Middleware deciding requests with l. It returns an error
+// wrapping floodgate.ErrInvalidOption when l is nil or an option is
+// invalid; the message names the option.
+func New(l *middleware.Limiter, opts ...Option) (*Middleware, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: httplimit: New: nil Limiter", floodgate.ErrInvalidOption)
+	}
+	o := options{rateHeaders: true}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if o.methodSet && o.method == nil {
+		return nil, fmt.Errorf("%w: httplimit: WithMethod: nil function", floodgate.ErrInvalidOption)
+	}
+	c, err := lru.New[error, *bodies](bodyCacheSize)
+	if err != nil {
+		return nil, err
+	}
+	return &Middleware{l: l, o: o, bodies: c}, nil
+}
+
+// Handle returns a handler that admits each request before next serves
+// it, or answers it with a rejection (see the package doc) without calling
+// next. An admitted request reaches next with a context carrying its
+// Decision (middleware.FromContext), and holds its overload controller
+// slot (middleware.WithOverload) until next returns.
+func (m *Middleware) Handle(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, err := m.l.Admit(r.Context(), m.call(r))
+		if err != nil {
+			m.reject(w, r, &a, err)
+			return
+		}
+		defer a.Done()
+		if m.o.rateHeaders {
+			if d, ok := a.Decision(); ok {
+				setRateLimit(w.Header(), d)
+			}
+		}
+		if ctx := a.Context(); ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// call describes r for the Limiter: its method, the connection's peer
+// (which, when it is a trusted proxy, the forwarding headers may look
+// behind), its headers and its verified client certificate.
+func (m *Middleware) call(r *http.Request) middleware.Call {
+	c := middleware.Call{Method: r.URL.Path, Header: header(r.Header)}
+	if m.o.method != nil {
+		if name := m.o.method(r); name != "" {
+			c.Method = name
+		}
+	}
+	// RemoteAddr is the server's, "ip:port" for TCP; anything else (a
+	// Unix socket's, a test's) leaves the caller without an address.
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		c.Addr = ap.Addr()
+	}
+	if t := r.TLS; t != nil && len(t.VerifiedChains) > 0 && len(t.VerifiedChains[0]) > 0 {
+		c.Cert = t.VerifiedChains[0][0]
+	}
+	return c
+}
+
+// header reads an http.Header by the lower-case names the Limiter asks
+// for. http.Header's Values would canonicalize each name into a new
+// string; this builds the canonical name on the stack.
+type header http.Header
+
+func (h header) Values(key string) []string {
+	var buf [64]byte
+	if len(key) > len(buf) {
+		return http.Header(h).Values(key)
+	}
+	upper := true
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if upper && 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		buf[i] = c
+		upper = c == '-'
+	}
+	return h[string(buf[:len(key)])]
+}
