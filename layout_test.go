@@ -128,6 +128,7 @@ var heavy = map[string]string{
 	"github.com/prometheus/":  "promfloodgate",
 	"github.com/redis/":       "redisstore",
 	"gonum.org/v1/plot":       "examples",
+	"connectrpc.com/":         "examples",
 	"github.com/go-redis/":    "bench",
 	"github.com/sethvargo/":   "bench",
 	"github.com/zeromicro/":   "bench",

@@ -9,6 +9,7 @@ replace (
 )
 
 require (
+	connectrpc.com/connect v1.19.1
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/promfloodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000
