@@ -28,7 +28,10 @@
 // Connect, gRPC-Web and gRPC (grpc.Server's ServeHTTP) put the method in
 // the path, "/pkg.Svc/Method", so one tenant file serves both transports,
 // and health checks stay exempt. WithMethod names the method of other
-// routes: grpc-gateway's, mapped to the gRPC methods they call.
+// routes: grpc-gateway's, mapped to the gRPC methods they call. The name
+// is also the method of the Limiter's Events: where paths carry IDs
+// ("/v1/items/42"), name a bounded set of methods for the observers'
+// sake.
 //
 // # Rejections
 //

@@ -164,13 +164,13 @@ func (l *Limiter) isTrusted(a netip.Addr) bool {
 	return false
 }
 
-// walkForwarded walks x-forwarded-for or Forwarded values right to left,
-// parsing each entry with parse, starting from
-// the trusted peer: each hop that is itself trusted passes the question on
-// to the hop before it, and the first untrusted hop is the client. A
-// malformed hop or more than maxHops trusted hops stop the walk at the last
-// trusted address reached: what lies beyond it cannot be believed. Several
-// header lines count as one list, in order.
+// walkForwarded walks x-forwarded-for or forwarded values right to left,
+// parsing each entry with parse, starting from the trusted peer: each hop
+// that is itself trusted passes the question on to the hop before it, and
+// the first untrusted hop is the client. A malformed hop or more than
+// maxHops trusted hops stop the walk at the last trusted address reached:
+// what lies beyond it cannot be believed. Several header lines count as
+// one list, in order.
 //
 // Of a value longer than maxForwardedLen only the last maxForwardedLen
 // bytes are read, and the entry they cut is malformed: proxies append to
