@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"net"
 	"net/netip"
 	"time"
 
@@ -37,6 +38,10 @@ type Call struct {
 	// connection's first verified chain), or nil. An unverified certificate
 	// must not be passed: anyone can present one.
 	Cert *x509.Certificate
+
+	// peer stands in for Addr in the interceptors' calls: parsed only for
+	// the anonymous callers who need it.
+	peer net.Addr
 }
 
 func (c *Call) values(key string) []string {

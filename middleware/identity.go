@@ -78,14 +78,11 @@ func incoming(ctx context.Context) metadata.MD {
 	return md
 }
 
-// addrOf returns the immediate peer's IP address, unmapped, or the zero
-// Addr when the connection has none (a Unix socket, an in-memory pipe).
-func addrOf(p *peer.Peer) netip.Addr {
-	if p == nil {
-		return netip.Addr{}
-	}
+// addrOf returns a gRPC peer's IP address, unmapped, or the zero Addr
+// when the connection has none (a Unix socket, an in-memory pipe).
+func addrOf(peer net.Addr) netip.Addr {
 	var a netip.Addr
-	switch addr := p.Addr.(type) {
+	switch addr := peer.(type) {
 	case *net.TCPAddr:
 		if addr != nil {
 			a, _ = netip.AddrFromSlice(addr.IP)
@@ -130,6 +127,9 @@ func parseAddr(s string) netip.Addr {
 // its forwarding headers name when the peer is a trusted proxy.
 func (l *Limiter) forwarded(c *Call) netip.Addr {
 	a, h := c.Addr.Unmap(), l.o.fwdHeader
+	if c.peer != nil {
+		a = addrOf(c.peer)
+	}
 	if !a.IsValid() || !l.isTrusted(a) {
 		return a
 	}

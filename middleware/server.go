@@ -37,7 +37,9 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if err := l.admit(ctx, &c, l.o.overload, &a); err != nil {
 			return nil, l.reject(ctx, a.e, err)
 		}
-		defer a.Done()
+		if l.o.overload != nil {
+			defer a.Done()
+		}
 		if l.o.rateHeaders && a.v.r != nil {
 			_ = grpc.SetHeader(ctx, rateHeaders(a.v.res))
 		}
@@ -48,8 +50,11 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // serverCall describes the gRPC server call whose context ctx is, to
 // method, with incoming metadata md.
 func serverCall(ctx context.Context, method string, md metadata.MD) Call {
-	p, _ := peer.FromContext(ctx)
-	return Call{Method: method, Addr: addrOf(p), Header: mdHeader(md), Cert: verifiedCert(p)}
+	c := Call{Method: method, Header: mdHeader(md)}
+	if p, ok := peer.FromContext(ctx); ok {
+		c.peer, c.Cert = p.Addr, verifiedCert(p)
+	}
+	return c
 }
 
 // reject sets the pushback trailer of the rejection e, if there is one, on
