@@ -52,7 +52,11 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctrl, err := overload.New(
-		overload.WithLaw(overload.Law{InitialLimit: 4, MinLimit: 1, MinSamples: 1, Interval: time.Millisecond, ProbeSamples: 1, ProbeEvery: time.Hour}),
+		// The limit is pinned at 4 and the queueing target is out of reach,
+		// so that a busy machine's latencies neither move the limit nor set
+		// an admission rate while the test counts slots.
+		overload.WithLaw(overload.Law{InitialLimit: 4, MinLimit: 4, MaxLimit: 4, MinSamples: 1, Interval: time.Millisecond,
+			ProbeSamples: 1, ProbeEvery: time.Hour, QueueTarget: time.Hour}),
 		overload.WithMaxWait(time.Minute),
 	)
 	if err != nil {
@@ -82,11 +86,15 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	globex := metadata.AppendToOutgoingContext(t.Context(), "x-api-key", globexKey)
 	blocking := metadata.AppendToOutgoingContext(globex, "block", "1")
 
-	// One call ends the start-up probe: four slots from then on.
-	if err := invoke(acme, cc); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return !ctrl.Snapshot().Probing }, "the start-up probe to end")
+	// A call ends the start-up probe (four slots from then on) once the
+	// controller steps, and calls are what step it: keep calling until it
+	// has, since a call that ends within the first interval steps nothing.
+	waitFor(t, func() bool {
+		if err := invoke(acme, cc); err != nil {
+			t.Fatal(err)
+		}
+		return !ctrl.Snapshot().Probing
+	}, "the start-up probe to end")
 
 	errs := make(chan error, 16)
 	for i := range 8 {
