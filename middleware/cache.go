@@ -9,8 +9,12 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-// newLRU returns a golang-lru cache, safe for concurrent use, that keeps
-// the size entries used last.
+// newLRU returns a golang-lru cache, safe for concurrent use, of size
+// entries. The request path reads it with Peek, under the cache's read
+// lock, which does not move an entry to the front: so that two cores do not
+// queue on its mutex, a full cache drops the entry added longest ago, not
+// the one used longest ago. An entry dropped while in use is rebuilt on its
+// next call, at the price of a few allocations.
 func newLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 	c, err := lru.New[K, V](size)
 	if err != nil {
@@ -35,14 +39,14 @@ type keyEntry struct {
 	ten   *tenant.Tenant
 }
 
-// keyCacheSize bounds the keys remembered; beyond it the least recently
-// used key is hashed again on its next call.
+// keyCacheSize bounds the keys remembered; beyond it the key cached
+// longest ago is hashed again on its next call.
 const keyCacheSize = 4096
 
 func newKeyCache() *keyCache { return &keyCache{newLRU[string, keyEntry](keyCacheSize)} }
 
 func (c *keyCache) get(t *tenant.Table, key string) (*tenant.Tenant, bool) {
-	e, ok := c.lru.Get(key)
+	e, ok := c.lru.Peek(key)
 	if !ok || e.table != t {
 		return nil, false
 	}

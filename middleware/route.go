@@ -42,7 +42,7 @@ func (l *Limiter) route(ten *tenant.Tenant, found bool, c *Call) *route {
 	if !found {
 		k.addr = l.aggregate(l.forwarded(c))
 	}
-	if r, ok := l.routes.Get(k); ok {
+	if r, ok := l.routes.Peek(k); ok {
 		return r
 	}
 	r := &route{ten: ten, found: found, rule: rule, subject: "a:-"}
