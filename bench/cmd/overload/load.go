@@ -161,9 +161,10 @@ type rawRun struct {
 
 // loadConfig is what the load generator needs besides the scenario.
 type loadConfig struct {
-	Capacity float64
-	Deadline time.Duration
-	Seed     uint64
+	Capacity  float64
+	Deadline  time.Duration
+	Seed      uint64
+	ThrottleK float64 // 0: the throttle's default
 }
 
 // client is the load generator's connections to one server: one per
@@ -231,7 +232,7 @@ func runScenario(ctx context.Context, p *serverProc, sc Scenario, cfg loadConfig
 	}
 	defer c.close()
 	if slices.ContainsFunc(sc.Segments, func(s Segment) bool { return s.Client == clientThrottled }) {
-		if err := c.dialThrottled(p.ready.GRPC); err != nil {
+		if err := c.dialThrottled(p.ready.GRPC, cfg.ThrottleK); err != nil {
 			return nil, err
 		}
 	}

@@ -80,6 +80,9 @@ type Config struct {
 	NeighbourWorkers int `json:"neighbour_workers,omitempty"`
 	// Capacity, when positive, skips the measurement.
 	Capacity float64 `json:"capacity_given,omitempty"`
+	// ThrottleK is the retry storm's throttled clients' K (throttle.WithK);
+	// 0 is the throttle's default.
+	ThrottleK float64 `json:"throttle_k,omitempty"`
 	// Exe is the command that starts a server: this program by default.
 	Exe []string `json:"-"`
 	// Log receives progress lines; nil discards them.
@@ -318,6 +321,7 @@ func main() {
 	flag.BoolVar(&cfg.Pin, "pin", true, "pin the server and the load generator to different CPUs with taskset")
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
+	flag.Float64Var(&cfg.ThrottleK, "throttle-k", 0, "K of the retry storm's throttled clients (0: the throttle's default, 2)")
 	variants := flag.String("variants", "", "comma-separated variants (default: all; A,E with -quick)")
 	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
 	flag.IntVar(&cfg.NeighbourWorkers, "neighbour-workers", neighbourWorkers, "spinning threads of the neighbour scenarios' CPU-burning neighbour")
@@ -525,7 +529,7 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 		}
 		// Let the gate take its first readings of an idle server.
 		time.Sleep(300 * time.Millisecond)
-		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: res.Capacity, Deadline: cfg.Deadline, Seed: cfg.Seed})
+		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: res.Capacity, Deadline: cfg.Deadline, Seed: cfg.Seed, ThrottleK: cfg.ThrottleK})
 		if err != nil {
 			return Run{}, err
 		}
@@ -619,7 +623,7 @@ func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, [
 	best, retries := 0.0, 0
 	for range maxSteps {
 		sc := Scenario{Name: "capacity", Segments: []Segment{{Name: "step", Dur: stepDur, Load: r, Skip: stepDur / 3, Measure: true}}}
-		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: 1, Deadline: cfg.Deadline, Seed: cfg.Seed})
+		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: 1, Deadline: cfg.Deadline, Seed: cfg.Seed, ThrottleK: cfg.ThrottleK})
 		if err != nil {
 			return 0, steps, err
 		}

@@ -871,7 +871,7 @@ func (res *Results) retryStormSection(b *strings.Builder, charts map[string]stri
 			if all != nil && s.Client == clientOnce {
 				health = fmt.Sprintf("%d/%d", all.HealthOK, all.HealthSent)
 			}
-			f("| %s | %s | %.2f× | %.2f× | %.0f | %.0f | %.0f (%.2f×) | %s | %.0f | %s / %s | %.1f | %s |\n", v, clientLabel(s.Client), w.Sent/cap, w.Wire/cap, w.WireRejected, w.Dropped, w.OKRate, w.OKRate/cap, vsBase, w.Goodput, num(w.P99, 0), num(w.WireP99, 0), w.Deadline, health)
+			f("| %s | %s | %.2f× | %.2f× | %.0f | %.0f | %.0f (%.2f×) | %s | %.0f | %s / %s | %.1f | %s |\n", v, clientLabel(s.Client, res.Config.ThrottleK), w.Sent/cap, w.Wire/cap, w.WireRejected, w.Dropped, w.OKRate, w.OKRate/cap, vsBase, w.Goodput, num(w.P99, 0), num(w.WireP99, 0), w.Deadline, health)
 		}
 	}
 	f("\nHealth probes over the whole run, on the first row of each variant. ")

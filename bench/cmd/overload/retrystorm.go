@@ -129,9 +129,13 @@ func callNaive(ctx context.Context, call func(context.Context) error) error {
 // dialThrottled adds to c a throttled connection per tenant, each with a
 // throttle of its own, as ten separate clients would have, and the wire
 // counter after it. The connections are warmed up like dial's.
-func (c *client) dialThrottled(addr string) error {
+func (c *client) dialThrottled(addr string, k float64) error {
+	opts := []throttle.Option{throttle.WithRetries(naiveAttempts)}
+	if k > 0 {
+		opts = append(opts, throttle.WithK(k))
+	}
 	for i := range c.throttled {
-		th, err := throttle.New(throttle.WithRetries(naiveAttempts))
+		th, err := throttle.New(opts...)
 		if err != nil {
 			return err
 		}
@@ -157,14 +161,18 @@ func (sc Scenario) retries() bool {
 	return false
 }
 
-// clientLabel names a client mode in the report.
-func clientLabel(mode string) string {
+// clientLabel names a client mode in the report; k is the throttled
+// clients' K, 0 for the default.
+func clientLabel(mode string, k float64) string {
 	switch mode {
 	case clientOnce:
 		return "no retries"
 	case clientNaive:
 		return fmt.Sprintf("naive: %d attempts, %v–%v backoff", naiveAttempts, naiveBackoffMin, naiveBackoffMax)
 	case clientThrottled:
+		if k > 0 {
+			return fmt.Sprintf("throttled: `throttle.New(throttle.WithRetries(%d), throttle.WithK(%g))`", naiveAttempts, k)
+		}
 		return fmt.Sprintf("throttled: `throttle.New(throttle.WithRetries(%d))`", naiveAttempts)
 	}
 	return mode
