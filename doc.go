@@ -9,10 +9,19 @@
 //   - cpugate: a container-aware CPU gate that scales every limit down while
 //     the process is saturated and restores it after a cooldown;
 //   - tenant: tenants, tiers and per-method quotas from a validated config;
-//   - middleware: gRPC interceptors and a tap handle built on the above;
-//   - redisstore: a Redis-backed Store for limits shared by many instances;
-//   - promfloodgate: Prometheus metrics, a summary of the callers rejected
-//     most often and rate-limited rejection logs;
+//   - overload: the overload controller that finds the server's capacity
+//     from how long calls queue and sheds the tenants over their fair share
+//     first;
+//   - middleware: gRPC interceptors and a tap handle built on the above, and
+//     Limiter.Admit, the same decision for any transport;
+//   - httplimit: that decision as net/http middleware (grpc-gateway,
+//     Connect, gRPC-Web);
+//   - throttle: client-side adaptive throttling and a retry budget, as gRPC
+//     client interceptors;
+//   - redisstore (a module of its own): a Redis-backed Store for limits
+//     shared by many instances;
+//   - promfloodgate (a module of its own): Prometheus metrics, a summary of
+//     the callers rejected most often and rate-limited rejection logs;
 //   - floodgatetest: a harness that runs a quota config through the real
 //     gRPC path with a simulated clock and a scripted CPU gate.
 //
