@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -11,8 +10,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/floodgate-go/floodgate"
 )
 
 // DefaultBackoff is the first retry's delay, before jitter, when the
@@ -37,15 +34,7 @@ func WithK(k float64) Option { return func(o *options) { o.k = k } }
 // floodgate server sends one) or else for an exponential, jittered backoff
 // (WithBackoff); a retry that would end past the deadline is not made, and
 // the call returns the rejection. [New] uses it. A repeated call replaces it.
-func WithRetries(attempts int) Option {
-	return func(o *options) {
-		if attempts < 1 || attempts > 10 {
-			o.errs = append(o.errs, fmt.Errorf("%w: throttle: WithRetries = %d, want 1 to 10", floodgate.ErrInvalidOption, attempts))
-			return
-		}
-		o.attempts = attempts
-	}
-}
+func WithRetries(attempts int) Option { return func(o *options) { o.attempts = attempts } }
 
 // WithRetryBudget sets the retry budget (see [Budget]) of [New]'s
 // interceptors: retries may add ratio (in [0, 1]) of the requests plus
@@ -58,15 +47,7 @@ func WithRetryBudget(ratio, minPerSecond float64) Option {
 // WithBackoff sets the first retry's delay when the rejection carries no
 // RetryInfo, > 0; the default is [DefaultBackoff]. A repeated call
 // replaces it.
-func WithBackoff(d time.Duration) Option {
-	return func(o *options) {
-		if d <= 0 {
-			o.errs = append(o.errs, fmt.Errorf("%w: throttle: WithBackoff = %v, want > 0", floodgate.ErrInvalidOption, d))
-			return
-		}
-		o.backoff = d
-	}
-}
+func WithBackoff(d time.Duration) Option { return func(o *options) { o.backoff = d } }
 
 // A Throttle protects a gRPC client's backends from the client itself:
 // its interceptors keep one [Adaptive] throttle per target (the
@@ -96,6 +77,12 @@ func New(opts ...Option) (*Throttle, error) {
 	o, err := build(opts)
 	if err != nil {
 		return nil, err
+	}
+	switch {
+	case o.attempts < 1 || o.attempts > 10:
+		return nil, invalid("WithRetries", o.attempts, "1 to 10")
+	case o.backoff <= 0:
+		return nil, invalid("WithBackoff", o.backoff, "> 0")
 	}
 	if _, err := NewAdaptive(o.k); err != nil {
 		return nil, err

@@ -130,7 +130,6 @@ func TestUnaryHealthyBackendNeverThrottled(t *testing.T) {
 	}
 }
 
-
 func TestUnaryRetriesAfterRetryInfo(t *testing.T) {
 	b := &backend{script: []error{overloaded(5 * time.Millisecond), overloaded(5 * time.Millisecond), nil}}
 	th, err := throttle.New(throttle.WithRetries(3), throttle.WithRand(fixed(1)))

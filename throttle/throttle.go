@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -63,7 +62,7 @@ func NewAdaptive(k float64, opts ...Option) (*Adaptive, error) {
 		return nil, err
 	}
 	if !(k >= 1) || math.IsInf(k, 1) {
-		return nil, fmt.Errorf("%w: throttle: K = %v, want a finite value ≥ 1", floodgate.ErrInvalidOption, k)
+		return nil, invalid("K", k, "a finite value ≥ 1")
 	}
 	return newAdaptive(k, o), nil
 }
@@ -134,10 +133,10 @@ func NewBudget(ratio, minPerSecond float64, opts ...Option) (*Budget, error) {
 		return nil, err
 	}
 	if !(ratio >= 0 && ratio <= 1) {
-		return nil, fmt.Errorf("%w: throttle: retry ratio = %v, want a value in [0, 1]", floodgate.ErrInvalidOption, ratio)
+		return nil, invalid("retry ratio", ratio, "a value in [0, 1]")
 	}
 	if !(minPerSecond >= 0) || math.IsInf(minPerSecond, 1) {
-		return nil, fmt.Errorf("%w: throttle: minimum retries per second = %v, want a finite value ≥ 0", floodgate.ErrInvalidOption, minPerSecond)
+		return nil, invalid("minimum retries per second", minPerSecond, "a finite value ≥ 0")
 	}
 	return newBudget(ratio, minPerSecond, o), nil
 }
@@ -181,33 +180,20 @@ type options struct {
 	minRetry float64
 	attempts int
 	backoff  time.Duration
-	errs     []error
 }
 
 // WithWindow sets how far back requests, accepts and retries are counted,
 // at least 1 s; the default is [DefaultWindow]. A shorter window reacts
 // faster to a backend's recovery and forgets its overload sooner. A
 // repeated call replaces it.
-func WithWindow(d time.Duration) Option {
-	return func(o *options) {
-		if d < time.Second {
-			o.errs = append(o.errs, fmt.Errorf("%w: throttle: WithWindow = %v, want at least 1s", floodgate.ErrInvalidOption, d))
-			return
-		}
-		o.window = d
-	}
-}
+func WithWindow(d time.Duration) Option { return func(o *options) { o.window = d } }
 
 // WithClock sets the clock the windows read, for tests; the default reads
 // time.Now. A repeated call replaces it.
-func WithClock(c floodgate.Clock) Option {
-	return func(o *options) {
-		if c == nil {
-			o.errs = append(o.errs, fmt.Errorf("%w: throttle: WithClock = nil, want a clock", floodgate.ErrInvalidOption))
-			return
-		}
-		o.clock = c
-	}
+func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
+
+func invalid(option string, v any, want string) error {
+	return fmt.Errorf("%w: throttle: %s = %v, want %s", floodgate.ErrInvalidOption, option, v, want)
 }
 
 func build(opts []Option) (options, error) {
@@ -226,5 +212,11 @@ func build(opts []Option) (options, error) {
 			opt(&o)
 		}
 	}
-	return o, errors.Join(o.errs...)
+	switch {
+	case o.window < time.Second:
+		return o, invalid("WithWindow", o.window, "at least 1s")
+	case o.clock == nil:
+		return o, invalid("WithClock", "nil", "a clock")
+	}
+	return o, nil
 }
