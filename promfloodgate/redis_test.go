@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/floodgate-go/floodgate"
-	"github.com/floodgate-go/floodgate/redisstore"
 )
 
 func TestNewRedisMetricsValidates(t *testing.T) {
@@ -45,14 +44,14 @@ func TestRedisMetricsSeries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.ObserveCall(500*time.Microsecond, redisstore.KindNone)
-	m.ObserveCall(2*time.Millisecond, redisstore.KindNone)
-	m.ObserveCall(250*time.Millisecond, redisstore.KindTimeout)
-	m.ObserveCall(time.Millisecond/2, redisstore.KindConnection)
-	m.ObserveCall(time.Millisecond/2, redisstore.ErrorKind(200)) // a kind this package does not know
-	m.ObserveBreaker(redisstore.BreakerClosed, redisstore.BreakerOpen)
-	m.ObserveBreaker(redisstore.BreakerOpen, redisstore.BreakerHalfOpen)
-	m.ObserveBreaker(redisstore.BreakerHalfOpen, redisstore.BreakerOpen)
+	m.ObserveCall(500*time.Microsecond, floodgate.KindNone)
+	m.ObserveCall(2*time.Millisecond, floodgate.KindNone)
+	m.ObserveCall(250*time.Millisecond, floodgate.KindTimeout)
+	m.ObserveCall(time.Millisecond/2, floodgate.KindConnection)
+	m.ObserveCall(time.Millisecond/2, floodgate.ErrorKind(200)) // a kind this package does not know
+	m.ObserveBreaker(floodgate.BreakerClosed, floodgate.BreakerOpen)
+	m.ObserveBreaker(floodgate.BreakerOpen, floodgate.BreakerHalfOpen)
+	m.ObserveBreaker(floodgate.BreakerHalfOpen, floodgate.BreakerOpen)
 	for _, s := range []floodgate.Source{floodgate.SourceFallback, floodgate.SourceFallback, floodgate.SourceCache,
 		floodgate.SourceLease, floodgate.SourceFailOpen, floodgate.SourceFailClosed,
 		floodgate.SourceRedis, floodgate.SourceMemory} { // the last two are not fallbacks
@@ -111,10 +110,10 @@ func TestRedisMetricsAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		m.ObserveCall(time.Millisecond, redisstore.KindNone)
-		m.ObserveCall(time.Millisecond, redisstore.KindTimeout)
+		m.ObserveCall(time.Millisecond, floodgate.KindNone)
+		m.ObserveCall(time.Millisecond, floodgate.KindTimeout)
 		m.ObserveFallback(floodgate.SourceFallback)
-		m.ObserveBreaker(redisstore.BreakerClosed, redisstore.BreakerOpen)
+		m.ObserveBreaker(floodgate.BreakerClosed, floodgate.BreakerOpen)
 	}); n != 0 {
 		t.Errorf("observing allocates %v times per run, want 0", n)
 	}
@@ -130,7 +129,7 @@ func BenchmarkRedisMetrics(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.ObserveCall(300*time.Microsecond, redisstore.KindNone)
+			m.ObserveCall(300*time.Microsecond, floodgate.KindNone)
 		}
 	})
 }

@@ -15,44 +15,24 @@ import (
 )
 
 // An ErrorKind classifies the error of a call to Redis into a small fixed
-// set, so that it can label a metric without adding series per message.
-type ErrorKind uint8
+// set, so that it can label a metric without adding series per message. It
+// is the root package's, shared with any remote store, so that a metrics
+// package can implement [Observer] without importing this one.
+type ErrorKind = floodgate.ErrorKind
 
+// The kinds, as the root package defines them; see [floodgate.ErrorKind].
+// KindBreakerOpen is the error kind of Peek, Refund and Reset while the
+// breaker spares Redis; the observer never sees it.
 const (
-	// KindNone: the call succeeded.
-	KindNone ErrorKind = iota
-	// KindTimeout: the call missed its deadline (the context's, a network
-	// timeout, or the wait for a pooled connection).
-	KindTimeout
-	// KindCanceled: the caller's context ended (canceled, or its deadline,
-	// earlier than the store's, passed) before Redis answered.
-	KindCanceled
-	// KindConnection: the connection was refused, reset or closed, the
-	// address did not resolve, or the client is closed.
-	KindConnection
-	// KindCluster: the server cannot serve the key now: a Cluster
-	// redirection (MOVED, ASK), TRYAGAIN, CLUSTERDOWN, CROSSSLOT, READONLY,
-	// MASTERDOWN, or LOADING while it reads its data set.
-	KindCluster
-	// KindScript: the script failed (a Lua error, WRONGTYPE on a key that
-	// is not a bucket, BUSY) or its reply was short.
-	KindScript
-	// KindOther: any other error.
-	KindOther
-	// KindBreakerOpen: no call was made, as the open breaker spared Redis
-	// (the errors of Peek, Refund and Reset; the observer never sees it).
-	KindBreakerOpen
+	KindNone        = floodgate.KindNone
+	KindTimeout     = floodgate.KindTimeout
+	KindCanceled    = floodgate.KindCanceled
+	KindConnection  = floodgate.KindConnection
+	KindCluster     = floodgate.KindCluster
+	KindScript      = floodgate.KindScript
+	KindOther       = floodgate.KindOther
+	KindBreakerOpen = floodgate.KindBreakerOpen
 )
-
-var kindNames = [...]string{"none", "timeout", "canceled", "connection", "cluster", "script", "other", "breaker_open"}
-
-// String returns the kind's lower-case name, such as "timeout".
-func (k ErrorKind) String() string {
-	if int(k) < len(kindNames) {
-		return kindNames[k]
-	}
-	return "unknown"
-}
 
 // clusterPrefixes start the error replies of KindCluster.
 var clusterPrefixes = [...]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT", "READONLY", "MASTERDOWN", "LOADING"}
@@ -100,31 +80,16 @@ func KindOf(err error) ErrorKind {
 	return KindOther
 }
 
-// A BreakerState is a state of the store's circuit breaker.
-type BreakerState uint8
+// A BreakerState is a state of the store's circuit breaker: the root
+// package's, shared with any remote store.
+type BreakerState = floodgate.BreakerState
 
+// The breaker's states; see [floodgate.BreakerState].
 const (
-	// BreakerClosed: decisions go to Redis.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: decisions go to the failure policy without a call, until
-	// the cooldown ends.
-	BreakerOpen
-	// BreakerHalfOpen: the cooldown ended and a decision probes Redis;
-	// the others still go to the failure policy. The probe's success closes
-	// the breaker, its failure opens it again.
-	BreakerHalfOpen
+	BreakerClosed   = floodgate.BreakerClosed
+	BreakerOpen     = floodgate.BreakerOpen
+	BreakerHalfOpen = floodgate.BreakerHalfOpen
 )
-
-var breakerNames = [...]string{"closed", "open", "half-open"}
-
-// String returns the state's lower-case name: "closed", "open" or
-// "half-open".
-func (s BreakerState) String() string {
-	if int(s) < len(breakerNames) {
-		return breakerNames[s]
-	}
-	return "unknown"
-}
 
 // An Observer receives a Store's events, for metrics. Its methods are called
 // on the goroutine that made the call or the decision, concurrently with

@@ -360,6 +360,11 @@ func (s *server) stop(grace time.Duration) {
 	}
 }
 
+// promfloodgate names only the root package's types, so that its module
+// needs no go-redis: this is where its RedisMetrics is checked against the
+// store's Observer.
+var _ redisstore.Observer = (*promfloodgate.RedisMetrics)(nil)
+
 // newStore returns the bucket store: in memory, or on the Redis at
 // cfg.Redis, whose breaker transitions go to cfg.Logger and, with
 // cfg.Metrics, whose calls are observed by the returned RedisMetrics.
