@@ -153,19 +153,11 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 		l.c.overload.Add(1)
 		l.c.admitted.Add(^uint64(0))
 	}
-	if obs := l.o.observer; obs != nil {
-		e := Event{Method: v.method, Tier: r.ten.Tier(), Reason: ReasonAdmitted, Source: v.res.Source, Allowed: true}
-		if shed != nil {
-			e.Reason, e.Allowed = ReasonOverload, false
-		}
-		if r.found {
-			e.Tenant = r.ten.ID()
-		}
-		obs(e)
-	}
 	if shed == nil {
+		l.observe(v, ReasonAdmitted, true)
 		return p, nil, nil
 	}
+	l.observe(v, ReasonOverload, false)
 	if f := l.o.rejected; f != nil {
 		f(r.subject)
 	}

@@ -360,6 +360,20 @@ func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict) *
 	return l.take(ctx, v)
 }
 
+// observe reports v's call to the observer, if there is one, as decided
+// for reason, allowed or not.
+func (l *Limiter) observe(v *verdict, reason Reason, allowed bool) {
+	obs := l.o.observer
+	if obs == nil {
+		return
+	}
+	e := Event{Method: v.method, Tier: v.r.ten.Tier(), Reason: reason, Source: v.res.Source, Allowed: allowed, DryRun: v.dryRun}
+	if v.r.found {
+		e.Tenant = v.r.ten.ID()
+	}
+	obs(e)
+}
+
 // take takes the route's cost from its bucket and records the outcome
 // in v. It returns the rejection when the call must not run.
 func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
@@ -404,12 +418,8 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	if !v.allowed && v.dryRun {
 		l.c.dryRun.Add(1)
 	}
-	if obs := l.o.observer; obs != nil && !(v.allowed && v.gated) {
-		e := Event{Method: v.method, Tier: r.ten.Tier(), Reason: v.reason, Source: v.res.Source, Allowed: v.allowed, DryRun: v.dryRun}
-		if r.found {
-			e.Tenant = r.ten.ID()
-		}
-		obs(e)
+	if !(v.allowed && v.gated) {
+		l.observe(v, v.reason, v.allowed)
 	}
 	if v.allowed || v.dryRun {
 		return nil

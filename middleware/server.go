@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
@@ -213,14 +214,20 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if left <= 0 {
 		return ctx, nil
 	}
+	return ctx, l.tapReject(info.FullMethodName, r.subject, left, note)
+}
+
+// tapReject turns a call to method by subject away at the tap, counting
+// and reporting it, and returns the overload rejection with retry.
+func (l *Limiter) tapReject(method, subject string, retry time.Duration, note keyNote) error {
 	if f := l.o.rejected; f != nil {
-		f(r.subject)
+		f(subject)
 	}
 	l.c.tap.Add(1)
 	if l.o.observer != nil {
-		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
+		l.o.observer(Event{Method: method, Reason: ReasonOverload, Tap: true})
 	}
-	return ctx, l.rej.lookup(ReasonOverload, left, note).err
+	return l.rej.lookup(ReasonOverload, retry, note).err
 }
 
 // tapOverload turns a caller away at the tap while the overload
@@ -239,15 +246,8 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	if !c.Overloaded(r.flow) {
 		return ctx, nil
 	}
-	if f := l.o.rejected; f != nil {
-		f(r.subject)
-	}
 	c.Shed()
-	l.c.tap.Add(1)
-	if l.o.observer != nil {
-		l.o.observer(Event{Method: info.FullMethodName, Reason: ReasonOverload, Tap: true})
-	}
-	return ctx, l.rej.lookup(ReasonOverload, c.RetryAfter(), note).err
+	return ctx, l.tapReject(info.FullMethodName, r.subject, c.RetryAfter(), note)
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
