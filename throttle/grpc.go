@@ -84,10 +84,10 @@ func New(opts ...Option) (*Throttle, error) {
 	case o.backoff <= 0:
 		return nil, invalid("WithBackoff", o.backoff, "> 0")
 	}
-	if _, err := NewAdaptive(o.k); err != nil {
+	if err := checkK(o.k); err != nil {
 		return nil, err
 	}
-	if _, err := NewBudget(o.ratio, o.minRetry); err != nil {
+	if err := checkBudget(o.ratio, o.minRetry); err != nil {
 		return nil, err
 	}
 	return &Throttle{o: o, budget: newBudget(o.ratio, o.minRetry, o), targets: make(map[string]*Adaptive)}, nil
@@ -119,7 +119,9 @@ func rejected(err error) bool {
 func (t *Throttle) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		a := t.Adaptive(cc.Target())
-		t.budget.Request()
+		if t.o.attempts > 1 {
+			t.budget.Request()
+		}
 		for attempt := 1; ; attempt++ {
 			if !a.Allow() {
 				return ErrThrottled

@@ -61,10 +61,17 @@ func NewAdaptive(k float64, opts ...Option) (*Adaptive, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !(k >= 1) || math.IsInf(k, 1) {
-		return nil, invalid("K", k, "a finite value ≥ 1")
+	if err := checkK(k); err != nil {
+		return nil, err
 	}
 	return newAdaptive(k, o), nil
+}
+
+func checkK(k float64) error {
+	if !(k >= 1) || math.IsInf(k, 1) {
+		return invalid("K", k, "a finite value ≥ 1")
+	}
+	return nil
 }
 
 func newAdaptive(k float64, o options) *Adaptive {
@@ -132,13 +139,20 @@ func NewBudget(ratio, minPerSecond float64, opts ...Option) (*Budget, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !(ratio >= 0 && ratio <= 1) {
-		return nil, invalid("retry ratio", ratio, "a value in [0, 1]")
-	}
-	if !(minPerSecond >= 0) || math.IsInf(minPerSecond, 1) {
-		return nil, invalid("minimum retries per second", minPerSecond, "a finite value ≥ 0")
+	if err := checkBudget(ratio, minPerSecond); err != nil {
+		return nil, err
 	}
 	return newBudget(ratio, minPerSecond, o), nil
+}
+
+func checkBudget(ratio, minPerSecond float64) error {
+	if !(ratio >= 0 && ratio <= 1) {
+		return invalid("retry ratio", ratio, "a value in [0, 1]")
+	}
+	if !(minPerSecond >= 0) || math.IsInf(minPerSecond, 1) {
+		return invalid("minimum retries per second", minPerSecond, "a finite value ≥ 0")
+	}
+	return nil
 }
 
 func newBudget(ratio, minPerSecond float64, o options) *Budget {
