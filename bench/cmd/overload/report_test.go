@@ -118,15 +118,7 @@ func TestReportSections(t *testing.T) {
 		t.Errorf("%s/P3: wire %v, naive window %+v", retryStorm, r.Wire, r.window(clientNaive))
 	}
 
-	dir := t.TempDir()
-	md := filepath.Join(dir, "BENCHMARKS.md")
-	if err := renderAll(res, md, filepath.Join(dir, "charts")); err != nil {
-		t.Fatal(err)
-	}
-	report, err := os.ReadFile(md)
-	if err != nil {
-		t.Fatal(err)
-	}
+	report, dir := renderReport(t, res)
 	for _, want := range []string{
 		"## Targets for E, the new default",
 		"goodput at 2× ≥ 95% of the measured capacity",
@@ -147,11 +139,11 @@ func TestReportSections(t *testing.T) {
 		"retry storm at 3×: with throttled clients, ≤ 1.5× capacity on the wire",
 		"for want of a sweep at 3×",
 	} {
-		if !strings.Contains(string(report), want) {
+		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
-	if bytes.Contains(report, []byte("NaN")) {
+	if strings.Contains(report, "NaN") {
 		t.Error("the report shows NaN")
 	}
 	for _, name := range []string{"overload-neighbour-idle.png", "overload-neighbour-overload.png", "overload-capchange.png", "overload-retry-storm.png"} {
@@ -160,4 +152,20 @@ func TestReportSections(t *testing.T) {
 			t.Errorf("chart %s: %v", name, err)
 		}
 	}
+}
+
+// renderReport renders res into a temporary directory and returns the
+// report's text and the directory, whose charts/ holds the charts.
+func renderReport(t *testing.T, res *Results) (string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	md := filepath.Join(dir, "BENCHMARKS.md")
+	if err := renderAll(res, md, filepath.Join(dir, "charts")); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(report), dir
 }
