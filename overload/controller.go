@@ -595,7 +595,9 @@ func (c *Controller) refill(fl *flow, now time.Time) {
 // the queue. It never waits for the controller's lock (when another call
 // holds it, it reports false and leaves the call to Acquire), and is meant
 // for the tap handle, which can turn such a call away before its request
-// is read.
+// is read: a call it reports true for counts in its flow's demand (the
+// fair shares must see a flood held off at the tap), so turn the call
+// away and call Shed.
 func (c *Controller) Overloaded(f Flow) bool {
 	if !c.mu.TryLock() {
 		return false
@@ -608,6 +610,12 @@ func (c *Controller) Overloaded(f Flow) bool {
 	if c.ctl.Rate > 0 {
 		c.refill(fl, c.o.now())
 		if fl.tokens < 1 {
+			// The call is turned away before Acquire sees it: it is
+			// still part of its flow's demand, or the fair shares
+			// would take a flood held off here for a quiet flow; and
+			// the rate binds.
+			fl.arrivals++
+			c.rateShed++
 			return true
 		}
 	}
@@ -615,7 +623,11 @@ func (c *Controller) Overloaded(f Flow) bool {
 		return false
 	}
 	share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
-	return float64(fl.inflight+len(fl.q)+1) > share
+	if float64(fl.inflight+len(fl.q)+1) > share {
+		fl.arrivals++
+		return true
+	}
+	return false
 }
 
 // Full reports whether calls are being shed for want of capacity: the
@@ -1048,9 +1060,14 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 		weights -= d.fl.weight
 	}
 	if math.IsInf(level, 1) {
-		// The rate covers every flow's demand: split what is left over
-		// everyone, so no flow is held to exactly its recent demand.
+		// The rate covers every flow's demand: every flow may admit up
+		// to the largest demand per weight, scaled by the room the rate
+		// leaves, so that the arrivals of the largest bunch without
+		// being shed, and no flow may take the whole rate at once.
 		level = c.ctl.Rate
+		if asked := c.ctl.Rate - left; asked > 0 && len(ds) > 0 {
+			level = ds[len(ds)-1].rate * c.ctl.Rate / asked
+		}
 	}
 	for _, d := range ds {
 		d.fl.alloc = level * d.fl.weight

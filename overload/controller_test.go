@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -554,4 +555,49 @@ func TestGuardReadings(t *testing.T) {
 			t.Errorf("rate %v (%v) at 95%% CPU and 50ms of queueing, want one set by queue_delay", s.Rate, s.RateCause)
 		}
 	})
+}
+
+// A flood turned away at the tap (Overloaded, then Shed) is still demand,
+// and a shed of the rate: otherwise the fair shares would take it for a
+// flow that gets all it asks.
+func TestTapRejectionsCountAsDemand(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := Flow{Key: "noisy"}
+	c.mu.Lock()
+	fl := c.flow(f)
+	c.ctl.Rate, fl.alloc, fl.tokens, fl.at = 100, 10, 0, c.o.now()
+	c.mu.Unlock()
+	if !c.Overloaded(f) {
+		t.Fatal("Overloaded = false for a flow without tokens under a rate")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fl.arrivals != 1 || c.rateShed != 1 {
+		t.Errorf("after a tap rejection: arrivals %d, rate sheds %d; want 1 and 1", fl.arrivals, c.rateShed)
+	}
+}
+
+// When the rate covers every flow's demand, each flow's share is the
+// largest demand scaled by the room the rate leaves, not the whole rate.
+func TestShareWhenEveryFlowIsSatisfied(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.o.now()
+	noisy, quiet := c.flow(Flow{Key: "noisy"}), c.flow(Flow{Key: "quiet"})
+	noisy.demand, quiet.demand = 50, 10
+	noisy.arrivals, quiet.arrivals = 5, 1
+	c.ctl.Rate = 100
+	c.share(time.Second, now)
+	// After a second, the smoothed demands are the arrivals: 5 and 1,
+	// 6 in all: the rate has room for 100/6 times that.
+	if want := 5 * 100.0 / 6; math.Abs(noisy.alloc-want) > 1e-9 || math.Abs(quiet.alloc-want) > 1e-9 {
+		t.Errorf("shares %v and %v of a rate of 100, want %v each", noisy.alloc, quiet.alloc, want)
+	}
 }
