@@ -195,6 +195,9 @@ type Snapshot struct {
 	// their arrival to the controller (see Arrived), and Wait the mean
 	// wait for a slot of the calls that waited (0 when none did).
 	RTT, Baseline, QueueDelay, Wait time.Duration
+	// QueueTarget is the queueing delay the admission rate steers to
+	// (see [Law.Target]).
+	QueueTarget time.Duration
 	// Rate is the admission rate in calls per second, 0 when admissions
 	// are not rate-limited, and RateCause what set or lifted it last.
 	Rate      float64
@@ -672,7 +675,8 @@ func (c *Controller) snapshotLocked() Snapshot {
 		Limit: c.ctl.Limit, Inflight: c.inflight, Queued: c.queued,
 		Probing: c.ctl.Probing, Cause: c.ctl.Cause,
 		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastArr, Wait: c.lastQD,
-		Rate: c.ctl.Rate, RateCause: c.ctl.RateCause,
+		QueueTarget: c.law.Target(c.ctl),
+		Rate:        c.ctl.Rate, RateCause: c.ctl.RateCause,
 		CPU: c.cpu, SchedP99: c.sched,
 		Admitted: c.admitted, Waited: c.waited, Shed: shed,
 	}
@@ -977,6 +981,7 @@ func (c *Controller) emit(ev event) {
 		attrs := []slog.Attr{
 			slog.String("decided_by", cause.String()),
 			slog.Duration("queue_delay", s.QueueDelay),
+			slog.Duration("queue_target", s.QueueTarget),
 			slog.Float64("rate", math.Round(s.Rate)),
 			slog.Float64("limit", math.Round(s.Limit*10)/10),
 			slog.Int("inflight", s.Inflight),

@@ -44,6 +44,11 @@ type GatePoint struct {
 	// Rate and DelayMs are E's admission rate and queueing delay.
 	Rate    float64 `json:"rate,omitempty"`
 	DelayMs float64 `json:"delay_ms,omitempty"`
+	// TargetMs, RTTMs and BaseMs are E's queueing delay target, its last
+	// interval's latency and its baseline.
+	TargetMs float64 `json:"target_ms,omitempty"`
+	RTTMs    float64 `json:"rtt_ms,omitempty"`
+	BaseMs   float64 `json:"base_ms,omitempty"`
 }
 
 // Window summarises the calls that started within [From, To).
@@ -366,7 +371,8 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 	run.Seconds = secs
 	for _, p := range raw.Polls {
 		run.Gate = append(run.Gate, GatePoint{T: p.At.Seconds(), Scale: p.Scale, Reading: p.Reading, State: p.State,
-			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued, Rate: p.Rate, DelayMs: p.DelayMs})
+			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued, Rate: p.Rate, DelayMs: p.DelayMs,
+			TargetMs: p.TargetMs, RTTMs: p.RTTMs, BaseMs: p.BaseMs})
 	}
 	run.Reversals = float64(directionReversals(variant, run.Gate, 0, total.Seconds())) / total.Minutes()
 

@@ -72,6 +72,11 @@ type serverStats struct {
 	// rate-limited) and the queueing delay before its controller.
 	Rate    float64 `json:"rate,omitempty"`
 	DelayMs float64 `json:"delay_ms,omitempty"`
+	// TargetMs, RTTMs and BaseMs are E's queueing delay target, the
+	// latency of its last interval's calls and its baseline latency.
+	TargetMs float64 `json:"target_ms,omitempty"`
+	RTTMs    float64 `json:"rtt_ms,omitempty"`
+	BaseMs   float64 `json:"base_ms,omitempty"`
 }
 
 // inventory is the example inventory service reduced to what the experiment
@@ -297,7 +302,8 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 				snap := ctrl.Snapshot()
 				st.State = snap.State.String()
 				st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
-				st.Rate, st.DelayMs = snap.Rate, float64(snap.QueueDelay)/float64(time.Millisecond)
+				st.Rate, st.DelayMs = snap.Rate, millis(snap.QueueDelay)
+				st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.QueueTarget), millis(snap.RTT), millis(snap.Baseline)
 			}
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
@@ -449,3 +455,6 @@ func countCPUList(s string) int {
 	}
 	return n
 }
+
+// millis returns d in milliseconds.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
