@@ -84,16 +84,19 @@ type Law struct {
 	// controller then limits the rate of admissions instead (see
 	// stepRate): when the mean queueing delay of an interval first
 	// exceeds the target, the rate becomes what the server completed in
-	// it, cut by a quarter of the delay's excess over the target; while
-	// the delay stays over the target and is not falling, the rate is cut
-	// again from what the server completed; while the rate binds and the
-	// delay is within the target, the rate grows by RateStep per interval
-	// (three times that when the delay is under half the target); after a
-	// second in which it did not bind, it is lifted. If a second of cuts
-	// does not bring the delay below its level at the first cut, or this
-	// server's CPU reading (WithGuard) is below RateCPU, the wait is
-	// someone else's (a neighbour holding the CPU): the rate is lifted,
-	// for RateHoldOff after useless cuts.
+	// it; from then on, each interval, the rate is cut from what the
+	// server completes (or the rate, if less) by what takes half the
+	// queue's excess over the target away in the next interval, or grown,
+	// while the queue is short, by what fills half its shortfall, at most
+	// RateStep, and a fifth of that within a tenth of where the server
+	// last saturated. A queue already draining is not cut again, and with
+	// a guard (WithGuard) each CPU reading at or above SaturatedCPU cuts
+	// by RateStep. After a second in which the rate did not bind (it shed
+	// nothing, or it was half again above what completed), it is lifted.
+	// If a second of cuts does not bring the delay below its level at the
+	// first cut (without a guard), or this server's CPU reading is below
+	// RateCPU, the wait is someone else's (a neighbour holding the CPU):
+	// the rate is lifted, for RateHoldOff after useless cuts.
 	QueueTarget time.Duration
 	// MaxQueueDelay is, while the admission rate is limited, the longest
 	// a call may have waited to reach the controller: a call that waited
@@ -104,9 +107,20 @@ type Law struct {
 	// RateCut is the harshest cut of the admission rate in one interval,
 	// in (0, 1). Default 0.5.
 	RateCut float64
-	// RateStep is the admission rate's growth per interval while it binds
-	// with the queueing delay within the target, in (0, 1). Default 0.02.
+	// RateStep is the admission rate's largest growth per interval while
+	// it binds with a short queue, and its cut per interval while the CPU
+	// is saturated (SaturatedCPU), in (0, 1). Default 0.05.
 	RateStep float64
+	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
+	// above which this server is saturated with its own work: while the
+	// admission rate binds, each such reading cuts it by RateStep. A Go
+	// server whose CPU never idles polls its network only every few
+	// scheduling rounds, so calls wait to be read before any signal of
+	// the controller's sees them; keeping the CPU from pinning keeps
+	// that wait short. The reading is this process's own CPU use, which
+	// a neighbour cannot raise. Default 0.99; 1 cuts only at a full
+	// reading.
+	SaturatedCPU float64
 	// RateCPU, with a guard (WithGuard), is the CPU reading below which a
 	// long queueing delay is not this server's doing (a neighbour holds
 	// the CPU) and sets no rate. Default 0.6; 0 ignores the guard.
@@ -137,7 +151,7 @@ const (
 	DefaultProbeEvery   = 30 * time.Second
 	DefaultProbeSamples = 16
 	DefaultRateCut      = 0.5
-	DefaultRateStep     = 0.02
+	DefaultRateStep     = 0.05
 )
 
 func (l Law) withDefaults() Law {
@@ -173,6 +187,9 @@ func (l Law) withDefaults() Law {
 	}
 	if l.RateCPU == 0 {
 		l.RateCPU = 0.6
+	}
+	if l.SaturatedCPU == 0 {
+		l.SaturatedCPU = 0.99
 	}
 	if l.RateProbation == 0 {
 		l.RateProbation = time.Second
@@ -218,6 +235,8 @@ func (l Law) Validate() error {
 		return invalid("Law.RateProbation", l.RateProbation, "at least Interval")
 	case l.RateCPU < 0 || l.RateCPU > 1 || math.IsNaN(l.RateCPU):
 		return invalid("Law.RateCPU", l.RateCPU, "a fraction in (0, 1]")
+	case !(l.SaturatedCPU > 0 && l.SaturatedCPU <= 1):
+		return invalid("Law.SaturatedCPU", l.SaturatedCPU, "a fraction in (0, 1]")
 	case l.RateHoldOff < 0:
 		return invalid("Law.RateHoldOff", l.RateHoldOff, "a positive duration")
 	case l.GuardCPU < 0 || l.GuardCPU > 1 || math.IsNaN(l.GuardCPU):
@@ -308,9 +327,14 @@ type Control struct {
 	// RateSlack is when the rate last began not to bind, zero while it
 	// binds.
 	RateSlack time.Time
-	// Capacity is what the server completed per second in the intervals
-	// it was saturated (its queueing delay over the target), smoothed.
-	Capacity float64
+	// Capacity is what the server completed per second while the rate
+	// was limited, and Saturated the same in the intervals its queueing
+	// delay was over the target, both smoothed.
+	Capacity  float64
+	Saturated float64
+	// RateCPUSeen is the CPU reading of the last step, so that a reading
+	// acts once however many steps see it.
+	RateCPUSeen float64
 	// RTT is the calls' latency, smoothed over about a second.
 	RTT time.Duration
 	// LastDelay is the queueing delay of the last interval that had one.
@@ -459,35 +483,41 @@ func jitter(d time.Duration, now time.Time) time.Duration {
 //
 // The queue before the controller integrates the excess of work over
 // what the CPU does: the delay grows while more is admitted than the
-// server completes, and shrinks while less is. So the rate is set once,
-// when the delay first exceeds the target, to what the server has just
-// completed (at saturation, its capacity), then steered by how far the
-// delay is from the target, by up to RateStep × 5 per interval: a
-// proportional controller on an integrating plant, which settles with
-// the delay at the target and the server busy.
+// server completes, and shrinks while less is. So the rate is set, when
+// the delay first exceeds the target, to what the server has just
+// completed (at saturation, its capacity), then each interval cut from
+// what it completes by half the queue's excess (see drain), or grown by
+// half its shortfall: cuts anchored to the server's own completions do
+// not wind the rate down past what the server can do, and growth slows
+// near where the server saturated last, where the queue rises steeply,
+// so the rate settles near the capacity instead of sawing around it.
 func (l Law) stepRate(c Control, s Sample, dt time.Duration, now time.Time) Control {
 	if s.QN == 0 || dt <= 0 {
 		return c
 	}
 	c = l.rateLaw(c, s, dt, now)
-	c.LastDelay = s.QueueDelay
+	c.LastDelay, c.RateCPUSeen = s.QueueDelay, s.CPU
 	return c
 }
 
 func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Control {
-	if s.RateShed > 0 || c.Rate == 0 {
-		c.RateSlack = time.Time{}
-	}
 	target := float64(l.Target(c))
 	over := float64(s.QueueDelay) - target
 	done := float64(s.N) / dt.Seconds() // what the server completed
+	// The rate binds when it sheds calls and is not half again above
+	// what completed: a rate that far above sheds only the bunched
+	// arrivals of flows within their shares.
+	binding := s.RateShed > 0 && c.Rate <= 1.5*done
+	if binding || c.Rate == 0 {
+		c.RateSlack = time.Time{}
+	}
 	ours := l.RateCPU == 0 || s.CPU == 0 || s.CPU >= l.RateCPU
 	switch {
 	case now.Before(c.RateHeld):
 		// A cut did not help lately: the delay is not ours to cut.
 	case c.Rate == 0 && over > 0 && ours:
-		c.Capacity = done
-		c.Rate = max(1, done*l.cut(s.QueueDelay, c))
+		c.Capacity, c.Saturated = done, done
+		c.Rate = max(1, done*l.drain(s.QueueDelay, c, dt))
 		c.RateCause, c.RateAt, c.RateDelay = CauseQueue, now, s.QueueDelay
 	case c.Rate == 0:
 	case over > 0 && s.CPU == 0 && !c.RateAt.IsZero() && now.Sub(c.RateAt) >= l.RateProbation && s.QueueDelay >= c.RateDelay:
@@ -498,7 +528,7 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		// doubled can take longer than a probation to cut down to.)
 		c.Rate, c.RateCause, c.RateAt, c.RateDelay = 0, CauseNotOurs, time.Time{}, 0
 		c.RateHeld = now.Add(l.RateHoldOff)
-	case s.RateShed == 0 && over <= 0:
+	case over <= 0 && !binding:
 		// Not binding: lift the rate once it has not bound, with a short
 		// queue, for a whole probation; bursts come and go within one.
 		if c.RateSlack.IsZero() || over >= -target/2 {
@@ -510,41 +540,57 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		if now.Sub(c.RateSlack) >= l.RateProbation {
 			c.Rate, c.RateCause, c.RateAt, c.RateDelay, c.RateSlack = 0, CauseQueue, time.Time{}, 0, time.Time{}
 		}
-	case over > 0 && s.QueueDelay > c.LastDelay*9/10 && (c.LastDelay > l.Target(c) || over > target):
-		// Saturated (for two intervals, or by twice the target: one
-		// interval's mean of a few dozen Poisson arrivals is noisy), and
-		// the last cut has not started to drain the queue: admit less
-		// than the server completes.
-		// What a saturated server completes is its capacity: smoothed, it
-		// anchors the cut, and no interval (a stall, a collection) cuts
-		// more than RateCut at once.
-		c.Capacity += 0.3 * (done - c.Capacity)
-		c.Rate = max(1, c.Rate*l.RateCut, min(c.Rate, c.Capacity)*l.cut(s.QueueDelay, c))
-		c.RateCause = CauseQueue
-		if c.RateAt.IsZero() {
+	default:
+		// The rate binds or the queue is over its target. Cut from what
+		// the server completes (or the rate, if less) by what drains
+		// half the queue's excess over the target in the next interval;
+		// grow from the rate by what fills half its shortfall, at most
+		// RateStep.
+		c.Capacity += 0.5 * (done - c.Capacity)
+		f := l.drain(s.QueueDelay, c, dt)
+		switch {
+		case s.QueueDelay < c.LastDelay*9/10 && f < 1:
+			// The queue is draining: the last cut is doing its work,
+			// and another would overshoot.
+			f = 1
+		case s.CPU >= l.SaturatedCPU && s.CPU != c.RateCPUSeen:
+			// Once per reading: the guard reads less often than
+			// the law steps, and one reading must not cut twice.
+			f = min(f, 1-l.RateStep)
+		}
+		if over > 0 {
+			c.Saturated += 0.5 * (done - c.Saturated)
+		}
+		if f > 1 && c.Rate*f > 0.9*c.Saturated {
+			// Near where the server saturated last, probe for more
+			// slowly: the queue rises steeply past it.
+			f = min(f, 1+l.RateStep/5)
+		}
+		base := c.Rate
+		if f < 1 {
+			// Cut from what the server completed, when that is less.
+			base = min(base, c.Capacity)
+		}
+		c.Rate, c.RateCause = max(1, base*f), CauseQueue
+		switch {
+		case over <= 0:
+			c.RateAt, c.RateDelay = time.Time{}, 0
+		case c.RateAt.IsZero():
 			c.RateAt, c.RateDelay = now, s.QueueDelay
 		}
-	case over > 0:
-		// The queue is draining: the last cut is doing its work.
-	case over < -target/2:
-		// Binding with a short queue: probe for more, quickly while the
-		// queue is nearly empty, and straight back to nine tenths of the
-		// capacity last seen after a cut took the rate below it.
-		c.Rate, c.RateCause = max(c.Rate*(1+3*l.RateStep), 0.9*c.Capacity), CauseQueue
-		c.RateAt, c.RateDelay = time.Time{}, 0
-	default:
-		c.Rate, c.RateCause = c.Rate*(1+l.RateStep), CauseQueue
-		c.RateAt, c.RateDelay = time.Time{}, 0
 	}
 	return c
 }
 
-// cut returns the factor by which a queueing delay of d above the target
-// cuts the admission rate: a quarter of the delay's excess over the
-// target, as a fraction of it, never below RateCut. A delay 50% over the
-// target costs 8% of the rate; a delay 10 times the target, 23%.
-func (l Law) cut(d time.Duration, c Control) float64 {
-	return max(l.RateCut, 1-0.25*float64(d-l.Target(c))/float64(d))
+// drain returns the factor by which the admission rate differs from what
+// the server completes, when the interval of length dt had a queueing
+// delay of d: the server then holds d − Target of work beyond the target,
+// and admitting half of that less in the next interval takes half the
+// excess away, whatever the server's capacity. The factor is kept
+// within [RateCut, 1 + RateStep].
+func (l Law) drain(d time.Duration, c Control, dt time.Duration) float64 {
+	f := 1 - float64(d-l.Target(c))/float64(2*max(dt, l.Interval))
+	return min(1+l.RateStep, max(l.RateCut, f))
 }
 
 // Target returns the queueing delay target in force with c: QueueTarget,

@@ -282,54 +282,76 @@ func TestLawRate(t *testing.T) {
 	if got := l.Target(c); got != 9*ms {
 		t.Fatalf("Target = %v, want 9ms", got)
 	}
+	cpu := 0.0
 	next := func(n int, qd time.Duration, shed int) {
 		now = now.Add(100 * ms)
-		c = rateStep(l, c, now, n, qd, shed, 0)
+		c = rateStep(l, c, now, n, qd, shed, cpu)
+	}
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9 {
+			t.Fatalf("%s: Rate = %v, want %v", what, got, want)
+		}
 	}
 	next(30, 5*ms, 0)
 	if c.Rate != 0 {
 		t.Fatalf("a delay within the target set a rate: %v", c.Rate)
 	}
-	// Saturated: the rate starts below what the server completed.
+	// Saturated: the rate starts below what the server completed, by
+	// what drains half the excess (24 − 9 ms) in the next 100 ms.
 	next(30, 24*ms, 0)
-	want := 300 * (1 - 0.25*15.0/24)
-	if math.Abs(c.Rate-want) > 1e-9 || c.RateCause != CauseQueue {
-		t.Fatalf("onset: Rate = %v (%v), want %v", c.Rate, c.RateCause, want)
+	near("onset", c.Rate, 300*(1-15.0/200))
+	if c.RateCause != CauseQueue {
+		t.Fatalf("onset cause %v, want %v", c.RateCause, CauseQueue)
 	}
 	// Still over, but draining: the cut is doing its work.
 	onset := c.Rate
 	next(25, 18*ms, 40)
-	if c.Rate != onset {
-		t.Fatalf("a draining queue cut the rate again: %v → %v", onset, c.Rate)
-	}
-	// Over and not draining: cut from the capacity seen so far.
+	near("draining", c.Rate, onset)
+	// Over and not draining: cut from what the server completed, which
+	// the law smooths (300, then 275 and 250 completed per second).
 	next(25, 20*ms, 40)
-	capacity := 300 + 0.3*(250-300.0)
-	if want := min(onset, capacity) * (1 - 0.25*11.0/20); math.Abs(c.Rate-want) > 1e-9 {
-		t.Fatalf("Rate = %v, want %v", c.Rate, want)
+	capacity := 300 + 0.5*(250-300.0)
+	capacity += 0.5 * (250 - capacity)
+	near("over", c.Rate, min(onset, capacity)*(1-11.0/200))
+	// Binding with a short queue: grows from the rate by half the
+	// queue's shortfall, at most RateStep; within a tenth of where the
+	// server last saturated (Saturated: what it completed while the
+	// queue was over, smoothed: 300, 275, 262.5), by RateStep/5 at most.
+	saturated := 300 + 0.5*(250-300.0)
+	saturated += 0.5 * (250 - saturated)
+	if math.Abs(c.Saturated-saturated) > 1e-9 {
+		t.Fatalf("Saturated = %v, want %v", c.Saturated, saturated)
 	}
-	// Binding with a short queue: grows, faster when the queue is empty.
 	r := c.Rate
 	next(22, 8*ms, 40)
-	if want := r * 1.02; math.Abs(c.Rate-want) > 1e-9 {
-		t.Fatalf("Rate = %v, want %v", c.Rate, want)
-	}
-	// With the queue nearly empty: back to 90% of the capacity at once.
-	next(22, ms, 40)
-	if want := 0.9 * capacity; math.Abs(c.Rate-want) > 1e-9 {
-		t.Fatalf("Rate = %v, want %v", c.Rate, want)
-	}
+	near("short queue", c.Rate, r*(1+1.0/200))
+	r = c.Rate
+	next(22, 0, 40)
+	near("empty queue near saturation", c.Rate, r*(1+DefaultRateStep/5))
+	c.Rate = 100
+	next(22, 0, 40)
+	near("empty queue far below saturation", c.Rate, 100*(1+DefaultRateStep*0.9))
+	// A CPU reading at or above SaturatedCPU cuts by RateStep, from what
+	// the server completed (smoothed, Capacity) when that is less, even
+	// with a short queue, once per reading; below it, the CPU does not
+	// matter.
+	cpu = 0.995
 	r = c.Rate
 	next(22, ms, 40)
-	if want := r * 1.06; math.Abs(c.Rate-want) > 1e-9 {
-		t.Fatalf("Rate = %v, want %v", c.Rate, want)
-	}
+	near("saturated CPU", c.Rate, min(r, c.Capacity)*(1-DefaultRateStep))
+	r = c.Rate
+	next(22, 9*ms-2*ms, 40)
+	near("the same saturated reading", c.Rate, r*(1+2.0/200))
+	cpu = 0.98
+	r = c.Rate
+	next(22, 9*ms-2*ms, 40)
+	near("busy CPU", c.Rate, r*(1+2.0/200))
+	cpu = 0
 	// A stall (few completions, a long delay) cuts at most RateCut.
 	r = c.Rate
-	next(22, 3*ms, 40) // binding, short queue: the filter's first interval
-	r = c.Rate
-	next(2, 90*ms, 40)
-	if c.Rate < r*DefaultRateCut-1e-9 {
+	next(2, 900*ms, 40)
+	if c.Rate < min(r, c.Capacity)*DefaultRateCut-1e-9 {
 		t.Fatalf("a stall cut the rate from %v to %v", r, c.Rate)
 	}
 	// Not binding: lifted only after a whole probation of it.
@@ -343,6 +365,31 @@ func TestLawRate(t *testing.T) {
 	if c.Rate != 0 {
 		t.Fatalf("Rate = %v after a second without binding, want lifted", c.Rate)
 	}
+}
+
+// A rate far above what the server completes is lifted after a
+// probation with a short queue, though the bunched arrivals of a flow
+// still find its bucket empty now and then (the load fell).
+func TestLawRateLiftedFarAboveCompletions(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms)
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 30, 40*ms, 0, 0)
+	if c.Rate == 0 {
+		t.Fatal("no rate set by a 40ms queueing delay")
+	}
+	c.Rate = 900 // grown while the load fell to 200/s
+	for i := range 12 {
+		now = now.Add(100 * ms)
+		c = rateStep(l, c, now, 20, ms, 2, 0)
+		if c.Rate == 0 {
+			if i < 10 {
+				t.Fatalf("lifted after %d intervals, before a probation", i+1)
+			}
+			return
+		}
+	}
+	t.Fatalf("Rate = %v after 1.2 s at 200 calls/s with a short queue, want lifted", c.Rate)
 }
 
 // A long queueing delay while this server uses little CPU is someone
