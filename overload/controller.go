@@ -358,7 +358,9 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // log lines and snapshots, so that an operator can tell a server that is
 // slow because it is busy from one that is slow for other reasons; a
 // reading below [Law.RateCPU] keeps a queueing delay from setting a rate
-// (the wait is someone else's), and [Law.GuardCPU] acts on them when set.
+// (the wait is someone else's), one at or above [Law.SaturatedCPU] trims
+// a rate the queueing delay has set, and [Law.GuardCPU] acts on them when
+// set.
 // Pass a running cpugate.Gate (only its readings are used, not its
 // scale). A nil guard, the default, means no CPU readings. A repeated call
 // replaces it.
@@ -732,7 +734,7 @@ func (c *Controller) flow(f Flow) *flow {
 	fl.k, fl.weight, fl.inflight, fl.arrivals, fl.demand = k, w, 0, 0, 0
 	// A flow new under a rate limit gets the share of a flow at the water
 	// level, and a bucket to match.
-	fl.alloc = c.level * w
+	fl.alloc = min(c.ctl.Rate, c.level*w)
 	fl.tokens, fl.at = 1, c.o.now()
 	c.flows[k] = fl
 	c.weights += w
@@ -1067,15 +1069,15 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 	if math.IsInf(level, 1) {
 		// The rate covers every flow's demand: every flow may admit up
 		// to the largest demand per weight, scaled by the room the rate
-		// leaves, so that the arrivals of the largest bunch without
-		// being shed, and no flow may take the whole rate at once.
+		// leaves, so that the largest flow's bunched arrivals are not
+		// shed; no flow more than the whole rate (see below).
 		level = c.ctl.Rate
 		if asked := c.ctl.Rate - left; asked > 0 && len(ds) > 0 {
 			level = ds[len(ds)-1].rate * c.ctl.Rate / asked
 		}
 	}
 	for _, d := range ds {
-		d.fl.alloc = level * d.fl.weight
+		d.fl.alloc = min(c.ctl.Rate, level*d.fl.weight)
 	}
 	c.level = level
 }

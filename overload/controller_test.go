@@ -578,6 +578,39 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 	if fl.arrivals != 1 || c.rateShed != 1 {
 		t.Errorf("after a tap rejection: arrivals %d, rate sheds %d; want 1 and 1", fl.arrivals, c.rateShed)
 	}
+	// The flow's next share sees the flood: two flows ask 10/s in all
+	// within their shares, the flood 1,000/s of which the tap let none in.
+	quiet := c.flow(Flow{Key: "quiet"})
+	fl.demand, quiet.demand = 0, 10
+	fl.arrivals, quiet.arrivals = 1000, 10
+	c.share(time.Second, c.o.now())
+	if want := 100 - 10.0; math.Abs(fl.alloc-want) > 1e-9 {
+		t.Errorf("the flood's share %v of a rate of 100 beside a flow asking 10, want %v", fl.alloc, want)
+	}
+}
+
+// While every slot and queue place is taken, a call of a flow over its
+// share turned away at the tap counts in its flow's demand too.
+func TestTapQueueRejectionsCountAsDemand(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := Flow{Key: "noisy"}
+	c.mu.Lock()
+	fl := c.flow(f)
+	c.ctl.Limit = 1
+	fl.inflight, c.inflight = 1, 1
+	fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
+	c.mu.Unlock()
+	if !c.Overloaded(f) {
+		t.Fatal("Overloaded = false for the only flow with every slot and place taken")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fl.arrivals != 1 {
+		t.Errorf("after a tap rejection: arrivals %d, want 1", fl.arrivals)
+	}
 }
 
 // When the rate covers every flow's demand, each flow's share is the
@@ -599,5 +632,17 @@ func TestShareWhenEveryFlowIsSatisfied(t *testing.T) {
 	// 6 in all: the rate has room for 100/6 times that.
 	if want := 5 * 100.0 / 6; math.Abs(noisy.alloc-want) > 1e-9 || math.Abs(quiet.alloc-want) > 1e-9 {
 		t.Errorf("shares %v and %v of a rate of 100, want %v each", noisy.alloc, quiet.alloc, want)
+	}
+
+	// With unequal weights, no flow's share exceeds the rate: a light
+	// flow of weight 0.1 asking 5 puts the level at 50 per unit weight.
+	light := c.flow(Flow{Key: "light", Weight: 0.1})
+	light.demand, light.arrivals = 5, 5
+	noisy.arrivals, quiet.arrivals = 5, 1
+	c.share(time.Second, now)
+	for _, fl := range []*flow{noisy, quiet, light} {
+		if fl.alloc > c.ctl.Rate {
+			t.Errorf("flow %s (weight %v): share %v of a rate of %v", fl.k.key, fl.weight, fl.alloc, c.ctl.Rate)
+		}
 	}
 }

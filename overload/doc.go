@@ -43,7 +43,12 @@
 // server can complete, and on a shared host the reading a sampler gets may
 // not even be this server's. A cpugate.Gate given with [WithGuard]
 // supplies readings that explain the controller's decisions in its logs
-// and snapshots; [Law.GuardCPU] makes them act.
+// and snapshots, and check them: a long queueing delay while this
+// server's own CPU is low is a neighbour's and sets no rate
+// ([Law.RateCPU]), and a pinned reading trims a rate the queueing delay
+// has set, because a Go server whose CPU never idles reads its sockets
+// late ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the
+// concurrency limit too.
 //
 // A cut that does not bring the latency down means the calls are slow, not
 // queued: the controller then measures its baseline again instead of

@@ -73,7 +73,7 @@ type Law struct {
 	ProbeSamples int
 	// QueueTarget is the longest a call may wait between its arrival and
 	// its admission (its queueing delay, see [Arrived]) before the server
-	// counts as saturated. Default 0: 4 × the calls' latency, between 5 ms
+	// counts as saturated. Default 0: 3 × the calls' latency, between 2 ms
 	// and 50 ms (see [Law.Target]), a few calls' worth of work, enough to
 	// keep the server busy between arrivals, far below any deadline worth
 	// having.
@@ -88,10 +88,10 @@ type Law struct {
 	// server completes (or the rate, if less) by what takes half the
 	// queue's excess over the target away in the next interval, or grown,
 	// while the queue is short, by what fills half its shortfall, at most
-	// RateStep, and a fifth of that within a tenth of where the server
-	// last saturated. A queue already draining is not cut again, and with
-	// a guard (WithGuard) each CPU reading at or above SaturatedCPU cuts
-	// by RateStep. After a second in which the rate did not bind (it shed
+	// RateStep, and a fifth of that above nine tenths of what the server
+	// completed when it last saturated. A queue already draining is not cut again, and with
+	// a guard (WithGuard) a CPU reading at or above SaturatedCPU cuts by
+	// RateStep, at most once per 250 ms (cpugate's default interval). After a second in which the rate did not bind (it shed
 	// nothing, or it was half again above what completed), it is lifted.
 	// If a second of cuts does not bring the delay below its level at the
 	// first cut (without a guard), or this server's CPU reading is below
@@ -105,7 +105,7 @@ type Law struct {
 	// Default 0: 3 × the queue target.
 	MaxQueueDelay time.Duration
 	// RateCut is the harshest cut of the admission rate in one interval,
-	// in (0, 1). Default 0.5.
+	// as a factor of the rate before it, in (0, 1). Default 0.5.
 	RateCut float64
 	// RateStep is the admission rate's largest growth per interval while
 	// it binds with a short queue, and its cut per interval while the CPU
@@ -113,13 +113,15 @@ type Law struct {
 	RateStep float64
 	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
 	// above which this server is saturated with its own work: while the
-	// admission rate binds, each such reading cuts it by RateStep. A Go
-	// server whose CPU never idles polls its network only every few
-	// scheduling rounds, so calls wait to be read before any signal of
-	// the controller's sees them; keeping the CPU from pinning keeps
-	// that wait short. The reading is this process's own CPU use, which
-	// a neighbour cannot raise. Default 0.99; 1 cuts only at a full
-	// reading.
+	// admission rate is limited, such a reading cuts it by RateStep, at
+	// most once per 250 ms. A Go server whose CPU never idles polls its
+	// network only every few scheduling rounds, so calls wait to be read
+	// before any signal of the controller's sees them; keeping the CPU
+	// from pinning keeps that wait short. It acts only while a queueing
+	// delay has limited the rate, so it is no CPU cap; where the guard
+	// reads this process's own CPU (its cgroup, or its process times), a
+	// neighbour cannot raise the reading either. Default 0.99; a value
+	// above 1 turns it off.
 	SaturatedCPU float64
 	// RateCPU, with a guard (WithGuard), is the CPU reading below which a
 	// long queueing delay is not this server's doing (a neighbour holds
@@ -139,6 +141,11 @@ type Law struct {
 	// On a shared host the CPU a sampler reads may not be this server's.
 	GuardCPU float64
 }
+
+// cpuCutEvery is the least time between two cuts of the rate by a
+// saturated CPU reading: cpugate's default sampling interval, so that
+// one reading, seen by several steps, cuts once.
+const cpuCutEvery = 250 * time.Millisecond
 
 // Defaults of the law's fields.
 const (
@@ -235,8 +242,8 @@ func (l Law) Validate() error {
 		return invalid("Law.RateProbation", l.RateProbation, "at least Interval")
 	case l.RateCPU < 0 || l.RateCPU > 1 || math.IsNaN(l.RateCPU):
 		return invalid("Law.RateCPU", l.RateCPU, "a fraction in (0, 1]")
-	case !(l.SaturatedCPU > 0 && l.SaturatedCPU <= 1):
-		return invalid("Law.SaturatedCPU", l.SaturatedCPU, "a fraction in (0, 1]")
+	case !(l.SaturatedCPU > 0) || math.IsInf(l.SaturatedCPU, 0):
+		return invalid("Law.SaturatedCPU", l.SaturatedCPU, "a fraction in (0, 1], or above 1 for off")
 	case l.RateHoldOff < 0:
 		return invalid("Law.RateHoldOff", l.RateHoldOff, "a positive duration")
 	case l.GuardCPU < 0 || l.GuardCPU > 1 || math.IsNaN(l.GuardCPU):
@@ -332,9 +339,8 @@ type Control struct {
 	// delay was over the target, both smoothed.
 	Capacity  float64
 	Saturated float64
-	// RateCPUSeen is the CPU reading of the last step, so that a reading
-	// acts once however many steps see it.
-	RateCPUSeen float64
+	// CPUCutAt is when a saturated CPU reading last cut the rate.
+	CPUCutAt time.Time
 	// RTT is the calls' latency, smoothed over about a second.
 	RTT time.Duration
 	// LastDelay is the queueing delay of the last interval that had one.
@@ -496,7 +502,7 @@ func (l Law) stepRate(c Control, s Sample, dt time.Duration, now time.Time) Cont
 		return c
 	}
 	c = l.rateLaw(c, s, dt, now)
-	c.LastDelay, c.RateCPUSeen = s.QueueDelay, s.CPU
+	c.LastDelay = s.QueueDelay
 	return c
 }
 
@@ -508,15 +514,18 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 	// what completed: a rate that far above sheds only the bunched
 	// arrivals of flows within their shares.
 	binding := s.RateShed > 0 && c.Rate <= 1.5*done
-	if binding || c.Rate == 0 {
+	if binding || c.Rate == 0 || over > 0 {
 		c.RateSlack = time.Time{}
 	}
+	// An interval with fewer completions than MinSamples (a stall, a
+	// collection) says little about what the server completes.
+	measured := s.N >= l.MinSamples
 	ours := l.RateCPU == 0 || s.CPU == 0 || s.CPU >= l.RateCPU
 	switch {
 	case now.Before(c.RateHeld):
 		// A cut did not help lately: the delay is not ours to cut.
-	case c.Rate == 0 && over > 0 && ours:
-		c.Capacity, c.Saturated = done, done
+	case c.Rate == 0 && over > 0 && ours && measured:
+		c.Capacity, c.Saturated, c.CPUCutAt = done, done, time.Time{}
 		c.Rate = max(1, done*l.drain(s.QueueDelay, c, dt))
 		c.RateCause, c.RateAt, c.RateDelay = CauseQueue, now, s.QueueDelay
 	case c.Rate == 0:
@@ -546,22 +555,25 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		// half the queue's excess over the target in the next interval;
 		// grow from the rate by what fills half its shortfall, at most
 		// RateStep.
-		c.Capacity += 0.5 * (done - c.Capacity)
+		if measured {
+			c.Capacity += 0.5 * (done - c.Capacity)
+		}
 		f := l.drain(s.QueueDelay, c, dt)
 		switch {
 		case s.QueueDelay < c.LastDelay*9/10 && f < 1:
 			// The queue is draining: the last cut is doing its work,
 			// and another would overshoot.
 			f = 1
-		case s.CPU >= l.SaturatedCPU && s.CPU != c.RateCPUSeen:
+		case s.CPU >= l.SaturatedCPU && now.Sub(c.CPUCutAt) >= cpuCutEvery:
 			// Once per reading: the guard reads less often than
 			// the law steps, and one reading must not cut twice.
 			f = min(f, 1-l.RateStep)
+			c.CPUCutAt = now
 		}
-		if over > 0 {
+		if over > 0 && measured {
 			c.Saturated += 0.5 * (done - c.Saturated)
 		}
-		if f > 1 && c.Rate*f > 0.9*c.Saturated {
+		if f > 1 && c.Saturated > 0 && c.Rate*f > 0.9*c.Saturated {
 			// Near where the server saturated last, probe for more
 			// slowly: the queue rises steeply past it.
 			f = min(f, 1+l.RateStep/5)
@@ -571,7 +583,7 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			// Cut from what the server completed, when that is less.
 			base = min(base, c.Capacity)
 		}
-		c.Rate, c.RateCause = max(1, base*f), CauseQueue
+		c.Rate, c.RateCause = max(1, c.Rate*l.RateCut, base*f), CauseQueue
 		switch {
 		case over <= 0:
 			c.RateAt, c.RateDelay = time.Time{}, 0
@@ -594,10 +606,11 @@ func (l Law) drain(d time.Duration, c Control, dt time.Duration) float64 {
 }
 
 // Target returns the queueing delay target in force with c: QueueTarget,
-// or by default 4 times the larger of the baseline and the smoothed
-// latency, between 5 ms and 50 ms (20 ms before anything is measured). Poisson arrivals keep a queue of several calls
-// at the utilisation the controller aims for, so the target is counted
-// in calls, not in milliseconds.
+// or by default 3 times the larger of the baseline and the smoothed
+// latency, between 2 ms and 50 ms (20 ms before anything is measured).
+// Poisson arrivals keep a queue of several calls at the utilisation the
+// controller aims for, so the target is counted in calls, not in
+// milliseconds.
 func (l Law) Target(c Control) time.Duration {
 	switch {
 	case l.QueueTarget > 0:

@@ -2,6 +2,7 @@ package overload
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -315,9 +316,10 @@ func TestLawRate(t *testing.T) {
 	capacity += 0.5 * (250 - capacity)
 	near("over", c.Rate, min(onset, capacity)*(1-11.0/200))
 	// Binding with a short queue: grows from the rate by half the
-	// queue's shortfall, at most RateStep; within a tenth of where the
-	// server last saturated (Saturated: what it completed while the
-	// queue was over, smoothed: 300, 275, 262.5), by RateStep/5 at most.
+	// queue's shortfall, at most RateStep; above nine tenths of what the
+	// server completed when it last saturated (Saturated: what it
+	// completed while the queue was over, smoothed: 300, 275, 262.5), by
+	// RateStep/5 at most.
 	saturated := 300 + 0.5*(250-300.0)
 	saturated += 0.5 * (250 - saturated)
 	if math.Abs(c.Saturated-saturated) > 1e-9 {
@@ -332,27 +334,34 @@ func TestLawRate(t *testing.T) {
 	c.Rate = 100
 	next(22, 0, 40)
 	near("empty queue far below saturation", c.Rate, 100*(1+DefaultRateStep*0.9))
+	c.Rate = r
 	// A CPU reading at or above SaturatedCPU cuts by RateStep, from what
 	// the server completed (smoothed, Capacity) when that is less, even
-	// with a short queue, once per reading; below it, the CPU does not
-	// matter.
-	cpu = 0.995
+	// with a short queue, at most once per 250 ms however often the same
+	// pinned reading is seen; below it, the CPU does not matter.
+	cpu = 1
 	r = c.Rate
 	next(22, ms, 40)
 	near("saturated CPU", c.Rate, min(r, c.Capacity)*(1-DefaultRateStep))
+	for i := range 2 {
+		r = c.Rate
+		next(22, 9*ms-2*ms, 40)
+		near(fmt.Sprintf("the pinned reading %d00 ms after the cut", i+1), c.Rate, r*(1+2.0/200))
+	}
 	r = c.Rate
-	next(22, 9*ms-2*ms, 40)
-	near("the same saturated reading", c.Rate, r*(1+2.0/200))
+	next(22, ms, 40)
+	near("the pinned reading 300 ms after the cut", c.Rate, min(r, c.Capacity)*(1-DefaultRateStep))
 	cpu = 0.98
 	r = c.Rate
 	next(22, 9*ms-2*ms, 40)
 	near("busy CPU", c.Rate, r*(1+2.0/200))
 	cpu = 0
-	// A stall (few completions, a long delay) cuts at most RateCut.
-	r = c.Rate
+	// A stall (few completions, a long delay) cuts at most RateCut, and
+	// does not count as what the server completes.
+	r, capacityBefore := c.Rate, c.Capacity
 	next(2, 900*ms, 40)
-	if c.Rate < min(r, c.Capacity)*DefaultRateCut-1e-9 {
-		t.Fatalf("a stall cut the rate from %v to %v", r, c.Rate)
+	if c.Rate < r*DefaultRateCut-1e-9 || c.Capacity != capacityBefore {
+		t.Fatalf("a stall cut the rate from %v to %v (capacity %v → %v)", r, c.Rate, capacityBefore, c.Capacity)
 	}
 	// Not binding: lifted only after a whole probation of it.
 	for range 10 {
