@@ -557,17 +557,26 @@ func TestGuardReadings(t *testing.T) {
 	})
 }
 
-// A flood turned away at the tap (Overloaded, then Shed) is still demand,
-// and a shed of the rate: otherwise the fair shares would take it for a
-// flow that gets all it asks.
-func TestTapRejectionsCountAsDemand(t *testing.T) {
+// controllerWithFlow returns a default controller with one flow, "noisy",
+// for tests that set its internals under c.mu.
+func controllerWithFlow(t *testing.T) (*Controller, Flow, *flow) {
+	t.Helper()
 	c, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := Flow{Key: "noisy"}
 	c.mu.Lock()
-	fl := c.flow(f)
+	defer c.mu.Unlock()
+	return c, f, c.flow(f)
+}
+
+// A flood turned away at the tap (Overloaded, then Shed) is still demand,
+// and a shed of the rate: otherwise the fair shares would take it for a
+// flow that gets all it asks.
+func TestTapRejectionsCountAsDemand(t *testing.T) {
+	c, f, fl := controllerWithFlow(t)
+	c.mu.Lock()
 	c.ctl.Rate, fl.alloc, fl.tokens, fl.at = 100, 10, 0, c.o.now()
 	c.mu.Unlock()
 	if !c.Overloaded(f) {
@@ -578,8 +587,8 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 	if fl.arrivals != 1 || c.rateShed != 1 {
 		t.Errorf("after a tap rejection: arrivals %d, rate sheds %d; want 1 and 1", fl.arrivals, c.rateShed)
 	}
-	// The flow's next share sees the flood: two flows ask 10/s in all
-	// within their shares, the flood 1,000/s of which the tap let none in.
+	// The flow's next share sees the flood: a quiet flow asks 10/s, the
+	// flood 1,000/s of which the tap let none in.
 	quiet := c.flow(Flow{Key: "quiet"})
 	fl.demand, quiet.demand = 0, 10
 	fl.arrivals, quiet.arrivals = 1000, 10
@@ -592,13 +601,8 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 // While every slot and queue place is taken, a call of a flow over its
 // share turned away at the tap counts in its flow's demand too.
 func TestTapQueueRejectionsCountAsDemand(t *testing.T) {
-	c, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := Flow{Key: "noisy"}
+	c, f, fl := controllerWithFlow(t)
 	c.mu.Lock()
-	fl := c.flow(f)
 	c.ctl.Limit = 1
 	fl.inflight, c.inflight = 1, 1
 	fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
