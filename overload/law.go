@@ -105,10 +105,7 @@ type Law struct {
 	// Default 0: 3 × the queue target.
 	MaxQueueDelay time.Duration
 	// RateCut is the harshest cut of the admission rate in one interval,
-	// as a factor of the rate before it, in (0, 1). Default 0.8: one
-	// interval's spike of the queue does not take the rate far below the
-	// capacity, and a cost that doubles still halves the rate within
-	// three intervals.
+	// as a factor of the rate before it, in (0, 1). Default 0.5.
 	RateCut float64
 	// RateStep is the admission rate's largest growth per interval while
 	// it binds with a short queue, and its cut per interval while the CPU
@@ -160,7 +157,7 @@ const (
 	DefaultMinSamples   = 8
 	DefaultProbeEvery   = 30 * time.Second
 	DefaultProbeSamples = 16
-	DefaultRateCut      = 0.8
+	DefaultRateCut      = 0.5
 	DefaultRateStep     = 0.05
 )
 
