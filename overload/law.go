@@ -89,10 +89,12 @@ type Law struct {
 	// queue's excess over the target away in the next interval, or grown,
 	// while the queue is short, by what fills half its shortfall, at most
 	// RateStep, and a fifth of that above nine tenths of what the server
-	// completed when it last saturated. A queue already draining is not cut again, and with
-	// a guard (WithGuard) a CPU reading at or above SaturatedCPU cuts by
-	// RateStep, at most once per 250 ms (cpugate's default interval). After a second in which the rate did not bind (it shed
-	// nothing, or it was half again above what completed), it is lifted.
+	// completed when it last saturated. A queue already draining is not
+	// cut again, and with a guard (WithGuard) a CPU reading at or above
+	// SaturatedCPU cuts by RateStep, at most once per 250 ms (cpugate's
+	// default interval). After a second in which the rate did not bind
+	// (it shed nothing, or it was half again above what completed), it
+	// is lifted.
 	// If a second of cuts does not bring the delay below its level at the
 	// first cut (without a guard), or this server's CPU reading is below
 	// RateCPU, the wait is someone else's (a neighbour holding the CPU):
