@@ -734,7 +734,7 @@ func (c *Controller) flow(f Flow) *flow {
 	fl.k, fl.weight, fl.inflight, fl.arrivals, fl.demand = k, w, 0, 0, 0
 	// A flow new under a rate limit gets the share of a flow at the water
 	// level, and a bucket to match.
-	fl.alloc = min(c.ctl.Rate, c.level*w)
+	fl.alloc = c.alloc(w)
 	fl.tokens, fl.at = 1, c.o.now()
 	c.flows[k] = fl
 	c.weights += w
@@ -1070,17 +1070,21 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 		// The rate covers every flow's demand: every flow may admit up
 		// to the largest demand per weight, scaled by the room the rate
 		// leaves, so that the largest flow's bunched arrivals are not
-		// shed; no flow more than the whole rate (see below).
+		// shed; no flow more than the whole rate (see alloc).
 		level = c.ctl.Rate
 		if asked := c.ctl.Rate - left; asked > 0 && len(ds) > 0 {
 			level = ds[len(ds)-1].rate * c.ctl.Rate / asked
 		}
 	}
-	for _, d := range ds {
-		d.fl.alloc = min(c.ctl.Rate, level*d.fl.weight)
-	}
 	c.level = level
+	for _, d := range ds {
+		d.fl.alloc = c.alloc(d.fl.weight)
+	}
 }
+
+// alloc returns the share of the admission rate of a flow of weight w at
+// the water level: level × w, never more than the whole rate.
+func (c *Controller) alloc(w float64) float64 { return min(c.ctl.Rate, c.level*w) }
 
 // forget drops fl from the flows.
 func (c *Controller) forget(fl *flow) {
