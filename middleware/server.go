@@ -243,10 +243,10 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 		return ctx, nil // the interceptor will tell
 	}
 	r := l.route(ten, found, &call)
-	if !c.Overloaded(r.flow) {
+	ctx, shed := c.Overloaded(ctx, r.flow)
+	if !shed {
 		return ctx, nil
 	}
-	c.Shed()
 	return ctx, l.tapReject(info.FullMethodName, r.subject, c.RetryAfter(), note)
 }
 

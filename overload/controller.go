@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -267,7 +266,6 @@ type Controller struct {
 	lastArr          time.Duration
 	level            float64 // water level of the rate's fair shares, per unit of weight
 	pending          event   // a step's event, emitted by shedLocked
-	tapShed          atomic.Uint64
 	lastShed         time.Time
 	state            State
 	since            time.Time
@@ -359,7 +357,7 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // slow because it is busy from one that is slow for other reasons; a
 // reading below [Law.RateCPU] keeps a queueing delay from setting a rate
 // (the wait is someone else's), one at or above [Law.SaturatedCPU] trims
-// a rate the queueing delay has set, and [Law.GuardCPU] acts on them when
+// a rate the queueing delay has set and holds it, and [Law.GuardCPU] acts on them when
 // set.
 // Pass a running cpugate.Gate (only its readings are used, not its
 // scale). A nil guard, the default, means no CPU readings. A repeated call
@@ -475,7 +473,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 			// keeps its calls, late or not.
 			return Permit{}, c.shedLocked(fl, ShedLate, now)
 		}
-		if !c.take(fl, now) {
+		if !reserved(ctx, fl) && !c.take(fl, now) {
 			c.rateShed++
 			if c.law.Due(c.ctl, c.n, now) {
 				// No call may complete for a while at a low rate.
@@ -594,45 +592,73 @@ func (c *Controller) refill(fl *flow, now time.Time) {
 	}
 }
 
-// Overloaded reports whether a call of flow f would be shed now: its flow
-// has used its share of a limited admission rate, or every slot is taken,
-// the queue is full, and f holds at least its fair share of the slots and
-// the queue. It never waits for the controller's lock (when another call
-// holds it, it reports false and leaves the call to Acquire), and is meant
-// for the tap handle, which can turn such a call away before its request
-// is read: a call it reports true for counts in its flow's demand (the
-// fair shares must see a flood held off at the tap), so turn the call
-// away and call Shed.
-func (c *Controller) Overloaded(f Flow) bool {
+// Overloaded reports whether a call of flow f, whose context is ctx, would
+// be shed now, and is meant for a tap handle, which can turn such a call
+// away before its request is read: it has used its flow's share of a
+// limited admission rate, or every slot is taken, the queue is full, and
+// f holds at least its fair share of the slots and the queue. A call it
+// reports true for is counted as shed (cause ShedTap) and in its flow's
+// demand, which the fair shares must see: turn it away.
+//
+// A call it lets pass while the rate is limited takes its token from its
+// flow's share here, and the context returned marks it, so that Acquire
+// takes no second: a server that reads many calls' headers at once (as a
+// starved one does) then lets through no more of them than the rate
+// allows, instead of every one that finds the same last token, only to
+// shed the rest after reading their requests. Pass the returned context
+// on (a gRPC tap handle returns it for the call).
+//
+// It never waits for the controller's lock: when another call holds it,
+// it reports false and leaves the call to Acquire.
+func (c *Controller) Overloaded(ctx context.Context, f Flow) (context.Context, bool) {
 	if !c.mu.TryLock() {
-		return false
+		return ctx, false
 	}
 	defer c.mu.Unlock()
 	fl, ok := c.flows[flowKey{f.Key, f.Priority}]
 	if !ok {
-		return false
+		return ctx, false
 	}
+	now := c.o.now()
 	if c.ctl.Rate > 0 {
-		c.refill(fl, c.o.now())
+		c.refill(fl, now)
 		if fl.tokens < 1 {
-			// The call is turned away before Acquire sees it: it is
-			// still part of its flow's demand, or the fair shares
-			// would take a flood held off here for a quiet flow; and
-			// the rate binds.
-			fl.arrivals++
+			// The rate binds.
 			c.rateShed++
-			return true
+			c.tapShed(fl, now)
+			return ctx, true
 		}
+		fl.tokens--
+		return context.WithValue(ctx, reservedKey{}, fl), false
 	}
 	if c.inflight < c.slots() || c.queued < c.queueCap() {
-		return false
+		return ctx, false
 	}
 	share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
 	if float64(fl.inflight+len(fl.q)+1) > share {
-		fl.arrivals++
-		return true
+		c.tapShed(fl, now)
+		return ctx, true
 	}
-	return false
+	return ctx, false
+}
+
+// tapShed counts a call of fl that Overloaded turned away: in its flow's
+// demand (Acquire never sees it) and in the shed calls.
+func (c *Controller) tapShed(fl *flow, now time.Time) {
+	fl.arrivals++
+	c.shed[ShedTap]++
+	c.shedInterval++
+	c.lastShed = now
+}
+
+// reservedKey marks a call's context with the flow whose token Overloaded
+// took for it.
+type reservedKey struct{}
+
+// reserved reports whether Overloaded took ctx's call's token from fl.
+func reserved(ctx context.Context, fl *flow) bool {
+	r, _ := ctx.Value(reservedKey{}).(*flow)
+	return r == fl
 }
 
 // Full reports whether calls are being shed for want of capacity: the
@@ -650,11 +676,6 @@ func (c *Controller) Full() bool {
 // RetryAfter returns the retry delay shed calls are given (WithRetryAfter).
 func (c *Controller) RetryAfter() time.Duration { return c.o.retry }
 
-// Shed records a call turned away outside the controller because
-// Overloaded said it would be shed (by a tap handle), so that the state
-// and the counters (cause ShedTap) include it. It is one atomic add.
-func (c *Controller) Shed() { c.tapShed.Add(1) }
-
 // Shedding reports whether the controller is in the Shedding state.
 func (c *Controller) Shedding() bool {
 	c.mu.Lock()
@@ -670,8 +691,6 @@ func (c *Controller) Snapshot() Snapshot {
 }
 
 func (c *Controller) snapshotLocked() Snapshot {
-	shed := c.shed
-	shed[ShedTap] += c.tapShed.Load()
 	return Snapshot{
 		State: c.state, Since: c.since,
 		Limit: c.ctl.Limit, Inflight: c.inflight, Queued: c.queued,
@@ -680,7 +699,7 @@ func (c *Controller) snapshotLocked() Snapshot {
 		QueueTarget: c.law.Target(c.ctl),
 		Rate:        c.ctl.Rate, RateCause: c.ctl.RateCause,
 		CPU: c.cpu, SchedP99: c.sched,
-		Admitted: c.admitted, Waited: c.waited, Shed: shed,
+		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
 	}
 }
 
@@ -943,10 +962,6 @@ func (c *Controller) step(now time.Time) event {
 		c.lastQD = c.waitSum / time.Duration(c.waitN)
 	}
 	shed := c.shedInterval
-	if n := c.tapShed.Swap(0); n > 0 {
-		c.shed[ShedTap] += n
-		shed += int(n)
-	}
 	c.n, c.sum, c.binding, c.shedInterval, c.waitSum, c.waitN = 0, 0, false, 0, 0, 0
 	c.share(dt, now)
 	c.arrSum, c.arrN, c.rateShed = 0, 0, 0
@@ -1020,8 +1035,16 @@ func (c *Controller) emit(ev event) {
 	}
 }
 
+// forgetBelow is the demand, in calls per second, below which a flow idle
+// for a whole interval is forgotten while the admission rate is limited.
+// A flow that merely had no call in one interval keeps its demand:
+// forgotten, it would come back as a flow that asks nothing, and the fair
+// shares would let every flow admit more than the rate.
+const forgetBelow = 1.0
+
 // share forgets the flows idle for the interval of length dt that ends at
-// now, and, while the admission rate is limited, divides it among the
+// now (under a limited rate, once their demand has decayed below
+// forgetBelow), and, while the admission rate is limited, divides it among the
 // others by weighted max-min fairness over their arrival rates (smoothed
 // over about a second): the water level is the share per unit of weight
 // at which the flows asking less get what they ask and the others split
@@ -1035,12 +1058,16 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 	var ds []demand
 	alpha := min(1, dt.Seconds())
 	for _, fl := range c.flows {
-		if fl.arrivals == 0 && fl.inflight == 0 && len(fl.q) == 0 {
+		if dt > 0 {
+			a := alpha
+			if fl.demand == 0 {
+				a = 1 // a new flow: its first interval is all there is
+			}
+			fl.demand += a * (float64(fl.arrivals)/dt.Seconds() - fl.demand)
+		}
+		if fl.arrivals == 0 && fl.inflight == 0 && len(fl.q) == 0 && (c.ctl.Rate == 0 || fl.demand < forgetBelow) {
 			c.forget(fl)
 			continue
-		}
-		if dt > 0 {
-			fl.demand += alpha * (float64(fl.arrivals)/dt.Seconds() - fl.demand)
 		}
 		fl.arrivals = 0
 		if c.ctl.Rate > 0 {

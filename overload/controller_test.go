@@ -92,8 +92,10 @@ func TestFairShareOrder(t *testing.T) {
 		if s := c.Snapshot(); s.Inflight != 4 || s.Queued != 4 {
 			t.Fatalf("in flight %d, queued %d, want 4 and 4", s.Inflight, s.Queued)
 		}
-		if !c.Overloaded(heavy) || c.Overloaded(light) {
-			t.Errorf("Overloaded(heavy, light) = %v, %v, want true, false", c.Overloaded(heavy), c.Overloaded(light))
+		_, h := c.Overloaded(t.Context(), heavy)
+		_, l := c.Overloaded(t.Context(), light)
+		if !h || l {
+			t.Errorf("Overloaded(heavy, light) = %v, %v, want true, false", h, l)
 		}
 
 		// The light flow, under its share, displaces heavy's newest waiter.
@@ -571,7 +573,7 @@ func controllerWithFlow(t *testing.T) (*Controller, Flow, *flow) {
 	return c, f, c.flow(f)
 }
 
-// A flood turned away at the tap (Overloaded, then Shed) is still demand,
+// A flood turned away at the tap (by Overloaded) is still demand,
 // and a shed of the rate: otherwise the fair shares would take it for a
 // flow that gets all it asks.
 func TestTapRejectionsCountAsDemand(t *testing.T) {
@@ -579,7 +581,7 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 	c.mu.Lock()
 	c.ctl.Rate, fl.alloc, fl.tokens, fl.at = 100, 10, 0, c.o.now()
 	c.mu.Unlock()
-	if !c.Overloaded(f) {
+	if _, shed := c.Overloaded(t.Context(), f); !shed {
 		t.Fatal("Overloaded = false for a flow without tokens under a rate")
 	}
 	c.mu.Lock()
@@ -607,7 +609,7 @@ func TestTapQueueRejectionsCountAsDemand(t *testing.T) {
 	fl.inflight, c.inflight = 1, 1
 	fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
 	c.mu.Unlock()
-	if !c.Overloaded(f) {
+	if _, shed := c.Overloaded(t.Context(), f); !shed {
 		t.Fatal("Overloaded = false for the only flow with every slot and place taken")
 	}
 	c.mu.Lock()
@@ -648,5 +650,76 @@ func TestShareWhenEveryFlowIsSatisfied(t *testing.T) {
 		if fl.alloc > c.ctl.Rate {
 			t.Errorf("flow %s (weight %v): share %v of a rate of %v", fl.k.key, fl.weight, fl.alloc, c.ctl.Rate)
 		}
+	}
+}
+
+// The tap takes a passing call's token from its flow's share, so that calls
+// read in one batch cannot all pass on the same last token only to be shed
+// after their requests are read; Acquire then takes no second token.
+func TestTapReservesTheToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, f, fl := controllerWithFlow(t)
+		c.mu.Lock()
+		c.ctl.Rate, fl.alloc, fl.tokens, fl.at = 100, 10, 1, c.o.now()
+		c.mu.Unlock()
+		ctx, shed := c.Overloaded(t.Context(), f)
+		if shed {
+			t.Fatal("the tap shed a call of a flow with a token left")
+		}
+		if _, shed := c.Overloaded(t.Context(), f); !shed {
+			t.Fatal("a second call read at the same time passed the tap on the same token")
+		}
+		p, err := c.Acquire(ctx, f)
+		if err != nil {
+			t.Fatalf("Acquire of the call whose token the tap took: %v", err)
+		}
+		p.Done()
+		if _, err := c.Acquire(t.Context(), f); !errors.Is(err, ErrShed) {
+			t.Fatalf("Acquire of a call the tap did not see, with no token left: %v, want shed", err)
+		}
+		if s := c.Snapshot(); s.Admitted != 1 || s.Shed[ShedTap] != 1 || s.Shed[ShedRate] != 1 {
+			t.Errorf("admitted %d, shed %v; want 1 admitted, 1 shed at the tap and 1 by the rate", s.Admitted, s.Shed)
+		}
+	})
+}
+
+// Under a limited rate, a flow without a call in one interval keeps its
+// demand: forgotten, it would come back as a flow asking nothing, and the
+// shares would let the flows admit more than the rate in all. A new flow's
+// demand is its first interval's arrivals.
+func TestQuietIntervalKeepsDemand(t *testing.T) {
+	c, _, noisy := controllerWithFlow(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.o.now()
+	quiet := c.flow(Flow{Key: "quiet"})
+	k := quiet.k
+	c.ctl.Rate = 100
+	noisy.demand, quiet.demand = 500, 20
+	noisy.arrivals = 50 // and none of quiet's in these 100 ms
+	c.share(100*ms, now)
+	if c.flows[k] != quiet {
+		t.Fatal("a flow asking 20/s was forgotten after one interval without a call")
+	}
+	if math.Abs(quiet.demand-18) > 1e-9 {
+		t.Errorf("quiet's demand %v after an interval without a call, want 18 (20 smoothed with 0)", quiet.demand)
+	}
+	if used := quiet.demand + noisy.alloc; used > c.ctl.Rate+1e-9 {
+		t.Errorf("quiet asks %v and noisy may admit %v: %v in all, above the rate of %v", quiet.demand, noisy.alloc, used, c.ctl.Rate)
+	}
+	fresh := c.flow(Flow{Key: "fresh"})
+	fresh.arrivals = 3
+	noisy.arrivals = 50
+	c.share(100*ms, now)
+	if math.Abs(fresh.demand-30) > 1e-9 {
+		t.Errorf("a new flow with 3 calls in 100 ms asks %v/s, want 30", fresh.demand)
+	}
+	// Once its demand has decayed below forgetBelow, it is forgotten.
+	for range 40 {
+		noisy.arrivals, fresh.arrivals = 50, 3
+		c.share(100*ms, now)
+	}
+	if _, ok := c.flows[k]; ok {
+		t.Errorf("a flow idle for 4 s is still tracked, asking %v/s", quiet.demand)
 	}
 }

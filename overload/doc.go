@@ -46,8 +46,8 @@
 // and snapshots, and check them: a long queueing delay while this
 // server's own CPU is low is a neighbour's and sets no rate
 // ([Law.RateCPU]), and a pinned reading trims a rate the queueing delay
-// has set, because a Go server whose CPU never idles reads its sockets
-// late ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the
+// has set and keeps it from growing, because a Go server whose CPU never
+// idles reads its sockets late ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the
 // concurrency limit too.
 //
 // A cut that does not bring the latency down means the calls are slow, not
@@ -66,6 +66,13 @@
 // the arriving call is shed when its own flow is the one over its share.
 // So a tenant under its weighted max-min fair share keeps its calls while
 // another floods, and the flood gets whatever the others leave.
+//
+// A limited admission rate is divided the same way, over the flows' arrival
+// rates smoothed over about a second: each flow admits up to the water level
+// times its weight from a bucket of its own. The tap handle asks
+// [Controller.Overloaded], which turns a flow over its share away before its
+// request is read and takes a passing call's token, so that a server that
+// reads many calls at once lets no more of them through than the rate.
 //
 // # Concurrency
 //
