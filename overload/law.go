@@ -92,7 +92,8 @@ type Law struct {
 	// completed when it last saturated. A queue already draining is not
 	// cut again, and with a guard (WithGuard) a CPU reading at or above
 	// SaturatedCPU cuts by RateStep, at most once per 250 ms (cpugate's
-	// default interval). After a second in which the rate did not bind
+	// default interval), and lets the rate grow in no interval it is
+	// seen in. After a second in which the rate did not bind
 	// (it shed nothing, or it was half again above what completed), it
 	// is lifted.
 	// If a second of cuts does not bring the delay below its level at the
@@ -116,14 +117,17 @@ type Law struct {
 	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
 	// above which this server is saturated with its own work: while the
 	// admission rate is limited, such a reading cuts it by RateStep, at
-	// most once per 250 ms. A Go server whose CPU never idles polls its
-	// network only every few scheduling rounds, so calls wait to be read
-	// before any signal of the controller's sees them; keeping the CPU
-	// from pinning keeps that wait short. It acts only while a queueing
-	// delay has limited the rate, so it is no CPU cap; where the guard
-	// reads this process's own CPU (its cgroup, or its process times), a
-	// neighbour cannot raise the reading either. Default 0.99; a value
-	// above 1 turns it off.
+	// most once per 250 ms, and keeps it from growing. A Go server whose
+	// CPU never idles polls its network only every few scheduling
+	// rounds, so calls wait to be read, before any signal of the
+	// controller's sees them, for as long as the CPU stays pinned: in the
+	// overload experiment a server whose readings stayed at 0.98–1 kept a
+	// short queue in sight and 80–100 ms of it out of sight. It acts only
+	// while a queueing delay has limited the rate, so it is no CPU cap;
+	// where the guard reads this process's own CPU (its cgroup, or its
+	// process times), a neighbour cannot raise the reading either.
+	// Default 0.97 (a 250 ms reading of a server near its capacity
+	// varies by a few points); a value above 1 turns it off.
 	SaturatedCPU float64
 	// RateCPU, with a guard (WithGuard), is the CPU reading below which a
 	// long queueing delay is not this server's doing (a neighbour holds
@@ -161,6 +165,7 @@ const (
 	DefaultProbeSamples = 16
 	DefaultRateCut      = 0.5
 	DefaultRateStep     = 0.05
+	DefaultSaturatedCPU = 0.97
 )
 
 func (l Law) withDefaults() Law {
@@ -198,7 +203,7 @@ func (l Law) withDefaults() Law {
 		l.RateCPU = 0.6
 	}
 	if l.SaturatedCPU == 0 {
-		l.SaturatedCPU = 0.99
+		l.SaturatedCPU = DefaultSaturatedCPU
 	}
 	if l.RateProbation == 0 {
 		l.RateProbation = time.Second
@@ -574,6 +579,11 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		}
 		if over > 0 && measured {
 			c.Saturated += 0.5 * (done - c.Saturated)
+		}
+		if f > 1 && s.CPU >= l.SaturatedCPU {
+			// A saturated CPU is no room to grow into, however short
+			// the queue the controller sees.
+			f = 1
 		}
 		if f > 1 && c.Saturated > 0 && c.Rate*f > 0.9*c.Saturated {
 			// Near where the server saturated last, probe for more
