@@ -201,6 +201,12 @@ type Snapshot struct {
 	// are not rate-limited, and RateCause what set or lifted it last.
 	Rate      float64
 	RateCause Cause
+	// Capacity is what the server completed per second while its
+	// queueing delay was over the target, smoothed: the controller's
+	// estimate of how many calls per second the server can complete,
+	// which bounds the rate's growth. 0 until the delay first exceeds the
+	// target.
+	Capacity float64
 	// CPU and SchedP99 are the guard's latest readings (WithGuard); 0
 	// without a guard.
 	CPU      float64
@@ -697,7 +703,7 @@ func (c *Controller) snapshotLocked() Snapshot {
 		Probing: c.ctl.Probing, Cause: c.ctl.Cause,
 		RTT: c.lastRTT, Baseline: c.ctl.Baseline, QueueDelay: c.lastArr, Wait: c.lastQD,
 		QueueTarget: c.law.Target(c.ctl),
-		Rate:        c.ctl.Rate, RateCause: c.ctl.RateCause,
+		Rate:        c.ctl.Rate, RateCause: c.ctl.RateCause, Capacity: c.ctl.Saturated,
 		CPU: c.cpu, SchedP99: c.sched,
 		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
 	}

@@ -233,7 +233,7 @@ type descs struct {
 
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
 	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
-	ovQueueTarget                                             *prometheus.Desc
+	ovQueueTarget, ovCapacity                                 *prometheus.Desc
 	ovWait, ovRate                                            *prometheus.Desc
 
 	configLoads, configLoaded *prometheus.Desc
@@ -297,6 +297,7 @@ func New(opts ...Option) (*Collector, error) {
 		ovBaseline:     d("overload_baseline_seconds", "Latency of a call that does not queue, as the overload controller last probed it."),
 		ovQueueDelay:   d("overload_queue_delay_seconds", "Mean wait of the calls of the overload controller's last interval from their arrival (the tap handle) to the controller: how long calls queue before the server starts them."),
 		ovQueueTarget:  d("overload_queue_target_seconds", "The queueing delay the overload controller's admission rate steers to: a queueing delay above it is what makes the controller limit admissions."),
+		ovCapacity:     d("overload_capacity", "Calls per second the server completed while calls queued before the overload controller beyond its target, smoothed: its estimate of the server's capacity, which bounds how fast the admission rate grows; 0 until calls first queued beyond the target."),
 		ovWait:         d("overload_wait_seconds", "Mean wait for a slot of the calls that waited in the overload controller's last interval."),
 		ovRate:         d("overload_rate", "The overload controller's admission rate in calls per second while calls queue before it, 0 while admissions are not rate-limited."),
 		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit or rate last (latency, objective, cpu, probe, stale_baseline, queue_delay, delay_not_ours), 0 for the others.", "cause"),
@@ -423,7 +424,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.o.overload != nil {
 		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovRTT,
 			c.descs.ovBaseline, c.descs.ovQueueDelay, c.descs.ovCause, c.descs.ovProbing, c.descs.ovAdmitted, c.descs.ovShed,
-			c.descs.ovWait, c.descs.ovRate, c.descs.ovQueueTarget} {
+			c.descs.ovWait, c.descs.ovRate, c.descs.ovQueueTarget, c.descs.ovCapacity} {
 			ch <- d
 		}
 	}
@@ -488,6 +489,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.descs.ovQueueTarget, s.QueueTarget.Seconds())
 		gauge(c.descs.ovWait, s.Wait.Seconds())
 		gauge(c.descs.ovRate, s.Rate)
+		gauge(c.descs.ovCapacity, s.Capacity)
 		cause := s.Cause
 		if s.Rate > 0 || s.RateCause == overload.CauseNotOurs {
 			cause = s.RateCause

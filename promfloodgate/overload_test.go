@@ -95,7 +95,7 @@ floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get
 	if n := testutil.CollectAndCount(c, "floodgate_overload_latency_seconds", "floodgate_overload_baseline_seconds",
 		"floodgate_overload_queue_delay_seconds", "floodgate_overload_limit_cause", "floodgate_overload_probing",
 		"floodgate_overload_admitted_total", "floodgate_overload_queued", "floodgate_overload_rate", "floodgate_overload_wait_seconds",
-		"floodgate_overload_queue_target_seconds"); n != 1+1+1+8+1+2+1+1+1+1 {
-		t.Errorf("%d series of the other overload metrics, want 18", n)
+		"floodgate_overload_queue_target_seconds", "floodgate_overload_capacity"); n != 1+1+1+8+1+2+1+1+1+1+1 {
+		t.Errorf("%d series of the other overload metrics, want 19", n)
 	}
 }
