@@ -49,6 +49,12 @@ type GatePoint struct {
 	TargetMs float64 `json:"target_ms,omitempty"`
 	RTTMs    float64 `json:"rtt_ms,omitempty"`
 	BaseMs   float64 `json:"base_ms,omitempty"`
+	// CapacityPS is E\'s estimate of the server\'s capacity, calls/s.
+	CapacityPS float64 `json:"capacity,omitempty"`
+	// Shed is E's count of shed calls by cause, since the server started.
+	Shed []uint64 `json:"shed,omitempty"`
+	// Admitted is E's count of admitted calls since the server started.
+	Admitted uint64 `json:"admitted,omitempty"`
 }
 
 // Window summarises the calls that started within [From, To).
@@ -372,7 +378,7 @@ func analyse(raw *rawRun, sc Scenario, variant string, ready serverReady, capaci
 	for _, p := range raw.Polls {
 		run.Gate = append(run.Gate, GatePoint{T: p.At.Seconds(), Scale: p.Scale, Reading: p.Reading, State: p.State,
 			Limit: p.Limit, Inflight: p.Inflight, Queued: p.Queued, Rate: p.Rate, DelayMs: p.DelayMs,
-			TargetMs: p.TargetMs, RTTMs: p.RTTMs, BaseMs: p.BaseMs})
+			TargetMs: p.TargetMs, RTTMs: p.RTTMs, BaseMs: p.BaseMs, CapacityPS: p.CapacityPS, Shed: p.Shed, Admitted: p.Admitted})
 	}
 	run.Reversals = float64(directionReversals(variant, run.Gate, 0, total.Seconds())) / total.Minutes()
 

@@ -77,6 +77,13 @@ type serverStats struct {
 	TargetMs float64 `json:"target_ms,omitempty"`
 	RTTMs    float64 `json:"rtt_ms,omitempty"`
 	BaseMs   float64 `json:"base_ms,omitempty"`
+	// CapacityPS is E\'s estimate of the server\'s capacity, calls/s.
+	CapacityPS float64 `json:"capacity,omitempty"`
+	// Shed is E's count of shed calls by cause (overload.ShedCause),
+	// since the server started.
+	Shed []uint64 `json:"shed,omitempty"`
+	// Admitted is E's count of admitted calls since the server started.
+	Admitted uint64 `json:"admitted,omitempty"`
 }
 
 // inventory is the example inventory service reduced to what the experiment
@@ -304,6 +311,8 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 				st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
 				st.Rate, st.DelayMs = snap.Rate, millis(snap.QueueDelay)
 				st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.QueueTarget), millis(snap.RTT), millis(snap.Baseline)
+				st.CapacityPS = snap.Capacity
+				st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
 			}
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
