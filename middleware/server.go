@@ -230,9 +230,11 @@ func (l *Limiter) tapReject(method, subject string, retry time.Duration, note ke
 	return l.rej.lookup(ReasonOverload, retry, note).err
 }
 
-// tapOverload turns a caller away at the tap while the overload
-// controller's queue is full and the caller's flow holds more than its
-// share: such a call would be shed after its request is read.
+// tapOverload turns a caller away at the tap when the overload controller
+// would shed it after its request is read: its flow has used its share of
+// a limited admission rate, or the controller's queue is full and its flow
+// holds more than its share. A call it lets through under a limited rate
+// carries its flow's token in the returned context.
 func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info *tap.Info) (context.Context, error) {
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil

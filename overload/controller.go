@@ -40,7 +40,7 @@ const (
 	// longer than Law.MaxQueueDelay to reach the controller.
 	ShedLate
 	// ShedTap: a tap handle turned the call away before the controller saw
-	// it, because Overloaded said it would be shed (see Controller.Shed).
+	// it, because Overloaded said it would be shed.
 	ShedTap
 	nShedCauses
 )
@@ -204,8 +204,8 @@ type Snapshot struct {
 	// Capacity is what the server completed per second while its
 	// queueing delay was over the target, smoothed: the controller's
 	// estimate of how many calls per second the server can complete,
-	// which bounds the rate's growth. 0 until the delay first exceeds the
-	// target.
+	// which bounds the rate's growth ([Control.Saturated]). 0 until the
+	// delay first exceeds the target.
 	Capacity float64
 	// CPU and SchedP99 are the guard's latest readings (WithGuard); 0
 	// without a guard.
@@ -472,14 +472,19 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.arrN++
 	}
 	if c.ctl.Rate > 0 {
+		held := claim(ctx, fl)
 		if known && now.Sub(at) > c.law.MaxDelay(c.ctl) && fl.demand > fl.alloc {
 			// Late already, and of a flow asking more than its share:
 			// serving it would make the calls behind it late too.
 			// Shedding it drains the queue. A flow within its share
-			// keeps its calls, late or not.
+			// keeps its calls, late or not, and a shed call's token
+			// goes back to its flow.
+			if held {
+				fl.tokens++
+			}
 			return Permit{}, c.shedLocked(fl, ShedLate, now)
 		}
-		if !reserved(ctx, fl) && !c.take(fl, now) {
+		if !held && !c.take(fl, now) {
 			c.rateShed++
 			if c.law.Due(c.ctl, c.n, now) {
 				// No call may complete for a while at a low rate.
@@ -612,7 +617,8 @@ func (c *Controller) refill(fl *flow, now time.Time) {
 // starved one does) then lets through no more of them than the rate
 // allows, instead of every one that finds the same last token, only to
 // shed the rest after reading their requests. Pass the returned context
-// on (a gRPC tap handle returns it for the call).
+// on (a gRPC tap handle returns it for the call): Acquire spends its mark
+// once, and gives the token back if it sheds the call as late.
 //
 // It never waits for the controller's lock: when another call holds it,
 // it reports false and leaves the call to Acquire.
@@ -626,26 +632,25 @@ func (c *Controller) Overloaded(ctx context.Context, f Flow) (context.Context, b
 		return ctx, false
 	}
 	now := c.o.now()
-	if c.ctl.Rate > 0 {
-		c.refill(fl, now)
-		if fl.tokens < 1 {
-			// The rate binds.
-			c.rateShed++
+	if c.inflight >= c.slots() && c.queued >= c.queueCap() {
+		share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
+		if float64(fl.inflight+len(fl.q)+1) > share {
 			c.tapShed(fl, now)
 			return ctx, true
 		}
-		fl.tokens--
-		return context.WithValue(ctx, reservedKey{}, fl), false
 	}
-	if c.inflight < c.slots() || c.queued < c.queueCap() {
+	if c.ctl.Rate == 0 {
 		return ctx, false
 	}
-	share := float64(c.slots()+c.queueCap()) * fl.weight / c.weights
-	if float64(fl.inflight+len(fl.q)+1) > share {
+	c.refill(fl, now)
+	if fl.tokens < 1 {
+		// The rate binds.
+		c.rateShed++
 		c.tapShed(fl, now)
 		return ctx, true
 	}
-	return ctx, false
+	fl.tokens--
+	return context.WithValue(ctx, reservedKey{}, &reservation{fl}), false
 }
 
 // tapShed counts a call of fl that Overloaded turned away: in its flow's
@@ -657,14 +662,24 @@ func (c *Controller) tapShed(fl *flow, now time.Time) {
 	c.lastShed = now
 }
 
-// reservedKey marks a call's context with the flow whose token Overloaded
-// took for it.
+// reservedKey marks a call's context with the token Overloaded took for
+// it: a *reservation.
 type reservedKey struct{}
 
-// reserved reports whether Overloaded took ctx's call's token from fl.
-func reserved(ctx context.Context, fl *flow) bool {
-	r, _ := ctx.Value(reservedKey{}).(*flow)
-	return r == fl
+// A reservation is a token Overloaded took from fl's share; claim spends
+// it once.
+type reservation struct{ fl *flow }
+
+// claim reports whether Overloaded took ctx's call's token from fl, and
+// spends the reservation, so that a context passed on cannot admit a
+// second call on it. c.mu must be held.
+func claim(ctx context.Context, fl *flow) bool {
+	r, _ := ctx.Value(reservedKey{}).(*reservation)
+	if r == nil || r.fl != fl {
+		return false
+	}
+	r.fl = nil
+	return true
 }
 
 // Full reports whether calls are being shed for want of capacity: the
@@ -770,6 +785,9 @@ func (c *Controller) flow(f Flow) *flow {
 func (c *Controller) drop(fl *flow) {
 	if fl == nil || fl.inflight > 0 || len(fl.q) > 0 || fl.arrivals > 0 {
 		return // the step forgets flows idle for a whole interval
+	}
+	if c.ctl.Rate > 0 && fl.demand >= forgetBelow {
+		return // the step forgets it once its demand has decayed
 	}
 	if c.flows[fl.k] != fl {
 		return

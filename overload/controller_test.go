@@ -723,3 +723,58 @@ func TestQuietIntervalKeepsDemand(t *testing.T) {
 		t.Errorf("a flow idle for 4 s is still tracked, asking %v/s", quiet.demand)
 	}
 }
+
+// The tap sheds a call of a flow over its share of a full queue before it
+// takes a token for it: the call would be shed after its request is read,
+// and the token is left for the flow's next call.
+func TestTapChecksTheQueueBeforeTheToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, f, fl := controllerWithFlow(t)
+		c.mu.Lock()
+		c.ctl.Rate, c.ctl.Limit, fl.alloc, fl.tokens, fl.at = 100, 1, 10, 1, c.o.now()
+		fl.inflight, c.inflight = 1, 1
+		fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
+		c.mu.Unlock()
+		if _, shed := c.Overloaded(t.Context(), f); !shed {
+			t.Fatal("a call of the only flow, with every slot and place taken, passed the tap")
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if fl.tokens != 1 {
+			t.Errorf("the flow has %v tokens after the tap shed its call, want the 1 it had", fl.tokens)
+		}
+	})
+}
+
+// A flow whose last call ends between two steps is kept while the rate is
+// limited and it still asks a call per second or more, and the tap's mark
+// admits one call only.
+func TestEndedCallKeepsItsFlowUnderARate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, f, fl := controllerWithFlow(t)
+		c.mu.Lock()
+		c.ctl.Rate, fl.demand, fl.alloc, fl.tokens, fl.at = 100, 20, 10, 1, c.o.now()
+		c.mu.Unlock()
+		ctx, shed := c.Overloaded(t.Context(), f)
+		if shed {
+			t.Fatal("the tap shed a call of a flow with a token left")
+		}
+		p, err := c.Acquire(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		fl.arrivals = 0 // a step passed: no call of the flow since
+		c.mu.Unlock()
+		p.Done()
+		c.mu.Lock()
+		if c.flows[fl.k] != fl {
+			c.mu.Unlock()
+			t.Fatal("a flow asking 20/s was forgotten when its only call ended")
+		}
+		c.mu.Unlock()
+		if _, err := c.Acquire(ctx, f); !errors.Is(err, ErrShed) {
+			t.Fatalf("a second Acquire on the tap's spent mark: %v, want shed", err)
+		}
+	})
+}
