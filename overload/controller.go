@@ -278,6 +278,7 @@ type Controller struct {
 	cpu              float64
 	sched            time.Duration
 	admitted, waited uint64
+	stepAdmitted     uint64 // admitted at the last step
 	shed             [nShedCauses]uint64
 }
 
@@ -956,7 +957,8 @@ func (c *Controller) transition(to State, now time.Time) event {
 
 // step feeds the control law the sample since the last step.
 func (c *Controller) step(now time.Time) event {
-	s := Sample{N: c.n, ProbeN: c.probeN, Binding: c.binding, QN: c.arrN, RateShed: c.rateShed}
+	s := Sample{N: c.n, ProbeN: c.probeN, Binding: c.binding, QN: c.arrN, RateShed: c.rateShed, Admitted: int(c.admitted - c.stepAdmitted)}
+	c.stepAdmitted = c.admitted
 	if c.arrN > 0 {
 		s.QueueDelay = c.arrSum / time.Duration(c.arrN)
 		c.lastArr = s.QueueDelay

@@ -84,9 +84,10 @@ type Law struct {
 	// controller then limits the rate of admissions instead (see
 	// stepRate): when the mean queueing delay of an interval first
 	// exceeds the target, the rate becomes what the server completed in
-	// it; from then on, each interval, the rate is cut from what the
-	// server completes (or the rate, if less) by what takes half the
-	// queue's excess over the target away in the next interval, or grown,
+	// it; from then on, each interval, the rate is cut, scaled by what the
+	// server completed over what was admitted when that is less, by what
+	// takes half the queue's excess over the target away in the next
+	// interval, or grown,
 	// while the queue is short, by what fills half its shortfall, at most
 	// RateStep, and a fifth of that above nine tenths of what the server
 	// completed when it last saturated. A queue already draining is not
@@ -312,8 +313,10 @@ type Sample struct {
 	// time, and QueueDelay their mean wait from arrival to the controller.
 	QN         int
 	QueueDelay time.Duration
-	// RateShed is how many calls the admission rate shed.
+	// RateShed is how many calls the admission rate shed, and Admitted
+	// how many calls the controller admitted.
 	RateShed int
+	Admitted int
 	// CPU is the guard's latest CPU reading, 0 without a guard.
 	CPU float64
 }
@@ -346,6 +349,9 @@ type Control struct {
 	// delay was over the target, both smoothed.
 	Capacity  float64
 	Saturated float64
+	// Admitting is what the controller admitted per second in the same
+	// intervals as Capacity, smoothed alike.
+	Admitting float64
 	// CPUCutAt is when a saturated CPU reading last cut the rate.
 	CPUCutAt time.Time
 	// RTT is the calls' latency, smoothed over about a second.
@@ -498,10 +504,12 @@ func jitter(d time.Duration, now time.Time) time.Duration {
 // what the CPU does: the delay grows while more is admitted than the
 // server completes, and shrinks while less is. So the rate is set, when
 // the delay first exceeds the target, to what the server has just
-// completed (at saturation, its capacity), then each interval cut from
-// what it completes by half the queue's excess (see drain), or grown by
-// half its shortfall: cuts anchored to the server's own completions do
-// not wind the rate down past what the server can do, and growth slows
+// completed (at saturation, its capacity), then each interval cut by half
+// the queue's excess (see drain), from the rate scaled by what the server
+// completes over what is admitted when that is less, or grown by half its
+// shortfall: cuts anchored to the server's own completions do not wind the
+// rate down past what the server can do, a rate the flows' shares do not
+// use in full is not cut as if they did, and growth slows
 // near where the server saturated last, where the queue rises steeply,
 // so the rate settles near the capacity instead of sawing around it.
 func (l Law) stepRate(c Control, s Sample, dt time.Duration, now time.Time) Control {
@@ -533,6 +541,7 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		// A cut did not help lately: the delay is not ours to cut.
 	case c.Rate == 0 && over > 0 && ours && measured:
 		c.Capacity, c.Saturated, c.CPUCutAt = done, done, time.Time{}
+		c.Admitting = float64(s.Admitted) / dt.Seconds()
 		c.Rate = max(1, done*l.drain(s.QueueDelay, c, dt))
 		c.RateCause, c.RateAt, c.RateDelay = CauseQueue, now, s.QueueDelay
 	case c.Rate == 0:
@@ -557,13 +566,15 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			c.Rate, c.RateCause, c.RateAt, c.RateDelay, c.RateSlack = 0, CauseQueue, time.Time{}, 0, time.Time{}
 		}
 	default:
-		// The rate binds or the queue is over its target. Cut from what
-		// the server completes (or the rate, if less) by what drains
-		// half the queue's excess over the target in the next interval;
+		// The rate binds or the queue is over its target. Cut from the
+		// rate scaled by what the server completes over what is admitted
+		// (when that is less) by what drains half the queue's excess
+		// over the target in the next interval;
 		// grow from the rate by what fills half its shortfall, at most
 		// RateStep.
 		if measured {
 			c.Capacity += 0.5 * (done - c.Capacity)
+			c.Admitting += 0.5 * (float64(s.Admitted)/dt.Seconds() - c.Admitting)
 		}
 		f := l.drain(s.QueueDelay, c, dt)
 		switch {
@@ -591,9 +602,13 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			f = min(f, 1+l.RateStep/5)
 		}
 		base := c.Rate
-		if f < 1 {
-			// Cut from what the server completed, when that is less.
-			base = min(base, c.Capacity)
+		if f < 1 && c.Admitting > c.Capacity {
+			// Cut from what the server completed, when that is less
+			// than what was admitted: the rate scaled by the ratio.
+			// The flows' shares need not use all of the rate (a quiet
+			// flow's bucket holds two calls), so the rate itself may
+			// stand above both.
+			base *= c.Capacity / c.Admitting
 		}
 		c.Rate, c.RateCause = max(1, c.Rate*l.RateCut, base*f), CauseQueue
 		switch {

@@ -274,7 +274,12 @@ func TestLawValidate(t *testing.T) {
 // rateStep steps c by an interval of 100 ms in which n calls completed and
 // calls waited qd to reach the controller, shed of them by the rate.
 func rateStep(l Law, c Control, now time.Time, n int, qd time.Duration, shed int, cpu float64) Control {
-	return l.Step(c, Sample{N: n, RTT: 3 * ms, QN: n + shed, QueueDelay: qd, RateShed: shed, CPU: cpu}, now)
+	return admitStep(l, c, now, n, n, qd, shed, cpu)
+}
+
+// admitStep is rateStep with admitted calls admitted in the interval.
+func admitStep(l Law, c Control, now time.Time, n, admitted int, qd time.Duration, shed int, cpu float64) Control {
+	return l.Step(c, Sample{N: n, RTT: 3 * ms, QN: n + shed, QueueDelay: qd, RateShed: shed, Admitted: admitted, CPU: cpu}, now)
 }
 
 func TestLawRate(t *testing.T) {
@@ -284,9 +289,14 @@ func TestLawRate(t *testing.T) {
 		t.Fatalf("Target = %v, want 9ms", got)
 	}
 	cpu := 0.0
+	admitted := 30 // per interval, while the server completes fewer
 	next := func(n int, qd time.Duration, shed int) {
 		now = now.Add(100 * ms)
-		c = rateStep(l, c, now, n, qd, shed, cpu)
+		a := admitted
+		if a == 0 {
+			a = n
+		}
+		c = admitStep(l, c, now, n, a, qd, shed, cpu)
 	}
 	near := func(what string, got, want float64) {
 		t.Helper()
@@ -309,12 +319,14 @@ func TestLawRate(t *testing.T) {
 	onset := c.Rate
 	next(25, 18*ms, 40)
 	near("draining", c.Rate, onset)
-	// Over and not draining: cut from what the server completed, which
-	// the law smooths (300, then 275 and 250 completed per second).
+	// Over and not draining: cut from the rate scaled by what the server
+	// completed over what was admitted, both smoothed alike (300, then
+	// 275 and 262.5 completed per second, 300 admitted throughout).
 	next(25, 20*ms, 40)
 	capacity := 300 + 0.5*(250-300.0)
 	capacity += 0.5 * (250 - capacity)
-	near("over", c.Rate, min(onset, capacity)*(1-11.0/200))
+	near("over", c.Rate, onset*capacity/300*(1-11.0/200))
+	admitted = 0 // from here on, what completes was admitted
 	// Binding with a short queue: grows from the rate by half the
 	// queue's shortfall, at most RateStep; above nine tenths of what the
 	// server completed when it last saturated (Saturated: what it
@@ -335,15 +347,15 @@ func TestLawRate(t *testing.T) {
 	next(22, 0, 40)
 	near("empty queue far below saturation", c.Rate, 100*(1+DefaultRateStep*0.9))
 	c.Rate = r
-	// A CPU reading at or above SaturatedCPU cuts by RateStep, from what
-	// the server completed (smoothed, Capacity) when that is less, even
+	// A CPU reading at or above SaturatedCPU cuts by RateStep, from the
+	// rate scaled by what completed over what was admitted, even
 	// with a short queue, at most once per 250 ms however often the same
 	// pinned reading is seen, and holds the rate meanwhile; below it, the
 	// CPU does not matter.
 	cpu = 1
 	r = c.Rate
 	next(22, ms, 40)
-	near("saturated CPU", c.Rate, min(r, c.Capacity)*(1-DefaultRateStep))
+	near("saturated CPU", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep))
 	for i := range 2 {
 		r = c.Rate
 		next(22, 9*ms-2*ms, 40)
@@ -351,7 +363,7 @@ func TestLawRate(t *testing.T) {
 	}
 	r = c.Rate
 	next(22, ms, 40)
-	near("the pinned reading 300 ms after the cut", c.Rate, min(r, c.Capacity)*(1-DefaultRateStep))
+	near("the pinned reading 300 ms after the cut", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep))
 	cpu = DefaultSaturatedCPU - 0.01
 	r = c.Rate
 	next(22, 9*ms-2*ms, 40)
