@@ -573,6 +573,15 @@ func controllerWithFlow(t *testing.T) (*Controller, Flow, *flow) {
 	return c, f, c.flow(f)
 }
 
+// mustShedAtTap fails t unless the tap would turn a call of f away now;
+// why says what makes it.
+func mustShedAtTap(t *testing.T, c *Controller, f Flow, why string) {
+	t.Helper()
+	if _, shed := c.Overloaded(t.Context(), f); !shed {
+		t.Fatalf("Overloaded = false for %s", why)
+	}
+}
+
 // A flood turned away at the tap (by Overloaded) is still demand,
 // and a shed of the rate: otherwise the fair shares would take it for a
 // flow that gets all it asks.
@@ -581,9 +590,7 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 	c.mu.Lock()
 	c.ctl.Rate, fl.alloc, fl.tokens, fl.at = 100, 10, 0, c.o.now()
 	c.mu.Unlock()
-	if _, shed := c.Overloaded(t.Context(), f); !shed {
-		t.Fatal("Overloaded = false for a flow without tokens under a rate")
-	}
+	mustShedAtTap(t, c, f, "a flow without tokens under a rate")
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fl.arrivals != 1 || c.rateShed != 1 {
@@ -601,22 +608,25 @@ func TestTapRejectionsCountAsDemand(t *testing.T) {
 }
 
 // While every slot and queue place is taken, a call of a flow over its
-// share turned away at the tap counts in its flow's demand too.
+// share turned away at the tap counts in its flow's demand too, and the
+// tap sheds it before it takes a token of a limited rate for it: the call
+// would be shed after its request is read, and the token is left for the
+// flow's next call.
 func TestTapQueueRejectionsCountAsDemand(t *testing.T) {
-	c, f, fl := controllerWithFlow(t)
-	c.mu.Lock()
-	c.ctl.Limit = 1
-	fl.inflight, c.inflight = 1, 1
-	fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
-	c.mu.Unlock()
-	if _, shed := c.Overloaded(t.Context(), f); !shed {
-		t.Fatal("Overloaded = false for the only flow with every slot and place taken")
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if fl.arrivals != 1 {
-		t.Errorf("after a tap rejection: arrivals %d, want 1", fl.arrivals)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c, f, fl := controllerWithFlow(t)
+		c.mu.Lock()
+		c.ctl.Rate, c.ctl.Limit, fl.alloc, fl.tokens, fl.at = 100, 1, 10, 1, c.o.now()
+		fl.inflight, c.inflight = 1, 1
+		fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
+		c.mu.Unlock()
+		mustShedAtTap(t, c, f, "the only flow with every slot and place taken")
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if fl.arrivals != 1 || fl.tokens != 1 {
+			t.Errorf("after a tap rejection: arrivals %d, tokens %v; want 1 and the 1 it had", fl.arrivals, fl.tokens)
+		}
+	})
 }
 
 // When the rate covers every flow's demand, each flow's share is the
@@ -722,28 +732,6 @@ func TestQuietIntervalKeepsDemand(t *testing.T) {
 	if _, ok := c.flows[k]; ok {
 		t.Errorf("a flow idle for 4 s is still tracked, asking %v/s", quiet.demand)
 	}
-}
-
-// The tap sheds a call of a flow over its share of a full queue before it
-// takes a token for it: the call would be shed after its request is read,
-// and the token is left for the flow's next call.
-func TestTapChecksTheQueueBeforeTheToken(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c, f, fl := controllerWithFlow(t)
-		c.mu.Lock()
-		c.ctl.Rate, c.ctl.Limit, fl.alloc, fl.tokens, fl.at = 100, 1, 10, 1, c.o.now()
-		fl.inflight, c.inflight = 1, 1
-		fl.q, c.queued = make([]*waiter, c.queueCap()), c.queueCap()
-		c.mu.Unlock()
-		if _, shed := c.Overloaded(t.Context(), f); !shed {
-			t.Fatal("a call of the only flow, with every slot and place taken, passed the tap")
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if fl.tokens != 1 {
-			t.Errorf("the flow has %v tokens after the tap shed its call, want the 1 it had", fl.tokens)
-		}
-	})
 }
 
 // A flow whose last call ends between two steps is kept while the rate is
