@@ -364,8 +364,8 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // slow because it is busy from one that is slow for other reasons; a
 // reading below [Law.RateCPU] keeps a queueing delay from setting a rate
 // (the wait is someone else's), one at or above [Law.SaturatedCPU] trims
-// a rate the queueing delay has set and holds it, and [Law.GuardCPU] acts on them when
-// set.
+// a rate the queueing delay has set and holds it, and [Law.GuardCPU] acts
+// on them when set.
 // Pass a running cpugate.Gate (only its readings are used, not its
 // scale). A nil guard, the default, means no CPU readings. A repeated call
 // replaces it.
@@ -782,15 +782,18 @@ func (c *Controller) flow(f Flow) *flow {
 	return fl
 }
 
-// drop forgets fl once it has nothing in flight or waiting.
+// idle reports whether fl may be forgotten: nothing in flight or waiting,
+// no call since the last step, and, while the rate is limited, a demand
+// decayed below forgetBelow. A flow still busy or asking is left to the
+// step, which forgets it once it is idle.
+func (c *Controller) idle(fl *flow) bool {
+	return fl.inflight == 0 && len(fl.q) == 0 && fl.arrivals == 0 &&
+		(c.ctl.Rate == 0 || fl.demand < forgetBelow)
+}
+
+// drop forgets fl if it is idle.
 func (c *Controller) drop(fl *flow) {
-	if fl == nil || fl.inflight > 0 || len(fl.q) > 0 || fl.arrivals > 0 {
-		return // the step forgets flows idle for a whole interval
-	}
-	if c.ctl.Rate > 0 && fl.demand >= forgetBelow {
-		return // the step forgets it once its demand has decayed
-	}
-	if c.flows[fl.k] != fl {
+	if fl == nil || !c.idle(fl) || c.flows[fl.k] != fl {
 		return
 	}
 	delete(c.flows, fl.k)
@@ -1070,8 +1073,8 @@ const forgetBelow = 1.0
 
 // share forgets the flows idle for the interval of length dt that ends at
 // now (under a limited rate, once their demand has decayed below
-// forgetBelow), and, while the admission rate is limited, divides it among the
-// others by weighted max-min fairness over their arrival rates (smoothed
+// forgetBelow), and, while the admission rate is limited, divides it among
+// the others by weighted max-min fairness over their arrival rates (smoothed
 // over about a second): the water level is the share per unit of weight
 // at which the flows asking less get what they ask and the others split
 // the rest; every flow may then admit up to the level times its weight,
@@ -1091,8 +1094,8 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 			}
 			fl.demand += a * (float64(fl.arrivals)/dt.Seconds() - fl.demand)
 		}
-		if fl.arrivals == 0 && fl.inflight == 0 && len(fl.q) == 0 && (c.ctl.Rate == 0 || fl.demand < forgetBelow) {
-			c.forget(fl)
+		if c.idle(fl) {
+			c.drop(fl)
 			continue
 		}
 		fl.arrivals = 0
@@ -1138,9 +1141,3 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 // alloc returns the share of the admission rate of a flow of weight w at
 // the water level: level × w, never more than the whole rate.
 func (c *Controller) alloc(w float64) float64 { return min(c.ctl.Rate, c.level*w) }
-
-// forget drops fl from the flows.
-func (c *Controller) forget(fl *flow) {
-	fl.arrivals = 0
-	c.drop(fl)
-}

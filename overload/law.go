@@ -87,16 +87,15 @@ type Law struct {
 	// it; from then on, each interval, the rate is cut, scaled by what the
 	// server completed over what was admitted when that is less, by what
 	// takes half the queue's excess over the target away in the next
-	// interval, or grown,
-	// while the queue is short, by what fills half its shortfall, at most
-	// RateStep, and a fifth of that above nine tenths of what the server
-	// completed when it last saturated. A queue already draining is not
-	// cut again, and with a guard (WithGuard) a CPU reading at or above
-	// SaturatedCPU cuts by RateStep, at most once per 250 ms (cpugate's
-	// default interval), and lets the rate grow in no interval it is
-	// seen in. After a second in which the rate did not bind
-	// (it shed nothing, or it was half again above what completed), it
-	// is lifted.
+	// interval, or grown, while the queue is short, by what fills half its
+	// shortfall, at most RateStep, and a fifth of that above nine tenths
+	// of what the server completed when it last saturated. A queue
+	// already draining is not cut again, and with a guard (WithGuard) a
+	// CPU reading at or above SaturatedCPU cuts by RateStep, at most once
+	// per 250 ms (cpugate's default interval), and lets the rate grow in
+	// no interval it is seen in. After a second in which the rate did not
+	// bind (it shed nothing, or it was half again above what completed),
+	// it is lifted.
 	// If a second of cuts does not bring the delay below its level at the
 	// first cut (without a guard), or this server's CPU reading is below
 	// RateCPU, the wait is someone else's (a neighbour holding the CPU):
@@ -509,9 +508,9 @@ func jitter(d time.Duration, now time.Time) time.Duration {
 // completes over what is admitted when that is less, or grown by half its
 // shortfall: cuts anchored to the server's own completions do not wind the
 // rate down past what the server can do, a rate the flows' shares do not
-// use in full is not cut as if they did, and growth slows
-// near where the server saturated last, where the queue rises steeply,
-// so the rate settles near the capacity instead of sawing around it.
+// use in full is not cut as if they did, and growth slows near where the
+// server saturated last, where the queue rises steeply, so the rate
+// settles near the capacity instead of sawing around it.
 func (l Law) stepRate(c Control, s Sample, dt time.Duration, now time.Time) Control {
 	if s.QN == 0 || dt <= 0 {
 		return c
@@ -569,9 +568,8 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		// The rate binds or the queue is over its target. Cut from the
 		// rate scaled by what the server completes over what is admitted
 		// (when that is less) by what drains half the queue's excess
-		// over the target in the next interval;
-		// grow from the rate by what fills half its shortfall, at most
-		// RateStep.
+		// over the target in the next interval; grow from the rate by
+		// what fills half its shortfall, at most RateStep.
 		if measured {
 			c.Capacity += 0.5 * (done - c.Capacity)
 			c.Admitting += 0.5 * (float64(s.Admitted)/dt.Seconds() - c.Admitting)

@@ -49,7 +49,7 @@ type GatePoint struct {
 	TargetMs float64 `json:"target_ms,omitempty"`
 	RTTMs    float64 `json:"rtt_ms,omitempty"`
 	BaseMs   float64 `json:"base_ms,omitempty"`
-	// CapacityPS is E\'s estimate of the server\'s capacity, calls/s.
+	// CapacityPS is E's estimate of the server's capacity, calls/s.
 	CapacityPS float64 `json:"capacity,omitempty"`
 	// Shed is E's count of shed calls by cause, since the server started.
 	Shed []uint64 `json:"shed,omitempty"`

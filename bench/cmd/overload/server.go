@@ -77,7 +77,7 @@ type serverStats struct {
 	TargetMs float64 `json:"target_ms,omitempty"`
 	RTTMs    float64 `json:"rtt_ms,omitempty"`
 	BaseMs   float64 `json:"base_ms,omitempty"`
-	// CapacityPS is E\'s estimate of the server\'s capacity, calls/s.
+	// CapacityPS is E's estimate of the server's capacity, calls/s.
 	CapacityPS float64 `json:"capacity,omitempty"`
 	// Shed is E's count of shed calls by cause (overload.ShedCause),
 	// since the server started.
