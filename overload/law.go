@@ -91,9 +91,10 @@ type Law struct {
 	// shortfall, at most RateStep, and a fifth of that above nine tenths
 	// of what the server completed when it last saturated. A queue
 	// already draining is not cut again, and with a guard (WithGuard) a
-	// CPU reading at or above SaturatedCPU cuts by RateStep, at most once
-	// per 250 ms (cpugate's default interval), and lets the rate grow in
-	// no interval it is seen in. After a second in which the rate did not
+	// CPU reading above SaturatedCPU cuts by up to RateStep, in
+	// proportion to how near it is to a pinned CPU, at most once per
+	// 250 ms (cpugate's default interval), and one at or above it lets
+	// the rate grow in no interval it is seen in. After a second in which the rate did not
 	// bind (it shed nothing, or it was half again above what completed),
 	// it is lifted.
 	// If a second of cuts does not bring the delay below its level at the
@@ -116,8 +117,13 @@ type Law struct {
 	RateStep float64
 	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
 	// above which this server is saturated with its own work: while the
-	// admission rate is limited, such a reading cuts it by RateStep, at
-	// most once per 250 ms, and keeps it from growing. A Go server whose
+	// admission rate is limited, such a reading keeps it from growing,
+	// and cuts it, at most once per 250 ms, by RateStep × how far the
+	// reading lies from SaturatedCPU towards 1 (all of RateStep for a
+	// pinned CPU). A proportional cut lets the rate settle with the CPU
+	// just below pinned; a whole RateStep for any reading over the
+	// threshold held it a few points lower, since 250 ms readings of a
+	// server near its capacity scatter by a few points. A Go server whose
 	// CPU never idles polls its network only every few scheduling
 	// rounds, so calls wait to be read, before any signal of the
 	// controller's sees them, for as long as the CPU stays pinned: in the
@@ -580,10 +586,10 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			// The queue is draining: the last cut is doing its work,
 			// and another would overshoot.
 			f = 1
-		case s.CPU >= l.SaturatedCPU && now.Sub(c.CPUCutAt) >= cpuCutEvery:
+		case l.cpuExcess(s.CPU) > 0 && now.Sub(c.CPUCutAt) >= cpuCutEvery:
 			// Once per reading: the guard reads less often than
 			// the law steps, and one reading must not cut twice.
-			f = min(f, 1-l.RateStep)
+			f = min(f, 1-l.RateStep*l.cpuExcess(s.CPU))
 			c.CPUCutAt = now
 		}
 		if over > 0 && measured {
@@ -617,6 +623,20 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		}
 	}
 	return c
+}
+
+// cpuExcess returns how far a CPU reading lies above SaturatedCPU towards
+// a pinned CPU, in [0, 1]: 0 at or below the threshold (a reading at it
+// only holds the rate), 1 for a pinned reading, which cuts by all of
+// RateStep.
+func (l Law) cpuExcess(cpu float64) float64 {
+	switch {
+	case cpu < l.SaturatedCPU:
+		return 0
+	case l.SaturatedCPU >= 1:
+		return 1
+	}
+	return min(1, max(0, (cpu-l.SaturatedCPU)/(1-l.SaturatedCPU)))
 }
 
 // drain returns the factor by which the admission rate differs from what

@@ -347,11 +347,12 @@ func TestLawRate(t *testing.T) {
 	next(22, 0, 40)
 	near("empty queue far below saturation", c.Rate, 100*(1+DefaultRateStep*0.9))
 	c.Rate = r
-	// A CPU reading at or above SaturatedCPU cuts by RateStep, from the
-	// rate scaled by what completed over what was admitted, even
-	// with a short queue, at most once per 250 ms however often the same
-	// pinned reading is seen, and holds the rate meanwhile; below it, the
-	// CPU does not matter.
+	// A pinned CPU reading cuts by RateStep, from the rate scaled by what
+	// completed over what was admitted, even with a short queue, at most
+	// once per 250 ms however often the same reading is seen, and holds
+	// the rate meanwhile; a reading between SaturatedCPU and pinned cuts
+	// in proportion, one at SaturatedCPU only holds; below it, the CPU
+	// does not matter.
 	cpu = 1
 	r = c.Rate
 	next(22, ms, 40)
@@ -364,6 +365,16 @@ func TestLawRate(t *testing.T) {
 	r = c.Rate
 	next(22, ms, 40)
 	near("the pinned reading 300 ms after the cut", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep))
+	cpu = DefaultSaturatedCPU
+	for range 3 {
+		r = c.Rate
+		next(22, 9*ms-2*ms, 40)
+		near("a reading at SaturatedCPU", c.Rate, r)
+	}
+	cpu = (DefaultSaturatedCPU + 1) / 2
+	r = c.Rate
+	next(22, ms, 40)
+	near("a reading halfway to pinned", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep/2))
 	cpu = DefaultSaturatedCPU - 0.01
 	r = c.Rate
 	next(22, 9*ms-2*ms, 40)
