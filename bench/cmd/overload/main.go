@@ -47,6 +47,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -606,13 +607,22 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 // control, step by step, while the accepted calls' p99 stays within the
 // SLO and at least 97% of calls succeed within it. The capacity is the
 // highest goodput of a passing step, at most the step's offered rate: a
-// window of a second and a half can count a few percent more calls than
-// were offered on average (Poisson arrivals, a backlog from the step
-// before), and a capacity above the load that passed is not one.
+// window can count a few percent more calls than were offered on average
+// (Poisson arrivals, a backlog from the step before), and a capacity above
+// the load that passed is not one.
+//
+// A step is long enough to tell a rate the server sustains from one whose
+// backlog has only begun to grow: 2% over the capacity queues a tenth of a
+// second of work in five seconds, which the SLO sees. A short step passes
+// a rate the server cannot hold, and a limiter told that rate (P1) then
+// misses its deadlines. After the first failing step, two steps halve the
+// interval between the last pass and the failure, so the capacity is known
+// to within 2%; a failure is repeated once before it counts, so that one
+// unlucky second (a GC, another process) does not end the measurement low.
 func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, []CapacityStep, error) {
-	stepDur, factor, maxSteps := 2500*time.Millisecond, 1.08, 24
+	stepDur, skip, factor, maxSteps, refine := 5*time.Second, 2*time.Second, 1.08, 24, 2
 	if cfg.Quick {
-		stepDur, factor, maxSteps = 600*time.Millisecond, 1.5, 2
+		stepDur, skip, factor, maxSteps, refine = 600*time.Millisecond, 200*time.Millisecond, 1.5, 2, 0
 	}
 	budget := p.ready.Budget
 	if budget <= 0 {
@@ -623,31 +633,58 @@ func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, [
 		r = 0.15 * budget / cfg.Cost.Seconds() // a quick run may be under the race detector
 	}
 	var steps []CapacityStep
-	best, retries := 0.0, 0
-	for range maxSteps {
-		sc := Scenario{Name: "capacity", Segments: []Segment{{Name: "step", Dur: stepDur, Load: r, Skip: stepDur / 3, Measure: true}}}
+	step := func(r float64) (bool, float64, error) {
+		sc := Scenario{Name: "capacity", Segments: []Segment{{Name: "step", Dur: stepDur, Load: r, Skip: skip, Measure: true}}}
 		raw, err := runScenario(ctx, p, sc, loadConfig{Capacity: 1, Deadline: cfg.Deadline, Seed: cfg.Seed, ThrottleK: cfg.ThrottleK})
 		if err != nil {
-			return 0, steps, err
+			return false, 0, err
 		}
-		w := raw.window("step", stepDur/3, stepDur, r, cfg.SLO)
+		w := raw.window("step", skip, stepDur, r, cfg.SLO)
 		pass := w.P99 >= 0 && w.P99 <= float64(cfg.SLO)/float64(time.Millisecond) && w.Goodput >= 0.97*w.Sent
 		steps = append(steps, CapacityStep{Rate: r, Window: w, Pass: pass})
 		cfg.Log("capacity step %.0f/s: goodput %.0f/s p99 %.1f ms pass=%v", r, w.Goodput, w.P99, pass)
+		// Let a failed step's backlog drain before the next.
+		time.Sleep(map[bool]time.Duration{true: 200 * time.Millisecond, false: time.Second}[pass])
+		return pass, min(w.Goodput, r), nil
+	}
+	best, passed, failed, retries, repeated := 0.0, 0.0, 0.0, 0, false
+	for range maxSteps {
+		pass, good, err := step(r)
+		if err != nil {
+			return 0, steps, err
+		}
 		if !pass && best == 0 && retries < 3 {
 			// The start was already too much for this machine (other work
 			// on it, a smaller quota): start lower.
 			retries++
 			r *= 0.6
-			time.Sleep(time.Second)
+			continue
+		}
+		if !pass && !repeated {
+			repeated = true
 			continue
 		}
 		if !pass {
+			failed = r
 			break
 		}
-		best = max(best, min(w.Goodput, r))
+		best, passed, repeated = max(best, good), r, false
 		r *= factor
-		time.Sleep(200 * time.Millisecond)
+	}
+	for range refine {
+		if failed == 0 || passed == 0 {
+			break
+		}
+		r = math.Sqrt(passed * failed)
+		pass, good, err := step(r)
+		if err != nil {
+			return 0, steps, err
+		}
+		if pass {
+			best, passed = max(best, good), r
+		} else {
+			failed = r
+		}
 	}
 	if best == 0 && cfg.Quick && len(steps) > 0 {
 		// A quick run only needs a plausible figure.

@@ -196,7 +196,11 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	f("| burn loop | %d ns per SHA-256 iteration, calibrated once by the load generator and shared by every server |\n", res.PerIterNs)
 	f("| measured capacity | **%.0f calls/s** |\n\n", cap)
 
-	f("The capacity is measured first, against variant A: open-loop load in steps of %s, each step passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it; the capacity is the highest goodput of a passing step, at most that step's offered load. ", map[bool]string{true: "×1.5", false: "×1.08 of 2.5 s"}[res.Config.Quick])
+	if res.Config.Quick {
+		f("The capacity is measured first, against variant A: open-loop load in steps of ×1.5, each step passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it; the capacity is the highest goodput of a passing step, at most that step's offered load. ")
+	} else {
+		f("The capacity is measured first, against variant A: open-loop load in steps of ×1.08, each 5 s long and judged on its last 3 s, passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it. A failing step is repeated once before it counts, and two more steps halve the interval between the last pass and the failure. The capacity is the highest goodput of a passing step, at most that step's offered load: a rate the server sustains, since 2%% over it queues a tenth of a second of work within a step. ")
+	}
 	f("Every offered load below is a multiple of it.\n\n")
 	if len(res.CapSteps) > 0 {
 		f("<details><summary>capacity steps</summary>\n\n| offered/s | goodput/s | p99 ms | pass |\n|---:|---:|---:|---|\n")
