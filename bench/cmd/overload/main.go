@@ -14,6 +14,10 @@
 //	P2  go-zero's adaptive shedder (core/load) as a unary interceptor
 //	P3  go-kratos/aegis' BBR limiter, wrapped as kratos' ratelimit
 //	    middleware wraps it
+//	P4  platinummonkey/go-concurrency-limits' default Gradient2 limit
+//	    behind its gRPC server interceptor: the module proxy refuses that
+//	    module, so P4 runs only from a copy of the bench that registers it
+//	    (outOfTree), and reports rendered from such a run show it
 //
 // Run it from the bench module, as root for the cgroup:
 //
@@ -157,7 +161,7 @@ func loadavg() string {
 }
 
 // allVariants are the variants in report order.
-var allVariants = []string{"A", "B", "C", "D", "E", "P1", "P2", "P3"}
+var allVariants = []string{"A", "B", "C", "D", "E", "P1", "P2", "P3", "P4"}
 
 var variantNames = map[string]string{
 	"A":  "no admission control",
@@ -168,15 +172,30 @@ var variantNames = map[string]string{
 	"P1": "go-grpc-middleware ratelimit, global x/time/rate at capacity",
 	"P2": "go-zero adaptive shedder (core/load)",
 	"P3": "go-kratos/aegis BBR limiter, as kratos' ratelimit middleware",
+	"P4": "go-concurrency-limits Gradient2 limit, its gRPC server interceptor (built out of tree)",
 }
 
-// unavailableVariants are peers the experiment would compare but cannot
-// build: what each would be, and why it is not.
+// unavailableVariants are peers the experiment compares but this module
+// cannot build: what each would be, and why it is not. Such a variant
+// runs only from a copy of the bench that registers it in outOfTree;
+// a report rendered from results that hold it describes it as measured.
 var unavailableVariants = map[string]struct{ What, Why string }{
 	"P4": {
 		What: "platinummonkey/go-concurrency-limits, a Gradient2 limit behind its gRPC server interceptor",
 		Why:  "the Go module proxy refuses that module (403, \"This module version is not available\", for its version list, for v1.0.1 and for a commit), so the bench module cannot depend on it",
 	},
+}
+
+// outOfTree holds the variants a copy of the bench builds beside a peer
+// this module cannot depend on (see unavailableVariants): a file of that
+// copy registers the variant's server from an init function.
+var outOfTree = map[string]func(capacity float64) (variant, error){}
+
+// runnable reports whether this build can start variant v's server.
+func runnable(v string) bool {
+	_, unavailable := unavailableVariants[v]
+	_, registered := outOfTree[v]
+	return !unavailable || registered
 }
 
 // sweepLoads are the sweep's offered loads, × capacity.
@@ -362,14 +381,14 @@ func main() {
 	if cfg.Pin {
 		pinSelf(1)
 	}
-	cfg.Variants = allVariants
+	cfg.Variants = slices.DeleteFunc(slices.Clone(allVariants), func(v string) bool { return !runnable(v) })
 	if cfg.Quick {
 		cfg.Variants = []string{"A", targetVariant}
 	}
 	if *variants != "" {
 		cfg.Variants = strings.Split(*variants, ",")
 		for _, v := range cfg.Variants {
-			if u, ok := unavailableVariants[v]; ok {
+			if u, ok := unavailableVariants[v]; ok && !runnable(v) {
 				fmt.Fprintf(os.Stderr, "overload: variant %s (%s) is not available: %s\n", v, u.What, u.Why)
 				os.Exit(2)
 			}

@@ -169,3 +169,37 @@ func renderReport(t *testing.T, res *Results) (string, string) {
 	}
 	return string(report), dir
 }
+
+// TestOutOfTreeVariant: this build cannot run P4, so it is not among the
+// default variants; a report rendered from results that hold P4's runs
+// (a copy of the bench that registers it) describes its wiring and
+// compares E with it, instead of calling it absent.
+func TestOutOfTreeVariant(t *testing.T) {
+	if runnable("P4") {
+		t.Fatal("P4 is runnable in this build, which cannot depend on its module")
+	}
+	const capacity = 300.0
+	slo := 100 * time.Millisecond
+	res := &Results{
+		Config:   Config{Quick: true, Cost: 2 * time.Millisecond, Deadline: 500 * time.Millisecond, SLO: slo},
+		Capacity: capacity,
+		Fits:     map[string]Fit{},
+	}
+	sc := scenarios(true)[0]
+	res.Scenarios = []Scenario{sc}
+	for _, v := range []string{"E", "P4"} {
+		run := analyse(synthRaw(sc, capacity, func(time.Duration, int) (outcome, time.Duration) {
+			return outOK, 10 * time.Millisecond
+		}), sc, v, serverReady{}, capacity, slo)
+		res.Runs = append(res.Runs, run)
+	}
+	report, _ := renderReport(t, res)
+	for _, want := range []string{"P4 is platinummonkey/go-concurrency-limits", p4Commit, "E ahead of P4 on goodput"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if strings.Contains(report, "is not in this experiment") || strings.Contains(report, "could not be built") {
+		t.Error("the report calls P4 absent although it holds P4's runs")
+	}
+}

@@ -361,6 +361,9 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 			},
 		}, nil
 	}
+	if build, ok := outOfTree[name]; ok {
+		return build(capacity)
+	}
 	return variant{}, fmt.Errorf("unknown variant %q", name)
 }
 
