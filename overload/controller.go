@@ -363,9 +363,9 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // log lines and snapshots, so that an operator can tell a server that is
 // slow because it is busy from one that is slow for other reasons; a
 // reading below [Law.RateCPU] keeps a queueing delay from setting a rate
-// (the wait is someone else's), one at or above [Law.SaturatedCPU] trims
-// a rate the queueing delay has set and holds it, and [Law.GuardCPU] acts
-// on them when set.
+// (the wait is someone else's), one at or above [Law.SaturatedCPU] holds
+// a rate the queueing delay has set and, above it, trims that rate, and
+// [Law.GuardCPU] acts on them when set.
 // Pass a running cpugate.Gate (only its readings are used, not its
 // scale). A nil guard, the default, means no CPU readings. A repeated call
 // replaces it.

@@ -112,8 +112,8 @@ type Law struct {
 	// as a factor of the rate before it, in (0, 1). Default 0.5.
 	RateCut float64
 	// RateStep is the admission rate's largest growth per interval while
-	// it binds with a short queue, and its cut per interval while the CPU
-	// is saturated (SaturatedCPU), in (0, 1). Default 0.05.
+	// it binds with a short queue, and its largest cut by a saturated CPU
+	// (SaturatedCPU), at most once per 250 ms, in (0, 1). Default 0.05.
 	RateStep float64
 	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
 	// above which this server is saturated with its own work: while the
@@ -628,12 +628,14 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 // cpuExcess returns how far a CPU reading lies above SaturatedCPU towards
 // a pinned CPU, in [0, 1]: 0 at or below the threshold (a reading at it
 // only holds the rate), 1 for a pinned reading, which cuts by all of
-// RateStep.
+// RateStep. With SaturatedCPU at 1, a pinned reading is 1 and cuts; above
+// 1, nothing is.
 func (l Law) cpuExcess(cpu float64) float64 {
 	switch {
-	case cpu < l.SaturatedCPU:
+	case !(cpu >= l.SaturatedCPU) || l.SaturatedCPU > 1:
+		// Below the threshold, no reading (NaN), or the guard off.
 		return 0
-	case l.SaturatedCPU >= 1:
+	case l.SaturatedCPU == 1:
 		return 1
 	}
 	return min(1, max(0, (cpu-l.SaturatedCPU)/(1-l.SaturatedCPU)))

@@ -484,3 +484,28 @@ func TestLawDueWhileRateLimited(t *testing.T) {
 		t.Error("due after an interval with one completion and no rate")
 	}
 }
+
+// TestCPUExcess: how much of RateStep a CPU reading cuts, at the edges of
+// SaturatedCPU: nothing at or below it, without a reading (NaN) or with the
+// guard off (above 1); in proportion above it; all of it when pinned.
+func TestCPUExcess(t *testing.T) {
+	for _, c := range []struct {
+		sat, cpu, want float64
+	}{
+		{0.97, 0.5, 0},
+		{0.97, 0.97, 0},
+		{0.97, 0.985, 0.5},
+		{0.97, 1, 1},
+		{0.97, math.NaN(), 0},
+		{1, 0.99, 0},
+		{1, 1, 1},
+		{1, math.NaN(), 0},
+		{1.5, 1, 0},
+		{1.5, math.NaN(), 0},
+	} {
+		got := Law{SaturatedCPU: c.sat}.cpuExcess(c.cpu)
+		if math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("SaturatedCPU %v, reading %v: excess %v, want %v", c.sat, c.cpu, got, c.want)
+		}
+	}
+}
