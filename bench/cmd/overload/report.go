@@ -202,11 +202,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	f("| burn loop | %d ns per SHA-256 iteration, calibrated once by the load generator and shared by every server |\n", res.PerIterNs)
 	f("| measured capacity | **%.0f calls/s** |\n\n", cap)
 
-	if res.Config.Quick {
-		f("The capacity is measured first, against variant A: open-loop load in steps of ×1.5, each step passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it; the capacity is the highest goodput of a passing step, at most that step's offered load. ")
-	} else {
-		f("The capacity is measured first, against variant A: open-loop load in steps of ×1.08, each 5 s long and judged on its last 3 s, passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it. A failing step is repeated once before it counts, and two more steps halve the interval between the last pass and the failure. The capacity is the highest goodput of a passing step, at most that step's offered load: a rate the server sustains, since 2%% over it queues a tenth of a second of work within a step. ")
-	}
+	f("%s", capacityMethod(res.CapSteps, res.Config.Quick))
 	f("Every offered load below is a multiple of it.\n\n")
 	if len(res.CapSteps) > 0 {
 		f("<details><summary>capacity steps</summary>\n\n| offered/s | goodput/s | p99 ms | pass |\n|---:|---:|---:|---|\n")
@@ -1236,4 +1232,40 @@ func (res *Results) rejCostSection(b *strings.Builder) {
 func sentence(s string) string {
 	r, n := utf8.DecodeRuneInString(s)
 	return string(unicode.ToUpper(r)) + s[n:]
+}
+
+// capacityMethod describes how the capacity was measured, from the steps
+// taken (a run's results may come from an earlier version of
+// measureCapacity, with other step lengths).
+func capacityMethod(steps []CapacityStep, quick bool) string {
+	var b strings.Builder
+	f := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	factor := "×1.5"
+	if !quick {
+		factor = "×1.08"
+	}
+	f("The capacity is measured first, against variant A: open-loop load in steps of %s", factor)
+	if len(steps) > 0 {
+		w := steps[0].Window
+		f(", each %.3g s long and judged on its last %.3g s", w.To, w.To-w.From)
+	}
+	f(", a step passing while the accepted calls' p99 is within the SLO and at least 97%% of calls succeed within it. ")
+	var repeated, refined bool
+	for i := 1; i < len(steps); i++ {
+		prev, s := steps[i-1], steps[i]
+		repeated = repeated || !prev.Pass && s.Rate == prev.Rate
+		refined = refined || !prev.Pass && s.Rate > prev.Rate*0.7 && s.Rate < prev.Rate
+	}
+	if repeated {
+		f("A step that fails after one that passed is repeated once before it counts. ")
+	}
+	if refined {
+		f("Once one has failed, up to two more steps halve the interval between the last pass and the failure. ")
+	}
+	f("The capacity is the highest goodput of a passing step, at most that step's offered load")
+	if len(steps) > 0 && steps[0].Window.To >= 5 {
+		f(": a rate the server sustains, since 3%% over it queues about 0.15 s of work within a step, beyond the SLO")
+	}
+	f(". ")
+	return b.String()
 }

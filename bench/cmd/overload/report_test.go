@@ -203,3 +203,32 @@ func TestOutOfTreeVariant(t *testing.T) {
 		t.Error("the report calls P4 absent although it holds P4's runs")
 	}
 }
+
+// TestCapacityMethod: the report describes the capacity measurement from
+// the steps a run took, so that results of the earlier, shorter steps are
+// not described as the current method.
+func TestCapacityMethod(t *testing.T) {
+	step := func(rate float64, pass bool, from, to float64) CapacityStep {
+		return CapacityStep{Rate: rate, Pass: pass, Window: Window{From: from, To: to}}
+	}
+	old := capacityMethod([]CapacityStep{step(367, true, 2.5/3, 2.5), step(397, true, 2.5/3, 2.5), step(428, false, 2.5/3, 2.5)}, false)
+	now := capacityMethod([]CapacityStep{step(367, true, 2, 5), step(397, true, 2, 5), step(428, false, 2, 5), step(428, false, 2, 5), step(412, false, 2, 5), step(404, true, 2, 5)}, false)
+	for _, c := range []struct {
+		text      string
+		want, not []string
+	}{
+		{old, []string{"each 2.5 s long and judged on its last 1.67 s"}, []string{"repeated", "halve", "sustains"}},
+		{now, []string{"each 5 s long and judged on its last 3 s", "repeated once", "halve the interval", "sustains"}, nil},
+	} {
+		for _, w := range c.want {
+			if !strings.Contains(c.text, w) {
+				t.Errorf("%q lacks %q", c.text, w)
+			}
+		}
+		for _, w := range c.not {
+			if strings.Contains(c.text, w) {
+				t.Errorf("%q says %q", c.text, w)
+			}
+		}
+	}
+}
