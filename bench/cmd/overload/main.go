@@ -191,6 +191,28 @@ var unavailableVariants = map[string]struct{ What, Why string }{
 // copy registers the variant's server from an init function.
 var outOfTree = map[string]func(capacity float64) (variant, error){}
 
+// chooseVariants returns the variants of -variants (a comma-separated
+// list), or by default every variant this build can run (A and E with
+// -quick); a variant unknown or not runnable here is an error.
+func chooseVariants(list string, quick bool) ([]string, error) {
+	switch {
+	case list == "" && quick:
+		return []string{"A", targetVariant}, nil
+	case list == "":
+		return slices.DeleteFunc(slices.Clone(allVariants), func(v string) bool { return !runnable(v) }), nil
+	}
+	vs := strings.Split(list, ",")
+	for _, v := range vs {
+		if u, ok := unavailableVariants[v]; ok && !runnable(v) {
+			return nil, fmt.Errorf("variant %s (%s) is not available: %s", v, u.What, u.Why)
+		}
+		if !slices.Contains(allVariants, v) {
+			return nil, fmt.Errorf("unknown variant %q (known: %s)", v, strings.Join(allVariants, ", "))
+		}
+	}
+	return vs, nil
+}
+
 // runnable reports whether this build can start variant v's server.
 func runnable(v string) bool {
 	_, unavailable := unavailableVariants[v]
@@ -342,7 +364,7 @@ func main() {
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
 	flag.Float64Var(&cfg.ThrottleK, "throttle-k", 0, "K of the retry storm's throttled clients (0: the throttle's default, 2)")
-	variants := flag.String("variants", "", "comma-separated variants (default: all; A,E with -quick)")
+	variants := flag.String("variants", "", "comma-separated variants (default: all this build can run; A,E with -quick)")
 	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
 	flag.IntVar(&cfg.NeighbourWorkers, "neighbour-workers", neighbourWorkers, "spinning threads of the neighbour scenarios' CPU-burning neighbour")
 	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
@@ -381,22 +403,10 @@ func main() {
 	if cfg.Pin {
 		pinSelf(1)
 	}
-	cfg.Variants = slices.DeleteFunc(slices.Clone(allVariants), func(v string) bool { return !runnable(v) })
-	if cfg.Quick {
-		cfg.Variants = []string{"A", targetVariant}
-	}
-	if *variants != "" {
-		cfg.Variants = strings.Split(*variants, ",")
-		for _, v := range cfg.Variants {
-			if u, ok := unavailableVariants[v]; ok && !runnable(v) {
-				fmt.Fprintf(os.Stderr, "overload: variant %s (%s) is not available: %s\n", v, u.What, u.Why)
-				os.Exit(2)
-			}
-			if !slices.Contains(allVariants, v) {
-				fmt.Fprintf(os.Stderr, "overload: unknown variant %q (known: %s)\n", v, strings.Join(allVariants, ", "))
-				os.Exit(2)
-			}
-		}
+	var err error
+	if cfg.Variants, err = chooseVariants(*variants, cfg.Quick); err != nil {
+		fmt.Fprintf(os.Stderr, "overload: %v\n", err)
+		os.Exit(2)
 	}
 	if *scens != "" {
 		cfg.Scenarios = strings.Split(*scens, ",")
