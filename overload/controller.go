@@ -271,6 +271,7 @@ type Controller struct {
 	rateShed         int
 	lastArr          time.Duration
 	level            float64 // water level of the rate's fair shares, per unit of weight
+	spare            float64 // tokens the flows' full buckets overflowed with, for any flow
 	pending          event   // a step's event, emitted by shedLocked
 	lastShed         time.Time
 	state            State
@@ -583,13 +584,17 @@ func (p Permit) Done() {
 }
 
 // take takes a token from fl's share of the admission rate, refilled at
-// its fair share.
+// its fair share, or else one its flows' full buckets left unused (spare).
 func (c *Controller) take(fl *flow, now time.Time) bool {
 	c.refill(fl, now)
-	if fl.tokens < 1 {
+	switch {
+	case fl.tokens >= 1:
+		fl.tokens--
+	case c.spare >= 1:
+		c.spare--
+	default:
 		return false
 	}
-	fl.tokens--
 	return true
 }
 
@@ -597,10 +602,19 @@ func (c *Controller) refill(fl *flow, now time.Time) {
 	if dt := now.Sub(fl.at); dt > 0 {
 		// A bucket holds what its share admits in the queueing target, at
 		// least two calls: a burst admitted at once queues no longer than
-		// the target, and a quiet flow's Poisson arrivals fit.
-		burst := max(2, fl.alloc*c.law.Target(c.ctl).Seconds())
-		fl.tokens = min(burst, fl.tokens+fl.alloc*dt.Seconds())
-		fl.at = now
+		// the target, and a quiet flow's Poisson arrivals fit. What a full
+		// bucket would overflow with goes to the spare tokens, bounded
+		// alike by what the whole rate admits in the target: a flow within
+		// its share keeps its own tokens, and the share it leaves unused
+		// goes to the flows that ask for more instead of to nobody.
+		target := c.law.Target(c.ctl).Seconds()
+		burst := max(2, fl.alloc*target)
+		t := fl.tokens + fl.alloc*dt.Seconds()
+		if t > burst {
+			c.spare = min(max(2, c.ctl.Rate*target), c.spare+t-burst)
+			t = burst
+		}
+		fl.tokens, fl.at = t, now
 	}
 }
 
@@ -643,14 +657,12 @@ func (c *Controller) Overloaded(ctx context.Context, f Flow) (context.Context, b
 	if c.ctl.Rate == 0 {
 		return ctx, false
 	}
-	c.refill(fl, now)
-	if fl.tokens < 1 {
+	if !c.take(fl, now) {
 		// The rate binds.
 		c.rateShed++
 		c.tapShed(fl, now)
 		return ctx, true
 	}
-	fl.tokens--
 	return context.WithValue(ctx, reservedKey{}, &reservation{fl}), false
 }
 
@@ -1105,7 +1117,7 @@ func (c *Controller) share(dt time.Duration, now time.Time) {
 		}
 	}
 	if c.ctl.Rate == 0 {
-		c.level = 0
+		c.level, c.spare = 0, 0
 		return
 	}
 	slices.SortFunc(ds, func(a, b demand) int { return cmp.Compare(a.rate, b.rate) })

@@ -766,3 +766,46 @@ func TestEndedCallKeepsItsFlowUnderARate(t *testing.T) {
 		}
 	})
 }
+
+// The share a flow within its share leaves unused goes to the flows that
+// ask for more, through spare tokens bounded like a flow's bucket, while
+// the quiet flow keeps its own tokens; a lifted rate drops them.
+func TestUnusedShareGoesToTheFlood(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, f, noisy := controllerWithFlow(t)
+		c.mu.Lock()
+		quietF := Flow{Key: "quiet"}
+		quiet := c.flow(quietF)
+		now := c.o.now()
+		c.ctl.Rate = 100
+		noisy.alloc, noisy.tokens, noisy.at = 50, 0, now
+		quiet.alloc, quiet.tokens, quiet.at = 50, 2, now
+		c.mu.Unlock()
+		// A second on, the quiet flow's full bucket has overflowed with
+		// its whole share; the spare holds what the rate admits in the
+		// queueing target (20 ms before anything is measured): 2 calls.
+		time.Sleep(time.Second)
+		c.mu.Lock()
+		c.refill(quiet, c.o.now())
+		c.mu.Unlock()
+		for i := range 4 {
+			if _, shed := c.Overloaded(t.Context(), f); shed {
+				t.Fatalf("the flood's call %d was shed with its own 2 tokens and 2 spare ones", i+1)
+			}
+		}
+		mustShedAtTap(t, c, f, "the flood after its own tokens and the spare ones")
+		for i := range 2 {
+			if _, shed := c.Overloaded(t.Context(), quietF); shed {
+				t.Fatalf("the quiet flow's call %d was shed: the flood took its tokens", i+1)
+			}
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.spare = 2
+		c.ctl.Rate = 0
+		c.share(100*time.Millisecond, c.o.now())
+		if c.spare != 0 {
+			t.Errorf("spare tokens %v after the rate was lifted, want 0", c.spare)
+		}
+	})
+}

@@ -69,7 +69,10 @@
 //
 // A limited admission rate is divided the same way, over the flows' arrival
 // rates smoothed over about a second: each flow admits up to the water level
-// times its weight from a bucket of its own. The tap handle asks
+// times its weight from a bucket of its own, and what a full bucket would
+// overflow with is spare, for a flow out of tokens to take: the share a
+// quiet flow leaves unused goes to the flows asking for more. The tap
+// handle asks
 // [Controller.Overloaded], which turns a flow over its share away before its
 // request is read and takes a passing call's token, so that a server that
 // reads many calls at once lets no more of them through than the rate.
