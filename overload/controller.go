@@ -607,15 +607,20 @@ func (c *Controller) refill(fl *flow, now time.Time) {
 		// alike by what the whole rate admits in the target: a flow within
 		// its share keeps its own tokens, and the share it leaves unused
 		// goes to the flows that ask for more instead of to nobody.
-		target := c.law.Target(c.ctl).Seconds()
-		burst := max(2, fl.alloc*target)
+		burst := c.bucket(fl.alloc)
 		t := fl.tokens + fl.alloc*dt.Seconds()
 		if t > burst {
-			c.spare = min(max(2, c.ctl.Rate*target), c.spare+t-burst)
+			c.spare = min(c.bucket(c.ctl.Rate), c.spare+t-burst)
 			t = burst
 		}
 		fl.tokens, fl.at = t, now
 	}
+}
+
+// bucket returns the most tokens a bucket refilled at rate holds: what the
+// rate admits in the queueing target, at least two calls.
+func (c *Controller) bucket(rate float64) float64 {
+	return max(2, rate*c.law.Target(c.ctl).Seconds())
 }
 
 // Overloaded reports whether a call of flow f, whose context is ctx, would
