@@ -641,12 +641,12 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 // the load that passed is not one.
 //
 // A step is long enough to tell a rate the server sustains from one whose
-// backlog has only begun to grow: 2% over the capacity queues a tenth of a
-// second of work in five seconds, which the SLO sees. A short step passes
+// backlog has only begun to grow: 3% over the capacity queues about 0.15 s
+// of work in five seconds, beyond the SLO. A short step passes
 // a rate the server cannot hold, and a limiter told that rate (P1) then
 // misses its deadlines. After the first failing step, two steps halve the
-// interval between the last pass and the failure, so the capacity is known
-// to within 2%; a failure is repeated once before it counts, so that one
+// interval between the last pass and the failure, to a step of 2%; a
+// failure is repeated once before it counts, so that one
 // unlucky second (a GC, another process) does not end the measurement low.
 func measureCapacity(ctx context.Context, p *serverProc, cfg Config) (float64, []CapacityStep, error) {
 	stepDur, skip, factor, maxSteps, refine := 5*time.Second, 2*time.Second, 1.08, 24, 2

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -234,7 +232,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("Both readings are moving averages that start at 0 in a fresh process, go-zero's updated every 250 ms and aegis' every 500 ms, both with decay 0.95: they reach 63%% of a steady CPU use after about 5 s and 10 s. Every scenario starts a fresh server, so in the shorter scenarios they read less than the CPU in use, aegis' most. ")
 	}
 	if slices.Contains(vs, "P4") {
-		f("P4 is platinummonkey/go-concurrency-limits, wired as its README and gRPC example wire it: `limit.NewDefaultGradient2Limit` (initial limit 20, minimum 20, maximum 200, queue size 4, smoothing 0.2) in a `limiter.NewDefaultLimiter` with the package's default windows (1 s, at least 100 samples, round trips under 100 µs ignored) and a `SimpleStrategy`, behind `grpc.UnaryServerInterceptor(grpc.WithLimiter(...))` with its default classifiers: a call over the limit is rejected with RESOURCE_EXHAUSTED, a handler error counts as a drop. %s; P4 was built out of tree instead, from a copy of this bench that registers it (`outOfTree` in `cmd/overload/main.go`) beside a checkout of the module (commit `%s`). ", sentence(unavailableVariants["P4"].Why), p4Commit)
+		f("P4 is platinummonkey/go-concurrency-limits, wired as its README and gRPC example wire it: `limit.NewDefaultGradient2Limit` (initial limit 20, minimum 20, maximum 200, queue size 4, smoothing 0.2) in a `limiter.NewDefaultLimiter` with the package's default windows (1 s, at least 100 samples, round trips under 100 µs ignored) and a `SimpleStrategy`, behind `grpc.UnaryServerInterceptor(grpc.WithLimiter(...))` with its default classifiers: a call over the limit is rejected with RESOURCE_EXHAUSTED, a handler error counts as a drop. It was built out of tree, from a copy of this bench that registers it (`outOfTree` in `cmd/overload/main.go`) beside a checkout of the module (commit `%s`), because %s. ", p4Commit, unavailableVariants["P4"].Why)
 	}
 	for _, v := range slices.Sorted(maps.Keys(unavailableVariants)) {
 		if u := unavailableVariants[v]; !slices.Contains(vs, v) {
@@ -1226,12 +1224,6 @@ func (res *Results) rejCostSection(b *strings.Builder) {
 	f(", and the tap handle, which turns callers away only while the gate sheds, is not exercised. ")
 	f("Making the gate shed needs the CPU high, which would bury the rejections' CPU under the served calls'; the tap handle's rejection cost is not measured here. ")
 	f("It runs before the request is read, so it should cost no more than the interceptor's, but that is an expectation, not a figure.\n\n")
-}
-
-// sentence returns s with its first letter in upper case.
-func sentence(s string) string {
-	r, n := utf8.DecodeRuneInString(s)
-	return string(unicode.ToUpper(r)) + s[n:]
 }
 
 // capacityMethod describes how the capacity was measured, from the steps
