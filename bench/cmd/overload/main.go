@@ -85,9 +85,6 @@ type Config struct {
 	NeighbourWorkers int `json:"neighbour_workers,omitempty"`
 	// Capacity, when positive, skips the measurement.
 	Capacity float64 `json:"capacity_given,omitempty"`
-	// Oracle searches, before the scenarios, for the capacity under each
-	// overloaded sweep load (see measureOracle).
-	Oracle bool `json:"oracle,omitempty"`
 	// ThrottleK is the retry storm's throttled clients' K (throttle.WithK);
 	// 0 is the throttle's default.
 	ThrottleK float64 `json:"throttle_k,omitempty"`
@@ -116,9 +113,6 @@ type Results struct {
 	Capacity  float64        `json:"capacity"`
 	PerIterNs int64          `json:"per_iter_ns"` // the burn loop's calibration, shared by every server
 	CapSteps  []CapacityStep `json:"capacity_steps"`
-	// Oracle is the search for the capacity under each overloaded sweep
-	// load: the best a static limit holds there (see measureOracle).
-	Oracle    []OracleStep   `json:"oracle,omitempty"`
 	Scenarios []Scenario     `json:"scenarios"`
 	Runs      []Run          `json:"runs"`
 	Fits      map[string]Fit `json:"cpu_fits"`
@@ -369,7 +363,6 @@ func main() {
 	flag.BoolVar(&cfg.Pin, "pin", true, "pin the server and the load generator to different CPUs with taskset")
 	flag.BoolVar(&cfg.Cgroup, "cgroup", true, "run the server in its own cgroup with a CPU quota, where writable")
 	flag.Float64Var(&cfg.Capacity, "capacity", 0, "skip the capacity measurement and use this many calls/s")
-	flag.BoolVar(&cfg.Oracle, "oracle", true, "with the sweep, search at each overloaded load for the highest rate a global limit (P1) holds there: the capacity under that overload, E's goodput target (not with -quick)")
 	flag.Float64Var(&cfg.ThrottleK, "throttle-k", 0, "K of the retry storm's throttled clients (0: the throttle's default, 2)")
 	variants := flag.String("variants", "", "comma-separated variants (default: all this build can run; A,E with -quick)")
 	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
@@ -536,12 +529,6 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 		}
 	}
 	cfg.Log("capacity: %.0f calls/s", res.Capacity)
-	if cfg.Oracle && !cfg.Quick && cfg.wants("sweep") {
-		var err error
-		if res.Oracle, err = measureOracle(ctx, start, res.Capacity, overloadLoads, cfg); err != nil {
-			return nil, err
-		}
-	}
 
 	for _, sc := range scenarios(cfg.Quick) {
 		if cfg.wants(sc.Name) {

@@ -24,7 +24,7 @@ const notesFile = "overload-notes.md"
 
 // Targets of variant E, the new default.
 const (
-	targetGoodput   = 0.95 // of the capacity under each overloaded sweep load (the oracle), else of the measured capacity
+	targetGoodput   = 0.95 // of the measured capacity, at every overloaded sweep point
 	targetReversals = 2.0  // per minute, at steady load
 	targetShed      = 1.0  // seconds
 	targetRecover   = 5.0  // seconds
@@ -198,11 +198,7 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	}
 	f("| CPU limit the gate detected | **%.2f CPU** (sampler `%s`; server GOMAXPROCS %d, affinity %d CPU) |\n", res.Server.Budget, res.Server.Source, res.Server.GOMAXPROCS, res.Server.Affinity)
 	f("| burn loop | %d ns per SHA-256 iteration, calibrated once by the load generator and shared by every server |\n", res.PerIterNs)
-	f("| measured capacity | **%.0f calls/s** |\n", cap)
-	if oc := res.oracleCells(); oc != "" {
-		f("| capacity under overload | %s |\n", oc)
-	}
-	f("\n")
+	f("| measured capacity | **%.0f calls/s** |\n\n", cap)
 
 	f("%s", capacityMethod(res.CapSteps, res.Config.Quick))
 	f("Every offered load below is a multiple of it.\n\n")
@@ -210,14 +206,6 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("<details><summary>capacity steps</summary>\n\n| offered/s | goodput/s | p99 ms | pass |\n|---:|---:|---:|---|\n")
 		for _, s := range res.CapSteps {
 			f("| %.0f | %.0f | %s | %v |\n", s.Rate, s.Window.Goodput, num(s.Window.P99, 1), s.Pass)
-		}
-		f("\n</details>\n\n")
-	}
-	if len(res.Oracle) > 0 {
-		f("%s", oracleMethod(res))
-		f("<details><summary>oracle steps</summary>\n\n| offered | %s's limit/s | goodput/s | p99 ms | pass |\n|---|---:|---:|---:|---|\n", oracleVariant)
-		for _, s := range res.Oracle {
-			f("| %s | %.0f | %.0f | %s | %v |\n", loadName(s.Load), s.Limit, s.Window.Goodput, num(s.Window.P99, 1), s.Pass)
 		}
 		f("\n</details>\n\n")
 	}
@@ -291,9 +279,6 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		table("Goodput, calls/s (% of the measured capacity):", func(w *Window) string {
 			return fmt.Sprintf("%.0f (%.0f%%)", w.Goodput, 100*w.Goodput/cap)
 		})
-		if oc := res.oracleCells(); oc != "" {
-			f("\nThe capacity under each overload, the best %s holds there told the best rate for it (see Run): %s.\n", oracleVariant, oc)
-		}
 		f("\n")
 		table("Accepted latency p50 / p99 / p99.9, ms:", func(w *Window) string {
 			return num(w.P50, 1) + " / " + num(w.P99, 0) + " / " + num(w.P999, 0)
@@ -508,12 +493,7 @@ func (res *Results) targets(b *strings.Builder) {
 			if w == nil {
 				continue
 			}
-			against, of, measured := res.Capacity, "the measured capacity", ""
-			if o := oracleGoodput(res.Oracle, l); o > 0 {
-				against, of = o, "the capacity under that load"
-				measured = fmt.Sprintf(" (%.1f%% of the measured capacity, %.0f/s)", 100*w.Goodput/res.Capacity, res.Capacity)
-			}
-			got := w.Goodput / against
+			got := w.Goodput / res.Capacity
 			var by []string
 			if got < targetGoodput {
 				by = append(by, fmt.Sprintf("%.1f points", 100*(targetGoodput-got)))
@@ -521,8 +501,8 @@ func (res *Results) targets(b *strings.Builder) {
 			if !p99ok(w.P99) {
 				by = append(by, p99by(w.P99))
 			}
-			row(fmt.Sprintf("goodput at %s ≥ %.0f%% of %s, accepted p99 within the SLO (%v)", loadName(l), 100*targetGoodput, of, res.Config.SLO),
-				fmt.Sprintf("%.0f/s = %.1f%% of %.0f/s%s; p99 %s ms", w.Goodput, 100*got, against, measured, num(w.P99, 1)),
+			row(fmt.Sprintf("goodput at %s ≥ %.0f%% of the measured capacity, accepted p99 within the SLO (%v)", loadName(l), 100*targetGoodput, res.Config.SLO),
+				fmt.Sprintf("%.0f/s = %.1f%% of %.0f/s; p99 %s ms", w.Goodput, 100*got, res.Capacity, num(w.P99, 1)),
 				len(by) == 0, strings.Join(by, "; "))
 		}
 	}
@@ -726,11 +706,7 @@ func (res *Results) targets(b *strings.Builder) {
 	} else {
 		f("\n")
 	}
-	if len(res.Oracle) > 0 {
-		f("Goodput targets in the sweep are against the capacity under each overload (the best a static limit holds there: see Run), the others against the measured capacity (%.0f calls/s); none against E's own peak. %s Where a target is missed, the discussion below says why.\n\n", res.Capacity, reversalsDef)
-	} else {
-		f("Goodput targets are against the measured capacity (%.0f calls/s), not against E's own peak. %s Where a target is missed, the discussion below says why.\n\n", res.Capacity, reversalsDef)
-	}
+	f("Goodput targets are against the measured capacity (%.0f calls/s), not against E's own peak. %s Where a target is missed, the discussion below says why.\n\n", res.Capacity, reversalsDef)
 }
 
 // labelScenario returns the scenario of a label "scenario ..." or
@@ -951,18 +927,8 @@ func writeCharts(res *Results, dir string) (map[string]string, error) {
 			s.XYs = l
 			p99 = append(p99, s)
 		}
-		ideal := fgplot.Series{Name: "measured capacity", Color: fgplot.Black, Dash: fgplot.Dashed, XYs: plotter.XYs{{X: loads[0], Y: res.Capacity}, {X: loads[len(loads)-1], Y: res.Capacity}}}
-		good = append(good, ideal)
-		var oracle plotter.XYs
-		for _, l := range overloadLoads {
-			if o := oracleGoodput(res.Oracle, l); o > 0 {
-				oracle = append(oracle, plotter.XY{X: l, Y: o})
-			}
-		}
-		if len(oracle) > 0 {
-			good = append(good, fgplot.Series{Name: "capacity under that overload (" + oracleVariant + " told the best rate)", Color: fgplot.Black, Dash: []vg.Length{vg.Points(1), vg.Points(3)}, XYs: oracle})
-		}
-		a := fgplot.Panel("Goodput against offered load", "goodput (calls/s OK within the SLO)", good)
+		ideal := fgplot.Series{Name: "capacity", Color: fgplot.Black, Dash: fgplot.Dashed, XYs: plotter.XYs{{X: loads[0], Y: res.Capacity}, {X: loads[len(loads)-1], Y: res.Capacity}}}
+		a := fgplot.Panel("Goodput against offered load", "goodput (calls/s OK within the SLO)", append(good, ideal))
 		a.Y.Min = 0
 		a.X.Label.Text = "offered load (× measured capacity)"
 		c := fgplot.Panel("", "accepted p99 (ms, log)", p99)
@@ -1294,43 +1260,4 @@ func capacityMethod(steps []CapacityStep, quick bool) string {
 	}
 	f(". ")
 	return b.String()
-}
-
-// oracleCells returns the capacity under each overloaded sweep load, as
-// "1.5×: 430/s (95%), …" with the share of the measured capacity, or ""
-// when the oracle was not searched.
-func (res *Results) oracleCells() string {
-	var cells []string
-	for _, l := range overloadLoads {
-		if o := oracleGoodput(res.Oracle, l); o > 0 {
-			cells = append(cells, fmt.Sprintf("%s: %.0f/s (%.0f%%)", loadName(l), o, 100*o/res.Capacity))
-		} else if slices.ContainsFunc(res.Oracle, func(s OracleStep) bool { return s.Load == l }) {
-			cells = append(cells, loadName(l)+": none passed")
-		}
-	}
-	return strings.Join(cells, ", ")
-}
-
-// oracleMethod describes the search for the capacity under each overload,
-// from the steps taken.
-func oracleMethod(res *Results) string {
-	var b strings.Builder
-	f := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	f("The measured capacity is what the server completes while it rejects nothing. Under overload it also rejects, and a rejection costs CPU (%s), so at 4× a server can serve less than at 1×, whatever its admission control; a limiter told the measured capacity then admits more than the server completes and its queue grows past every deadline (%s in the sweep). ", res.rejCostShare(), oracleVariant)
-	f("So the capacity under each overload is measured too, as the best a static limit does there: at each overloaded load of the sweep, a fresh %s server (a global rate limit) is told a rate, from %.0f%% of the measured capacity down in steps of ×%.2f, ", oracleVariant, 100*oracleStart, oracleFactor)
-	f("and offered that load for %v after a second at half the capacity, judged on the same last %v as a sweep segment; a rate passes when the accepted p99 is within the SLO and %.0f%% of the rate is served within it. ", oracleStepDur, oracleStepDur-oracleSkip, 100*oracleHolds)
-	f("After the first pass below a failure, one more step halves the interval between them. The capacity under that load is the highest goodput of a passing step, at most its rate: what a limit told the best rate for that load, by an oracle, would serve. ")
-	f("E is told nothing.\n\n")
-	return b.String()
-}
-
-// rejCostShare says what a rejection costs, from the rejection-cost
-// scenario (E's) when the run measured it.
-func (res *Results) rejCostShare() string {
-	for _, rc := range res.RejCosts {
-		if rc.Variant == targetVariant && rc.Ratio > 0 {
-			return pct(rc.Ratio) + " of a served call here: see the rejection cost"
-		}
-	}
-	return fmt.Sprintf("a few percent of a served call, on a server whose calls cost %v", res.Config.Cost)
 }
