@@ -46,8 +46,9 @@
 // and snapshots, and check them: a long queueing delay while this
 // server's own CPU is low is a neighbour's and sets no rate
 // ([Law.RateCPU]), and a pinned reading trims a rate the queueing delay
-// has set and keeps it from growing, because a Go server whose CPU never
-// idles reads its sockets late ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the
+// has set towards what the server completes and keeps it from growing,
+// because a Go server whose CPU never idles reads its sockets late
+// ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the
 // concurrency limit too.
 //
 // A cut that does not bring the latency down means the calls are slow, not

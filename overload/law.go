@@ -93,7 +93,8 @@ type Law struct {
 	// already draining is not cut again, and with a guard (WithGuard) a
 	// CPU reading above SaturatedCPU cuts by up to RateStep, in
 	// proportion to how near it is to a pinned CPU, at most once per
-	// 250 ms (cpugate's default interval), and one at or above it lets
+	// 250 ms (cpugate's default interval), and with a short queue no
+	// lower than what the server completes; one at or above it lets
 	// the rate grow in no interval it is seen in. After a second in which the rate did not
 	// bind (it shed nothing, or it was half again above what completed),
 	// it is lifted.
@@ -120,7 +121,11 @@ type Law struct {
 	// admission rate is limited, such a reading keeps it from growing,
 	// and cuts it, at most once per 250 ms, by RateStep × how far the
 	// reading lies from SaturatedCPU towards 1 (all of RateStep for a
-	// pinned CPU). A proportional cut lets the rate settle with the CPU
+	// pinned CPU). With a queue within its target, the cut stops at what
+	// the server completes (Control.Capacity): a pinned CPU that admits
+	// what it completes is at its capacity, and a cut below that left CPU
+	// idle until the rate grew back, which held the rate 3–5% under the
+	// capacity. A proportional cut lets the rate settle with the CPU
 	// just below pinned; a whole RateStep for any reading over the
 	// threshold held it a few points lower, since 250 ms readings of a
 	// server near its capacity scatter by a few points. A Go server whose
@@ -581,6 +586,7 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			c.Admitting += 0.5 * (float64(s.Admitted)/dt.Seconds() - c.Admitting)
 		}
 		f := l.drain(s.QueueDelay, c, dt)
+		cpuOnly := false // the CPU reading alone cuts
 		switch {
 		case s.QueueDelay < c.LastDelay*9/10 && f < 1:
 			// The queue is draining: the last cut is doing its work,
@@ -589,6 +595,7 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 		case l.cpuExcess(s.CPU) > 0 && now.Sub(c.CPUCutAt) >= cpuCutEvery:
 			// Once per reading: the guard reads less often than
 			// the law steps, and one reading must not cut twice.
+			cpuOnly = f >= 1
 			f = min(f, 1-l.RateStep*l.cpuExcess(s.CPU))
 			c.CPUCutAt = now
 		}
@@ -614,7 +621,15 @@ func (l Law) rateLaw(c Control, s Sample, dt time.Duration, now time.Time) Contr
 			// stand above both.
 			base *= c.Capacity / c.Admitting
 		}
-		c.Rate, c.RateCause = max(1, c.Rate*l.RateCut, base*f), CauseQueue
+		rate := max(1, c.Rate*l.RateCut, base*f)
+		if cpuOnly {
+			// With a short queue, a saturated CPU trims the rate down to
+			// what the server completes, not below: admitting that keeps
+			// a pinned CPU busy and no queue growing, and a cut below it
+			// leaves CPU idle until the rate grows back.
+			rate = max(rate, min(c.Rate, c.Capacity))
+		}
+		c.Rate, c.RateCause = rate, CauseQueue
 		switch {
 		case over <= 0:
 			c.RateAt, c.RateDelay = time.Time{}, 0

@@ -348,15 +348,19 @@ func TestLawRate(t *testing.T) {
 	near("empty queue far below saturation", c.Rate, 100*(1+DefaultRateStep*0.9))
 	c.Rate = r
 	// A pinned CPU reading cuts by RateStep, from the rate scaled by what
-	// completed over what was admitted, even with a short queue, at most
-	// once per 250 ms however often the same reading is seen, and holds
-	// the rate meanwhile; a reading between SaturatedCPU and pinned cuts
-	// in proportion, one at SaturatedCPU only holds; below it, the CPU
-	// does not matter.
+	// completed over what was admitted, even with a short queue, though
+	// not below what the server completes (TestLawCPUCutStopsAtCapacity),
+	// at most once per 250 ms however often the same reading is seen, and
+	// holds the rate meanwhile; a reading between SaturatedCPU and pinned
+	// cuts in proportion, one at SaturatedCPU only holds; below it, the
+	// CPU does not matter.
+	cpuCut := func(r, step float64) float64 {
+		return max(r*min(1, c.Capacity/c.Admitting)*(1-step), min(r, c.Capacity))
+	}
 	cpu = 1
 	r = c.Rate
 	next(22, ms, 40)
-	near("saturated CPU", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep))
+	near("saturated CPU", c.Rate, cpuCut(r, DefaultRateStep))
 	for i := range 2 {
 		r = c.Rate
 		next(22, 9*ms-2*ms, 40)
@@ -364,7 +368,7 @@ func TestLawRate(t *testing.T) {
 	}
 	r = c.Rate
 	next(22, ms, 40)
-	near("the pinned reading 300 ms after the cut", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep))
+	near("the pinned reading 300 ms after the cut", c.Rate, cpuCut(r, DefaultRateStep))
 	cpu = DefaultSaturatedCPU
 	for range 3 {
 		r = c.Rate
@@ -374,7 +378,7 @@ func TestLawRate(t *testing.T) {
 	cpu = (DefaultSaturatedCPU + 1) / 2
 	r = c.Rate
 	next(22, ms, 40)
-	near("a reading halfway to pinned", c.Rate, r*min(1, c.Capacity/c.Admitting)*(1-DefaultRateStep/2))
+	near("a reading halfway to pinned", c.Rate, cpuCut(r, DefaultRateStep/2))
 	cpu = DefaultSaturatedCPU - 0.01
 	r = c.Rate
 	next(22, 9*ms-2*ms, 40)
@@ -397,6 +401,45 @@ func TestLawRate(t *testing.T) {
 	next(20, ms, 0)
 	if c.Rate != 0 {
 		t.Fatalf("Rate = %v after a second without binding, want lifted", c.Rate)
+	}
+}
+
+// With a short queue, a pinned CPU cuts the rate towards what the server
+// completes and no further: admitting that keeps the CPU busy. A rate
+// already at or below it is held, and a long queue still cuts below it.
+func TestLawCPUCutStopsAtCapacity(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms) // target 9 ms
+	now = now.Add(100 * ms)
+	c = rateStep(l, c, now, 48, 40*ms, 0, 1) // 480/s completed at the onset
+	if c.Rate == 0 || c.Capacity != 480 {
+		t.Fatalf("onset: Rate %v, Capacity %v; want a rate and 480", c.Rate, c.Capacity)
+	}
+	// 500/s admitted, 480/s completed, a short queue, a pinned CPU: each
+	// reading cuts by RateStep from the rate scaled by 480/500, but not
+	// below 480.
+	c.Rate, c.Admitting, c.LastDelay = 500, 500, ms
+	for i := range 8 {
+		now = now.Add(250 * ms)
+		c = admitStep(l, c, now, 120, 125, ms, 10, 1)
+		if c.Rate != 480 {
+			t.Fatalf("cut %d: Rate %v, want 480 (500 × 480/500 × 0.95 = 456, stopped at what completes)", i+1, c.Rate)
+		}
+	}
+	// At the rate the server completes, a pinned reading holds the rate.
+	c.Rate = 400
+	for range 4 {
+		now = now.Add(250 * ms)
+		c = rateStep(l, c, now, 100, ms, 10, 1)
+		if c.Rate != 400 {
+			t.Fatalf("Rate %v, want 400, what completes, held", c.Rate)
+		}
+	}
+	// A queue over its target still cuts below what completes.
+	now = now.Add(250 * ms)
+	c = rateStep(l, c, now, 100, 30*ms, 10, 1)
+	if c.Rate > 400*(1-DefaultRateStep)+1e-9 {
+		t.Fatalf("Rate %v after a 30 ms queue at a pinned CPU, want at most %v", c.Rate, 400*(1-DefaultRateStep))
 	}
 }
 
