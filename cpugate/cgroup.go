@@ -381,6 +381,28 @@ func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
 	return Reading{CPU: fraction(busy, wall, c.budget), Source: c.source}, nil
 }
 
+// Peek returns the cgroup's CPU use since the latest Sample, without
+// ending the interval (see [Peeker]).
+func (c *CgroupSampler) Peek() (Reading, error) { return c.PeekAt(time.Now()) }
+
+// PeekAt is [CgroupSampler.Peek] at time now, from the same clock as the
+// latest Sample's. An error wraps [ErrNoReading].
+func (c *CgroupSampler) PeekAt(now time.Time) (Reading, error) {
+	wall := now.Sub(c.lastAt)
+	if wall < MinPeek {
+		return Reading{Source: c.source}, ErrNoReading
+	}
+	u, err := c.readUsage()
+	if err != nil {
+		return Reading{Source: c.source}, err
+	}
+	busy := u - c.last
+	if busy < 0 {
+		return Reading{Source: c.source}, ErrNoReading
+	}
+	return Reading{CPU: fraction(busy, wall, c.budget), Source: c.source}, nil
+}
+
 // readUsage returns the cgroup's cumulative CPU time.
 func (c *CgroupSampler) readUsage() (time.Duration, error) {
 	b, err := c.usage.read()

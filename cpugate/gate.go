@@ -198,6 +198,29 @@ func (g *Gate) Reading() (cpu float64, schedP99 time.Duration) {
 	return s.CPU, s.SchedP99
 }
 
+// Current returns the CPU use since the latest reading, without taking a
+// reading or changing the gate: ok is false when the sampler is no
+// [Peeker], or it has no reading (less than [MinPeek] has passed, a read
+// failed). An overload.Controller with the gate as its guard asks for it
+// when calls queue while the latest reading is low, since that reading
+// may predate the queue.
+func (g *Gate) Current() (cpu float64, ok bool) {
+	if g == nil {
+		return 0, false
+	}
+	p, isPeeker := g.sampler.(Peeker)
+	if !isPeeker {
+		return 0, false
+	}
+	g.sampleMu.Lock()
+	r, err := p.Peek()
+	g.sampleMu.Unlock()
+	if err != nil {
+		return 0, false
+	}
+	return r.CPU, true
+}
+
 // Snapshot returns the gate's state after its latest reading.
 func (g *Gate) Snapshot() Snapshot {
 	g.mu.Lock()

@@ -75,6 +75,51 @@ func TestNilGate(t *testing.T) {
 	}
 }
 
+// peeker is a scripted Peeker: Sample returns sample, Peek returns peek
+// (an error when negative), and neither changes the other.
+type peeker struct{ sample, peek float64 }
+
+func (p *peeker) Sample() (cpugate.Reading, error) { return cpugate.Reading{CPU: p.sample}, nil }
+func (p *peeker) Peek() (cpugate.Reading, error) {
+	if p.peek < 0 {
+		return cpugate.Reading{}, cpugate.ErrNoReading
+	}
+	return cpugate.Reading{CPU: p.peek}, nil
+}
+
+// Current peeks through the gate's sampler without taking a reading, and
+// is not ok where the sampler cannot peek or has no reading.
+func TestCurrent(t *testing.T) {
+	p := &peeker{sample: 0.3, peek: 0.95}
+	g, err := cpugate.New(cpugate.NewSchedGuard(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SampleAt(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if cpu, ok := g.Current(); !ok || cpu != 0.95 {
+		t.Errorf("Current() = %v, %v, want 0.95, true", cpu, ok)
+	}
+	if cpu, _ := g.Reading(); cpu != 0.3 {
+		t.Errorf("Reading() after Current = %v, want the latest reading, 0.3", cpu)
+	}
+	p.peek = -1
+	if _, ok := g.Current(); ok {
+		t.Error("Current() ok without a reading from the sampler")
+	}
+	plain, _ := script(0.5)
+	if g, err = cpugate.New(plain); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.Current(); ok {
+		t.Error("Current() ok with a sampler that cannot peek")
+	}
+	if _, ok := (*cpugate.Gate)(nil).Current(); ok {
+		t.Error("nil Gate: Current() ok")
+	}
+}
+
 func TestApply(t *testing.T) {
 	s, _ := script(0.9)
 	g, err := cpugate.New(s, cpugate.WithPolicy(cpugate.Fixed{}))

@@ -425,6 +425,32 @@ func TestCgroupSamplerV1(t *testing.T) {
 	}
 }
 
+// A peek reports the use since the latest sample and leaves the interval
+// open: the next sample still covers all of it.
+func TestCgroupSamplerPeek(t *testing.T) {
+	root := copyTree(t, "v1-quota")
+	const usage = "sys/fs/cgroup/cpuacct/cpuacct.usage"
+	t0 := time.Unix(1000, 0)
+	s, err := newCgroupSampler(root, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// 0.0225 CPU-seconds in 50 ms against 0.5 CPU: 90%.
+	write(t, root, usage, "1022500000\n")
+	if _, err := s.PeekAt(t0.Add(MinPeek - time.Microsecond)); !errors.Is(err, ErrNoReading) {
+		t.Errorf("PeekAt(< MinPeek) error = %v, want ErrNoReading", err)
+	}
+	if r, err := s.PeekAt(t0.Add(50 * time.Millisecond)); err != nil || math.Abs(r.CPU-0.9) > 1e-12 || r.Source != SourceCgroup1 {
+		t.Errorf("PeekAt(50ms) = %v, %v, want CPU 0.9 from %s", r, err, SourceCgroup1)
+	}
+	// Idle since: the sample after the peek covers the whole 250 ms,
+	// 0.0225 of 0.125 CPU-seconds.
+	if r, err := s.SampleAt(t0.Add(250 * time.Millisecond)); err != nil || math.Abs(r.CPU-0.18) > 1e-12 {
+		t.Errorf("SampleAt(250ms) after a peek = %v, %v, want CPU 0.18", r, err)
+	}
+}
+
 func TestKeptFile(t *testing.T) {
 	name := filepath.Join(t.TempDir(), "cpuset.cpus")
 	long := strings.Repeat("0-1,", 300) + "2\n" // longer than the first buffer

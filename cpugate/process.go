@@ -54,3 +54,21 @@ func (p *ProcessSampler) SampleAt(now time.Time) (Reading, error) {
 	p.last, p.lastAt = u, now
 	return Reading{CPU: fraction(busy, wall, float64(p.cpus)), Source: SourceProcess}, nil
 }
+
+// Peek returns the process's CPU use since the latest Sample, without
+// ending the interval (see [Peeker]).
+func (p *ProcessSampler) Peek() (Reading, error) { return p.PeekAt(time.Now()) }
+
+// PeekAt is [ProcessSampler.Peek] at time now, from the same clock as the
+// latest Sample's. An error wraps [ErrNoReading].
+func (p *ProcessSampler) PeekAt(now time.Time) (Reading, error) {
+	wall := now.Sub(p.lastAt)
+	if wall < MinPeek {
+		return Reading{Source: SourceProcess}, ErrNoReading
+	}
+	u, err := processCPUTime()
+	if err != nil {
+		return Reading{Source: SourceProcess}, err
+	}
+	return Reading{CPU: fraction(u-p.last, wall, float64(p.cpus)), Source: SourceProcess}, nil
+}

@@ -60,6 +60,20 @@ type Sampler interface {
 	Sample() (Reading, error)
 }
 
+// A Peeker is a [Sampler] that can also report the use since its latest
+// Sample without ending the interval: the next Sample still covers all of
+// it. A peek over less than [MinPeek] is no reading: over a few
+// milliseconds, use is all or nothing. [CgroupSampler] and
+// [ProcessSampler] are Peekers, and so is a [SchedGuard] around one.
+// [Gate.Current] peeks.
+type Peeker interface {
+	Sampler
+	Peek() (Reading, error)
+}
+
+// MinPeek is the shortest interval a [Peeker] turns into a reading.
+const MinPeek = 10 * time.Millisecond
+
 // SamplerFunc adapts a function to a [Sampler], for tests, scripted loads and
 // signals of your own.
 type SamplerFunc func() (Reading, error)
