@@ -270,9 +270,10 @@ type Controller struct {
 	arrN             int
 	rateShed         int
 	lastArr          time.Duration
-	level            float64 // water level of the rate's fair shares, per unit of weight
-	spare            float64 // tokens the flows' full buckets overflowed with, for any flow
-	pending          event   // a step's event, emitted by shedLocked
+	level            float64   // water level of the rate's fair shares, per unit of weight
+	spare            float64   // tokens the flows' full buckets overflowed with, for any flow
+	pending          event     // a step's event, emitted by shedLocked
+	onsetAt          time.Time // the latest early step (Law.Onset)
 	lastShed         time.Time
 	state            State
 	since            time.Time
@@ -350,8 +351,22 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // to this process that was busy, and the 99th percentile of goroutine
 // scheduling latency (0 when not measured). A running *cpugate.Gate is
 // one.
+//
+// A Guard that also has a method Current() (cpu float64, ok bool), the
+// CPU use since its latest reading, is asked for it when a queueing delay
+// over its target meets a reading below [Law.RateCPU]: a reading up to an
+// interval old may predate the queue, and a burst that begins just after
+// it would otherwise wait for the next reading before a rate is set. A
+// *cpugate.Gate has it when its sampler is a cpugate.Peeker, as the
+// cgroup and process samplers are.
 type Guard interface {
 	Reading() (cpu float64, schedP99 time.Duration)
+}
+
+// currentGuard is a [Guard] that reads the CPU use since its latest
+// reading (see Guard).
+type currentGuard interface {
+	Current() (cpu float64, ok bool)
 }
 
 // GuardFunc adapts a function to a [Guard].
@@ -467,12 +482,21 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	now := c.o.now()
 	at, known := arrival(ctx)
 	c.mu.Lock()
-	fl := c.flow(f)
-	fl.arrivals++
 	if known {
 		c.arrSum += max(0, now.Sub(at))
 		c.arrN++
+		if now.Sub(c.onsetAt) >= c.law.Interval && c.law.Onset(c.ctl, c.arrN, c.arrSum/time.Duration(c.arrN), now) {
+			// A queue building within an interval: step now, once an
+			// interval at most (a neighbour's wait sets no rate).
+			c.onsetAt = now
+			ev := c.step(now)
+			c.mu.Unlock()
+			c.emit(ev)
+			c.mu.Lock()
+		}
 	}
+	fl := c.flow(f)
+	fl.arrivals++
 	if c.ctl.Rate > 0 {
 		held := claim(ctx, fl)
 		if known && now.Sub(at) > c.law.MaxDelay(c.ctl) && fl.demand > fl.alloc {
@@ -993,6 +1017,12 @@ func (c *Controller) step(now time.Time) event {
 	if g := c.o.guard; g != nil {
 		c.cpu, c.sched = g.Reading()
 		s.CPU = c.cpu
+		if cg, ok := g.(currentGuard); ok && c.ctl.Rate == 0 && s.QN > 0 && s.QueueDelay > c.law.Target(c.ctl) && s.CPU < c.law.RateCPU {
+			// A queue with a low reading: the reading may predate it.
+			if v, ok := cg.Current(); ok && v > s.CPU {
+				c.cpu, s.CPU = v, v
+			}
+		}
 	}
 	prev := c.ctl
 	c.ctl = c.law.Step(prev, s, now)

@@ -559,6 +559,68 @@ func TestGuardReadings(t *testing.T) {
 	})
 }
 
+// currentGuard is a Guard whose latest reading is reading and whose use
+// since it is current; peeks counts the calls of Current.
+type currentGuardFunc struct {
+	reading, current float64
+	peeks            int
+}
+
+func (g *currentGuardFunc) Reading() (float64, time.Duration) { return g.reading, 0 }
+func (g *currentGuardFunc) Current() (float64, bool) {
+	g.peeks++
+	return g.current, true
+}
+
+// A queue that builds within an interval steps the law at once, and a
+// guard whose latest reading is low is asked for the CPU use since: a
+// burst that began after the reading meets a rate within tens of
+// milliseconds, and a wait for a CPU this server does not use sets none.
+func TestOnsetAsksTheGuardForACurrentReading(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		current  float64
+		wantRate bool
+	}{
+		{"busy since the reading", 0.95, true},
+		{"idle since the reading", 0.3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := &currentGuardFunc{reading: 0.3, current: tc.current}
+				c, err := New(WithLaw(Law{ProbeSamples: 1, ProbeEvery: time.Hour}), WithGuard(g))
+				if err != nil {
+					t.Fatal(err)
+				}
+				warm(t, c, 2*ms)
+				// The warm-up's last call stepped the law; 10 ms later,
+				// calls that queued 50 ms (the target is 6 ms) arrive
+				// one after another, each taking 2 ms.
+				start := time.Now()
+				time.Sleep(10 * ms)
+				for range 10 {
+					p, err := c.Acquire(Arrived(t.Context(), time.Now().Add(-50*ms)), Flow{Key: "f"})
+					if err != nil {
+						break // shed once a rate is set
+					}
+					time.Sleep(2 * ms)
+					p.Done()
+				}
+				if took := time.Since(start); took >= DefaultInterval {
+					t.Fatalf("the calls took %v, not within an interval", took)
+				}
+				if g.peeks == 0 {
+					t.Error("the guard was not asked for its current reading")
+				}
+				s := c.Snapshot()
+				if got := s.Rate > 0; got != tc.wantRate {
+					t.Errorf("rate %v (CPU %v) within %v of the queue, want a rate: %v", s.Rate, s.CPU, DefaultInterval, tc.wantRate)
+				}
+			})
+		})
+	}
+}
+
 // controllerWithFlow returns a default controller with one flow, "noisy",
 // for tests that set its internals under c.mu.
 func controllerWithFlow(t *testing.T) (*Controller, Flow, *flow) {

@@ -45,7 +45,9 @@
 // supplies readings that explain the controller's decisions in its logs
 // and snapshots, and check them: a long queueing delay while this
 // server's own CPU is low is a neighbour's and sets no rate
-// ([Law.RateCPU]), and a pinned reading trims a rate the queueing delay
+// ([Law.RateCPU]; a gate whose sampler can peek, such as the cgroup and
+// process samplers, is asked for the use since its latest reading, which
+// may predate the queue), and a pinned reading trims a rate the queueing delay
 // has set towards what the server completes and keeps it from growing,
 // because a Go server whose CPU never idles reads its sockets late
 // ([Law.SaturatedCPU]). [Law.GuardCPU] makes them cut the

@@ -61,6 +61,8 @@ type Law struct {
 	Objective time.Duration
 	// Interval is the least time between two limit updates; an update also
 	// waits for MinSamples completions, up to 10 × Interval. Default 100 ms.
+	// A queue that builds while no rate is in force may bring an update
+	// forward, once an Interval (see [Law.Onset]).
 	Interval time.Duration
 	// MinSamples is the fewest completions an update is made from.
 	// Default 8.
@@ -398,6 +400,18 @@ func (l Law) Due(c Control, n int, now time.Time) bool {
 	// While the rate is limited, every interval: a low rate completes
 	// few calls, and must not wait for them to grow again.
 	return (since >= l.Interval && (n >= l.MinSamples || c.Rate > 0)) || since >= 10*l.Interval
+}
+
+// Onset reports whether a queue is building fast enough to step before
+// the interval is over: no admission rate is in force, qn calls (at least
+// MinSamples) reached the controller since the last step, having waited
+// qd on average, over twice the target, and a quarter of an Interval has
+// passed since the last step. A burst then meets a rate within tens of
+// milliseconds rather than at the end of the interval it began in.
+func (l Law) Onset(c Control, qn int, qd time.Duration, now time.Time) bool {
+	l = l.withDefaults()
+	return c.Rate == 0 && c.Limit > 0 && qn >= l.MinSamples &&
+		qd > 2*l.Target(c) && now.Sub(c.LastStep) >= l.Interval/4
 }
 
 // ProbeLimit returns the limit during a probe from a limit of saved: a

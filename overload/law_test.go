@@ -552,3 +552,32 @@ func TestCPUExcess(t *testing.T) {
 		}
 	}
 }
+
+// Onset: a step before the interval is over, only for a queue over twice
+// its target, of MinSamples calls or more, without a rate, a quarter of an
+// interval after the last step.
+func TestLawOnset(t *testing.T) {
+	var l Law
+	c, now := probed(t, l, 3*ms) // target 9 ms
+	now = now.Add(DefaultInterval / 4)
+	if !l.Onset(c, DefaultMinSamples, 19*ms, now) {
+		t.Error("Onset = false for 8 calls queued 19 ms, 25 ms after the last step")
+	}
+	for _, tc := range []struct {
+		name string
+		c    Control
+		qn   int
+		qd   time.Duration
+		now  time.Time
+	}{
+		{"before the first step", Control{}, 8, 19 * ms, now},
+		{"with a rate in force", func() Control { r := c; r.Rate = 100; return r }(), 8, 19 * ms, now},
+		{"too few calls", c, DefaultMinSamples - 1, 19 * ms, now},
+		{"a queue within twice the target", c, 8, 18 * ms, now},
+		{"too soon after the last step", c, 8, 19 * ms, now.Add(-ms)},
+	} {
+		if l.Onset(tc.c, tc.qn, tc.qd, tc.now) {
+			t.Errorf("%s: Onset = true", tc.name)
+		}
+	}
+}
