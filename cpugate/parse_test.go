@@ -392,31 +392,42 @@ func TestCgroupSamplerV2(t *testing.T) {
 	}
 }
 
-func TestCgroupSamplerV1(t *testing.T) {
-	root := copyTree(t, "v1-quota")
-	const usage = "sys/fs/cgroup/cpuacct/cpuacct.usage"
-	t0 := time.Unix(1000, 0)
+// v1Usage is the usage counter of the v1-quota fixture, whose quota is
+// 0.5 CPU and whose usage starts at 1 CPU-second.
+const v1Usage = "sys/fs/cgroup/cpuacct/cpuacct.usage"
+
+// v1Sampler returns a sampler of a copy of the v1-quota fixture, made at
+// t0, and the copy's root.
+func v1Sampler(t *testing.T) (s *CgroupSampler, root string, t0 time.Time) {
+	t.Helper()
+	root = copyTree(t, "v1-quota")
+	t0 = time.Unix(1000, 0)
 	s, err := newCgroupSampler(root, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	return s, root, t0
+}
+
+func TestCgroupSamplerV1(t *testing.T) {
+	s, root, t0 := v1Sampler(t)
 	if got, want := s.Source(), SourceCgroup1; got != want {
 		t.Errorf("Source() = %q, want %q", got, want)
 	}
 	// 0.1 CPU-seconds (ns) in 250 ms against 0.5 CPU: 80%.
-	write(t, root, usage, "1100000000\n")
+	write(t, root, v1Usage, "1100000000\n")
 	r, err := s.SampleAt(t0.Add(250 * time.Millisecond))
 	if err != nil || math.Abs(r.CPU-0.8) > 1e-12 {
 		t.Errorf("SampleAt() = %v, %v, want CPU 0.8", r, err)
 	}
 	// More than the quota (a burst, or timer jitter) reads as 1.
-	write(t, root, usage, "1400000000\n")
+	write(t, root, v1Usage, "1400000000\n")
 	if r, err := s.SampleAt(t0.Add(500 * time.Millisecond)); err != nil || r.CPU != 1 {
 		t.Errorf("SampleAt(over quota) = %v, %v, want CPU 1", r, err)
 	}
 	// A vanished counter file is no reading.
-	if err := os.Remove(filepath.Join(root, usage)); err != nil {
+	if err := os.Remove(filepath.Join(root, v1Usage)); err != nil {
 		t.Fatal(err)
 	}
 	s.Close() // drop the open file, as if the kernel had removed the cgroup
@@ -428,16 +439,9 @@ func TestCgroupSamplerV1(t *testing.T) {
 // A peek reports the use since the latest sample and leaves the interval
 // open: the next sample still covers all of it.
 func TestCgroupSamplerPeek(t *testing.T) {
-	root := copyTree(t, "v1-quota")
-	const usage = "sys/fs/cgroup/cpuacct/cpuacct.usage"
-	t0 := time.Unix(1000, 0)
-	s, err := newCgroupSampler(root, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, root, t0 := v1Sampler(t)
 	// 0.0225 CPU-seconds in 50 ms against 0.5 CPU: 90%.
-	write(t, root, usage, "1022500000\n")
+	write(t, root, v1Usage, "1022500000\n")
 	if _, err := s.PeekAt(t0.Add(MinPeek - time.Microsecond)); !errors.Is(err, ErrNoReading) {
 		t.Errorf("PeekAt(< MinPeek) error = %v, want ErrNoReading", err)
 	}
