@@ -64,7 +64,8 @@ type Sampler interface {
 // Sample without ending the interval: the next Sample still covers all of
 // it. A peek over less than [MinPeek] is no reading: over a few
 // milliseconds, use is all or nothing. [CgroupSampler] and
-// [ProcessSampler] are Peekers, and so is a [SchedGuard] around one.
+// [ProcessSampler] are Peekers; a [SchedGuard] peeks through the sampler
+// it wraps, and fails to where that is no Peeker.
 // [Gate.Current] peeks.
 type Peeker interface {
 	Sampler
@@ -73,6 +74,12 @@ type Peeker interface {
 
 // MinPeek is the shortest interval a [Peeker] turns into a reading.
 const MinPeek = 10 * time.Millisecond
+
+var (
+	_ Peeker = (*CgroupSampler)(nil)
+	_ Peeker = (*ProcessSampler)(nil)
+	_ Peeker = (*SchedGuard)(nil)
+)
 
 // SamplerFunc adapts a function to a [Sampler], for tests, scripted loads and
 // signals of your own.
