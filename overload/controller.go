@@ -354,9 +354,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 //
 // A Guard that also has a method Current() (cpu float64, ok bool), the
 // CPU use since its latest reading, is asked for it when a queueing delay
-// over its target meets a reading below [Law.RateCPU]: a reading up to an
-// interval old may predate the queue, and a burst that begins just after
-// it would otherwise wait for the next reading before a rate is set. A
+// over its target meets a reading below [Law.RateCPU], or 0 (none yet): a
+// reading up to an interval old may predate the queue, and a burst that
+// begins just after it would otherwise wait for the next reading before a
+// rate is set. A
 // *cpugate.Gate has it when its sampler is a cpugate.Peeker, as the
 // cgroup and process samplers are.
 type Guard interface {
@@ -485,7 +486,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	if known {
 		c.arrSum += max(0, now.Sub(at))
 		c.arrN++
-		if now.Sub(c.onsetAt) >= c.law.Interval && c.law.Onset(c.ctl, c.arrN, c.arrSum/time.Duration(c.arrN), now) {
+		if now.Sub(c.onsetAt) >= c.law.Interval && c.law.Onset(c.ctl, c.n, c.arrN, c.arrSum/time.Duration(c.arrN), now) {
 			// A queue building within an interval: step now, once an
 			// interval at most (a neighbour's wait sets no rate).
 			c.onsetAt = now
@@ -1018,7 +1019,10 @@ func (c *Controller) step(now time.Time) event {
 		c.cpu, c.sched = g.Reading()
 		s.CPU = c.cpu
 		if cg, ok := g.(currentGuard); ok && c.ctl.Rate == 0 && s.QN > 0 && s.QueueDelay > c.law.Target(c.ctl) && s.CPU < c.law.RateCPU {
-			// A queue with a low reading: the reading may predate it.
+			// A queue with a low reading (or none yet): the reading may
+			// predate it. A peek reads a counter (a cgroup file, or
+			// getrusage), a few microseconds, and happens only while a
+			// queue meets a low reading without a rate in force.
 			if v, ok := cg.Current(); ok && v > s.CPU {
 				c.cpu, s.CPU = v, v
 			}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/cpugate"
 )
 
 // testLaw starts at 4 slots, ends its start-up probe after one sample and
@@ -559,15 +560,18 @@ func TestGuardReadings(t *testing.T) {
 	})
 }
 
-// currentGuard is a Guard whose latest reading is reading and whose use
+// A *cpugate.Gate is a guard the controller asks for a current reading.
+var _ currentGuard = (*cpugate.Gate)(nil)
+
+// scriptedGuard is a Guard whose latest reading is reading and whose use
 // since it is current; peeks counts the calls of Current.
-type currentGuardFunc struct {
+type scriptedGuard struct {
 	reading, current float64
 	peeks            int
 }
 
-func (g *currentGuardFunc) Reading() (float64, time.Duration) { return g.reading, 0 }
-func (g *currentGuardFunc) Current() (float64, bool) {
+func (g *scriptedGuard) Reading() (float64, time.Duration) { return g.reading, 0 }
+func (g *scriptedGuard) Current() (float64, bool) {
 	g.peeks++
 	return g.current, true
 }
@@ -587,7 +591,7 @@ func TestOnsetAsksTheGuardForACurrentReading(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				g := &currentGuardFunc{reading: 0.3, current: tc.current}
+				g := &scriptedGuard{reading: 0.3, current: tc.current}
 				c, err := New(WithLaw(Law{ProbeSamples: 1, ProbeEvery: time.Hour}), WithGuard(g))
 				if err != nil {
 					t.Fatal(err)

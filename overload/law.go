@@ -62,7 +62,8 @@ type Law struct {
 	// Interval is the least time between two limit updates; an update also
 	// waits for MinSamples completions, up to 10 × Interval. Default 100 ms.
 	// A queue that builds while no rate is in force may bring an update
-	// forward, once an Interval (see [Law.Onset]).
+	// forward ([Law.Onset]); the controller does so once an Interval at
+	// most.
 	Interval time.Duration
 	// MinSamples is the fewest completions an update is made from.
 	// Default 8.
@@ -119,28 +120,25 @@ type Law struct {
 	// (SaturatedCPU), at most once per 250 ms, in (0, 1). Default 0.05.
 	RateStep float64
 	// SaturatedCPU, with a guard (WithGuard), is the CPU reading at or
-	// above which this server is saturated with its own work: while the
-	// admission rate is limited, such a reading keeps it from growing,
-	// and cuts it, at most once per 250 ms, by RateStep × how far the
+	// above which this server is saturated with its own work. While the
+	// admission rate is limited, such a reading keeps the rate from
+	// growing: a Go server whose CPU never idles polls its network only
+	// every few scheduling rounds, so calls wait to be read before any
+	// signal of the controller's sees them, and a rate grown into a
+	// pinned CPU builds that unseen queue. A reading above it also cuts
+	// the rate, at most once per 250 ms, by RateStep × how far the
 	// reading lies from SaturatedCPU towards 1 (all of RateStep for a
-	// pinned CPU). With a queue within its target, the cut stops at what
-	// the server completes (Control.Capacity): a pinned CPU that admits
-	// what it completes is at its capacity, and a cut below that left CPU
-	// idle until the rate grew back, which held the rate 3–5% under the
-	// capacity. A proportional cut lets the rate settle with the CPU
-	// just below pinned; a whole RateStep for any reading over the
-	// threshold held it a few points lower, since 250 ms readings of a
-	// server near its capacity scatter by a few points. A Go server whose
-	// CPU never idles polls its network only every few scheduling
-	// rounds, so calls wait to be read, before any signal of the
-	// controller's sees them, for as long as the CPU stays pinned: in the
-	// overload experiment a server whose readings stayed at 0.98–1 kept a
-	// short queue in sight and 80–100 ms of it out of sight. It acts only
-	// while a queueing delay has limited the rate, so it is no CPU cap;
-	// where the guard reads this process's own CPU (its cgroup, or its
-	// process times), a neighbour cannot raise the reading either.
-	// Default 0.97 (a 250 ms reading of a server near its capacity
-	// varies by a few points); a value above 1 turns it off.
+	// pinned CPU), but with a queue within its target no lower than what
+	// the server completes (Control.Capacity): admitting more than
+	// completes is what grows the unseen queue, and a pinned CPU that
+	// admits what it completes is at its capacity. A cut below that left
+	// CPU idle until the rate grew back, and held the rate 3–5% under
+	// the capacity. It acts only while a queueing delay has limited the
+	// rate, so it is no CPU cap; where the guard reads this process's
+	// own CPU (its cgroup, or its process times), a neighbour cannot
+	// raise the reading either. Default 0.97 (a 250 ms reading of a
+	// server near its capacity varies by a few points); a value above 1
+	// turns it off.
 	SaturatedCPU float64
 	// RateCPU, with a guard (WithGuard), is the CPU reading below which a
 	// long queueing delay is not this server's doing (a neighbour holds
@@ -403,14 +401,15 @@ func (l Law) Due(c Control, n int, now time.Time) bool {
 }
 
 // Onset reports whether a queue is building fast enough to step before
-// the interval is over: no admission rate is in force, qn calls (at least
-// MinSamples) reached the controller since the last step, having waited
-// qd on average, over twice the target, and a quarter of an Interval has
-// passed since the last step. A burst then meets a rate within tens of
+// the interval is over: no admission rate is in force, n calls completed
+// and qn reached the controller since the last step (at least MinSamples
+// each: a step from fewer sets no rate), the qn having waited qd on
+// average, over twice the target, and a quarter of an Interval has passed
+// since the last step. A burst then meets a rate within tens of
 // milliseconds rather than at the end of the interval it began in.
-func (l Law) Onset(c Control, qn int, qd time.Duration, now time.Time) bool {
+func (l Law) Onset(c Control, n, qn int, qd time.Duration, now time.Time) bool {
 	l = l.withDefaults()
-	return c.Rate == 0 && c.Limit > 0 && qn >= l.MinSamples &&
+	return c.Rate == 0 && c.Limit > 0 && n >= l.MinSamples && qn >= l.MinSamples &&
 		qd > 2*l.Target(c) && now.Sub(c.LastStep) >= l.Interval/4
 }
 

@@ -354,9 +354,17 @@ func TestLawRate(t *testing.T) {
 	// holds the rate meanwhile; a reading between SaturatedCPU and pinned
 	// cuts in proportion, one at SaturatedCPU only holds; below it, the
 	// CPU does not matter.
+	// The rate stands well above the 220 calls/s that complete, so that
+	// these cuts stay above what completes.
 	cpuCut := func(r, step float64) float64 {
-		return max(r*min(1, c.Capacity/c.Admitting)*(1-step), min(r, c.Capacity))
+		t.Helper()
+		cut := r * min(1, c.Capacity/c.Admitting) * (1 - step)
+		if cut <= c.Capacity {
+			t.Fatalf("a cut to %v would stop at what completes, %v", cut, c.Capacity)
+		}
+		return cut
 	}
+	c.Rate = 300
 	cpu = 1
 	r = c.Rate
 	next(22, ms, 40)
@@ -560,23 +568,25 @@ func TestLawOnset(t *testing.T) {
 	var l Law
 	c, now := probed(t, l, 3*ms) // target 9 ms
 	now = now.Add(DefaultInterval / 4)
-	if !l.Onset(c, DefaultMinSamples, 19*ms, now) {
-		t.Error("Onset = false for 8 calls queued 19 ms, 25 ms after the last step")
+	n := DefaultMinSamples
+	if !l.Onset(c, n, n, 19*ms, now) {
+		t.Error("Onset = false for 8 calls completed and 8 queued 19 ms, 25 ms after the last step")
 	}
 	for _, tc := range []struct {
-		name string
-		c    Control
-		qn   int
-		qd   time.Duration
-		now  time.Time
+		name  string
+		c     Control
+		n, qn int
+		qd    time.Duration
+		now   time.Time
 	}{
-		{"before the first step", Control{}, 8, 19 * ms, now},
-		{"with a rate in force", func() Control { r := c; r.Rate = 100; return r }(), 8, 19 * ms, now},
-		{"too few calls", c, DefaultMinSamples - 1, 19 * ms, now},
-		{"a queue within twice the target", c, 8, 18 * ms, now},
-		{"too soon after the last step", c, 8, 19 * ms, now.Add(-ms)},
+		{"before the first step", Control{}, n, n, 19 * ms, now},
+		{"with a rate in force", func() Control { r := c; r.Rate = 100; return r }(), n, n, 19 * ms, now},
+		{"too few calls queued", c, n, n - 1, 19 * ms, now},
+		{"too few calls completed", c, n - 1, n, 19 * ms, now},
+		{"a queue within twice the target", c, n, n, 18 * ms, now},
+		{"too soon after the last step", c, n, n, 19 * ms, now.Add(-ms)},
 	} {
-		if l.Onset(tc.c, tc.qn, tc.qd, tc.now) {
+		if l.Onset(tc.c, tc.n, tc.qn, tc.qd, tc.now) {
 			t.Errorf("%s: Onset = true", tc.name)
 		}
 	}
