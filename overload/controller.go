@@ -357,9 +357,8 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // over its target meets a reading below [Law.RateCPU], or 0 (none yet): a
 // reading up to an interval old may predate the queue, and a burst that
 // begins just after it would otherwise wait for the next reading before a
-// rate is set. A
-// *cpugate.Gate has it when its sampler is a cpugate.Peeker, as the
-// cgroup and process samplers are.
+// rate is set. A *cpugate.Gate has it when its sampler is a
+// cpugate.Peeker, as the cgroup and process samplers are.
 type Guard interface {
 	Reading() (cpu float64, schedP99 time.Duration)
 }
@@ -1018,11 +1017,10 @@ func (c *Controller) step(now time.Time) event {
 	if g := c.o.guard; g != nil {
 		c.cpu, c.sched = g.Reading()
 		s.CPU = c.cpu
-		if cg, ok := g.(currentGuard); ok && c.ctl.Rate == 0 && s.QN > 0 && s.QueueDelay > c.law.Target(c.ctl) && s.CPU < c.law.RateCPU {
-			// A queue with a low reading (or none yet): the reading may
-			// predate it. A peek reads a counter (a cgroup file, or
-			// getrusage), a few microseconds, and happens only while a
-			// queue meets a low reading without a rate in force.
+		if cg, ok := g.(currentGuard); ok && c.law.lowCPUHolds(c.ctl, s) {
+			// A peek reads a counter (a cgroup file, or getrusage), a
+			// few microseconds, and happens only while a queue meets a
+			// low reading without a rate in force.
 			if v, ok := cg.Current(); ok && v > s.CPU {
 				c.cpu, s.CPU = v, v
 			}

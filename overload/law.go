@@ -408,9 +408,21 @@ func (l Law) Due(c Control, n int, now time.Time) bool {
 // since the last step. A burst then meets a rate within tens of
 // milliseconds rather than at the end of the interval it began in.
 func (l Law) Onset(c Control, n, qn int, qd time.Duration, now time.Time) bool {
+	if c.Rate != 0 || c.Limit == 0 {
+		return false // the common case, on every admission: decided cheaply
+	}
 	l = l.withDefaults()
-	return c.Rate == 0 && c.Limit > 0 && n >= l.MinSamples && qn >= l.MinSamples &&
+	return n >= l.MinSamples && qn >= l.MinSamples &&
 		qd > 2*l.Target(c) && now.Sub(c.LastStep) >= l.Interval/4
+}
+
+// lowCPUHolds reports whether s's CPU reading, below RateCPU or none yet,
+// is all that keeps its queueing delay, over the target, from setting a
+// rate: the controller then asks its guard for the use since the reading
+// (see [Guard]), which may predate the queue.
+func (l Law) lowCPUHolds(c Control, s Sample) bool {
+	l = l.withDefaults()
+	return c.Rate == 0 && s.QN > 0 && s.QueueDelay > l.Target(c) && s.CPU < l.RateCPU
 }
 
 // ProbeLimit returns the limit during a probe from a limit of saved: a
