@@ -25,7 +25,7 @@ type cgroupPaths struct {
 	// quota caps all its children (a Kubernetes pod around its containers).
 	quotaDirs []string
 	// cpusets are candidate cpu list files, nearest first. None means the
-	// budget falls back to the process's CPU affinity.
+	// process's CPU affinity alone bounds the CPUs it may run on.
 	cpusets []string
 }
 
@@ -160,13 +160,15 @@ func exists(fsys fs.FS, name string) bool {
 	return err == nil
 }
 
-// readBudget returns the CPUs this cgroup may use: the smallest quota among
-// it and its ancestors, bounded by the size of its cpuset (a quota of 8 CPUs
-// on a 2-CPU cpuset is 2 CPUs). Missing files mean no limit at that level;
-// malformed ones are errors. read returns a file's content (fs.ReadFile in
-// tests, the sampler's kept-open files in production); affinity supplies the
-// CPU count when no cpuset file is readable.
-func readBudget(read func(name string) ([]byte, error), p cgroupPaths, affinity func() int) (float64, error) {
+// readBudget returns the CPUs this process can use: the smallest quota among
+// its cgroup and their ancestors, bounded by the size of the cgroup's cpuset
+// (a quota of 8 CPUs on a 2-CPU cpuset is 2 CPUs) and by procs, its affinity
+// and GOMAXPROCS (a quota of 2 CPUs with GOMAXPROCS 1 is 1 CPU). The kernel
+// keeps the affinity within the cpuset, but the cpuset still bounds the
+// budget where the affinity cannot be read. Missing files mean no limit at
+// that level; malformed ones are errors. read returns a file's content
+// (fs.ReadFile in tests, the sampler's kept-open files in production).
+func readBudget(read func(name string) ([]byte, error), p cgroupPaths, procs procLimits) (float64, error) {
 	budget := math.Inf(1)
 	for _, d := range p.quotaDirs {
 		var cpus float64
@@ -200,7 +202,7 @@ func readBudget(read func(name string) ([]byte, error), p cgroupPaths, affinity 
 			budget = min(budget, cpus)
 		}
 	}
-	n := 0
+	n := procs.cpus()
 	for _, f := range p.cpusets {
 		b, err := read(f)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -208,35 +210,46 @@ func readBudget(read func(name string) ([]byte, error), p cgroupPaths, affinity 
 		} else if err != nil {
 			return 0, err
 		}
-		if n, err = parseCPUList(path.Base(f), b); err != nil {
+		set, err := parseCPUList(path.Base(f), b)
+		if err != nil {
 			return 0, err
 		}
+		n = min(n, set)
 		break
-	}
-	if n == 0 {
-		n = affinity()
 	}
 	return min(budget, float64(n)), nil
 }
 
 // A CgroupSampler measures the CPU use of this process's cgroup (its
-// container, on most orchestrators) against the CPU the cgroup may use: the
-// smallest cpu quota of the cgroup and its ancestors, bounded by its cpuset.
+// container, on most orchestrators) against the CPU this process can use:
+// the smallest of the cpu quotas of the cgroup and its ancestors, the CPUs
+// the process may run on (the cgroup's cpuset and the process's affinity
+// mask), and GOMAXPROCS. A process pinned to one CPU in a cgroup allowed two
+// is saturated at one CPU's worth of use, and reads 1 there, not 0.5.
 //
 // It supports cgroup v2 (cpu.stat usage_usec, cpu.max,
 // cpuset.cpus.effective) and v1 (cpuacct.usage, cpu.cfs_quota_us and
 // cpu.cfs_period_us, cpuset.cpus). The usage counter file stays open and is
-// re-read in place, with no allocation, and so do the limit files, which are
-// re-read every few seconds because orchestrators resize containers while
-// they run.
+// re-read in place, with no allocation, and so do the limit files. The limits
+// (files, affinity and GOMAXPROCS) are re-read every few seconds because
+// they change while the process runs: orchestrators resize containers, and
+// GOMAXPROCS moves with runtime.GOMAXPROCS calls and, by default, with the
+// quota.
 //
 // Usage counts every process in the cgroup, not only this one: in a
-// container that is the right measure, since they share the quota.
+// container that is the right measure, since they share the quota. But when
+// this process's affinity or GOMAXPROCS is what bounds the budget, the other
+// processes' use is counted against a budget that is this process's alone,
+// and the fraction can exceed 1; like any value above 1 it is reported as 1.
+// Such a reading says the cgroup is busy, not that this process is: where
+// busy processes share the cgroup with one held to fewer CPUs, a
+// [ProcessSampler] measures this process alone.
 //
 // A CgroupSampler is not safe for concurrent use. Close releases the open
 // files.
 type CgroupSampler struct {
 	paths    cgroupPaths
+	procs    procLimits
 	source   string
 	usage    kept
 	limits   map[string]*kept // by path; read only every limitsEvery
@@ -297,12 +310,12 @@ func (k *kept) close() error {
 // outside Linux) and one wrapping [ErrMalformed] when a file cannot be
 // parsed.
 func NewCgroupSampler() (*CgroupSampler, error) {
-	return newCgroupSampler("/", time.Now())
+	return newCgroupSampler("/", time.Now(), liveLimits)
 }
 
-// newCgroupSampler reads the cgroup files under root, so tests can point it
-// at a fixture tree.
-func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
+// newCgroupSampler reads the cgroup files under root and this process's
+// limits from procs, so tests can point it at a fixture tree and set them.
+func newCgroupSampler(root string, now time.Time, procs procLimits) (*CgroupSampler, error) {
 	p, err := findCgroup(os.DirFS(root))
 	if err != nil {
 		return nil, err
@@ -310,6 +323,7 @@ func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
 	osPath := func(name string) string { return filepath.Join(root, filepath.FromSlash(name)) }
 	c := &CgroupSampler{
 		paths:  p,
+		procs:  procs,
 		source: SourceCgroup1,
 		usage:  kept{name: osPath(p.usage)},
 		limits: make(map[string]*kept),
@@ -325,7 +339,7 @@ func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
 		}
 		return k.read()
 	}
-	if c.budget, err = readBudget(c.readFn, p, affinityCPUs); err != nil {
+	if c.budget, err = readBudget(c.readFn, p, c.procs); err != nil {
 		c.Close()
 		if errors.Is(err, ErrMalformed) {
 			return nil, err
@@ -345,8 +359,8 @@ func newCgroupSampler(root string, now time.Time) (*CgroupSampler, error) {
 // Source returns [SourceCgroup2] or [SourceCgroup1].
 func (c *CgroupSampler) Source() string { return c.source }
 
-// Budget returns the CPUs the cgroup may use, as last read: a quota of
-// 150000/100000 is 1.5.
+// Budget returns the CPUs readings are measured against, as last read: a
+// quota of 150000/100000 is 1.5, and 1 with GOMAXPROCS 1.
 func (c *CgroupSampler) Budget() float64 { return c.budget }
 
 // Sample returns the cgroup's CPU use since the previous sample.
@@ -364,7 +378,7 @@ func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
 		return Reading{Source: c.source}, err
 	}
 	if now.Sub(c.limitsAt) >= limitsEvery {
-		if b, err := readBudget(c.readFn, c.paths, affinityCPUs); err == nil {
+		if b, err := readBudget(c.readFn, c.paths, c.procs); err == nil {
 			c.budget = b
 		}
 		c.limitsAt = now

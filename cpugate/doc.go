@@ -17,14 +17,19 @@
 // # The model
 //
 // A [Sampler] returns a [Reading]: the fraction of the CPU available to this
-// process that was busy since the previous reading. "Available" is the
-// budget the kernel enforces: a container's cgroup quota (the smallest among
-// its cgroup and their ancestors) bounded by its cpuset, else the CPUs the
-// process may run on. It is never GOMAXPROCS, which says how many threads Go
-// runs, not how much CPU there is. [NewSampler] picks the best source:
-// [CgroupSampler] (cgroup v2 or v1), [ProcessSampler] (getrusage), or
-// [HostSampler] (the whole machine, through gopsutil), and names it for logs
-// and metrics. [SchedGuard] adds a second signal, how long goroutines wait to
+// process that was busy since the previous reading. "Available" is what this
+// process can use, the least of: its container's cgroup quota (the smallest
+// among its cgroup and their ancestors), the CPUs it may run on (its cpuset
+// and affinity mask) and GOMAXPROCS, all re-read every few seconds because
+// each can change at run time. A process held to fewer CPUs than its quota
+// is saturated at what it holds: pinned to one CPU in a container allowed
+// two, it reads 1, not 0.5. A cgroup's usage counts all its processes, so
+// with others sharing the cgroup it can exceed a budget bounded by this
+// process's limits; it is then reported as 1. [NewSampler] picks the best
+// source: [CgroupSampler] (cgroup v2 or v1) or [ProcessSampler] (getrusage),
+// both measured against that budget, or [HostSampler] (the whole machine
+// against all its CPUs, through gopsutil), and names it for logs and
+// metrics. [SchedGuard] adds a second signal, how long goroutines wait to
 // run, which sees saturation that CPU use cannot (a noisy neighbour, CFS
 // throttling).
 //

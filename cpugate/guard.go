@@ -15,10 +15,10 @@ const schedLatencies = "/sched/latencies:seconds"
 // histogram /sched/latencies:seconds.
 //
 // CPU use alone misses saturation it cannot see: a noisy neighbour on the
-// host, CPU throttling inside a quota period, or GOMAXPROCS set below the
-// budget. Goroutines waiting to run see all of them. The guard is off by
-// default because what counts as too slow depends on the service: set
-// [Fixed.SchedP99] or [Adaptive.SchedP99] to turn it on.
+// host, or CPU throttling inside a quota period. Goroutines waiting to run
+// see both. The guard is off by default because what counts as too slow
+// depends on the service: set [Fixed.SchedP99] or [Adaptive.SchedP99] to
+// turn it on.
 //
 // The histogram is cumulative since the program started, so the guard keeps
 // the previous counts and takes the percentile of the difference. A

@@ -15,9 +15,11 @@ import (
 // would each see the interval since the other's call.
 //
 // It is the portable fallback: it works wherever gopsutil does, but it sees
-// other tenants' load, not this process's budget. Parsing /proc/stat also
-// costs more than reading one cgroup counter. It is not safe for concurrent
-// use.
+// other tenants' load, not this process's budget. It measures against every
+// CPU of the machine, whatever this process's quota, affinity or GOMAXPROCS:
+// a process that saturates the one CPU it is pinned to reads 0.5 on a
+// machine of two. Parsing /proc/stat also costs more than reading one cgroup
+// counter. It is not safe for concurrent use.
 type HostSampler struct {
 	busy, total float64 // seconds, at the previous reading
 	times       func() (cpu.TimesStat, error)

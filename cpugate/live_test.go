@@ -64,8 +64,8 @@ func TestNewSamplerLive(t *testing.T) {
 		}
 	}
 	if c, ok := s.(*CgroupSampler); ok {
-		if b := c.Budget(); !(b > 0 && b <= float64(affinityCPUs())) {
-			t.Errorf("Budget() = %v, want within (0, %d]", b, affinityCPUs())
+		if b, most := c.Budget(), min(affinityCPUs(), runtime.GOMAXPROCS(0)); !(b > 0 && b <= float64(most)) {
+			t.Errorf("Budget() = %v, want within (0, %d], the smaller of the affinity count and GOMAXPROCS", b, most)
 		}
 		if err := c.Close(); err != nil {
 			t.Error(err)
@@ -90,15 +90,15 @@ func TestCgroupSamplerLive(t *testing.T) {
 
 func TestProcessSamplerLive(t *testing.T) {
 	start := time.Now()
-	s, err := newProcessSampler(start)
+	s, err := newProcessSampler(start, liveLimits)
 	if errors.Is(err, ErrUnsupported) {
 		t.Skip(err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := s.CPUs(), affinityCPUs(); got != want || got < 1 {
-		t.Errorf("CPUs() = %d, want the affinity count %d", got, want)
+	if got, want := s.CPUs(), min(affinityCPUs(), runtime.GOMAXPROCS(0)); got != want || got < 1 {
+		t.Errorf("CPUs() = %d, want the smaller of the affinity count and GOMAXPROCS, %d", got, want)
 	}
 	const spin = 30 * time.Millisecond
 	burnCPU(t, spin)

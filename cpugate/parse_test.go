@@ -258,7 +258,7 @@ func TestFindCgroup(t *testing.T) {
 			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(cgroupPaths{})); diff != "" {
 				t.Errorf("findCgroup() mismatch (-want +got):\n%s", diff)
 			}
-			budget, err := readBudget(readFS(fsys), got, func() int { return 64 })
+			budget, err := readBudget(readFS(fsys), got, limits(64, 64))
 			if err != nil || budget != tt.budget {
 				t.Errorf("readBudget() = %v, %v, want %v, nil", budget, err, tt.budget)
 			}
@@ -272,11 +272,19 @@ func TestReadBudgetMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readBudget(readFS(fsys), p, func() int { return 2 }); !errors.Is(err, ErrMalformed) {
+	if _, err := readBudget(readFS(fsys), p, limits(2, 2)); !errors.Is(err, ErrMalformed) {
 		t.Errorf("readBudget(malformed) error = %v, want ErrMalformed", err)
 	}
-	if _, err := newCgroupSampler(filepath.Join(fixtures, "malformed"), time.Now()); !errors.Is(err, ErrMalformed) {
+	if _, err := newCgroupSampler(filepath.Join(fixtures, "malformed"), time.Now(), limits(2, 2)); !errors.Is(err, ErrMalformed) {
 		t.Errorf("newCgroupSampler(malformed) error = %v, want ErrMalformed", err)
+	}
+}
+
+// limits returns fixed process limits: affinity CPUs and GOMAXPROCS.
+func limits(affinity, gomaxprocs int) procLimits {
+	return procLimits{
+		affinity:   func() int { return affinity },
+		gomaxprocs: func() int { return gomaxprocs },
 	}
 }
 
@@ -324,7 +332,7 @@ func TestCgroupSamplerV2(t *testing.T) {
 	const dir = "sys/fs/cgroup/kubepods.slice/pod1/ctr/"
 	write(t, root, dir+"cpu.stat", "usage_usec 1000000\nuser_usec 1\n")
 	t0 := time.Unix(1000, 0)
-	s, err := newCgroupSampler(root, t0)
+	s, err := newCgroupSampler(root, t0, limits(64, 64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +410,7 @@ func v1Sampler(t *testing.T) (s *CgroupSampler, root string, t0 time.Time) {
 	t.Helper()
 	root = copyTree(t, "v1-quota")
 	t0 = time.Unix(1000, 0)
-	s, err := newCgroupSampler(root, t0)
+	s, err := newCgroupSampler(root, t0, limits(64, 64))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,18 @@ package cpugate
 import "time"
 
 // A ProcessSampler measures this process's own CPU time (getrusage) against
-// the CPUs it may run on (its affinity mask, re-read every few seconds).
+// the CPUs it can use: the smaller of its affinity mask and GOMAXPROCS, both
+// re-read every few seconds since either can change at run time. It sees no
+// cgroup quota; [CgroupSampler] does.
+//
+// Threads that run outside GOMAXPROCS (in system calls or cgo) can take the
+// process past its budget; such readings are reported as 1.
 //
 // It ignores other processes: use it when this process has the machine or
-// its cgroup to itself and the cgroup is not visible. It is not safe for
-// concurrent use.
+// its cgroup to itself and the cgroup is not visible, or when it shares a
+// cgroup with busy processes. It is not safe for concurrent use.
 type ProcessSampler struct {
+	procs    procLimits
 	cpus     int
 	limitsAt time.Time
 	last     time.Duration
@@ -19,18 +25,21 @@ type ProcessSampler struct {
 // time since this call. It returns an error wrapping [ErrUnsupported] where
 // getrusage does not exist.
 func NewProcessSampler() (*ProcessSampler, error) {
-	return newProcessSampler(time.Now())
+	return newProcessSampler(time.Now(), liveLimits)
 }
 
-func newProcessSampler(now time.Time) (*ProcessSampler, error) {
+// newProcessSampler reads this process's limits from procs, so tests can
+// set them.
+func newProcessSampler(now time.Time, procs procLimits) (*ProcessSampler, error) {
 	u, err := processCPUTime()
 	if err != nil {
 		return nil, err
 	}
-	return &ProcessSampler{cpus: affinityCPUs(), limitsAt: now, last: u, lastAt: now}, nil
+	return &ProcessSampler{procs: procs, cpus: procs.cpus(), limitsAt: now, last: u, lastAt: now}, nil
 }
 
-// CPUs returns how many CPUs the process may run on, as last read.
+// CPUs returns how many CPUs readings are measured against, as last read:
+// the smaller of the affinity count and GOMAXPROCS.
 func (p *ProcessSampler) CPUs() int { return p.cpus }
 
 // Sample returns the process's CPU use since the previous sample.
@@ -44,7 +53,7 @@ func (p *ProcessSampler) SampleAt(now time.Time) (Reading, error) {
 		return Reading{Source: SourceProcess}, err
 	}
 	if now.Sub(p.limitsAt) >= limitsEvery {
-		p.cpus, p.limitsAt = affinityCPUs(), now
+		p.cpus, p.limitsAt = p.procs.cpus(), now
 	}
 	wall := now.Sub(p.lastAt)
 	if wall < minInterval {

@@ -2,6 +2,7 @@ package cpugate
 
 import (
 	"errors"
+	"runtime"
 	"time"
 )
 
@@ -10,7 +11,7 @@ import (
 const (
 	SourceCgroup2 = "cgroup2" // the cgroup v2 cpu controller: usage_usec against cpu.max and the cpuset
 	SourceCgroup1 = "cgroup1" // the cgroup v1 cpuacct and cpu controllers: usage against the CFS quota
-	SourceProcess = "process" // getrusage of this process against the CPUs it may run on
+	SourceProcess = "process" // getrusage of this process against the CPUs it can use (affinity, GOMAXPROCS)
 	SourceHost    = "host"    // the whole machine's busy time, from /proc/stat or the OS equivalent
 )
 
@@ -35,9 +36,11 @@ var (
 //
 // CPU is the fraction of the CPU available to this process that was busy over
 // the interval since the sampler's previous reading: 0 is idle, 1 is all of
-// it. "Available" means the container's quota when there is one, else the
-// CPUs this process may run on; never GOMAXPROCS, which a user may set to
-// anything. Samplers report values above 1 (timer jitter, burst quota) as 1.
+// it. "Available" means what this process can use: the smallest of its
+// container's quota, the CPUs it may run on and GOMAXPROCS (see the package
+// documentation); a [HostSampler] measures the whole machine instead.
+// Samplers report values above 1 (timer jitter, burst quota, other
+// processes in the cgroup) as 1.
 //
 // SchedP99 is the guard signal: the 99th percentile of the time goroutines
 // waited to run during the interval, or 0 when unknown. Only [SchedGuard]
@@ -88,10 +91,30 @@ type SamplerFunc func() (Reading, error)
 // Sample returns f().
 func (f SamplerFunc) Sample() (Reading, error) { return f() }
 
-// limitsEvery is how often samplers re-read limits (quota, cpuset, affinity).
-// Orchestrators change them at run time (a resized pod, a moved container),
-// but rarely, and re-reading them costs more than a sample.
+// limitsEvery is how often samplers re-read limits (quota, cpuset, affinity,
+// GOMAXPROCS). They change at run time (a resized pod, a moved container, a
+// taskset, a call to runtime.GOMAXPROCS or the runtime following a new
+// quota), but rarely, and re-reading them costs more than a sample.
 const limitsEvery = 5 * time.Second
+
+// procLimits reads how many CPUs this process can keep busy at once: no
+// more than it may run on, and no more than GOMAXPROCS, since Go runs its
+// code on at most GOMAXPROCS threads. A process held below its cgroup's
+// quota is saturated at these, so readings are measured against them. The
+// samplers call them at each limits re-read; tests replace them.
+type procLimits struct {
+	affinity   func() int // CPUs in the affinity mask
+	gomaxprocs func() int // runtime.GOMAXPROCS(0)
+}
+
+// liveLimits reads this process's limits from the kernel and the runtime.
+var liveLimits = procLimits{
+	affinity:   affinityCPUs,
+	gomaxprocs: func() int { return runtime.GOMAXPROCS(0) },
+}
+
+// cpus returns the smaller limit, at least 1.
+func (l procLimits) cpus() int { return max(1, min(l.affinity(), l.gomaxprocs())) }
 
 // minInterval is the shortest interval a sampler turns into a reading. Below
 // it, counter granularity (1 µs, or a 10 ms tick for /proc/stat) dominates.
