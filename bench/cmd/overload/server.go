@@ -319,15 +319,7 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 				return variant{}, err
 			}
 			opts = append(opts, middleware.WithOverload(ctrl))
-			v.stats = func(st *serverStats, _ cpugate.Snapshot) {
-				snap := ctrl.Snapshot()
-				st.State = snap.State.String()
-				st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
-				st.Rate, st.DelayMs = snap.Rate, millis(snap.QueueDelay)
-				st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.QueueTarget), millis(snap.RTT), millis(snap.Baseline)
-				st.CapacityPS = snap.Capacity
-				st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
-			}
+			v.stats = func(st *serverStats, _ cpugate.Snapshot) { controllerStats(st, ctrl) }
 		}
 		l, err := middleware.New(store, middleware.Static(table), opts...)
 		if err != nil {
@@ -379,6 +371,20 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 		return build(capacity)
 	}
 	return variant{}, fmt.Errorf("unknown variant %q", name)
+}
+
+// controllerStats fills in E's fields of the stats from a snapshot of its
+// controller. Admitted and Shed are the snapshot's lasting API; the other
+// fields are its law's, which changes with the controller: this is the
+// only place the bench reads them.
+func controllerStats(st *serverStats, ctrl *overload.Controller) {
+	snap := ctrl.Snapshot()
+	st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
+	st.State = snap.State.String()
+	st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
+	st.Rate, st.DelayMs = snap.Rate, millis(snap.QueueDelay)
+	st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.QueueTarget), millis(snap.RTT), millis(snap.Baseline)
+	st.CapacityPS = snap.Capacity
 }
 
 // xrateLimiter adapts a rate.Limiter to ratelimit.Limiter.
