@@ -160,6 +160,24 @@ func detectIsolation(pin, cgroup bool, quota float64) *Isolation {
 	return iso
 }
 
+// setQuota sets the server cgroup's CFS quota to cpus CPUs, or lifts it
+// when cpus is not positive. The servers of a run share the cgroup, one
+// at a time: the scenario matrix gives each placement its own quota.
+func (iso *Isolation) setQuota(cpus float64) error {
+	if iso.CgroupCPU == "" {
+		return errors.New("no cgroup")
+	}
+	q := -1
+	if cpus > 0 {
+		q = int(cpus * float64(iso.PeriodUs))
+	}
+	if err := os.WriteFile(filepath.Join(iso.CgroupCPU, "cpu.cfs_quota_us"), []byte(strconv.Itoa(q)), 0o644); err != nil {
+		return err
+	}
+	iso.Quota = max(cpus, 0)
+	return nil
+}
+
 // removeCgroups removes the cgroups, which must be empty by then: the load
 // generator moves itself back to the root cgroup first.
 func (iso *Isolation) removeCgroups() {
@@ -189,9 +207,9 @@ type serverProc struct {
 }
 
 // startServer starts a server process: itself with "server" and args, in
-// the cgroup and pinned when those apply. It returns once the server
-// serves.
-func startServer(ctx context.Context, iso *Isolation, exe []string, args []string) (*serverProc, error) {
+// the cgroup and pinned when those apply, with env added to its
+// environment. It returns once the server serves.
+func startServer(ctx context.Context, iso *Isolation, exe []string, args []string, env ...string) (*serverProc, error) {
 	argv := append(append([]string{}, exe...), append([]string{"server"}, args...)...)
 	if iso.Taskset != "" {
 		argv = append([]string{iso.Taskset, "-c", strconv.Itoa(iso.ServerCPU)}, argv...)
@@ -203,7 +221,7 @@ func startServer(ctx context.Context, iso *Isolation, exe []string, args []strin
 		argv = append([]string{"/bin/sh", "-c", script, "sh"}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "CG_CPU="+iso.CgroupCPU, "CG_ACCT="+iso.CgroupAcct)
+	cmd.Env = append(append(os.Environ(), "CG_CPU="+iso.CgroupCPU, "CG_ACCT="+iso.CgroupAcct), env...)
 	cmd.Stderr = os.Stderr
 	// The server dies with the load generator, whatever kills it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -37,6 +37,17 @@
 //	go run ./cmd/overload -scenarios rejcost -capacity 380 -out /tmp/x.json -md /tmp/x.md -charts /tmp/x
 //	go run ./cmd/overload -quick -capacity 330 -variants A,E,P3 -scenarios neighbour-idle,neighbour-overload
 //
+// -matrix full runs the scenario matrix instead (see matrix.go): cells
+// that move one axis at a time (the handler's cost, a cold or warm start,
+// the server's placement, the offered load) away from a centre cell, each
+// against A, E and the peers, with a capacity measured per handler and
+// placement; -matrix quick runs two of its cells, -cells some of them.
+// Its results replace the matrix of the results at -out and keep the
+// rest, and the report renders them in a section of their own:
+//
+//	go run ./cmd/overload -matrix full
+//	go run ./cmd/overload -matrix quick -variants A,E,P1
+//
 // The server is this program re-executed ("overload server ..."), and so is
 // the neighbour ("overload neighbour ..."). Where the machine allows, the
 // load generator pins itself to CPU 1 and the server, and the neighbour, to
@@ -63,8 +74,6 @@ import (
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
-
-	"github.com/floodgate-go/floodgate/internal/burn"
 )
 
 // Config is one experiment's settings.
@@ -119,6 +128,10 @@ type Results struct {
 	// RejCosts are the rejection-cost scenario's measurements, one per
 	// variant that rejects.
 	RejCosts []RejCost `json:"rejection_costs,omitempty"`
+	// Matrix is the latest scenario matrix's results (-matrix), which a
+	// run of the scenarios keeps and a matrix run replaces: each kind of
+	// run rewrites only its own part of the results.
+	Matrix *MatrixResults `json:"matrix,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -371,6 +384,10 @@ func main() {
 	md := flag.String("md", "../BENCHMARKS.md", "the report; with -quick, a temporary directory unless set")
 	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts; with -quick, a temporary directory unless set")
 	render := flag.String("render", "", "re-render the report and charts from this JSON file, without running")
+	matrix := flag.String("matrix", "", "run the scenario matrix instead of the scenarios: "+strings.Join(matrixNames, " or ")+"; its results replace the matrix of -out's results, if any, and keep the rest")
+	cellList := flag.String("cells", "", "with -matrix, comma-separated cells to run (default: all of the matrix)")
+	ghzPath := flag.String("ghz", "auto", "with -matrix, the ghz binary for the cells it drives: auto (on PATH, else in GOPATH/bin), off, or a path")
+	ghzProto := flag.String("ghz-proto", "../proto/inventory/v1/inventory.proto", "with -matrix, the inventory proto that ghz reads")
 	flag.Parse()
 
 	if *render != "" {
@@ -383,6 +400,9 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if *matrix != "" {
+		os.Exit(matrixMain(cfg, *matrix, *cellList, *variants, *scens, *ghzPath, *ghzProto, *out, *md, *charts))
 	}
 	if cfg.Quick {
 		// A quick run's figures mean nothing: unless told otherwise, keep
@@ -431,6 +451,9 @@ func main() {
 	}
 	res.Command = "cd bench && go run ./cmd/overload " + strings.Join(os.Args[1:], " ")
 	res.Command = strings.TrimSpace(res.Command)
+	if prev, err := readResults(*out); err == nil {
+		res.Matrix = prev.Matrix
+	}
 	if err := writeResults(res, *out); err == nil {
 		cfg.Log("wrote %s", *out)
 	} else {
@@ -442,6 +465,89 @@ func main() {
 		os.Exit(1)
 	}
 	cfg.Log("wrote %s and the charts in %s", *md, *charts)
+}
+
+// matrixMain runs the scenario matrix called name and returns the exit
+// code: it writes the results into those at out (a new file when there are
+// none), renders the report and prints the matrix table.
+func matrixMain(cfg Config, name, cellList, variants, scens, ghzSetting, ghzProto, out, md, charts string) int {
+	fail := func(code int, err error) int {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		return code
+	}
+	if cfg.Quick || scens != "" {
+		return fail(2, errors.New("-matrix runs cells, not the scenarios: it takes neither -quick nor -scenarios"))
+	}
+	cells, err := matrixCells(name)
+	if err == nil {
+		cells, err = chooseCells(cells, cellList)
+	}
+	if err != nil {
+		return fail(2, err)
+	}
+	if variants == "" {
+		cfg.Variants = slices.DeleteFunc(slices.Clone(matrixVariants), func(v string) bool { return !runnable(v) })
+	} else if cfg.Variants, err = chooseVariants(variants, false); err != nil {
+		return fail(2, err)
+	}
+	if name == "quick" {
+		// As -quick: unless told otherwise, keep a quick matrix away from
+		// the committed results and report.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		dir := filepath.Join(os.TempDir(), "floodgate-overload-matrix")
+		if !set["out"] {
+			out = filepath.Join(dir, "overload.json")
+		}
+		if !set["md"] {
+			md = filepath.Join(dir, "BENCHMARKS.md")
+		}
+		if !set["charts"] {
+			charts = dir
+		}
+	}
+	mc := matrixConfig{Name: name, Cells: cells, GhzProto: ghzProto}
+	if slices.ContainsFunc(cells, func(c Cell) bool { return c.Ghz }) {
+		mc.Ghz, mc.GhzNote = findGhz(ghzSetting, ghzProto)
+		if mc.Ghz != "" {
+			if abs, err := filepath.Abs(ghzProto); err == nil {
+				mc.GhzProto = abs
+			}
+		}
+	}
+	if cfg.Pin {
+		pinSelf(1)
+	}
+	cfg.Seed = uint64(time.Now().UnixNano())
+	cfg.Log = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, args...)...)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	m, err := runMatrix(ctx, cfg, mc)
+	if err != nil {
+		return fail(1, err)
+	}
+	m.Command = strings.TrimSpace("cd bench && go run ./cmd/overload " + strings.Join(os.Args[1:], " "))
+	res, err := readResults(out)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			return fail(1, fmt.Errorf("the results to add the matrix to: %w", err))
+		}
+		res = &Results{Config: cfg, Fits: map[string]Fit{}}
+	}
+	res.Matrix = m
+	if err := writeResults(res, out); err != nil {
+		return fail(1, err)
+	}
+	if err := renderAll(res, md, charts); err != nil {
+		return fail(1, err)
+	}
+	cfg.Log("wrote %s and %s", out, md)
+	var b strings.Builder
+	m.table(&b)
+	fmt.Print(b.String())
+	return 0
 }
 
 func writeResults(res *Results, path string) error {
@@ -491,13 +597,8 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 	res.Isolation = iso
 	cfg.Log("isolation: taskset=%q cgroup=%q quota=%v notes=%v", iso.Taskset, iso.CgroupCPU, iso.Quota, iso.Notes)
 
-	// One calibration of the burn loop for every server: the fastest of a
-	// few, since a calibration can only be slowed down by other work.
-	perIter := time.Duration(1<<63 - 1)
-	for range 5 {
-		perIter = min(perIter, burn.Calibrate().PerIteration())
-		time.Sleep(20 * time.Millisecond)
-	}
+	// One calibration of the burn loop for every server.
+	perIter := calibrateBurn()
 	res.PerIterNs = int64(perIter)
 	cfg.Log("burn loop: %v per iteration", perIter)
 

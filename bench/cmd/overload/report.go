@@ -159,6 +159,12 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	cap := res.Capacity
 	vs := res.variants()
+	if len(res.Runs) == 0 && len(res.RejCosts) == 0 && res.Matrix != nil {
+		f("# Overload experiment\n\n")
+		f("The scenario matrix of floodgate's overload experiment alone: real gRPC over loopback TCP against the inventory service (`proto/inventory/v1`), under open-loop Poisson load from %d tenants. Source: `bench/cmd/overload`.\n\n", numTenants)
+		res.Matrix.markdown(b)
+		return
+	}
 
 	f("# Overload experiment\n\n")
 	f("floodgate's headline result: how the admission-control variants below keep a gRPC server's goodput under overload. ")
@@ -400,6 +406,9 @@ func (res *Results) markdown(b *strings.Builder, charts map[string]string, rel f
 		f("| %s | %d/%d (%s) |\n", v, ok, n, pct(ratio(ok, n)))
 	}
 	f("\n")
+	if res.Matrix != nil {
+		res.Matrix.markdown(b)
+	}
 }
 
 func (res *Results) health(v string) (ok, n int) {

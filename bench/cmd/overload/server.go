@@ -90,13 +90,20 @@ type serverStats struct {
 
 // inventory is the example inventory service reduced to what the experiment
 // calls: Allocate burns the configured CPU cost (stopping once the caller's
-// deadline has passed, as examples/multitenant's does) and answers.
+// deadline has passed, as examples/multitenant's does), then, when the
+// service has a pool, holds one of its connections for hold while asleep,
+// and answers.
 type inventory struct {
 	inventoryv1.UnimplementedInventoryServer
 	burner          *burn.Burner
 	cost            atomic.Int64
 	handled, served atomic.Uint64
 	version         atomic.Uint64
+	// pool, when not nil, is a database's connection pool: a call waits
+	// for one of its slots and holds it for hold, using no CPU, so that
+	// the server's capacity is cap(pool)/hold whatever its CPU.
+	pool chan struct{}
+	hold time.Duration
 }
 
 func (inv *inventory) Allocate(ctx context.Context, req *inventoryv1.AllocateRequest) (*inventoryv1.AllocateResponse, error) {
@@ -107,12 +114,39 @@ func (inv *inventory) Allocate(ctx context.Context, req *inventoryv1.AllocateReq
 	if err := inv.burner.Burn(ctx, time.Duration(inv.cost.Load())); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
+	if err := inv.block(ctx); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	inv.served.Add(1)
 	v := inv.version.Add(1)
 	return &inventoryv1.AllocateResponse{
 		AllocationId: fmt.Sprintf("%s-%d", req.GetSku(), v),
 		Level:        &inventoryv1.StockLevel{Sku: req.GetSku(), Allocated: int64(v), Version: v},
 	}, nil
+}
+
+// block waits for a slot of the pool and holds it for hold, as a call to
+// a database through its connection pool would; like that call, it gives
+// up once the caller's deadline has passed. Without a pool it returns at
+// once.
+func (inv *inventory) block(ctx context.Context) error {
+	if inv.pool == nil {
+		return nil
+	}
+	select {
+	case inv.pool <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-inv.pool }()
+	t := time.NewTimer(inv.hold)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // apiKeyHeader carries each tenant's API key, as in examples/multitenant.
@@ -129,6 +163,8 @@ func serverMain(args []string) error {
 	capacity := fs.Float64("capacity", 0, "measured capacity in calls/s, for the quotas (B, C, D) and P1's limit")
 	perIter := fs.Duration("per-iter", 0, "the burn loop's cost per iteration, from the load generator's calibration (0: calibrate here)")
 	samplerName := fs.String("sampler", "auto", "CPU sampler: auto (cgroup when in one), cgroup or process")
+	poolSize := fs.Int("block-pool", 0, "connections of the blocking handler's pool (0: no pool, the handler only burns -cost)")
+	hold := fs.Duration("block", 10*time.Millisecond, "how long a call holds a connection of the pool, asleep")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -178,8 +214,11 @@ func serverMain(args []string) error {
 	if *perIter <= 0 {
 		burner = burn.Calibrate()
 	}
-	inv := &inventory{burner: burner}
+	inv := &inventory{burner: burner, hold: *hold}
 	inv.cost.Store(int64(*cost))
+	if *poolSize > 0 {
+		inv.pool = make(chan struct{}, *poolSize)
+	}
 
 	vs, err := variantServer(*variant, *capacity, gate)
 	if err != nil {
