@@ -506,7 +506,9 @@ func runMatrix(ctx context.Context, cfg Config, mc matrixConfig) (*MatrixResults
 	// The quota is set for each placement before its server starts.
 	m.iso = detectIsolation(cfg.Pin, cfg.Cgroup, 1)
 	defer m.iso.removeCgroups()
-	m.res.Isolation = m.iso
+	// As detected: removing the cgroups clears their directories.
+	detected := *m.iso
+	m.res.Isolation = &detected
 	cfg.Log("matrix %s: %d cells × %d variants, at most %.0f min; isolation: taskset=%q cgroup=%q notes=%v",
 		mc.Name, len(mc.Cells), len(cfg.Variants), matrixBudget(mc.Cells, len(cfg.Variants), mc.Ghz != "").Minutes(), m.iso.Taskset, m.iso.CgroupCPU, m.iso.Notes)
 	if mc.Ghz != "" {
