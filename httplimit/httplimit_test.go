@@ -284,9 +284,9 @@ func TestOverloadRejection(t *testing.T) {
 		}
 	})
 	t.Run("controller", func(t *testing.T) {
-		ctrl, err := overload.New(overload.WithMaxWait(time.Millisecond), overload.WithRetryAfter(1500*time.Millisecond),
+		ctrl, err := overload.New(overload.WithQueueTarget(time.Millisecond / 2), overload.WithRetryAfter(1500*time.Millisecond),
 			overload.WithClock(&clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}),
-			overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}))
+			overload.WithLimits(1, 1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +325,7 @@ func TestOverloadRejection(t *testing.T) {
 
 // A handler that panics still gives its slot back.
 func TestPanickingHandlerReleasesItsSlot(t *testing.T) {
-	ctrl, err := overload.New(overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}),
+	ctrl, err := overload.New(overload.WithLimits(1, 1),
 		overload.WithClock(&clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}))
 	if err != nil {
 		t.Fatal(err)
@@ -645,7 +645,7 @@ func TestNewValidates(t *testing.T) {
 // A client that gives up while its request waits for a slot is not
 // answered as a rejection of the Limiter.
 func TestEndedContextIsNotARejection(t *testing.T) {
-	ctrl, err := overload.New(overload.WithMaxWait(time.Minute), overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}),
+	ctrl, err := overload.New(overload.WithQueueTarget(time.Minute), overload.WithLimits(1, 1),
 		overload.WithClock(&clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}))
 	if err != nil {
 		t.Fatal(err)

@@ -96,8 +96,8 @@ func TestAdmitExemptAndAnonymous(t *testing.T) {
 // controller's retry delay.
 func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 	clk := newClock()
-	ctrl, err := overload.New(overload.WithClock(clk), overload.WithMaxWait(time.Millisecond), overload.WithRetryAfter(3*time.Second),
-		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}))
+	ctrl, err := overload.New(overload.WithClock(clk), overload.WithQueueTarget(time.Millisecond/2), overload.WithRetryAfter(3*time.Second),
+		overload.WithLimits(1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +135,8 @@ func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 // A call whose context ends while it waits for a slot is neither admitted
 // nor shed: Admit returns the context's status.
 func TestAdmitContextEndsWhileWaiting(t *testing.T) {
-	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithMaxWait(time.Minute),
-		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}))
+	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithQueueTarget(time.Minute),
+		overload.WithLimits(1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -175,14 +175,7 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // reported to the observer, since stats handlers never see them.
 func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if c := l.o.overload; c != nil && !l.o.dryRun {
-		// The call's arrival, before anything queues it: how long it
-		// then waits to reach the interceptor tells the controller how
-		// saturated the server is.
-		ctx = c.Arrive(ctx)
-		if c.Full() {
-			return l.tapOverload(ctx, c, info)
-		}
-		return ctx, nil
+		return l.tapOverload(ctx, c, info)
 	}
 	g := l.o.gate
 	if g == nil || l.o.dryRun || !g.Shedding() || g.Scale() > l.o.tapFloor {
@@ -230,11 +223,10 @@ func (l *Limiter) tapReject(method, subject string, retry time.Duration, note ke
 	return l.rej.lookup(ReasonOverload, retry, note).err
 }
 
-// tapOverload turns a caller away at the tap when the overload controller
-// would shed it after its request is read: its flow has used its share of
-// a limited admission rate, or the controller's queue is full and its flow
-// holds more than its share. A call it lets through under a limited rate
-// carries its flow's token in the returned context.
+// tapOverload counts a call into the overload controller as it enters the
+// server (overload.Controller.Enter), or turns it away when the server
+// holds all the calls it can run and queue and the caller's flow holds at
+// least its share of them.
 func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info *tap.Info) (context.Context, error) {
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
@@ -242,11 +234,13 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 	call := serverCall(ctx, info.FullMethodName, info.Header)
 	ten, found, ok, note := l.tapIdentify(&call, l.tables.Table())
 	if !ok {
-		return ctx, nil // the interceptor will tell
+		// A key the tap cannot resolve without a hash: count the call
+		// as its address's, which the interceptor may correct.
+		ten, found = l.tables.Table().Anonymous(), false
 	}
 	r := l.route(ten, found, &call)
-	ctx, shed := c.Overloaded(ctx, r.flow)
-	if !shed {
+	ctx, in := c.Enter(ctx, r.flow)
+	if in {
 		return ctx, nil
 	}
 	return ctx, l.tapReject(info.FullMethodName, r.subject, c.RetryAfter(), note)

@@ -13,8 +13,8 @@ import (
 // and a shed call turned into the caller's error.
 func ExampleController() {
 	ctrl, err := overload.New(
-		overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1}), // one call at a time, for the example
-		overload.WithMaxWait(time.Millisecond),
+		overload.WithLimits(1, 1),                    // one call at a time, for the example
+		overload.WithQueueTarget(time.Millisecond/2), // calls wait at most twice this
 	)
 	if err != nil {
 		panic(err)

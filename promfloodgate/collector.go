@@ -232,9 +232,9 @@ type descs struct {
 	scale, state, cpu, cpuSmoothed, source, failures *prometheus.Desc
 
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
-	ovQueueDelay, ovCause, ovProbing, ovAdmitted, ovShed      *prometheus.Desc
-	ovQueueTarget, ovCapacity                                 *prometheus.Desc
-	ovWait, ovRate                                            *prometheus.Desc
+	ovQueueCap, ovAdmitted, ovShed                            *prometheus.Desc
+	ovTarget, ovThroughput                                    *prometheus.Desc
+	ovWait                                                    *prometheus.Desc
 
 	configLoads, configLoaded *prometheus.Desc
 }
@@ -293,17 +293,14 @@ func New(opts ...Option) (*Collector, error) {
 		ovLimit:        d("overload_limit", "The overload controller's concurrency limit: calls it lets run at once."),
 		ovInflight:     d("overload_inflight", "Calls holding one of the overload controller's slots."),
 		ovQueued:       d("overload_queued", "Calls waiting for one of the overload controller's slots."),
-		ovRTT:          d("overload_latency_seconds", "Mean latency of the calls completed in the overload controller's last interval, from admission to completion."),
-		ovBaseline:     d("overload_baseline_seconds", "Latency of a call that does not queue, as the overload controller last probed it."),
-		ovQueueDelay:   d("overload_queue_delay_seconds", "Mean wait of the calls of the overload controller's last interval from their arrival (the tap handle) to the controller: how long calls queue before the server starts them."),
-		ovQueueTarget:  d("overload_queue_target_seconds", "The queueing delay the overload controller's admission rate steers to: a queueing delay above it is what makes the controller limit admissions."),
-		ovCapacity:     d("overload_capacity", "Calls per second the server completed while calls queued before the overload controller beyond its target, smoothed: its estimate of the server's capacity, which bounds how fast the admission rate grows; 0 until calls first queued beyond the target."),
-		ovWait:         d("overload_wait_seconds", "Mean wait for a slot of the calls that waited in the overload controller's last interval."),
-		ovRate:         d("overload_rate", "The overload controller's admission rate in calls per second while calls queue before it, 0 while admissions are not rate-limited."),
-		ovCause:        d("overload_limit_cause", "1 for what set the overload controller's limit or rate last (latency, objective, cpu, probe, stale_baseline, queue_delay, delay_not_ours), 0 for the others.", "cause"),
-		ovProbing:      d("overload_probing", "1 while the overload controller probes its baseline."),
+		ovQueueCap:     d("overload_queue_cap", "Calls that may wait for one of the overload controller's slots before calls are shed."),
+		ovRTT:          d("overload_latency_seconds", "Mean service time of the calls completed in the overload controller's latest step, from admission to completion."),
+		ovBaseline:     d("overload_baseline_seconds", "The least mean service time of the overload controller's recent steps: what a call costs when it does not queue."),
+		ovTarget:       d("overload_queue_target_seconds", "The overload controller's queue target: a call waits for a slot at most twice this long."),
+		ovThroughput:   d("overload_throughput", "Calls per second the overload controller's admitted calls complete, smoothed: while calls are shed, the server's capacity."),
+		ovWait:         d("overload_wait_seconds", "Mean wait for a slot of the calls that waited in the overload controller's latest step."),
 		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
-		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late, tap).", "cause"),
+		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, tap).", "cause"),
 		configLoads:    d("config_loads_total", "Loads of the tenant config by outcome: applied (a new table put in force) or rejected (unreadable or invalid; the table in force stays).", "outcome"),
 		configLoaded:   d("config_loaded_timestamp_seconds", "When the tenant table in force was put in force, in Unix seconds; 0 while no config has loaded."),
 	}
@@ -422,9 +419,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		}
 	}
 	if c.o.overload != nil {
-		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovRTT,
-			c.descs.ovBaseline, c.descs.ovQueueDelay, c.descs.ovCause, c.descs.ovProbing, c.descs.ovAdmitted, c.descs.ovShed,
-			c.descs.ovWait, c.descs.ovRate, c.descs.ovQueueTarget, c.descs.ovCapacity} {
+		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovQueueCap,
+			c.descs.ovRTT, c.descs.ovBaseline, c.descs.ovTarget, c.descs.ovThroughput, c.descs.ovWait, c.descs.ovAdmitted, c.descs.ovShed} {
 			ch <- d
 		}
 	}
@@ -483,22 +479,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.descs.ovLimit, s.Limit)
 		gauge(c.descs.ovInflight, float64(s.Inflight))
 		gauge(c.descs.ovQueued, float64(s.Queued))
-		gauge(c.descs.ovRTT, s.RTT.Seconds())
+		gauge(c.descs.ovQueueCap, float64(s.QueueCap))
+		gauge(c.descs.ovRTT, s.Latency.Seconds())
 		gauge(c.descs.ovBaseline, s.Baseline.Seconds())
-		gauge(c.descs.ovQueueDelay, s.QueueDelay.Seconds())
-		gauge(c.descs.ovQueueTarget, s.QueueTarget.Seconds())
+		gauge(c.descs.ovTarget, s.Target.Seconds())
+		gauge(c.descs.ovThroughput, s.Throughput)
 		gauge(c.descs.ovWait, s.Wait.Seconds())
-		gauge(c.descs.ovRate, s.Rate)
-		gauge(c.descs.ovCapacity, s.Capacity)
-		cause := s.Cause
-		if s.Rate > 0 || s.RateCause == overload.CauseNotOurs {
-			cause = s.RateCause
-		}
-		for _, k := range []overload.Cause{overload.CauseNone, overload.CauseLatency, overload.CauseObjective, overload.CauseCPU,
-			overload.CauseProbe, overload.CauseStale, overload.CauseQueue, overload.CauseNotOurs} {
-			gauge(c.descs.ovCause, b2f(k == cause), k.String())
-		}
-		gauge(c.descs.ovProbing, b2f(s.Probing))
 		counter(c.descs.ovAdmitted, s.Admitted-s.Waited, "false")
 		counter(c.descs.ovAdmitted, s.Waited, "true")
 		for i, n := range s.Shed {

@@ -17,8 +17,7 @@ import (
 // The overload controller's signals are gauges, and its sheds are counted
 // by cause and, through the observer, as overload decisions.
 func TestOverloadMetrics(t *testing.T) {
-	ctrl, err := overload.New(overload.WithLaw(overload.Law{InitialLimit: 1, MinLimit: 1, ProbeEvery: time.Hour}),
-		overload.WithMaxWait(time.Millisecond))
+	ctrl, err := overload.New(overload.WithLimits(1, 1), overload.WithQueueTarget(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,13 +64,11 @@ floodgate_overload_inflight 0
 # HELP floodgate_overload_limit The overload controller's concurrency limit: calls it lets run at once.
 # TYPE floodgate_overload_limit gauge
 floodgate_overload_limit 1
-# HELP floodgate_overload_shed_total Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, rate, late, tap).
+# HELP floodgate_overload_shed_total Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, tap).
 # TYPE floodgate_overload_shed_total counter
 floodgate_overload_shed_total{cause="deadline"} 0
 floodgate_overload_shed_total{cause="displaced"} 0
-floodgate_overload_shed_total{cause="late"} 0
 floodgate_overload_shed_total{cause="queue_full"} 0
-floodgate_overload_shed_total{cause="rate"} 0
 floodgate_overload_shed_total{cause="tap"} 0
 floodgate_overload_shed_total{cause="wait_timeout"} 1
 # HELP floodgate_overload_state 1 for the overload controller's current state (open, shedding), 0 for the other.
@@ -93,9 +90,8 @@ floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get
 		t.Error(err)
 	}
 	if n := testutil.CollectAndCount(c, "floodgate_overload_latency_seconds", "floodgate_overload_baseline_seconds",
-		"floodgate_overload_queue_delay_seconds", "floodgate_overload_limit_cause", "floodgate_overload_probing",
-		"floodgate_overload_admitted_total", "floodgate_overload_queued", "floodgate_overload_rate", "floodgate_overload_wait_seconds",
-		"floodgate_overload_queue_target_seconds", "floodgate_overload_capacity"); n != 1+1+1+8+1+2+1+1+1+1+1 {
-		t.Errorf("%d series of the other overload metrics, want 19", n)
+		"floodgate_overload_admitted_total", "floodgate_overload_queued", "floodgate_overload_queue_cap", "floodgate_overload_wait_seconds",
+		"floodgate_overload_queue_target_seconds", "floodgate_overload_throughput"); n != 1+1+2+1+1+1+1+1 {
+		t.Errorf("%d series of the other overload metrics, want 9", n)
 	}
 }

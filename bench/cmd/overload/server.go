@@ -421,9 +421,9 @@ func controllerStats(st *serverStats, ctrl *overload.Controller) {
 	st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
 	st.State = snap.State.String()
 	st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
-	st.Rate, st.DelayMs = snap.Rate, millis(snap.QueueDelay)
-	st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.QueueTarget), millis(snap.RTT), millis(snap.Baseline)
-	st.CapacityPS = snap.Capacity
+	st.DelayMs = millis(snap.Wait)
+	st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.Target), millis(snap.Latency), millis(snap.Baseline)
+	st.CapacityPS = snap.Throughput
 }
 
 // xrateLimiter adapts a rate.Limiter to ratelimit.Limiter.

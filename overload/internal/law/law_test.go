@@ -1,0 +1,151 @@
+package law
+
+import (
+	"testing"
+	"time"
+)
+
+var (
+	t0 = time.Unix(1e9, 0)
+	b  = Bounds{Min: 1, Max: 100}
+)
+
+// steps feeds s one sample per Interval, each of 20 calls of mean latency
+// ms, bound or not, and returns the state after the last.
+func steps(s State, n int, ms float64, bound bool) State {
+	for range n {
+		now := s.Last.Add(Interval)
+		s = Step(s, Sample{N: 20, Sum: time.Duration(20 * ms * float64(time.Millisecond)), Bound: bound}, b, now)
+	}
+	return s
+}
+
+func TestStep(t *testing.T) {
+	t.Run("grows while bound and within tolerance", func(t *testing.T) {
+		s := steps(Start(b, t0), 1, 2, true)
+		if got, want := s.Limit, 2.0; got != want {
+			t.Errorf("Limit after one bound step = %v, want %v", got, want)
+		}
+		if s.Cut {
+			t.Error("Cut after a step that grew the limit")
+		}
+		s = steps(s, 5, 2, true)
+		// Slow start: it doubles until the first cut.
+		if got, want := s.Limit, 64.0; got != want {
+			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
+		}
+		s = steps(s, 1, 4, true) // a cut: 64 × 1.5/2
+		s = steps(s, 2, 2, true) // then a quarter a step
+		if got, want := s.Limit, 48*1.25*1.25; got < want-1e-9 || got > want+1e-9 {
+			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
+		}
+	})
+	t.Run("holds when not bound", func(t *testing.T) {
+		s := steps(Start(b, t0), 1, 2, true)
+		s = steps(s, 10, 50, false) // slow calls, but nothing waited
+		if got, want := s.Limit, 2.0; got != want {
+			t.Errorf("Limit = %v, want %v: a step without a waiting call must not move it", got, want)
+		}
+	})
+	t.Run("cuts to where the latency would be within tolerance", func(t *testing.T) {
+		s := Start(Bounds{Min: 1, Max: 100}, t0)
+		s.Limit = 10
+		s = steps(s, 1, 2, true) // baseline 2 ms
+		s.Limit = 20
+		s = steps(s, 1, 6, true) // three times the baseline
+		if got, want := s.Limit, 20*Tolerance/3; got < want-1e-9 || got > want+1e-9 {
+			t.Errorf("Limit = %v, want %v", got, want)
+		}
+	})
+	t.Run("never below the least or above the most", func(t *testing.T) {
+		s := steps(Start(Bounds{Min: 2, Max: 3}, t0), 1, 2, true)
+		s = Step(s, Sample{N: 20, Sum: 20 * 100 * time.Millisecond, Bound: true}, Bounds{Min: 2, Max: 3}, s.Last.Add(Interval))
+		if got := s.Limit; got != 2 {
+			t.Errorf("Limit after a deep cut = %v, want the least, 2", got)
+		}
+		for range 2 * Window {
+			s = Step(s, Sample{N: 20, Sum: 20 * 100 * time.Millisecond, Bound: true}, Bounds{Min: 2, Max: 3}, s.Last.Add(Interval))
+		}
+		if got := s.Limit; got != 3 {
+			t.Errorf("Limit after the cost settled = %v, want the most, 3", got)
+		}
+	})
+	t.Run("the baseline follows a cost that rose", func(t *testing.T) {
+		s := steps(Start(b, t0), 5, 2, true)
+		s = steps(s, Window, 4, true)
+		if got, want := s.Baseline, 4*time.Millisecond; got != want {
+			t.Errorf("Baseline a window after the cost doubled = %v, want %v", got, want)
+		}
+		s = steps(Start(b, t0), 5, 2, true)
+		s = steps(s, Window-1, 4, true)
+		if got, want := s.Baseline, 2*time.Millisecond; got != want {
+			t.Errorf("Baseline within a window of the change = %v, want %v", got, want)
+		}
+	})
+	t.Run("an empty sample changes nothing", func(t *testing.T) {
+		s := steps(Start(b, t0), 3, 2, true)
+		if got := Step(s, Sample{Bound: true}, b, s.Last.Add(time.Second)); got != s {
+			t.Errorf("Step(empty) = %+v, want %+v", got, s)
+		}
+	})
+}
+
+func TestThroughput(t *testing.T) {
+	s := steps(Start(b, t0), 1, 2, false) // 20 calls in 100 ms
+	if got, want := s.Throughput, 200.0; got != want {
+		t.Errorf("Throughput = %v, want %v", got, want)
+	}
+	s = Step(s, Sample{N: 40, Sum: 40 * 2 * time.Millisecond}, b, s.Last.Add(Interval))
+	if got, want := s.Throughput, 300.0; got != want {
+		t.Errorf("Throughput after 400/s = %v, want %v (half way)", got, want)
+	}
+}
+
+func TestDue(t *testing.T) {
+	cold := Start(b, t0)
+	warm := cold
+	warm.Latency = 2 * time.Millisecond
+	for _, c := range []struct {
+		s    State
+		n    int
+		at   time.Duration
+		want bool
+	}{
+		{warm, MinSamples, Interval, true},
+		{warm, MinSamples - 1, Interval, false},
+		{warm, MinSamples, Interval - 1, false},
+		{warm, 1000, time.Hour, true},
+		// The first step, as soon as there are samples enough.
+		{cold, MinSamples, time.Millisecond, true},
+		{cold, MinSamples - 1, time.Hour, false},
+	} {
+		if got := Due(c.s, c.n, false, t0.Add(c.at)); got != c.want {
+			t.Errorf("Due(latency %v, n=%d, after %v) = %v, want %v", c.s.Latency, c.n, c.at, got, c.want)
+		}
+	}
+}
+
+func TestTargetAndQueueCap(t *testing.T) {
+	for _, c := range []struct {
+		limit   float64
+		latency time.Duration
+		target  time.Duration
+		cap     int
+	}{
+		{1, 0, MinTarget, 4},                                   // nothing measured yet
+		{1, 2 * time.Millisecond, MinTarget, 3},                // 5 ms of 2 ms calls
+		{1, 500 * time.Microsecond, MinTarget, 10},             // 5 ms of 0.5 ms calls
+		{1, 20 * time.Millisecond, 20 * time.Millisecond, 1},   // one completion's worth
+		{4, 500 * time.Microsecond, MinTarget, 40},             // four slots of 0.5 ms calls
+		{12, 15 * time.Millisecond, MinTarget, 4},              // a pool: 1.25 ms between completions
+		{1.9, 20 * time.Millisecond, 20 * time.Millisecond, 1}, // one slot
+	} {
+		s := State{Limit: c.limit, Latency: c.latency}
+		if got := s.Target(MinTarget); got != c.target {
+			t.Errorf("Target(limit %v, latency %v) = %v, want %v", c.limit, c.latency, got, c.target)
+		}
+		if got := s.QueueCap(MinTarget); got != c.cap {
+			t.Errorf("QueueCap(limit %v, latency %v) = %v, want %v", c.limit, c.latency, got, c.cap)
+		}
+	}
+}
