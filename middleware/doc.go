@@ -7,9 +7,9 @@
 //
 // A call meets the Limiter twice at most:
 //
-//	conn reader ─► TapHandle: constant work, no I/O; stamps the arrival.
-//	               Exempt method? Overload controller shedding and the
-//	               caller over its fair share (WithGate: gate shedding and
+//	conn reader ─► TapHandle: constant work, no I/O; counts the call into
+//	               the overload controller (Enter). Exempt method? Server
+//	               full and the caller at its fair share (WithGate: gate shedding and
 //	               the caller inside a retry delay the interceptor gave
 //	               it)? → reject before the body is read.
 //	handler g. ─►  interceptor: identity ─► tenant and method rule ─►

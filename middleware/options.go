@@ -162,12 +162,14 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // ErrorReasonOverloaded and the controller's retry delay. Each tenant is
 // one flow of its tier's weight and priority (a method entry's priority
 // overrides it); anonymous callers are one flow per address prefix, of the
-// anonymous policy's weight. While the controller's queue is full, the tap
-// handle turns away callers holding more than their share before their
-// request is read.
+// anonymous policy's weight. The tap handle counts every call into the
+// controller as it enters (so install it: grpc.InTapHandle), and while the
+// server holds all it can run and queue, turns away callers at their share
+// before their request is read. Install the stream interceptor too: it
+// gives a stream's place back at once.
 //
-// This is the recommended overload protection: the controller finds the
-// server's capacity from its calls' latency, and sheds the tenants over
+// This is the recommended overload protection: the controller finds how
+// many calls the server runs at once from their service times, and sheds the tenants over
 // their fair share first, where WithGate cuts every tenant by one factor.
 // Streams are not held to it: a stream's lifetime says nothing about the
 // server's load. WithDryRun leaves the controller out. A nil c, the

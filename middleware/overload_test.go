@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -165,5 +166,44 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// The tap counts every call into the overload controller as it enters,
+// streams too; the stream interceptor gives a stream's place back at once,
+// so that a long stream does not hold it while it lasts.
+func TestStreamGivesItsOverloadPlaceBack(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers:   map[string]tenant.TierSpec{"open": {Default: &tenant.LimitSpec{Rate: math.Inf(1)}}},
+		Tenants: map[string]tenant.TenantSpec{"acme": {Tier: "open", Keys: []string{hashKey(t, acmeKey)}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := metadata.Pairs("x-api-key", acmeKey)
+	ctx, err := l.TapHandle(benchCtx(md), &tap.Info{FullMethodName: methodGet, Header: md})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ctrl.Snapshot().Inside; got != 1 {
+		t.Fatalf("inside after the tap = %d, want 1", got)
+	}
+	inside := -1
+	err = l.StreamServerInterceptor()(nil, &serverStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: methodGet},
+		func(any, grpc.ServerStream) error { inside = ctrl.Snapshot().Inside; return nil })
+	if err != nil || inside != 0 {
+		t.Errorf("stream: err %v, inside while it ran %d; want nil and 0", err, inside)
 	}
 }

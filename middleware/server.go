@@ -80,6 +80,11 @@ func (l *Limiter) reject(ctx context.Context, e *entry, err error) error {
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
+		if c := l.o.overload; c != nil {
+			// The tap counted the call as it entered; a stream is not
+			// held to the controller, so it gives the place back.
+			c.Leave(ctx)
+		}
 		// The table is read before the decision: if a reload comes between
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.

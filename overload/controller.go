@@ -257,6 +257,18 @@ func (c *Controller) claim(ctx context.Context) *flow {
 	return nil
 }
 
+// Leave gives back the place Enter counted for the call of ctx, for a call
+// that will not Acquire: a stream, whose lifetime says nothing about load,
+// must not hold a place while it lasts. It does nothing for a context
+// Enter did not mark, and when called again.
+func (c *Controller) Leave(ctx context.Context) {
+	if in := c.claim(ctx); in != nil {
+		c.mu.Lock()
+		c.exit(in)
+		c.mu.Unlock()
+	}
+}
+
 // leave gives back a place Enter counted, for a call that never claimed it.
 func (t *ticket) leave() {
 	c := t.c

@@ -397,6 +397,17 @@ func TestEnter(t *testing.T) {
 		if n := len(c.flows); n != 0 {
 			t.Errorf("%d flows kept after every call ended, want 0", n)
 		}
+		// A stream gives its place back at once, and only once.
+		sctx, in := c.Enter(t.Context(), light)
+		if !in {
+			t.Fatal("Enter(light) = false in an empty server")
+		}
+		c.Leave(sctx)
+		c.Leave(sctx)
+		c.Leave(t.Context()) // a context Enter did not mark
+		if got := c.Snapshot().Inside; got != 0 {
+			t.Errorf("inside = %d after Leave, want 0", got)
+		}
 		// A critical call enters a server full of default ones.
 		for range 5 {
 			c.Enter(t.Context(), heavy)
