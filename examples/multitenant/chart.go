@@ -33,7 +33,7 @@ var (
 )
 
 // writeChart draws the run as a PNG at path: offered load, goodput, shed
-// rate and the overload controller's admission rate on top; the gate's CPU reading and, when it scales the quotas, its
+// rate and what the overload controller's calls complete per second on top; the gate's CPU reading and, when it scales the quotas, its
 // scale (when the gate was visible); the overload controller's limit and
 // calls in flight (when it was there); the admitted calls' latency below,
 // with the controller's baseline.
@@ -65,11 +65,11 @@ func writeChart(path, title string, pts []point) error {
 		{"goodput of steady tenants", blue, nil, func(p point) float64 { return p.SteadyOK }},
 	}
 	if last.Ctrl != nil {
-		rates = append(rates, chartSeries{"controller's admission rate", black, dashed, ctrl(func(s *overload.Snapshot) float64 {
-			if s.Rate == 0 {
-				return math.NaN() // not limited
+		rates = append(rates, chartSeries{"controller: completed per second", black, dashed, ctrl(func(s *overload.Snapshot) float64 {
+			if s.Throughput == 0 {
+				return math.NaN() // not measured yet
 			}
-			return s.Rate
+			return s.Throughput
 		})})
 	}
 	panels := []*plot.Plot{panel(title, "calls/s", pts, rates)}
@@ -101,7 +101,7 @@ func writeChart(path, title string, pts []point) error {
 		latSeries = append(latSeries, chartSeries{"controller's baseline", gray, dashed,
 			ctrl(func(s *overload.Snapshot) float64 {
 				if s.Baseline <= 0 {
-					return math.NaN() // not probed yet
+					return math.NaN() // not measured yet
 				}
 				return ms(s.Baseline)
 			})})

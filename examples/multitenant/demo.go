@@ -45,8 +45,8 @@ type demoConfig struct {
 	// sampler and burner, when set, replace the real ones (tests).
 	sampler cpugate.Sampler
 	burner  *burner
-	// law is the overload controller's law; the zero Law is the default.
-	law overload.Law
+	// ctrlOpts are options for the overload controller (tests).
+	ctrlOpts []overload.Option
 }
 
 // runDemo runs the whole demo and returns its summary. It stops early, with
@@ -166,7 +166,7 @@ func (cfg *demoConfig) serverConfig() serverConfig {
 		Metrics:    cfg.Metrics,
 		sampler:    cfg.sampler,
 		burner:     cfg.burner,
-		law:        cfg.law,
+		ctrlOpts:   cfg.ctrlOpts,
 	}
 }
 

@@ -52,7 +52,7 @@ func TestDemoShedsOnlyTheNoisyTenant(t *testing.T) {
 				tick:        250 * time.Millisecond,
 				sampler:     scriptedCPU(tc.cpu),
 				burner:      testBurner(),
-				law:         roomyLaw,
+				ctrlOpts:    roomyCtrl,
 			})
 			if err != nil {
 				t.Fatalf("runDemo = %v\n%s", err, out.String())

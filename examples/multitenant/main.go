@@ -30,14 +30,14 @@
 //     shed calls per second by reason (quota, overload), calls that missed
 //     their deadline or failed, retries, and the p50 and p99 latency of
 //     admitted calls, under a line with the controller's state: its
-//     admission rate, when it limits one, and concurrency limit and what
-//     set them, the calls in flight and waiting for a slot, the queueing
-//     delay of calls before they reach it (against its target) and their
-//     wait for a slot, the latency of its calls against their baseline (the
-//     latency of a call that does not queue), and the CPU.
+//     concurrency limit, the calls in flight and waiting for a slot, the
+//     calls inside the server (counted from the tap) against its places,
+//     the wait for a slot against the target, the latency of its calls
+//     against their baseline (the latency of a call that does not queue),
+//     what completes per second, and the CPU.
 //  5. It ends with a summary, which holds the goodput under overload against
 //     the measured capacity, and a chart (PNG) of offered load, goodput,
-//     shed rate, the controller's admission rate, CPU, its concurrency
+//     shed rate, what the controller's calls complete, CPU, its concurrency
 //     limit and latency over time,
 //     multitenant.png in the working directory by default (-out).
 //
@@ -79,11 +79,10 @@
 // values; the tenant config holds only their SHA-256 digests.
 //
 // The demo shares the machine with whatever else runs on it. The controller
-// acts only when its own limits bind: it cuts its concurrency limit only
-// while calls wait for a slot, and it limits the admission rate only while
-// its calls queue and the CPU reading is high; a rate that cuts do not
-// help is lifted as someone else's doing. So a busy host does not make it
-// shed an idle server. The CPU it shows (the gate's reading, of the
+// acts only when its own limits bind: it moves its concurrency limit only
+// while calls wait for a slot, and sheds only when the server holds all
+// the calls it can run and queue. So a busy host does not make it shed an
+// idle server. The CPU it shows (the gate's reading, of the
 // container's cgroup by default, see -sampler) explains its decisions. The
 // gate policies act on that reading alone, so other busy processes make
 // them shed sooner. The capacity is measured, not assumed, so on a
@@ -102,8 +101,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"github.com/floodgate-go/floodgate/overload"
 )
 
 const (
@@ -284,13 +281,9 @@ func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.D
 			// The controller's own names for its signals, as in its log
 			// lines and metrics.
 			c := srv.ctrl.Snapshot()
-			cause := c.Cause
-			if c.Rate > 0 || c.RateCause == overload.CauseNotOurs {
-				cause = c.RateCause
-			}
-			attrs = append(attrs, "state", c.State.String(), "decided_by", cause.String(), "queue_delay", c.QueueDelay,
-				"rate", fmt.Sprintf("%.0f", c.Rate), "limit", fmt.Sprintf("%.1f", c.Limit), "probing", c.Probing,
-				"inflight", c.Inflight, "queued", c.Queued, "wait", c.Wait, "rtt", c.RTT, "baseline", c.Baseline)
+			attrs = append(attrs, "state", c.State.String(), "limit", fmt.Sprintf("%.1f", c.Limit),
+				"inflight", c.Inflight, "queued", c.Queued, "inside", c.Inside, "wait", c.Wait, "target", c.Target,
+				"latency", c.Latency, "baseline", c.Baseline, "throughput", fmt.Sprintf("%.0f", c.Throughput))
 		} else {
 			attrs = append(attrs, "gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale))
 		}

@@ -90,7 +90,7 @@ func TestMetricsUnderLoad(t *testing.T) {
 		c.Metrics = "127.0.0.1:0"
 		// This test counts quota rejections: a stalled machine must not
 		// turn one into an overload rejection.
-		c.law = roomyLaw
+		c.ctrlOpts = roomyCtrl
 	})
 	client := inventoryv1.NewInventoryClient(dial(t, srv))
 	const (

@@ -37,8 +37,8 @@ type point struct {
 	SchedP99  time.Duration // the gate's latest scheduling-latency reading
 	State     cpugate.State
 	// Ctrl is the overload controller's state at the end of the interval,
-	// CtrlShed the calls it shed during it, and QueueTarget the queueing
-	// delay above which it limits the admission rate.
+	// CtrlShed the calls it shed during it, and QueueTarget its queue
+	// target then.
 	Ctrl        *overload.Snapshot
 	CtrlShed    uint64
 	QueueTarget time.Duration
@@ -113,7 +113,7 @@ func (m *monitor) sample(t, dt time.Duration) {
 	if m.ctrl != nil {
 		s := m.ctrl.Snapshot()
 		p.Ctrl = &s
-		p.QueueTarget = m.ctrl.Law().Target(overload.Control{Baseline: s.Baseline})
+		p.QueueTarget = s.Target
 		total := s.ShedTotal()
 		p.CtrlShed, m.shed = total-m.shed, total
 	}
@@ -167,30 +167,15 @@ func (m *monitor) print(pts []point) {
 }
 
 // ctrlLine describes the overload controller's state for the table: its
-// regime; the admission rate and what set it, which it limits while calls
-// wait longer than target to reach it (they queue for the CPU before any
-// interceptor runs); the concurrency limit and what set it, with the calls
-// holding and waiting for a slot; the two waits, from arrival to the
-// controller and for a slot; the latency of its calls against the
-// baseline, the gradient that moves the limit; and the CPU (NaN when
-// unknown), which explains but does not decide.
+// regime; the concurrency limit, with the calls holding and waiting for a
+// slot and the calls inside (counted from the tap) against the places;
+// the wait for a slot against the target; the latency of its calls
+// against the baseline, which moves the limit; what completes per second;
+// and the CPU (NaN when unknown), which explains but does not decide.
 func ctrlLine(s overload.Snapshot, target time.Duration, cpu float64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "overload %s: ", s.State)
-	switch {
-	case s.Rate > 0:
-		fmt.Fprintf(&b, "rate %.0f/s (set by %s), ", s.Rate, s.RateCause)
-	case s.RateCause == overload.CauseNotOurs:
-		fmt.Fprintf(&b, "rate lifted (%s), ", s.RateCause)
-	}
-	fmt.Fprintf(&b, "limit %.1f", s.Limit)
-	if s.Probing {
-		b.WriteString(" (probing the baseline)")
-	} else {
-		fmt.Fprintf(&b, " (set by %s)", s.Cause)
-	}
-	fmt.Fprintf(&b, ", %d in flight, %d queued;  queueing %s (target %s), slot wait %s;  latency %s vs baseline %s",
-		s.Inflight, s.Queued, fmtDur(s.QueueDelay), fmtDur(target), fmtDur(s.Wait), fmtDur(s.RTT), fmtDur(s.Baseline))
+	fmt.Fprintf(&b, "overload %s: limit %.1f, %d in flight, %d queued, %d inside of %d places;  slot wait %s (target %s);  latency %s vs baseline %s;  %.0f/s completed",
+		s.State, s.Limit, s.Inflight, s.Queued, s.Inside, max(1, int(s.Limit))+s.QueueCap, fmtDur(s.Wait), fmtDur(target), fmtDur(s.Latency), fmtDur(s.Baseline), s.Throughput)
 	if !math.IsNaN(cpu) {
 		fmt.Fprintf(&b, ";  cpu %.0f%%", 100*cpu)
 	}
@@ -264,12 +249,11 @@ type summary struct {
 	MinScale float64 // NaN without a gate that scales
 	// Ctrl is the controller's final state, nil without one; LimitMin,
 	// LimitMed and LimitMax its limit's range and median over the run's
-	// ticks, and RateMed the median admission rate over the ticks it was
-	// limited, for RateFor.
+	// ticks, and CompletedMed the median of what its calls completed per
+	// second over the ticks it shed calls in.
 	Ctrl                         *overload.Snapshot
 	LimitMin, LimitMed, LimitMax float64
-	RateMed                      float64
-	RateFor                      time.Duration
+	CompletedMed                 float64
 	Server                       *middleware.Stats
 	ChartPath                    string
 }
@@ -301,12 +285,9 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 		if p.Ctrl != nil {
 			s.Ctrl = p.Ctrl
 			limits = append(limits, p.Ctrl.Limit)
-			if p.Ctrl.Rate > 0 {
-				rates = append(rates, p.Ctrl.Rate)
-				s.RateFor += p.Dt
-			}
 			if p.CtrlShed > 0 {
 				s.Shedding += p.Dt
+				rates = append(rates, p.Ctrl.Throughput)
 			}
 		}
 	}
@@ -316,7 +297,7 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 	}
 	if len(rates) > 0 {
 		slices.Sort(rates)
-		s.RateMed = rates[len(rates)/2]
+		s.CompletedMed = rates[len(rates)/2]
 	}
 	if n > 0 {
 		s.Overload = sum / float64(n)
@@ -374,8 +355,8 @@ func (s *summary) write(w io.Writer) {
 	}
 	if c := s.Ctrl; c != nil {
 		fmt.Fprintf(&b, "overload controller: shed calls in %.0fs of %.0fs; ", s.Shedding.Seconds(), s.Length.Seconds())
-		if s.RateFor > 0 {
-			fmt.Fprintf(&b, "admission rate limited for %.0fs (median %.0f/s); ", s.RateFor.Seconds(), s.RateMed)
+		if s.CompletedMed > 0 {
+			fmt.Fprintf(&b, "completing a median %.0f/s meanwhile; ", s.CompletedMed)
 		}
 		fmt.Fprintf(&b, "limit %.1f–%.1f (median %.1f), baseline %s", s.LimitMin, s.LimitMax, s.LimitMed, fmtDur(c.Baseline))
 		if c.Admitted > 0 {

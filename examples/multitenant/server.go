@@ -83,8 +83,8 @@ type serverConfig struct {
 	gateInterval time.Duration
 	// burner, when set, skips the calibration (tests share one).
 	burner *burner
-	// law is the overload controller's law; the zero Law is the default.
-	law overload.Law
+	// ctrlOpts are options for the overload controller (tests).
+	ctrlOpts []overload.Option
 	// bare leaves both the controller and the gate's scale out: tenants
 	// are held to their quotas alone. The capacity probe runs on such a
 	// server, so that the capacity is what the CPUs carry, not what a
@@ -224,11 +224,8 @@ func newServer(cfg serverConfig) (*server, error) {
 	switch {
 	case cfg.bare:
 	case useCtrl:
-		if s.ctrl, err = overload.New(
-			overload.WithGuard(s.gate),
-			overload.WithLogger(cfg.Logger),
-			overload.WithLaw(cfg.law),
-		); err != nil {
+		opts := append([]overload.Option{overload.WithGuard(s.gate), overload.WithLogger(cfg.Logger)}, cfg.ctrlOpts...)
+		if s.ctrl, err = overload.New(opts...); err != nil {
 			s.closeStore()
 			return nil, err
 		}

@@ -66,12 +66,11 @@ func startServer(t *testing.T, opts ...func(*serverConfig)) (*server, context.Ca
 	return srv, cancel
 }
 
-// roomyLaw is an overload controller's law for the tests that count what
-// else sheds: room for 64 calls at once (16 while the first baseline is
-// probed), and an admission rate only once calls wait an hour to reach the
-// controller, so that a stall of a shared test machine, piling up
-// arrivals, cannot make the controller shed.
-var roomyLaw = overload.Law{InitialLimit: 64, QueueTarget: time.Hour}
+// roomyCtrl configures an overload controller for the tests that count
+// what else sheds: room for 64 calls at once and an hour's worth of calls
+// waiting, so that a stall of a shared test machine, piling up arrivals,
+// cannot make the controller shed.
+var roomyCtrl = []overload.Option{overload.WithLimits(64, 0), overload.WithQueueTarget(time.Hour)}
 
 // dial returns a client connection to srv without a retry policy, so the
 // tests see every rejection.
@@ -317,9 +316,11 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 	})
 	srv, _ := startServer(t, func(c *serverConfig) {
 		c.sampler = hot
-		// The default concurrency limit, but no admission rate: a stall
-		// of the machine must not shed the calls this test counts.
-		c.law = overload.Law{QueueTarget: time.Hour}
+		// The default concurrency limit, with places for 100 ms of calls
+		// and waits of up to 200 ms: a stall of the machine must not shed
+		// the calls this test counts, and the call below that finds every
+		// slot taken is shed soon.
+		c.ctrlOpts = []overload.Option{overload.WithQueueTarget(100 * time.Millisecond)}
 	})
 	if srv.ctrl == nil || srv.cfg.Policy != policyOverload {
 		t.Fatalf("default server: policy %q, controller %v; want the overload controller", srv.cfg.Policy, srv.ctrl)
