@@ -299,7 +299,7 @@ func (c *Controller) exit(in *flow) {
 // the call ends, or a *[ShedError], or ctx's error when ctx ends while the
 // call waits. A call waits at most twice the queue target, and is shed at
 // once when ctx's deadline leaves less than its expected wait plus the
-// calls' mean service time.
+// service time of a call that does not queue (the baseline).
 func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	now := c.o.now()
 	inside := c.claim(ctx)
@@ -327,8 +327,10 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	wait := 2 * c.st.Target(floor)
 	if dl, ok := ctx.Deadline(); ok {
 		// Expect to wait for the calls ahead to start, then to run as
-		// long as a call runs.
-		left := dl.Sub(now) - c.st.Latency
+		// long as a call that does not queue (the baseline: a latency
+		// inflated by an overload must not shed every call that waits,
+		// or nothing would complete to correct it).
+		left := dl.Sub(now) - c.st.Baseline
 		expect := time.Duration(float64(c.st.Latency) * float64(c.queued) / float64(slots))
 		if left <= min(expect, wait) {
 			return Permit{}, c.shedLocked(fl, inside, ShedDeadline, now)

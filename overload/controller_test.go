@@ -417,3 +417,37 @@ func TestEnter(t *testing.T) {
 		}
 	})
 }
+
+// A latency inflated by an overload must not shed every call that waits
+// by its deadline: nothing would complete to correct it.
+func TestDeadlineUsesTheBaseline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithQueueTarget(time.Second))
+		teach(t, c, 10*ms)
+		// Calls now take 600 ms, longer than the callers' deadline.
+		for range 16 {
+			p, _ := c.Acquire(t.Context(), Flow{Key: "slow"})
+			time.Sleep(600 * ms)
+			p.Done()
+		}
+		if s := c.Snapshot(); s.Latency != 600*ms || s.Baseline != 10*ms {
+			t.Fatalf("latency %v baseline %v, want 600ms and 10ms", s.Latency, s.Baseline)
+		}
+		held, _ := c.Acquire(t.Context(), Flow{Key: "x"})
+		ctx, cancel := context.WithTimeout(t.Context(), 500*ms)
+		defer cancel()
+		ch := acquireAsync(ctx, c, Flow{Key: "y"})
+		synctest.Wait()
+		select {
+		case r := <-ch:
+			t.Fatalf("a call with 500 ms left and nothing ahead: %v at once, want it to wait", r.err)
+		default:
+		}
+		held.Done()
+		if r := <-ch; r.err != nil {
+			t.Errorf("the waiting call: %v, want the freed slot", r.err)
+		} else {
+			r.p.Done()
+		}
+	})
+}
