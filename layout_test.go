@@ -34,8 +34,10 @@ var allowed = map[string][]string{
 	"cpugate": {module, "github.com/shirou/gopsutil/v3", "golang.org/x/sys"},
 	"tenant":  {module, "go.yaml.in/yaml/v3"},
 	// The overload controller is transport-neutral: the middleware feeds
-	// it gRPC's calls, and could feed it anyone's.
-	"overload": {module},
+	// it gRPC's calls, and could feed it anyone's. Its law is a package of
+	// its own, internal to it.
+	"overload":              {module, module + "/overload/internal/law"},
+	"overload/internal/law": {},
 	// Client-side throttling: a transport-neutral core and gRPC client
 	// interceptors; it knows nothing of the server side.
 	"throttle": {module, "google.golang.org/grpc", "google.golang.org/genproto/googleapis/rpc/errdetails"},

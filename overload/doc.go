@@ -16,29 +16,31 @@
 //
 // # The law
 //
-//  1. Run at most a limit of calls at once; queue the next in the
-//     controller. Calls admitted beyond what the server runs at once do not
-//     make it faster: they queue in the Go scheduler, on a lock or in a
-//     pool, where nobody sees the wait, and every call slows down.
-//  2. The limit starts at GOMAXPROCS, what the CPUs run at once, and never
+//  1. Run at most a limit of calls at once. Calls admitted beyond what the
+//     server runs at once do not make it faster: they queue in the Go
+//     scheduler, on a lock or in a pool, and every call slows down.
+//  2. Count every call from the moment it enters (the tap handle calls
+//     [Controller.Enter]) to its end. A CPU-bound handler runs to its end
+//     before the next call's goroutine starts, so a CPU-bound server's
+//     queue is the scheduler's run queue, where no interceptor sees it.
+//     The server holds the slots plus what they complete in the queue
+//     target: one completion's worth, at least 5 ms while calls are shed
+//     and 25 ms otherwise, so that a server that is not overloaded absorbs
+//     a burst. The rest is shed before its request is read.
+//  3. The limit starts at GOMAXPROCS, what the CPUs run at once, and never
 //     goes below it. In a control step (every 100 ms with 16 completions)
-//     where a call found every slot taken, it grows by a quarter while the
-//     calls' mean service time stays within 1.5× of the least recent one
-//     (the baseline), and is cut to where it would be within 1.5× when it
-//     does not. A CPU-bound handler thus runs about one call per CPU; one
-//     that waits on a pool of N runs about N.
-//  3. A call waits at most twice the target: three completions' worth of
-//     time, and at least 20 ms, since a busy Go server reads its sockets
-//     about every 10 ms. The queue holds what the slots complete in the
-//     target; past that, calls are shed. A call whose deadline leaves less
-//     than its expected wait plus the service time is shed at once.
-//  4. A step in which no call waited changes nothing, so an idle server,
-//     however slow a neighbour makes it, is never cut.
+//     in which a call found every slot taken, it grows (doubling until the
+//     first cut, then by a quarter) while the calls' mean service time
+//     stays within 1.5× of the least recent one, the baseline, and is cut
+//     to where it would be within 1.5× when it does not. A step in which no
+//     call waited changes nothing, so an idle server is never cut.
+//  4. A call whose deadline leaves less than its expected wait plus the
+//     baseline is shed at once: its work would be wasted.
 //
-// Each step reads only the server's own calls, so the law holds from the
-// first call of a server started under load, whatever a call costs and
-// wherever the process runs. docs/DESIGN.md (decision 4b) records the
-// laws tried before and the measurements that decided.
+// Each step reads only the server's own calls, not a CPU reading, and
+// needs no warm-up. docs/DESIGN.md (decisions 4b and 4c) records the laws
+// tried before and the measurements that decided; BENCHMARKS.md, where the
+// law meets its targets and where it does not yet.
 //
 // # Fair shedding
 //
@@ -48,8 +50,8 @@
 // places for its weight loses its oldest waiting call to a call of a flow
 // further below its share, or the arriving call is shed when its own flow
 // is the one over its share. So a tenant under its weighted max-min fair
-// share keeps its calls while another floods. A tap handle asks
-// [Controller.Overloaded] the same question before a request is read.
+// share keeps its calls while another floods. The tap handle asks the
+// same question ([Controller.Enter]) before a request is read.
 //
 // # Concurrency
 //
