@@ -284,7 +284,7 @@ func TestOverloadRejection(t *testing.T) {
 		}
 	})
 	t.Run("controller", func(t *testing.T) {
-		ctrl, err := overload.New(overload.WithQueueTarget(time.Millisecond / 2), overload.WithRetryAfter(1500*time.Millisecond),
+		ctrl, err := overload.New(overload.WithQueueTarget(time.Millisecond/2), overload.WithRetryAfter(1500*time.Millisecond),
 			overload.WithClock(&clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}),
 			overload.WithLimits(1, 1))
 		if err != nil {
