@@ -572,18 +572,27 @@ func readResults(path string) (*Results, error) {
 	return res, json.Unmarshal(b, res)
 }
 
-// experiment measures the capacity and runs every scenario against every
-// variant. It cleans up its cgroups and server processes whatever happens.
-func experiment(ctx context.Context, cfg Config) (*Results, error) {
+// fillDefaults sets what a run needs and cfg leaves out: a logger that
+// discards, and this program as the command that starts a server.
+func (cfg *Config) fillDefaults() error {
 	if cfg.Log == nil {
 		cfg.Log = func(string, ...any) {}
 	}
 	if len(cfg.Exe) == 0 {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		cfg.Exe = []string{exe}
+	}
+	return nil
+}
+
+// experiment measures the capacity and runs every scenario against every
+// variant. It cleans up its cgroups and server processes whatever happens.
+func experiment(ctx context.Context, cfg Config) (*Results, error) {
+	if err := cfg.fillDefaults(); err != nil {
+		return nil, err
 	}
 	began := time.Now()
 	res := &Results{

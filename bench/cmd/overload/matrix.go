@@ -488,15 +488,8 @@ type matrixRunner struct {
 // each (handler, placement)'s capacity the first time a cell needs it. It
 // cleans up its cgroups and server processes whatever happens.
 func runMatrix(ctx context.Context, cfg Config, mc matrixConfig) (*MatrixResults, error) {
-	if cfg.Log == nil {
-		cfg.Log = func(string, ...any) {}
-	}
-	if len(cfg.Exe) == 0 {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Exe = []string{exe}
+	if err := cfg.fillDefaults(); err != nil {
+		return nil, err
 	}
 	began := time.Now()
 	m := &matrixRunner{cfg: cfg, mc: mc, res: &MatrixResults{
