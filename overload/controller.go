@@ -63,7 +63,8 @@ type flow struct {
 	weight    float64
 	inflight  int
 	inside    int       // the flow's calls Enter let in
-	owed      int       // places it gave up to flows under their share: its next calls to reach Acquire are shed
+	pending   int       // of those, calls that have not reached Acquire yet
+	owed      int       // places it gave up to flows under their share: its next calls to reach Acquire are shed (at most pending)
 	entered   float64   // calls Enter let in, decayed over entryMemory: the flow's recent share
 	enteredAt time.Time // when entered was last decayed
 	q         []*waiter
@@ -264,6 +265,7 @@ func (c *Controller) claim(ctx context.Context) *flow {
 func (c *Controller) Leave(ctx context.Context) {
 	if in := c.claim(ctx); in != nil {
 		c.mu.Lock()
+		c.arrive(in)
 		c.exit(in)
 		c.mu.Unlock()
 	}
@@ -273,8 +275,23 @@ func (c *Controller) Leave(ctx context.Context) {
 func (t *ticket) leave() {
 	c := t.c
 	c.mu.Lock()
+	c.arrive(t.f)
 	c.exit(t.f)
 	c.mu.Unlock()
+}
+
+// arrive records that a call of flow in (nil: none) that Enter let in is
+// no longer pending: it reached Acquire, or left without. A flow owes no
+// more places than it has calls pending; the rest is forgiven.
+func (c *Controller) arrive(in *flow) {
+	if in == nil {
+		return
+	}
+	in.pending--
+	if d := in.owed - in.pending; d > 0 {
+		in.owed -= d
+		c.owed -= d
+	}
 }
 
 // exit gives back a place of flow in (nil: none) among the calls Enter let
@@ -285,12 +302,6 @@ func (c *Controller) exit(in *flow) {
 	}
 	in.inside--
 	c.inside--
-	if d := in.owed - (in.inside - in.inflight - len(in.q)); d > 0 {
-		// It owes more places than it has calls yet to reach Acquire
-		// (a call ended before it got there): forgive the rest.
-		in.owed -= d
-		c.owed -= d
-	}
 	c.drop(in)
 }
 
@@ -310,7 +321,15 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		// entered: this one goes instead.
 		inside.owed--
 		c.owed--
+		c.arrive(inside)
 		return Permit{}, c.shedLocked(fl, inside, ShedDisplaced, now)
+	}
+	c.arrive(inside)
+	if err := ctx.Err(); err != nil {
+		c.exit(inside)
+		c.drop(fl)
+		c.mu.Unlock()
+		return Permit{}, err
 	}
 	slots := c.st.Slots()
 	if c.queued == 0 && c.inflight < slots {
@@ -440,6 +459,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 		}
 	}
 	fl.inside++
+	fl.pending++
 	c.inside++
 	fl.entered = fl.recent(now) + 1
 	c.top.entered = max(c.top.recent(now), fl.entered/fl.weight)
@@ -490,7 +510,8 @@ func (fl *flow) recent(now time.Time) float64 {
 // when, with this call, it would still have been let in fewer calls lately
 // for its weight than the flow let in the most (which may have nothing
 // inside at the moment), and the flow that gives up a place is the one
-// let in the most of those holding one not yet given up, if it was let in
+// let in the most of those holding one it can give up (a waiting call, or
+// one yet to reach Acquire that it does not owe already), if it was let in
 // more than fl. So a flow under its weighted max-min fair share keeps its
 // calls while another floods, and the flood gets what is left.
 func (c *Controller) displaced(fl *flow, now time.Time) *flow {
@@ -501,7 +522,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 	var victim, lower *flow
 	var most float64
 	for _, g := range c.flows {
-		if g.inside-g.owed <= 0 || g == fl || g.k.prio > fl.k.prio {
+		if (len(g.q) == 0 && g.pending-g.owed <= 0) || g == fl || g.k.prio > fl.k.prio {
 			continue
 		}
 		if g.k.prio < fl.k.prio {
@@ -570,7 +591,7 @@ func (c *Controller) flow(f Flow) *flow {
 	} else {
 		fl = new(flow)
 	}
-	fl.k, fl.weight, fl.inflight, fl.inside, fl.owed, fl.vt = k, weight(f.Weight), 0, 0, 0, 0
+	fl.k, fl.weight, fl.inflight, fl.inside, fl.pending, fl.owed, fl.vt = k, weight(f.Weight), 0, 0, 0, 0, 0
 	fl.entered, fl.enteredAt = 0, time.Time{}
 	c.flows[k] = fl
 	return fl

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -448,6 +450,71 @@ func TestDeadlineUsesTheBaseline(t *testing.T) {
 			t.Errorf("the waiting call: %v, want the freed slot", r.err)
 		} else {
 			r.p.Done()
+		}
+	})
+}
+
+// Whatever path a call takes (shed at the tap, displaced, timed out, its
+// context ended before or after Acquire, a stream that leaves, a call
+// whose tap and interceptor name different flows), every place, slot and
+// owed place comes back once the calls end, and an empty server admits.
+func TestEveryPlaceComesBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t, WithLimits(2, 2))
+		teach(t, c, 2*ms)
+		rng := rand.New(rand.NewPCG(1, 2))
+		flows := []Flow{{Key: "a"}, {Key: "a"}, {Key: "a"}, {Key: "b"}, {Key: "c", Weight: 2}, {Key: "d", Priority: Sheddable}, {Key: "e", Priority: Critical}}
+		var wg sync.WaitGroup
+		for i := range 2000 {
+			f, g := flows[rng.IntN(len(flows))], flows[rng.IntN(len(flows))]
+			if rng.IntN(4) != 0 {
+				g = f // mostly, the tap and the interceptor agree
+			}
+			path, cost := rng.IntN(5), time.Duration(rng.IntN(4))*ms
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), time.Duration(1+i%40)*ms)
+				defer cancel()
+				ctx, in := c.Enter(ctx, f)
+				if !in {
+					return
+				}
+				switch path {
+				case 0: // rejected before Acquire (a quota), or a reset stream
+					return
+				case 1: // a stream
+					c.Leave(ctx)
+					return
+				case 2: // its context ends before it reaches Acquire
+					cancel()
+					time.Sleep(time.Nanosecond) // its release runs while time stands
+				}
+				p, err := c.Acquire(ctx, g)
+				if err != nil {
+					return
+				}
+				time.Sleep(cost)
+				p.Done()
+			})
+			if i%7 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		wg.Wait()
+		synctest.Wait()
+		s := c.Snapshot()
+		if s.Inside != 0 || s.Inflight != 0 || s.Queued != 0 {
+			t.Errorf("inside %d, inflight %d, queued %d after every call ended; want 0, 0, 0", s.Inside, s.Inflight, s.Queued)
+		}
+		if c.owed != 0 || len(c.flows) != 0 {
+			t.Errorf("owed %d, flows %d after every call ended; want 0, 0", c.owed, len(c.flows))
+		}
+		if s.Shed[ShedTap] == 0 || s.Shed[ShedDisplaced] == 0 {
+			t.Errorf("sheds %v: the mix should reach the tap's and the displacement's paths", s.Shed)
+		}
+		for i := range 3 {
+			if _, in := c.Enter(t.Context(), Flow{Key: "a"}); !in {
+				t.Fatalf("Enter #%d in an empty server = false", i+1)
+			}
 		}
 	})
 }
