@@ -12,7 +12,8 @@
 //  2. The Limit starts at what the CPUs can run (GOMAXPROCS) and never goes
 //     below it; it grows while the limit binds and a call's service time
 //     stays within Tolerance of the least recent one (the baseline), and is
-//     cut to where it would be within Tolerance when it does not.
+//     cut to what the throughput needs at the baseline (Little's law:
+//     the limit times baseline over service time) when it does not.
 //  3. A call waits at most the Target, a few completions' worth of time and
 //     never less than MinTarget, and the queue holds at most what the slots
 //     complete in the Target; the rest is shed.
@@ -41,7 +42,10 @@ const (
 	// Tolerance is how far a step's mean service time may exceed the
 	// baseline before the limit is cut: calls that share a CPU or wait on
 	// a pool take longer in proportion to how many run at once, so a
-	// ratio of 1.5 means a third of the service time is queueing.
+	// ratio of 1.5 means a third of the service time is queueing. The
+	// cut goes to the baseline, not to Tolerance: were the service time
+	// left above the baseline, the baseline (a minimum over a window)
+	// would rise to it once the window forgot, and the limit with it.
 	Tolerance = 1.5
 	// Growth is the fraction the limit grows by in a step where it bound
 	// and calls did not queue (at least one slot), once it has been cut;
@@ -50,10 +54,10 @@ const (
 	// waits on a dependency for 100 ms at 2,000 calls/s needs 200 slots.
 	Growth = 0.25
 	// Completions is how many completions' worth of time a call may wait
-	// in the queue (the Target): the queue must keep every slot busy
-	// through the gaps between arrivals, and three completions' worth
-	// does that at any overload with few calls shed for waiting, while a
-	// call's latency stays within four times its service time.
+	// in the queue (the Target): one keeps every slot busy through the
+	// gaps between arrivals once the load exceeds the capacity, with
+	// MinTarget as the floor for cheap calls, while a call's latency
+	// stays within about twice its service time.
 	Completions = 1
 	// MinTarget is the least Target: a Go server whose CPU never idles
 	// reads its sockets in batches about 10 ms apart (the runtime polls
@@ -146,7 +150,7 @@ func Step(s State, x Sample, b Bounds, now time.Time) State {
 		// Nothing queued for a slot: the limit did not decide anything,
 		// so the step has no evidence to move it.
 	case r > Tolerance:
-		s.Limit *= Tolerance / r
+		s.Limit /= r
 		s.Cut = true
 	case !s.Cut:
 		s.Limit *= 2

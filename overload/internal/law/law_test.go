@@ -34,9 +34,9 @@ func TestStep(t *testing.T) {
 		if got, want := s.Limit, 64.0; got != want {
 			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
 		}
-		s = steps(s, 1, 4, true) // a cut: 64 × 1.5/2
+		s = steps(s, 1, 4, true) // a cut: 64 × 2/4
 		s = steps(s, 2, 2, true) // then a quarter a step
-		if got, want := s.Limit, 48*1.25*1.25; got < want-1e-9 || got > want+1e-9 {
+		if got, want := s.Limit, 32*1.25*1.25; got < want-1e-9 || got > want+1e-9 {
 			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
 		}
 	})
@@ -47,13 +47,13 @@ func TestStep(t *testing.T) {
 			t.Errorf("Limit = %v, want %v: a step without a waiting call must not move it", got, want)
 		}
 	})
-	t.Run("cuts to where the latency would be within tolerance", func(t *testing.T) {
+	t.Run("cuts to what the throughput needs at the baseline", func(t *testing.T) {
 		s := Start(Bounds{Min: 1, Max: 100}, t0)
 		s.Limit = 10
 		s = steps(s, 1, 2, true) // baseline 2 ms
 		s.Limit = 20
 		s = steps(s, 1, 6, true) // three times the baseline
-		if got, want := s.Limit, 20*Tolerance/3; got < want-1e-9 || got > want+1e-9 {
+		if got, want := s.Limit, 20.0/3; got < want-1e-9 || got > want+1e-9 {
 			t.Errorf("Limit = %v, want %v", got, want)
 		}
 	})
@@ -68,6 +68,33 @@ func TestStep(t *testing.T) {
 		}
 		if got := s.Limit; got != 3 {
 			t.Errorf("Limit after the cost settled = %v, want the most, 3", got)
+		}
+	})
+	t.Run("a pool's size holds it", func(t *testing.T) {
+		// A handler that holds one of 8 connections for 10 ms: beyond 8
+		// calls at once, the service time grows with the limit. The
+		// limit must settle near 8, and the baseline stay at 10 ms,
+		// however long the overload lasts.
+		const pool, hold = 8, 10.0
+		s := Start(b, t0)
+		var most float64
+		for i := range 50 * Window {
+			ms := hold * max(1, float64(s.Slots())/pool)
+			s = steps(s, 1, ms, true)
+			if i > 2*Window {
+				most = max(most, s.Limit)
+			}
+		}
+		// The most: a limit just short of a slot past where the service
+		// time exceeds Tolerance, grown once more.
+		if top := (pool*Tolerance + 1) * (1 + Growth); most > top {
+			t.Errorf("Limit reached %v, want at most %v for a pool of %d", most, top, pool)
+		}
+		if s.Limit < pool {
+			t.Errorf("Limit = %v, want at least the pool's %d", s.Limit, pool)
+		}
+		if got, want := s.Baseline, time.Duration(hold*float64(time.Millisecond)); got != want {
+			t.Errorf("Baseline = %v, want %v", got, want)
 		}
 	})
 	t.Run("the baseline follows a cost that rose", func(t *testing.T) {
