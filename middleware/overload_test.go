@@ -54,8 +54,10 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	}
 	// The limit is pinned at 4, so that a busy machine's latencies do not
 	// move it while the test counts slots. Before any call completes, the
-	// controller lets four calls a slot wait: 16.
-	ctrl, err := overload.New(overload.WithLimits(4, 4))
+	// controller lets four calls a slot wait: 16. A queue target of a
+	// second keeps a slow machine's scheduling from timing out a call
+	// the test is about to release.
+	ctrl, err := overload.New(overload.WithLimits(4, 4), overload.WithQueueTarget(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +127,7 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	if err := <-errs; status.Code(err) != codes.Unavailable {
 		t.Fatalf("globex's displaced call: %v, want UNAVAILABLE", err)
 	}
+	waitFor(t, func() bool { return ctrl.Snapshot().Queued == n-4 }, "acme's call to wait in the place of globex's")
 	ran := e.calls.Load()
 	b.release <- struct{}{}
 	if err := <-acmeDone; err != nil {
@@ -153,9 +156,11 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 		t.Errorf("rejected subjects %v, want t:globex twice", subjects)
 	}
 	mu.Unlock()
-	if snap := ctrl.Snapshot(); snap.Inflight != 0 || snap.Queued != 0 {
-		t.Errorf("controller after every call ended: %+v", snap)
-	}
+	// A client has its reply before the server's interceptor returns.
+	waitFor(t, func() bool {
+		snap := ctrl.Snapshot()
+		return snap.Inflight == 0 && snap.Queued == 0 && snap.Inside == 0
+	}, "every slot and place to come back")
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
