@@ -70,6 +70,10 @@ type serverStats struct {
 	Limit    float64 `json:"limit,omitempty"`
 	Inflight int     `json:"inflight,omitempty"`
 	Queued   int     `json:"queued,omitempty"`
+	// Inside is E's calls counted from the tap handle to their end, and
+	// Places how many it holds at most.
+	Inside int `json:"inside,omitempty"`
+	Places int `json:"places,omitempty"`
 	// Rate and DelayMs are E's admission rate (0 while admissions are not
 	// rate-limited) and the queueing delay before its controller.
 	Rate    float64 `json:"rate,omitempty"`
@@ -421,6 +425,7 @@ func controllerStats(st *serverStats, ctrl *overload.Controller) {
 	st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
 	st.State = snap.State.String()
 	st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
+	st.Inside, st.Places = snap.Inside, int(snap.Limit)+snap.QueueCap
 	st.DelayMs = millis(snap.Wait)
 	st.TargetMs, st.RTTMs, st.BaseMs = millis(snap.Target), millis(snap.Latency), millis(snap.Baseline)
 	st.CapacityPS = snap.Throughput
