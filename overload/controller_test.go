@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -517,4 +518,51 @@ func TestEveryPlaceComesBack(t *testing.T) {
 			}
 		}
 	})
+}
+
+// stepClock is a clock that moves only when told.
+type stepClock struct{ t atomic.Int64 }
+
+func (s *stepClock) Now() time.Time          { return time.Unix(0, s.t.Load()) }
+func (s *stepClock) advance(d time.Duration) { s.t.Add(int64(d)) }
+
+// A call that takes a millisecond or more yields the CPU once when it is
+// admitted, so that goroutines already waiting for it (a connection's
+// reader and writer) run first; a cheaper one does not.
+func TestAdmittedLongCallsYield(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for _, tc := range []struct {
+		cost  time.Duration
+		yield bool
+	}{{100 * time.Microsecond, false}, {2 * ms, true}} {
+		clk := &stepClock{}
+		c := newTest(t, WithClock(clk))
+		for range 16 {
+			p, err := c.Acquire(t.Context(), Flow{Key: "teach"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.advance(tc.cost)
+			p.Done()
+		}
+		// The race detector shuffles the run queue at times: three
+		// tries, of which a yielding call lets the goroutine run first
+		// in at least one and one that does not yield in none.
+		yielded := false
+		for range 3 {
+			var ran atomic.Bool
+			done := make(chan struct{})
+			go func() { ran.Store(true); close(done) }() // runnable, not running: one CPU
+			p, err := c.Acquire(t.Context(), Flow{Key: "call"})
+			yielded = yielded || ran.Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Done()
+			<-done
+		}
+		if yielded != tc.yield {
+			t.Errorf("calls of %v: a waiting goroutine ran before the admitted call = %v, want %v", tc.cost, yielded, tc.yield)
+		}
+	}
 }
