@@ -417,13 +417,14 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 const yieldAbove = time.Millisecond
 
 // yield releases the lock and, when calls take yieldAbove or more, yields
-// the CPU before p's call runs; p's service time starts after.
+// the CPU before p's call runs. The call's service time includes the
+// yield: the time a call waits for the CPU behind others is the signal
+// that the limit is above what the CPUs run at once.
 func (c *Controller) yield(p *Permit) {
 	long := c.st.Baseline >= yieldAbove
 	c.mu.Unlock()
 	if long {
 		runtime.Gosched()
-		p.start = c.o.now()
 	}
 }
 
