@@ -339,7 +339,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.grant(fl)
 		c.admitted++
 		p := Permit{c: c, f: fl, start: now, inside: inside}
-		c.yield(&p)
+		c.yield()
 		return p, nil
 	}
 	c.bound = true
@@ -384,7 +384,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.admitted++
 		c.waited++
 		p := Permit{c: c, f: fl, start: w.grantAt, inside: inside}
-		c.yield(&p)
+		c.yield()
 		return p, nil
 	case w.granted:
 		// Admitted as the context ended: give the slot to the next.
@@ -417,10 +417,10 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 const yieldAbove = time.Millisecond
 
 // yield releases the lock and, when calls take yieldAbove or more, yields
-// the CPU before p's call runs. The call's service time includes the
+// the CPU before the admitted call runs. The call's service time includes the
 // yield: the time a call waits for the CPU behind others is the signal
 // that the limit is above what the CPUs run at once.
-func (c *Controller) yield(p *Permit) {
+func (c *Controller) yield() {
 	long := c.st.Baseline >= yieldAbove
 	c.mu.Unlock()
 	if long {
