@@ -467,7 +467,8 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	fl := c.flow(f)
 	if places := c.places(); c.inside-c.owed >= places {
 		// The call takes a place of v's: v's waiting call if it has one,
-		// else the next of v's calls to reach Acquire.
+		// else the next of v's calls to reach Acquire, else (all of v's
+		// calls are running) one beyond the places until one of v's ends.
 		switch v := c.displaced(fl, now); {
 		case v == nil:
 			c.countShed(ShedTap, now)
@@ -478,7 +479,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 			return ctx, false
 		case len(v.q) > 0:
 			c.evict(v)
-		default:
+		case v.pending > v.owed:
 			v.owed++
 			c.owed++
 		}
@@ -535,8 +536,7 @@ func (fl *flow) recent(now time.Time) float64 {
 // when, with this call, it would still have been let in fewer calls lately
 // for its weight than the flow let in the most (which may have nothing
 // inside at the moment), and the flow that gives up a place is the one
-// let in the most of those holding one it can give up (a waiting call, or
-// one yet to reach Acquire that it does not owe already), if it was let in
+// let in the most of those holding one not yet given up, if it was let in
 // more than fl. So a flow under its weighted max-min fair share keeps its
 // calls while another floods, and the flood gets what is left.
 func (c *Controller) displaced(fl *flow, now time.Time) *flow {
@@ -547,7 +547,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 	var victim, lower *flow
 	var most float64
 	for _, g := range c.flows {
-		if (len(g.q) == 0 && g.pending-g.owed <= 0) || g == fl || g.k.prio > fl.k.prio {
+		if g.inside-g.owed <= 0 || g == fl || g.k.prio > fl.k.prio {
 			continue
 		}
 		if g.k.prio < fl.k.prio {
