@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -51,6 +52,7 @@ type Controller struct {
 	sched            time.Duration
 	admitted, waited uint64
 	shed             [nShedCauses]uint64
+	untapped         atomic.Uint64
 }
 
 type flowKey struct {
@@ -110,7 +112,8 @@ type Option func(*options)
 // WithLogger sets the logger for the controller's changes of state, each
 // with the signals behind it: entering Shedding at Warn, back to Open at
 // Info, every change of the limit at Debug. A nil logger, the default,
-// logs nothing. A repeated call replaces the logger.
+// logs nothing but the one warning of calls that reach Acquire without
+// Enter, to slog.Default. A repeated call replaces the logger.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // A Guard supplies CPU readings: the latest fraction of the CPU this
@@ -314,6 +317,9 @@ func (c *Controller) exit(in *flow) {
 func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	now := c.o.now()
 	inside := c.claim(ctx)
+	if inside == nil && ctx.Err() == nil && c.untapped.Add(1) == 1 {
+		c.warnUntapped()
+	}
 	c.mu.Lock()
 	fl := c.flow(f)
 	if inside != nil && inside.owed > 0 {
@@ -426,6 +432,16 @@ func (c *Controller) yield() {
 	if long {
 		runtime.Gosched()
 	}
+}
+
+// warnUntapped logs, once, that calls reach Acquire without Enter.
+func (c *Controller) warnUntapped() {
+	l := c.o.logger
+	if l == nil {
+		l = slog.Default()
+	}
+	l.Warn("overload: a call reached Acquire without Enter: calls that wait to start in the Go scheduler are not bounded; " +
+		"install the tap handle (middleware's Limiter.ServerOptions, or grpc.InTapHandle(limiter.TapHandle)), or call Enter where calls enter")
 }
 
 // Done ends the call: its slot goes to the next waiting call, and its
@@ -587,7 +603,7 @@ func (c *Controller) snapshot() Snapshot {
 		Limit: c.st.Limit, Inflight: c.inflight, Queued: c.queued, QueueCap: c.st.QueueCap(floor), Inside: c.inside,
 		Latency: c.st.Latency, Baseline: c.st.Baseline, Wait: c.wait, Target: c.st.Target(floor),
 		Throughput: c.st.Throughput, CPU: c.cpu, SchedP99: c.sched,
-		Admitted: c.admitted, Waited: c.waited, Shed: c.shed,
+		Admitted: c.admitted, Waited: c.waited, Shed: c.shed, Untapped: c.untapped.Load(),
 	}
 }
 

@@ -566,3 +566,35 @@ func TestAdmittedLongCallsYield(t *testing.T) {
 		}
 	}
 }
+
+// A call that reaches Acquire without Enter (a gRPC server without the tap
+// handle) is counted, and the controller says so once.
+func TestUntappedCallsAreReported(t *testing.T) {
+	var buf bytes.Buffer
+	c := newTest(t, WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	ctx, in := c.Enter(t.Context(), Flow{Key: "a"})
+	if !in {
+		t.Fatal("Enter = false in an empty server")
+	}
+	p, err := c.Acquire(ctx, Flow{Key: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done()
+	if n := c.Snapshot().Untapped; n != 0 || buf.Len() != 0 {
+		t.Fatalf("after a call that entered: Untapped = %d, log %q; want 0 and nothing", n, buf.String())
+	}
+	for range 3 {
+		p, err := c.Acquire(t.Context(), Flow{Key: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Done()
+	}
+	if n := c.Snapshot().Untapped; n != 3 {
+		t.Errorf("Untapped = %d after three calls without Enter, want 3", n)
+	}
+	if got := strings.Count(buf.String(), "without Enter"); got != 1 || !strings.Contains(buf.String(), "level=WARN") {
+		t.Errorf("log %q: want one warning", buf.String())
+	}
+}

@@ -4,15 +4,22 @@
 // from the flows (tenants) over their fair share first.
 //
 //	ctrl, err := overload.New(overload.WithLogger(logger))
-//	p, err := ctrl.Acquire(ctx, overload.Flow{Key: tenantID, Weight: 1})
+//	f := overload.Flow{Key: tenantID, Weight: 1}
+//	ctx, in := ctrl.Enter(ctx, f) // where the call enters, before its request is read
+//	if !in {
+//		return errOverloaded
+//	}
+//	p, err := ctrl.Acquire(ctx, f)
 //	if err != nil {
 //		return err // *overload.ShedError, or ctx's error
 //	}
 //	defer p.Done()
 //
-// middleware.WithOverload puts a Controller in front of a gRPC server's
-// handlers, after the tenants' quotas, and its tap handle turns away calls
-// that would be shed before their requests are read.
+// middleware.NewOverload puts a Controller in front of a gRPC server's
+// handlers (middleware.WithOverload, after the tenants' quotas), and its
+// ServerOptions install the tap handle that calls Enter. A controller whose
+// calls reach Acquire without Enter logs a warning once and counts them in
+// [Snapshot].Untapped.
 //
 // # The law
 //
@@ -32,10 +39,14 @@
 //     in which a call found every slot taken, it grows (doubling until the
 //     first cut, then by a quarter) while the calls' mean service time
 //     stays within 1.5× of the least recent one, the baseline, and is cut
-//     to where it would be within 1.5× when it does not. A step in which no
+//     to what the throughput needs at the baseline when it does not (the
+//     limit times baseline over mean: Little's law). A step in which no
 //     call waited changes nothing, so an idle server is never cut.
 //  4. A call whose deadline leaves less than its expected wait plus the
 //     baseline is shed at once: its work would be wasted.
+//  5. An admitted call of a millisecond or more yields the CPU once before
+//     it runs, so that the connections' readers and writers, which the Go
+//     scheduler would run after it, read requests and send replies first.
 //
 // Each step reads only the server's own calls, not a CPU reading, and
 // needs no warm-up. docs/DESIGN.md (decisions 4b and 4c) records the laws

@@ -9,8 +9,10 @@ import (
 	"github.com/floodgate-go/floodgate/overload"
 )
 
-// A controller in front of a handler: Acquire before the work, Done after,
-// and a shed call turned into the caller's error.
+// A controller in front of a handler: Enter where the call enters the
+// server (before its request is read: a gRPC tap handle, the top of an
+// HTTP handler), Acquire before the work, Done after, and a shed call
+// turned into the caller's error.
 func ExampleController() {
 	ctrl, err := overload.New(
 		overload.WithLimits(1, 1),                    // one call at a time, for the example
@@ -20,7 +22,12 @@ func ExampleController() {
 		panic(err)
 	}
 	serve := func(ctx context.Context, tenant string) error {
-		p, err := ctrl.Acquire(ctx, overload.Flow{Key: tenant, Weight: 1})
+		f := overload.Flow{Key: tenant, Weight: 1}
+		ctx, in := ctrl.Enter(ctx, f)
+		if !in {
+			return errors.New("overloaded") // shed before any work
+		}
+		p, err := ctrl.Acquire(ctx, f)
 		if err != nil {
 			return err // *overload.ShedError, or ctx's error
 		}
@@ -29,7 +36,8 @@ func ExampleController() {
 	}
 
 	// A call of acme holds the only slot...
-	busy, err := ctrl.Acquire(context.Background(), overload.Flow{Key: "acme"})
+	ctx, _ := ctrl.Enter(context.Background(), overload.Flow{Key: "acme"})
+	busy, err := ctrl.Acquire(ctx, overload.Flow{Key: "acme"})
 	if err != nil {
 		panic(err)
 	}

@@ -165,6 +165,11 @@ type Snapshot struct {
 	// made.
 	Admitted, Waited uint64
 	Shed             [nShedCauses]uint64
+	// Untapped counts calls that reached Acquire without Enter having
+	// counted them as they entered: a gRPC server without the tap handle
+	// (use middleware's Limiter.ServerOptions), whose calls can queue in
+	// the Go scheduler where the controller cannot bound them.
+	Untapped uint64
 }
 
 // ShedTotal returns the shed calls of every cause.
