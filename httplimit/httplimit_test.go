@@ -673,3 +673,65 @@ func TestEndedContextIsNotARejection(t *testing.T) {
 		t.Errorf("status code %d, want 1 (CANCELLED)", st.GetCode())
 	}
 }
+
+// Under overload, HTTP gets the law gRPC gets: every request is counted as
+// it enters (none reaches the controller untapped), the ones beyond what
+// the server runs and queues are shed before the handler, and every place
+// comes back.
+func TestOverloadShedsAsRequestsEnter(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+	})
+	l, err := middleware.NewOverload(middleware.WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := serve(t, l, h)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	key := http.Header{"X-Api-Key": {acmeKey}}
+	const n = 12
+	codes := make(chan int, n)
+	go func() { codes <- do(t, ts, "GET", "/", key).code }()
+	<-entered // one request holds the only slot
+	for range n - 1 {
+		go func() { codes <- do(t, ts, "GET", "/", key).code }()
+	}
+	// One slot and, before any request has completed, four places a
+	// slot: five requests inside, the rest shed as they enter.
+	for deadline := time.Now().Add(10 * time.Second); ctrl.Snapshot().Shed[overload.ShedTap] < n-5; {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot %+v: want %d shed as they entered", ctrl.Snapshot(), n-5)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	unblock()
+	var ok, shed int
+	for range n {
+		switch c := <-codes; c {
+		case http.StatusOK:
+			ok++
+		case http.StatusServiceUnavailable:
+			shed++
+		default:
+			t.Errorf("status %d, want 200 or 503", c)
+		}
+	}
+	s := ctrl.Snapshot()
+	if s.Untapped != 0 || s.Inside != 0 || s.Inflight != 0 {
+		t.Errorf("untapped %d, inside %d, in flight %d; want 0, 0, 0", s.Untapped, s.Inside, s.Inflight)
+	}
+	if ok < 1 || shed < n-5 {
+		t.Errorf("%d served and %d shed, want at least 1 and %d", ok, shed, n-5)
+	}
+}

@@ -93,17 +93,31 @@ func (a *Admission) RetryAfter() time.Duration {
 	return a.e.d
 }
 
-// Admit decides one call as UnaryServerInterceptor does, for transports
-// other than gRPC (httplimit uses it): identity, tenant, the method's rule,
-// a take from the caller's bucket and, with WithOverload, a slot of the
-// controller, which may wait. It returns the admission and nil when the
-// call may run (in dry-run mode, always), or the rejection's status
-// error, the one the interceptors return, which a gRPC-aware transport can
-// send as it is; or, when ctx ended while the call waited for a slot,
-// ctx's error as a status. Admit sets no gRPC trailer.
+// Admit decides one call as the tap handle and UnaryServerInterceptor do
+// together, for transports other than gRPC (httplimit uses it): with
+// WithOverload, the call's entry into the controller (Enter, which may turn
+// it away at once); identity, tenant, the method's rule and a take from
+// the caller's bucket; then a slot of the controller, which may wait. Call
+// it as the call enters, before reading its body. It returns the admission
+// and nil when the call may run (in dry-run mode, always), or the
+// rejection's status error, the one the interceptors return, which a
+// gRPC-aware transport can send as it is; or, when ctx ended while the call
+// waited for a slot, ctx's error as a status. Admit sets no gRPC trailer.
 func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 	var a Admission
-	err := l.admit(ctx, &c, l.o.overload, &a)
+	ctl := l.o.overload
+	if ctl != nil && !l.o.dryRun && !l.Exempt(c.Method) {
+		if ctx, a.e = l.enter(ctx, ctl, &c); a.e != nil {
+			a.ctx = ctx
+			return a, a.e.err
+		}
+		defer func() {
+			if a.permit == (overload.Permit{}) {
+				ctl.Leave(ctx) // rejected, or its context ended: its place goes back now
+			}
+		}()
+	}
+	err := l.admit(ctx, &c, ctl, &a)
 	return a, err
 }
 

@@ -212,12 +212,12 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if left <= 0 {
 		return ctx, nil
 	}
-	return ctx, l.tapReject(info.FullMethodName, r.subject, left, note)
+	return ctx, l.tapReject(info.FullMethodName, r.subject, left, note).err
 }
 
 // tapReject turns a call to method by subject away at the tap, counting
 // and reporting it, and returns the overload rejection with retry.
-func (l *Limiter) tapReject(method, subject string, retry time.Duration, note keyNote) error {
+func (l *Limiter) tapReject(method, subject string, retry time.Duration, note keyNote) *entry {
 	if f := l.o.rejected; f != nil {
 		f(subject)
 	}
@@ -225,7 +225,7 @@ func (l *Limiter) tapReject(method, subject string, retry time.Duration, note ke
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: method, Reason: ReasonOverload, Tap: true})
 	}
-	return l.rej.lookup(ReasonOverload, retry, note).err
+	return l.rej.lookup(ReasonOverload, retry, note)
 }
 
 // tapOverload counts a call into the overload controller as it enters the
@@ -237,18 +237,29 @@ func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info 
 		return ctx, nil
 	}
 	call := serverCall(ctx, info.FullMethodName, info.Header)
-	ten, found, ok, note := l.tapIdentify(&call, l.tables.Table())
+	ctx, e := l.enter(ctx, c, &call)
+	if e != nil {
+		return ctx, e.err
+	}
+	return ctx, nil
+}
+
+// enter counts call into the overload controller c as it enters the
+// server (overload.Controller.Enter), returning the context that carries
+// its place; or turns it away, returning the rejection.
+func (l *Limiter) enter(ctx context.Context, c *overload.Controller, call *Call) (context.Context, *entry) {
+	ten, found, ok, note := l.tapIdentify(call, l.tables.Table())
 	if !ok {
 		// A key the tap cannot resolve without a hash: count the call
 		// as its address's, which the interceptor may correct.
 		ten, found = l.tables.Table().Anonymous(), false
 	}
-	r := l.route(ten, found, &call)
+	r := l.route(ten, found, call)
 	ctx, in := c.Enter(ctx, r.flow)
 	if in {
 		return ctx, nil
 	}
-	return ctx, l.tapReject(info.FullMethodName, r.subject, c.RetryAfter(), note)
+	return ctx, l.tapReject(call.Method, r.subject, c.RetryAfter(), note)
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
