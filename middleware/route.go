@@ -61,10 +61,9 @@ func (l *Limiter) route(ten *tenant.Tenant, found bool, c *Call) *route {
 // flowOf returns the overload controller's flow of calls held to rule for
 // ten, keyed by subject.
 func flowOf(ten *tenant.Tenant, rule tenant.Rule, subject string) overload.Flow {
-	name := rule.Priority
-	if name == "" {
-		name = ten.Priority()
+	prio := ten.Priority()
+	if rule.Ranked {
+		prio = rule.Priority
 	}
-	prio, _ := overload.ParsePriority(name) // validated by the tenant table
 	return overload.Flow{Key: subject, Weight: ten.Weight(), Priority: prio}
 }

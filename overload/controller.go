@@ -57,7 +57,7 @@ type Controller struct {
 
 type flowKey struct {
 	key  string
-	prio Priority
+	prio floodgate.Priority
 }
 
 type flow struct {
@@ -340,7 +340,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	slots := c.st.Slots()
 	if c.queued == 0 && c.inflight < slots {
 		// A call that starts at once counts for fair queueing too.
-		i := fl.k.prio.index()
+		i := prioIndex(fl.k.prio)
 		fl.vt = max(fl.vt, c.vclock[i]) + 1/fl.weight
 		c.grant(fl)
 		c.admitted++
@@ -616,7 +616,7 @@ func weight(w float64) float64 {
 
 // flow returns f's flow, making it if needed.
 func (c *Controller) flow(f Flow) *flow {
-	k := flowKey{f.Key, f.Priority}
+	k := flowKey{f.Key, min(max(f.Priority, floodgate.Sheddable), floodgate.Critical)}
 	if fl, ok := c.flows[k]; ok {
 		return fl
 	}
@@ -668,7 +668,7 @@ func (c *Controller) release(fl *flow, inside *flow) {
 func (c *Controller) enqueue(w *waiter) {
 	fl := w.f
 	if len(fl.q) == 0 {
-		i := fl.k.prio.index()
+		i := prioIndex(fl.k.prio)
 		c.active[i] = append(c.active[i], fl)
 		fl.vt = max(fl.vt, c.vclock[i])
 	}
@@ -689,12 +689,12 @@ func (c *Controller) dequeue(w *waiter) {
 		}
 	}
 	if len(fl.q) == 0 {
-		a := c.active[fl.k.prio.index()]
+		a := c.active[prioIndex(fl.k.prio)]
 		for i, x := range a {
 			if x == fl {
 				a[i] = a[len(a)-1]
 				a[len(a)-1] = nil
-				c.active[fl.k.prio.index()] = a[:len(a)-1]
+				c.active[prioIndex(fl.k.prio)] = a[:len(a)-1]
 				break
 			}
 		}
@@ -745,7 +745,7 @@ func (c *Controller) victim(fl *flow) *flow {
 		if worst == nil {
 			continue
 		}
-		if p := fl.k.prio.index(); p != i {
+		if p := prioIndex(fl.k.prio); p != i {
 			if p > i {
 				return worst
 			}

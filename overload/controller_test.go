@@ -154,7 +154,7 @@ func TestFullQueueDisplacesTheFlowOverItsShare(t *testing.T) {
 		} else if cause, _ := shedCause(r.err); cause != ShedDisplaced {
 			t.Errorf("oldest heavy call: %v, want displaced", r.err)
 		}
-		crit := acquireAsync(t.Context(), c, Flow{Key: "heavy", Priority: Critical})
+		crit := acquireAsync(t.Context(), c, Flow{Key: "heavy", Priority: floodgate.Critical})
 		synctest.Wait()
 		if r := <-heavy[1]; !errors.Is(r.err, ErrShed) {
 			t.Fatalf("second heavy call: %v, want displaced by the critical call", r.err)
@@ -415,7 +415,7 @@ func TestEnter(t *testing.T) {
 		for range 5 {
 			c.Enter(t.Context(), heavy)
 		}
-		if _, in := c.Enter(t.Context(), Flow{Key: "heavy", Priority: Critical}); !in {
+		if _, in := c.Enter(t.Context(), Flow{Key: "heavy", Priority: floodgate.Critical}); !in {
 			t.Error("Enter(critical) = false with only default calls inside")
 		}
 	})
@@ -464,7 +464,7 @@ func TestEveryPlaceComesBack(t *testing.T) {
 		c := newTest(t, WithLimits(2, 2))
 		teach(t, c, 2*ms)
 		rng := rand.New(rand.NewPCG(1, 2))
-		flows := []Flow{{Key: "a"}, {Key: "a"}, {Key: "a"}, {Key: "b"}, {Key: "c", Weight: 2}, {Key: "d", Priority: Sheddable}, {Key: "e", Priority: Critical}}
+		flows := []Flow{{Key: "a"}, {Key: "a"}, {Key: "a"}, {Key: "b"}, {Key: "c", Weight: 2}, {Key: "d", Priority: floodgate.Sheddable}, {Key: "e", Priority: floodgate.Critical}, {Key: "f", Priority: 7}}
 		var wg sync.WaitGroup
 		for i := range 2000 {
 			f, g := flows[rng.IntN(len(flows))], flows[rng.IntN(len(flows))]

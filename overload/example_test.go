@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/overload"
 )
 
@@ -59,7 +60,10 @@ func ExampleController() {
 // The tenant file's weights and priorities become flows; with middleware,
 // WithOverload does this for every call.
 func ExampleFlow() {
-	prio, _ := overload.ParsePriority("sheddable")
+	prio, err := floodgate.ParsePriority("sheddable") // as a tenant file names it
+	if err != nil {
+		panic(err)
+	}
 	f := overload.Flow{Key: "t:reporting", Weight: 0.5, Priority: prio}
 	fmt.Println(f.Key, f.Weight, f.Priority)
 	// Output: t:reporting 0.5 sheddable

@@ -57,47 +57,12 @@ func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String(
 // Unwrap returns ErrShed.
 func (e *ShedError) Unwrap() error { return ErrShed }
 
-// Priority orders calls when the controller must shed: a waiting call of a
-// higher priority is admitted before any of a lower one, and the queue makes
-// room for it by displacing the lowest. Within a priority, fairness decides.
-type Priority int8
-
-const (
-	// Sheddable calls (batch jobs, prefetches, retries that can wait) are
-	// shed first.
-	Sheddable Priority = -1
-	// Default is the priority of calls nobody ranked.
-	Default Priority = 0
-	// Critical calls (interactive, user-facing) are shed last.
-	Critical Priority = 1
-)
-
 const nPriorities = 3
 
-func (p Priority) index() int { return int(p) + 1 }
-
-var priorityNames = [...]string{"sheddable", "default", "critical"}
-
-// String returns the priority's lower-case name, such as "critical".
-func (p Priority) String() string {
-	if p >= Sheddable && p <= Critical {
-		return priorityNames[p.index()]
-	}
-	return "unknown"
-}
-
-// ParsePriority returns the priority named s ("sheddable", "default" or
-// "critical"; "" is Default), and false for any other name.
-func ParsePriority(s string) (Priority, bool) {
-	if s == "" {
-		return Default, true
-	}
-	for i, n := range priorityNames {
-		if n == s {
-			return Priority(i - 1), true
-		}
-	}
-	return Default, false
+// prioIndex returns p's index among the priorities, clamping a value
+// outside them to the nearest.
+func prioIndex(p floodgate.Priority) int {
+	return int(min(max(p, floodgate.Sheddable), floodgate.Critical)) + 1
 }
 
 // A Flow says whose a call is, for fairness: calls of one Key share a fair
@@ -109,8 +74,10 @@ type Flow struct {
 	Key string
 	// Weight is the flow's share relative to other flows; ≤ 0 means 1.
 	Weight float64
-	// Priority ranks the call (see [Priority]).
-	Priority Priority
+	// Priority ranks the call: a waiting call of a higher priority is
+	// admitted before any of a lower one, and the queue makes room for it
+	// by displacing the lowest. Within a priority, fairness decides.
+	Priority floodgate.Priority
 }
 
 // State is the controller's regime.

@@ -41,14 +41,6 @@ type TierSpec struct {
 	Priority string
 }
 
-// Priority names, for TierSpec.Priority, TenantSpec.Priority and
-// MethodSpec.Priority.
-const (
-	PrioritySheddable = "sheddable"
-	PriorityDefault   = "default"
-	PriorityCritical  = "critical"
-)
-
 // TenantSpec is one tenant, or the anonymous policy.
 type TenantSpec struct {
 	// Tier names the tier the tenant inherits from. It may be empty when

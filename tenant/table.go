@@ -33,20 +33,20 @@ type Tenant struct {
 	anon   bool
 	rules  *ruleSet
 	weight float64
-	prio   string
+	prio   floodgate.Priority
 }
 
 // Weight returns the tenant's weight for fair shedding (its own, else its
 // tier's, else 1): see [TierSpec.Weight].
 func (t *Tenant) Weight() float64 { return t.weight }
 
-// Priority returns the tenant's priority name for shedding (its own, else
-// its tier's): "sheddable", "default" or "critical", or "" for the
-// default. A method's [Rule.Priority] overrides it.
-func (t *Tenant) Priority() string { return t.prio }
+// Priority returns the tenant's priority for shedding (its own, else its
+// tier's, else floodgate.Default). A method's [Rule.Priority] overrides it
+// when the rule is Ranked.
+func (t *Tenant) Priority() floodgate.Priority { return t.prio }
 
 // share resolves a tenant's weight and priority from its spec and its tier.
-func share(cfg *Config, spec TenantSpec) (float64, string) {
+func share(cfg *Config, spec TenantSpec) (float64, floodgate.Priority) {
 	tier := cfg.Tiers[spec.Tier]
 	w, prio := spec.Weight, spec.Priority
 	if w == 0 {
@@ -58,7 +58,8 @@ func share(cfg *Config, spec TenantSpec) (float64, string) {
 	if prio == "" {
 		prio = tier.Priority
 	}
-	return w, prio
+	p, _ := floodgate.ParsePriority(prio) // validated: an unknown name never compiles
+	return w, p
 }
 
 // ID returns the tenant's ID, or "" for the anonymous policy.
@@ -113,8 +114,10 @@ type Rule struct {
 	// "/pkg.Svc/*" or "*"), or "default".
 	Pattern string
 	// Priority is the priority the most specific method entry that sets
-	// one gives these calls, or "" to use the tenant's (Tenant.Priority).
-	Priority string
+	// one gives these calls, when Ranked; otherwise the tenant's applies
+	// (Tenant.Priority).
+	Priority floodgate.Priority
+	Ranked   bool
 }
 
 // ruleSet is the resolved rules of one tenant. Tenants without overrides
@@ -424,7 +427,11 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 	if cost == 0 {
 		cost = 1
 	}
-	r := Rule{Cost: cost, ID: ruleID(pattern), Pattern: pattern, Priority: prio}
+	r := Rule{Cost: cost, ID: ruleID(pattern), Pattern: pattern}
+	if prio != "" {
+		r.Priority, _ = floodgate.ParsePriority(prio) // validated
+		r.Ranked = true
+	}
 	if lim == nil {
 		// Unreachable after validation; a zero limit fails closed.
 		return r

@@ -419,15 +419,16 @@ anonymous:
 	for _, tc := range []struct {
 		id, method string
 		weight     float64
-		tenantPrio string
-		rulePrio   string
+		tenantPrio floodgate.Priority
+		rulePrio   floodgate.Priority
+		ranked     bool
 	}{
-		{"a", "/x.Y/Get", 1, "", ""},
-		{"b", "/x.Y/Get", 0.5, tenant.PrioritySheddable, ""},
-		{"c", "/x.Y/Get", 4, tenant.PriorityCritical, ""},
-		{"c", "/x.Y/Export", 4, tenant.PriorityCritical, tenant.PrioritySheddable},
-		{"d", "/x.Y/Get", 2, tenant.PriorityDefault, ""},
-		{"d", "/x.Y/Export", 2, tenant.PriorityDefault, tenant.PrioritySheddable},
+		{"a", "/x.Y/Get", 1, floodgate.Default, floodgate.Default, false},
+		{"b", "/x.Y/Get", 0.5, floodgate.Sheddable, floodgate.Default, false},
+		{"c", "/x.Y/Get", 4, floodgate.Critical, floodgate.Default, false},
+		{"c", "/x.Y/Export", 4, floodgate.Critical, floodgate.Sheddable, true},
+		{"d", "/x.Y/Get", 2, floodgate.Default, floodgate.Default, false},
+		{"d", "/x.Y/Export", 2, floodgate.Default, floodgate.Sheddable, true},
 	} {
 		ten, ok := table.TenantByID(tc.id)
 		if !ok {
@@ -437,10 +438,10 @@ anonymous:
 			t.Errorf("%s.Weight() = %v, want %v", tc.id, got, tc.weight)
 		}
 		if got := ten.Priority(); got != tc.tenantPrio {
-			t.Errorf("%s.Priority() = %q, want %q", tc.id, got, tc.tenantPrio)
+			t.Errorf("%s.Priority() = %v, want %v", tc.id, got, tc.tenantPrio)
 		}
-		if got := ten.Rule(tc.method).Priority; got != tc.rulePrio {
-			t.Errorf("%s.Rule(%s).Priority = %q, want %q", tc.id, tc.method, got, tc.rulePrio)
+		if r := ten.Rule(tc.method); r.Priority != tc.rulePrio || r.Ranked != tc.ranked {
+			t.Errorf("%s.Rule(%s) priority %v, ranked %v; want %v, %v", tc.id, tc.method, r.Priority, r.Ranked, tc.rulePrio, tc.ranked)
 		}
 	}
 	if got := table.Anonymous().Weight(); got != 0.25 {

@@ -79,11 +79,7 @@ func checkShare(p *problems, path string, weight float64, priority string) {
 }
 
 func checkPriority(p *problems, path, priority string) {
-	switch priority {
-	case "", PrioritySheddable, PriorityDefault, PriorityCritical:
-		return
-	}
-	if !p.broken[path] {
+	if _, err := floodgate.ParsePriority(priority); err != nil && !p.broken[path] {
 		p.add(path, "unknown priority "+strconv.Quote(priority)+`: want "sheddable", "default" or "critical"`)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -286,7 +287,7 @@ func TestDemoTenants(t *testing.T) {
 		}
 	}
 	ops, ok := table.TenantByKey(prof.ProbeKey)
-	if !ok || ops.Priority() != tenant.PriorityCritical || !ops.Rule("/inventory.v1.Inventory/Allocate").Limit.IsInf() {
+	if !ok || ops.Priority() != floodgate.Critical || !ops.Rule("/inventory.v1.Inventory/Allocate").Limit.IsInf() {
 		t.Errorf("probe tenant %v: want unlimited and critical", ops)
 	}
 }
