@@ -328,7 +328,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		inside.owed--
 		c.owed--
 		c.arrive(inside)
-		return Permit{}, c.shedLocked(fl, inside, ShedDisplaced, now)
+		return Permit{}, c.shedUnlock(fl, inside, ShedDisplaced, now)
 	}
 	c.arrive(inside)
 	if err := ctx.Err(); err != nil {
@@ -359,14 +359,14 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		left := dl.Sub(now) - c.st.Baseline
 		expect := time.Duration(float64(c.st.Latency) * float64(c.queued) / float64(slots))
 		if left <= min(expect, wait) {
-			return Permit{}, c.shedLocked(fl, inside, ShedDeadline, now)
+			return Permit{}, c.shedUnlock(fl, inside, ShedDeadline, now)
 		}
 		wait = min(wait, left)
 	}
 	if c.queued >= c.st.QueueCap(floor) {
 		v := c.victim(fl)
 		if v == nil {
-			return Permit{}, c.shedLocked(fl, inside, ShedQueueFull, now)
+			return Permit{}, c.shedUnlock(fl, inside, ShedQueueFull, now)
 		}
 		c.evict(v)
 	}
@@ -399,7 +399,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.mu.Unlock()
 		return Permit{}, ctxErr
 	case w.evicted:
-		return Permit{}, c.shedLocked(fl, inside, ShedDisplaced, c.o.now())
+		return Permit{}, c.shedUnlock(fl, inside, ShedDisplaced, c.o.now())
 	}
 	c.dequeue(w)
 	if ctxErr != nil {
@@ -408,7 +408,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.mu.Unlock()
 		return Permit{}, ctxErr
 	}
-	return Permit{}, c.shedLocked(fl, inside, ShedTimeout, c.o.now())
+	return Permit{}, c.shedUnlock(fl, inside, ShedTimeout, c.o.now())
 }
 
 // yieldAbove is the least baseline service time at which an admitted call
@@ -774,10 +774,11 @@ func (c *Controller) countShed(cause ShedCause, now time.Time) {
 	c.lastShed = now
 }
 
-// shedLocked counts a shed call of fl, gives back its place Enter counted,
-// forgets fl if it is empty, releases
-// the lock, logs a change of state and returns the call's error.
-func (c *Controller) shedLocked(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
+// shedUnlock, called with c.mu held, counts a shed call of fl, gives back
+// its place Enter counted, forgets fl if it is empty, releases the lock,
+// logs a change of state and returns the call's error. (A …Locked helper
+// expects the lock held and leaves it held; this one releases it.)
+func (c *Controller) shedUnlock(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
 	c.countShed(cause, now)
 	c.exit(inside)
 	c.drop(fl)
