@@ -14,9 +14,20 @@ var ErrNegativeN = errors.New("floodgate: n must not be negative")
 // The message names the option and the value it refused.
 var ErrInvalidOption = errors.New("floodgate: invalid option")
 
-// A Clock tells the time. Every package that reads the time takes one
-// through its WithClock option, so a test or a simulation can drive all of
-// them from one fake clock; the default reads time.Now.
+// A Clock tells the time. A package that reads the time to decide takes
+// one through its WithClock option (keyed, middleware, overload, throttle,
+// promfloodgate), so a test or a simulation can drive all of them from one
+// fake clock; the default, and WithClock(nil), read time.Now. Three differ,
+// on purpose:
+//
+//   - redisstore's WithClientClock moves the buckets' time from Redis's
+//     TIME to the client's clock: a choice of time source for production,
+//     not only a test seam, so it has its own name;
+//   - cpugate's samplers take the time of each reading as an argument
+//     (SampleAt, PeekAt), which is how tests drive them, and its Gate ticks
+//     on real time because it measures real CPU time;
+//   - tenant reads the time only to stamp reloads for Stats and to compare
+//     a file's modification time with the real file system's.
 type Clock interface {
 	Now() time.Time
 }

@@ -135,15 +135,15 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 // repeated call replaces it.
 func WithGuard(g Guard) Option { return func(o *options) { o.guard = g } }
 
-// WithClock sets the clock, for tests; the default reads time.Now. A nil
-// clock is an error. A repeated call replaces it.
+// WithClock sets the clock the controller reads, for tests and
+// simulations. A nil c restores the default, time.Now. A repeated call
+// replaces it.
 func WithClock(c floodgate.Clock) Option {
 	return func(o *options) {
-		if c == nil {
-			o.errs = append(o.errs, invalid("WithClock", "nil", "a clock"))
-			return
+		o.now = time.Now
+		if c != nil {
+			o.now = c.Now
 		}
-		o.now = c.Now
 	}
 }
 

@@ -311,7 +311,6 @@ func TestGuardReadingsGoIntoSnapshots(t *testing.T) {
 
 func TestNewRejectsInvalidOptions(t *testing.T) {
 	for name, opt := range map[string]Option{
-		"WithClock":        WithClock(nil),
 		"WithLimits":       WithLimits(4, 2),
 		"WithLimits(-1":    WithLimits(-1, 0),
 		"WithQueueTarget":  WithQueueTarget(-ms),
@@ -596,5 +595,16 @@ func TestUntappedCallsAreReported(t *testing.T) {
 	}
 	if got := strings.Count(buf.String(), "without Enter"); got != 1 || !strings.Contains(buf.String(), "level=WARN") {
 		t.Errorf("log %q: want one warning", buf.String())
+	}
+}
+
+// WithClock(nil) restores the real clock, as in every package.
+func TestNilClockIsTheDefault(t *testing.T) {
+	c, err := New(WithClock(&stepClock{}), WithClock(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if since := time.Since(c.Snapshot().Since); since < 0 || since > time.Minute {
+		t.Errorf("Since = %v, %v ago: want the real clock's now", c.Snapshot().Since, since)
 	}
 }

@@ -202,8 +202,8 @@ type options struct {
 // repeated call replaces it.
 func WithWindow(d time.Duration) Option { return func(o *options) { o.window = d } }
 
-// WithClock sets the clock the windows read, for tests; the default reads
-// time.Now. A repeated call replaces it.
+// WithClock sets the clock the windows read, for tests and simulations. A
+// nil c restores the default, time.Now. A repeated call replaces it.
 func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 func invalid(option string, v any, want string) error {
@@ -226,11 +226,11 @@ func build(opts []Option) (options, error) {
 			opt(&o)
 		}
 	}
-	switch {
-	case o.window < time.Second:
+	if o.window < time.Second {
 		return o, invalid("WithWindow", o.window, "at least 1s")
-	case o.clock == nil:
-		return o, invalid("WithClock", "nil", "a clock")
+	}
+	if o.clock == nil {
+		o.clock = floodgate.ClockFunc(time.Now)
 	}
 	return o, nil
 }

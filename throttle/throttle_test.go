@@ -185,7 +185,6 @@ func TestOptionErrors(t *testing.T) {
 		{"ratio above 1", func() error { _, err := throttle.NewBudget(1.5, 0); return err }},
 		{"negative minimum", func() error { _, err := throttle.NewBudget(0.1, -1); return err }},
 		{"short window", func() error { _, err := throttle.NewAdaptive(2, throttle.WithWindow(time.Millisecond)); return err }},
-		{"nil clock", func() error { _, err := throttle.NewBudget(0.1, 1, throttle.WithClock(nil)); return err }},
 		{"zero attempts", func() error { _, err := throttle.New(throttle.WithRetries(0)); return err }},
 		{"zero backoff", func() error { _, err := throttle.New(throttle.WithBackoff(0)); return err }},
 		{"New with bad K", func() error { _, err := throttle.New(throttle.WithK(0)); return err }},
@@ -198,5 +197,16 @@ func TestOptionErrors(t *testing.T) {
 	}
 	if _, err := throttle.New(throttle.WithK(1), throttle.WithRetries(10), throttle.WithRetryBudget(0, 0)); err != nil {
 		t.Errorf("New(valid edge values) = %v, want nil", err)
+	}
+}
+
+// WithClock(nil) restores the real clock, as in every package.
+func TestNilClockIsTheDefault(t *testing.T) {
+	b, err := throttle.NewBudget(0.1, 1, throttle.WithClock(nil))
+	if err != nil {
+		t.Fatalf("NewBudget with WithClock(nil): %v", err)
+	}
+	if b == nil {
+		t.Fatal("nil Budget")
 	}
 }
