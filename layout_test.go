@@ -29,8 +29,10 @@ var peers = []string{
 // prefixes its non-test files may use (docs/DESIGN.md, "Packages and dependency
 // direction").
 var allowed = map[string][]string{
-	".":       {},
-	"keyed":   {module},
+	".":     {},
+	"keyed": {module},
+	// The vocabulary of remote stores, for their observers: stdlib only.
+	"remote":  {},
 	"cpugate": {module, "github.com/shirou/gopsutil/v3", "golang.org/x/sys"},
 	"tenant":  {module, "go.yaml.in/yaml/v3"},
 	// The overload controller is transport-neutral: the middleware feeds

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/remote"
 )
 
 // DefaultCallBuckets are the upper bounds, in seconds, of the Redis call
@@ -45,10 +46,10 @@ func (o *redisOptions) validate() error {
 
 // numKinds is the number of error kinds labelled; a kind beyond them, from
 // a newer redisstore, counts as "other".
-const numKinds = int(floodgate.KindOther) + 1
+const numKinds = int(remote.KindOther) + 1
 
 // numBreakerStates is the number of breaker states labelled.
-const numBreakerStates = int(floodgate.BreakerHalfOpen) + 1
+const numBreakerStates = int(remote.BreakerHalfOpen) + 1
 
 // fallbackSources are the sources of the decisions Redis did not make, in
 // label order, and their labels (as in floodgate_decisions_total).
@@ -63,7 +64,7 @@ var fallbackSources = [...]struct {
 	{floodgate.SourceFailClosed, "fail_closed"},
 }
 
-// breakerLabels label the breaker states, by floodgate.BreakerState.
+// breakerLabels label the breaker states, by remote.BreakerState.
 var breakerLabels = [numBreakerStates]string{"closed", "open", "half_open"}
 
 // RedisMetrics is a redisstore.Observer that is also a prometheus.Collector:
@@ -73,7 +74,7 @@ var breakerLabels = [numBreakerStates]string{"closed", "open", "half_open"}
 //     store's round trips to Redis (a batch is one), outcome "ok" or
 //     "error";
 //   - floodgate_redis_call_errors_total{kind}: failed round trips by
-//     floodgate.ErrorKind (timeout, canceled, connection, cluster, script,
+//     remote.ErrorKind (timeout, canceled, connection, cluster, script,
 //     other);
 //   - floodgate_redis_breaker_state{state}: 1 for the breaker's state
 //     (closed, open, half_open), 0 for the others;
@@ -93,14 +94,14 @@ type RedisMetrics struct {
 	calls                *prometheus.HistogramVec
 	ok, failed           prometheus.Observer
 	errs                 [numKinds]atomic.Uint64
-	state                atomic.Uint32 // floodgate.BreakerState
+	state                atomic.Uint32 // remote.BreakerState
 	transitions          [numBreakerStates]atomic.Uint64
 	fallbacks            [len(fallbackSources)]atomic.Uint64
 	errDesc, stateDesc   *prometheus.Desc
 	transDesc, fallsDesc *prometheus.Desc
 }
 
-// RedisMetrics names only the root package's types, so this module needs
+// RedisMetrics names only the core module's types (package remote), so this module needs
 // neither redisstore nor go-redis; the examples module checks that it is a
 // redisstore.Observer.
 var _ prometheus.Collector = (*RedisMetrics)(nil)
@@ -139,21 +140,21 @@ func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
 }
 
 // ObserveCall implements redisstore.Observer.
-func (m *RedisMetrics) ObserveCall(d time.Duration, kind floodgate.ErrorKind) {
-	if kind == floodgate.KindNone {
+func (m *RedisMetrics) ObserveCall(d time.Duration, kind remote.ErrorKind) {
+	if kind == remote.KindNone {
 		m.ok.Observe(d.Seconds())
 		return
 	}
 	m.failed.Observe(d.Seconds())
 	k := int(kind)
 	if k >= numKinds {
-		k = int(floodgate.KindOther)
+		k = int(remote.KindOther)
 	}
 	m.errs[k].Add(1)
 }
 
 // ObserveBreaker implements redisstore.Observer.
-func (m *RedisMetrics) ObserveBreaker(from, to floodgate.BreakerState) {
+func (m *RedisMetrics) ObserveBreaker(from, to remote.BreakerState) {
 	if int(to) >= numBreakerStates {
 		return
 	}
@@ -183,7 +184,7 @@ func (m *RedisMetrics) Describe(ch chan<- *prometheus.Desc) {
 // exported from the start, at 0.
 func (m *RedisMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.calls.Collect(ch)
-	for k := floodgate.KindTimeout; int(k) < numKinds; k++ {
+	for k := remote.KindTimeout; int(k) < numKinds; k++ {
 		ch <- prometheus.MustNewConstMetric(m.errDesc, prometheus.CounterValue, float64(m.errs[k].Load()), k.String())
 	}
 	state := m.state.Load()

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/remote"
 )
 
 func TestNewRedisMetricsValidates(t *testing.T) {
@@ -44,14 +45,14 @@ func TestRedisMetricsSeries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.ObserveCall(500*time.Microsecond, floodgate.KindNone)
-	m.ObserveCall(2*time.Millisecond, floodgate.KindNone)
-	m.ObserveCall(250*time.Millisecond, floodgate.KindTimeout)
-	m.ObserveCall(time.Millisecond/2, floodgate.KindConnection)
-	m.ObserveCall(time.Millisecond/2, floodgate.ErrorKind(200)) // a kind this package does not know
-	m.ObserveBreaker(floodgate.BreakerClosed, floodgate.BreakerOpen)
-	m.ObserveBreaker(floodgate.BreakerOpen, floodgate.BreakerHalfOpen)
-	m.ObserveBreaker(floodgate.BreakerHalfOpen, floodgate.BreakerOpen)
+	m.ObserveCall(500*time.Microsecond, remote.KindNone)
+	m.ObserveCall(2*time.Millisecond, remote.KindNone)
+	m.ObserveCall(250*time.Millisecond, remote.KindTimeout)
+	m.ObserveCall(time.Millisecond/2, remote.KindConnection)
+	m.ObserveCall(time.Millisecond/2, remote.ErrorKind(200)) // a kind this package does not know
+	m.ObserveBreaker(remote.BreakerClosed, remote.BreakerOpen)
+	m.ObserveBreaker(remote.BreakerOpen, remote.BreakerHalfOpen)
+	m.ObserveBreaker(remote.BreakerHalfOpen, remote.BreakerOpen)
 	for _, s := range []floodgate.Source{floodgate.SourceFallback, floodgate.SourceFallback, floodgate.SourceCache,
 		floodgate.SourceLease, floodgate.SourceFailOpen, floodgate.SourceFailClosed,
 		floodgate.SourceRedis, floodgate.SourceMemory} { // the last two are not fallbacks
@@ -110,10 +111,10 @@ func TestRedisMetricsAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		m.ObserveCall(time.Millisecond, floodgate.KindNone)
-		m.ObserveCall(time.Millisecond, floodgate.KindTimeout)
+		m.ObserveCall(time.Millisecond, remote.KindNone)
+		m.ObserveCall(time.Millisecond, remote.KindTimeout)
 		m.ObserveFallback(floodgate.SourceFallback)
-		m.ObserveBreaker(floodgate.BreakerClosed, floodgate.BreakerOpen)
+		m.ObserveBreaker(remote.BreakerClosed, remote.BreakerOpen)
 	}); n != 0 {
 		t.Errorf("observing allocates %v times per run, want 0", n)
 	}
@@ -129,7 +130,7 @@ func BenchmarkRedisMetrics(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.ObserveCall(300*time.Microsecond, floodgate.KindNone)
+			m.ObserveCall(300*time.Microsecond, remote.KindNone)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"github.com/floodgate-go/floodgate/remote"
 	"runtime"
 	"sync"
 	"time"
@@ -132,7 +133,7 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 func (b *batcher) early(ctx context.Context, p *pending, a result1) (reply, error) {
 	due := p.due
 	r, err := b.release(p, a)
-	if err == nil || KindOf(err) != KindTimeout {
+	if err == nil || KindOf(err) != remote.KindTimeout {
 		return r, err
 	}
 	if wait := time.Until(due); wait > 0 {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"github.com/floodgate-go/floodgate/remote"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,7 @@ type breaker struct {
 
 	mu       sync.Mutex
 	openedAt time.Time
-	state    BreakerState // as reported: half-open from the first probe to a probe's outcome
+	state    remote.BreakerState // as reported: half-open from the first probe to a probe's outcome
 
 	// notify, when set, receives every change of state, outside mu and in
 	// order: transitions queue in pending under mu, and whoever queued one
@@ -43,9 +44,9 @@ type breaker struct {
 
 // transition is a change of the breaker's state.
 type transition struct {
-	from, to BreakerState
-	kind     ErrorKind     // to open: the failure that opened it
-	openFor  time.Duration // to closed: since the breaker last opened
+	from, to remote.BreakerState
+	kind     remote.ErrorKind // to open: the failure that opened it
+	openFor  time.Duration    // to closed: since the breaker last opened
 }
 
 func (b *breaker) init(threshold int, cooldown time.Duration, notify func(transition)) {
@@ -54,7 +55,7 @@ func (b *breaker) init(threshold int, cooldown time.Duration, notify func(transi
 
 // setLocked moves the reported state to s and reports whether that queued a
 // transition to deliver.
-func (b *breaker) setLocked(s BreakerState, now time.Time, err error) bool {
+func (b *breaker) setLocked(s remote.BreakerState, now time.Time, err error) bool {
 	if b.state == s {
 		return false
 	}
@@ -64,9 +65,9 @@ func (b *breaker) setLocked(s BreakerState, now time.Time, err error) bool {
 		return false
 	}
 	switch s {
-	case BreakerOpen:
+	case remote.BreakerOpen:
 		t.kind = KindOf(err)
-	case BreakerClosed:
+	case remote.BreakerClosed:
 		t.openFor = now.Sub(b.openedAt)
 	}
 	b.pending = append(b.pending, t)
@@ -107,7 +108,7 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 		return false, false
 	}
 	b.probing.Store(true)
-	queued := b.setLocked(BreakerHalfOpen, now, nil)
+	queued := b.setLocked(remote.BreakerHalfOpen, now, nil)
 	b.mu.Unlock()
 	if queued {
 		b.deliver()
@@ -170,7 +171,7 @@ func (b *breaker) openLocked(now time.Time, err error) bool {
 	b.until.Store(now.Add(b.cooldown).UnixNano())
 	b.open.Store(true)
 	b.trips.Add(1)
-	return b.setLocked(BreakerOpen, now, err)
+	return b.setLocked(remote.BreakerOpen, now, err)
 }
 
 // probed ends the probe: a nil err closes the breaker, any other reopens
@@ -182,7 +183,7 @@ func (b *breaker) probed(now time.Time, err error) {
 	if err == nil {
 		b.fails.Store(0)
 		b.open.Store(false)
-		queued = b.setLocked(BreakerClosed, now, nil)
+		queued = b.setLocked(remote.BreakerClosed, now, nil)
 	} else {
 		queued = b.openLocked(now, err)
 	}
@@ -205,7 +206,7 @@ func (b *breaker) retryAfter(now time.Time) time.Duration {
 func (b *breaker) isOpen() bool { return b.open.Load() }
 
 // current returns the breaker's state as reported.
-func (b *breaker) current() BreakerState {
+func (b *breaker) current() remote.BreakerState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.state

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"errors"
+	"github.com/floodgate-go/floodgate/remote"
 	"testing"
 	"time"
 )
@@ -17,7 +18,7 @@ func TestBreakerLateSuccess(t *testing.T) {
 	}
 	b.failure(now, errors.New("timeout")) // another call fails: open
 	b.success(now)                        // the slow call answers late
-	if !b.isOpen() || b.current() != BreakerOpen {
+	if !b.isOpen() || b.current() != remote.BreakerOpen {
 		t.Fatalf("a late success closed the breaker: state %v", b.current())
 	}
 	if ok, probe := b.allow(now.Add(time.Minute)); ok || probe {
@@ -30,7 +31,7 @@ func TestBreakerLateSuccess(t *testing.T) {
 		t.Fatalf("allow with the probe out = %v, %v; want neither", ok, probe)
 	}
 	b.probed(now.Add(2*time.Hour), nil)
-	if b.isOpen() || b.current() != BreakerClosed {
+	if b.isOpen() || b.current() != remote.BreakerClosed {
 		t.Errorf("the probe's success left the breaker %v", b.current())
 	}
 }
@@ -54,7 +55,7 @@ func TestBreakerProbeFails(t *testing.T) {
 		t.Fatal("no probe after the cooldown")
 	}
 	b.probed(end, errors.New("refused"))
-	if b.current() != BreakerOpen || b.trips.Load() != 2 {
+	if b.current() != remote.BreakerOpen || b.trips.Load() != 2 {
 		t.Fatalf("after a failed probe: state %v, %d trips; want open, 2", b.current(), b.trips.Load())
 	}
 	if _, probe := b.allow(end.Add(999 * time.Millisecond)); probe {

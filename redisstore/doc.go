@@ -129,7 +129,7 @@
 //
 // [Store.Stats] counts decisions by source, failed calls and breaker trips.
 // [WithObserver] sets an [Observer] that sees each round trip to Redis (its
-// duration and the [ErrorKind] of its error: a batch is one round trip), each
+// duration and the [remote.ErrorKind] of its error: a batch is one round trip), each
 // breaker transition and each decision Redis did not make, by source;
 // promfloodgate.RedisMetrics turns them into Prometheus metrics. No event
 // carries a key. [WithLogger] logs breaker transitions, one line each, never

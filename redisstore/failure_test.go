@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/remote"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -243,7 +244,7 @@ func TestShortCallerDeadline(t *testing.T) {
 				// Each call was its own round trip, cut short by its caller.
 				calls, _, _ := rec.snapshot()
 				for _, k := range calls[len(warm):] {
-					if k != redisstore.KindCanceled {
+					if k != remote.KindCanceled {
 						t.Errorf("observed a call ending with %v, want canceled", k)
 						break
 					}

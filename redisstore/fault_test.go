@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/remote"
 	"log/slog"
 	"math"
 	"os"
@@ -224,7 +225,7 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 		}
 		opts = append(opts, redisstore.WithOnError(func(err error) {
 			// A flushed script cache must never reach the policy.
-			if redisstore.KindOf(err) == redisstore.KindScript {
+			if redisstore.KindOf(err) == remote.KindScript {
 				scriptErrs.Add(1)
 			}
 			if debug {
@@ -244,7 +245,7 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 		ready := 0
 		for _, s := range stores {
 			res, _ := s.TakeN(bg, "warm", big, 1)
-			if st := s.Stats(); res.Source == floodgate.SourceRedis && st.Instances == nStores && st.Breaker == redisstore.BreakerClosed {
+			if st := s.Stats(); res.Source == floodgate.SourceRedis && st.Instances == nStores && st.Breaker == remote.BreakerClosed {
 				ready++
 			}
 		}

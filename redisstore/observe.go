@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"github.com/floodgate-go/floodgate/remote"
 	"io"
 	"log/slog"
 	"net"
@@ -14,46 +15,26 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// An ErrorKind classifies the error of a call to Redis into a small fixed
-// set, so that it can label a metric without adding series per message. It
-// is the root package's, shared with any remote store, so that a metrics
-// package can implement [Observer] without importing this one.
-type ErrorKind = floodgate.ErrorKind
-
-// The kinds, as the root package defines them; see [floodgate.ErrorKind].
-// KindBreakerOpen is the error kind of Peek, Refund and Reset while the
-// breaker spares Redis; the observer never sees it.
-const (
-	KindNone        = floodgate.KindNone
-	KindTimeout     = floodgate.KindTimeout
-	KindCanceled    = floodgate.KindCanceled
-	KindConnection  = floodgate.KindConnection
-	KindCluster     = floodgate.KindCluster
-	KindScript      = floodgate.KindScript
-	KindOther       = floodgate.KindOther
-	KindBreakerOpen = floodgate.KindBreakerOpen
-)
-
-// clusterPrefixes start the error replies of KindCluster.
+// clusterPrefixes start the error replies of remote.KindCluster.
 var clusterPrefixes = [...]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT", "READONLY", "MASTERDOWN", "LOADING"}
 
 // KindOf classifies err, an error of a call to Redis such as the ones
 // [WithOnError] receives or [ErrUnavailable] wraps; the error of a call the
-// open breaker spared is KindBreakerOpen. It allocates nothing.
-func KindOf(err error) ErrorKind {
+// open breaker spared is remote.KindBreakerOpen. It allocates nothing.
+func KindOf(err error) remote.ErrorKind {
 	switch {
 	case err == nil:
-		return KindNone
+		return remote.KindNone
 	case errors.Is(err, errBreakerOpen):
-		return KindBreakerOpen
+		return remote.KindBreakerOpen
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, errStarved):
-		return KindTimeout
+		return remote.KindTimeout
 	case errors.Is(err, context.Canceled):
-		return KindCanceled
+		return remote.KindCanceled
 	case errors.Is(err, errShortReply), errors.Is(err, errNotBucket):
-		return KindScript
+		return remote.KindScript
 	case errors.Is(err, redis.ErrClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-		return KindConnection
+		return remote.KindConnection
 	}
 	// errors.As would allocate its target: walk the chain by hand. go-redis
 	// wraps nothing in joined errors.
@@ -63,33 +44,22 @@ func KindOf(err error) ErrorKind {
 			msg := strings.TrimPrefix(e.Error(), "ERR ")
 			for _, p := range clusterPrefixes {
 				if strings.HasPrefix(msg, p) {
-					return KindCluster
+					return remote.KindCluster
 				}
 			}
 			if strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(msg, "script") || strings.Contains(msg, "Script") {
-				return KindScript
+				return remote.KindScript
 			}
-			return KindOther
+			return remote.KindOther
 		case net.Error:
 			if e.Timeout() {
-				return KindTimeout
+				return remote.KindTimeout
 			}
-			return KindConnection
+			return remote.KindConnection
 		}
 	}
-	return KindOther
+	return remote.KindOther
 }
-
-// A BreakerState is a state of the store's circuit breaker: the root
-// package's, shared with any remote store.
-type BreakerState = floodgate.BreakerState
-
-// The breaker's states; see [floodgate.BreakerState].
-const (
-	BreakerClosed   = floodgate.BreakerClosed
-	BreakerOpen     = floodgate.BreakerOpen
-	BreakerHalfOpen = floodgate.BreakerHalfOpen
-)
 
 // An Observer receives a Store's events, for metrics. Its methods are called
 // on the goroutine that made the call or the decision, concurrently with
@@ -97,14 +67,14 @@ const (
 // Store. None of them receives a key.
 type Observer interface {
 	// ObserveCall is called once per round trip to Redis, with its
-	// duration and the kind of its error (KindNone on success). A batch
+	// duration and the kind of its error (remote.KindNone on success). A batch
 	// (WithBatching) is one round trip however many decisions it carries;
 	// an EVALSHA retried as EVAL after NOSCRIPT counts once. Decisions that
 	// the open breaker keeps from Redis make no call and are not observed.
-	ObserveCall(d time.Duration, kind ErrorKind)
+	ObserveCall(d time.Duration, kind remote.ErrorKind)
 	// ObserveBreaker is called at each transition of the breaker, in the
 	// order they happen; the breaker starts closed.
-	ObserveBreaker(from, to BreakerState)
+	ObserveBreaker(from, to remote.BreakerState)
 	// ObserveFallback is called for each decision of TakeN that Redis did
 	// not make, with its source: floodgate.SourceCache, SourceLease,
 	// SourceFallback, SourceFailOpen or SourceFailClosed.
@@ -117,11 +87,11 @@ func (s *Store) observe(start time.Time, err error) {
 }
 
 // observeFor reports a call made for a caller with context ctx: a call that
-// ctx's deadline cut short is KindCanceled, not a timeout of Redis.
+// ctx's deadline cut short is remote.KindCanceled, not a timeout of Redis.
 func (s *Store) observeFor(ctx context.Context, start time.Time, err error) {
 	kind := KindOf(err)
-	if kind == KindTimeout && ended(ctx) != nil {
-		kind = KindCanceled
+	if kind == remote.KindTimeout && ended(ctx) != nil {
+		kind = remote.KindCanceled
 	}
 	s.obs.ObserveCall(time.Since(start), kind)
 }
@@ -164,10 +134,10 @@ func (s *Store) transitioned(t transition) {
 	}
 	level := slog.LevelInfo
 	switch t.to {
-	case BreakerOpen:
+	case remote.BreakerOpen:
 		level = slog.LevelWarn
 		attrs = append(attrs, slog.String("error", t.kind.String()), slog.Duration("cooldown", s.opts.cooldown))
-	case BreakerClosed:
+	case remote.BreakerClosed:
 		attrs = append(attrs, slog.Duration("open_for", t.openFor))
 	}
 	l.LogAttrs(context.Background(), level, "redisstore: breaker state change", attrs...)

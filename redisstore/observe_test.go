@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/remote"
 	"io"
 	"log/slog"
 	"math"
@@ -26,20 +27,20 @@ import (
 // recorder is an Observer that keeps everything it sees.
 type recorder struct {
 	mu          sync.Mutex
-	calls       []redisstore.ErrorKind
+	calls       []remote.ErrorKind
 	transitions []transition
 	fallbacks   map[floodgate.Source]int
 }
 
-type transition struct{ From, To redisstore.BreakerState }
+type transition struct{ From, To remote.BreakerState }
 
-func (r *recorder) ObserveCall(d time.Duration, kind redisstore.ErrorKind) {
+func (r *recorder) ObserveCall(d time.Duration, kind remote.ErrorKind) {
 	r.mu.Lock()
 	r.calls = append(r.calls, kind)
 	r.mu.Unlock()
 }
 
-func (r *recorder) ObserveBreaker(from, to redisstore.BreakerState) {
+func (r *recorder) ObserveBreaker(from, to remote.BreakerState) {
 	r.mu.Lock()
 	r.transitions = append(r.transitions, transition{from, to})
 	r.mu.Unlock()
@@ -55,14 +56,14 @@ func (r *recorder) ObserveFallback(source floodgate.Source) {
 }
 
 // snapshot returns copies of what r saw.
-func (r *recorder) snapshot() ([]redisstore.ErrorKind, []transition, map[floodgate.Source]int) {
+func (r *recorder) snapshot() ([]remote.ErrorKind, []transition, map[floodgate.Source]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fb := map[floodgate.Source]int{}
 	for k, v := range r.fallbacks {
 		fb[k] = v
 	}
-	return append([]redisstore.ErrorKind(nil), r.calls...), append([]transition(nil), r.transitions...), fb
+	return append([]remote.ErrorKind(nil), r.calls...), append([]transition(nil), r.transitions...), fb
 }
 
 // logRecord is one line a logHandler received.
@@ -116,33 +117,33 @@ func TestKindOf(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 	for _, tc := range []struct {
 		err  error
-		want redisstore.ErrorKind
+		want remote.ErrorKind
 	}{
-		{nil, redisstore.KindNone},
-		{context.DeadlineExceeded, redisstore.KindTimeout},
-		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), redisstore.KindTimeout},
-		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, redisstore.KindTimeout},
-		{redis.ErrPoolTimeout, redisstore.KindTimeout},
-		{context.Canceled, redisstore.KindCanceled},
-		{refused, redisstore.KindConnection},
-		{io.EOF, redisstore.KindConnection},
-		{redis.ErrClosed, redisstore.KindConnection},
-		{net.ErrClosed, redisstore.KindConnection},
-		{&net.DNSError{Err: "no such host", Name: "redis"}, redisstore.KindConnection},
-		{redisErr("MOVED 3999 127.0.0.1:6381"), redisstore.KindCluster},
-		{redisErr("ASK 3999 127.0.0.1:6381"), redisstore.KindCluster},
-		{redisErr("CLUSTERDOWN The cluster is down"), redisstore.KindCluster},
-		{redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), redisstore.KindCluster},
-		{redisErr("READONLY You can't write against a read only replica."), redisstore.KindCluster},
-		{redisErr("LOADING Redis is loading the dataset in memory"), redisstore.KindCluster},
-		{redis.ErrCrossSlot, redisstore.KindCluster},
-		{redisErr("ERR user_script:12: attempt to compare nil with number script: 1f2e"), redisstore.KindScript},
-		{redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), redisstore.KindScript},
-		{redisErr("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT."), redisstore.KindScript},
-		{redis.ErrNoScript, redisstore.KindScript},
-		{redisErr("NOAUTH Authentication required."), redisstore.KindOther},
-		{redisErr("OOM command not allowed when used memory > 'maxmemory'."), redisstore.KindOther},
-		{errors.New("something else"), redisstore.KindOther},
+		{nil, remote.KindNone},
+		{context.DeadlineExceeded, remote.KindTimeout},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), remote.KindTimeout},
+		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, remote.KindTimeout},
+		{redis.ErrPoolTimeout, remote.KindTimeout},
+		{context.Canceled, remote.KindCanceled},
+		{refused, remote.KindConnection},
+		{io.EOF, remote.KindConnection},
+		{redis.ErrClosed, remote.KindConnection},
+		{net.ErrClosed, remote.KindConnection},
+		{&net.DNSError{Err: "no such host", Name: "redis"}, remote.KindConnection},
+		{redisErr("MOVED 3999 127.0.0.1:6381"), remote.KindCluster},
+		{redisErr("ASK 3999 127.0.0.1:6381"), remote.KindCluster},
+		{redisErr("CLUSTERDOWN The cluster is down"), remote.KindCluster},
+		{redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), remote.KindCluster},
+		{redisErr("READONLY You can't write against a read only replica."), remote.KindCluster},
+		{redisErr("LOADING Redis is loading the dataset in memory"), remote.KindCluster},
+		{redis.ErrCrossSlot, remote.KindCluster},
+		{redisErr("ERR user_script:12: attempt to compare nil with number script: 1f2e"), remote.KindScript},
+		{redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), remote.KindScript},
+		{redisErr("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT."), remote.KindScript},
+		{redis.ErrNoScript, remote.KindScript},
+		{redisErr("NOAUTH Authentication required."), remote.KindOther},
+		{redisErr("OOM command not allowed when used memory > 'maxmemory'."), remote.KindOther},
+		{errors.New("something else"), remote.KindOther},
 	} {
 		if got := redisstore.KindOf(tc.err); got != tc.want {
 			t.Errorf("KindOf(%v) = %v, want %v", tc.err, got, tc.want)
@@ -157,15 +158,15 @@ func TestKindOfBreakerOpen(t *testing.T) {
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithBreaker(1, time.Hour), redisstore.WithDeadline(time.Second))
 	srv.Kill()
 	err := s.Reset(bg, "k")
-	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != redisstore.KindConnection {
+	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != remote.KindConnection {
 		t.Fatalf("Reset with Redis down = %v (%v), want ErrUnavailable of kind connection", err, k)
 	}
 	err = s.Reset(bg, "k")
-	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != redisstore.KindBreakerOpen {
+	if k := redisstore.KindOf(err); !errors.Is(err, redisstore.ErrUnavailable) || k != remote.KindBreakerOpen {
 		t.Errorf("Reset with the breaker open = %v (%v), want ErrUnavailable of kind breaker_open", err, k)
 	}
-	if got := redisstore.KindBreakerOpen.String(); got != "breaker_open" {
-		t.Errorf("KindBreakerOpen.String() = %q", got)
+	if got := remote.KindBreakerOpen.String(); got != "breaker_open" {
+		t.Errorf("remote.KindBreakerOpen.String() = %q", got)
 	}
 }
 
@@ -181,7 +182,7 @@ func TestKindOfAllocs(t *testing.T) {
 		redisErr("ERR user_script:12: attempt to compare nil with number"),
 		errors.New("something else"),
 	}
-	var sink redisstore.ErrorKind
+	var sink remote.ErrorKind
 	if n := testing.AllocsPerRun(100, func() {
 		for _, err := range errs {
 			sink += redisstore.KindOf(err)
@@ -197,14 +198,14 @@ func TestKindOfServerErrors(t *testing.T) {
 	lim := floodgate.PerSecond(10, 10)
 	for _, tc := range []struct {
 		name   string
-		want   redisstore.ErrorKind
+		want   remote.ErrorKind
 		client func(t *testing.T) redis.UniversalClient
 		// key returns a key whose decision fails; "k" when nil.
 		key func(t *testing.T, c redis.UniversalClient, s *redisstore.Store) string
 	}{
 		{
 			name:   "wrong type",
-			want:   redisstore.KindScript,
+			want:   remote.KindScript,
 			client: func(t *testing.T) redis.UniversalClient { return newClient(t, sharedServer(t).Addr) },
 			key: func(t *testing.T, c redis.UniversalClient, s *redisstore.Store) string {
 				if err := c.LPush(bg, s.Key("list"), "not a bucket").Err(); err != nil {
@@ -215,7 +216,7 @@ func TestKindOfServerErrors(t *testing.T) {
 		},
 		{
 			name: "refused",
-			want: redisstore.KindConnection,
+			want: remote.KindConnection,
 			client: func(t *testing.T) redis.UniversalClient {
 				srv := redistest.Start(t)
 				c := newClient(t, srv.Addr)
@@ -225,7 +226,7 @@ func TestKindOfServerErrors(t *testing.T) {
 		},
 		{
 			name: "hung",
-			want: redisstore.KindTimeout,
+			want: remote.KindTimeout,
 			client: func(t *testing.T) redis.UniversalClient {
 				srv := redistest.Start(t)
 				c := newClient(t, srv.Addr)
@@ -239,7 +240,7 @@ func TestKindOfServerErrors(t *testing.T) {
 		},
 		{
 			name: "moved",
-			want: redisstore.KindCluster,
+			want: remote.KindCluster,
 			client: func(t *testing.T) redis.UniversalClient {
 				// A plain client on one node of a Cluster: keys in the
 				// other nodes' slots are answered with MOVED.
@@ -277,7 +278,7 @@ func TestKindOfServerErrors(t *testing.T) {
 				t.Fatalf("TakeN = %+v, %v, want a fallback decision", res, err)
 			}
 			calls, _, fallbacks := rec.snapshot()
-			if diff := cmp.Diff([]redisstore.ErrorKind{tc.want}, calls); diff != "" {
+			if diff := cmp.Diff([]remote.ErrorKind{tc.want}, calls); diff != "" {
 				t.Errorf("observed calls (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(map[floodgate.Source]int{floodgate.SourceFallback: 1}, fallbacks); diff != "" {
@@ -320,7 +321,7 @@ func TestObserverCalls(t *testing.T) {
 		}
 		s.TakeN(bg, "k", floodgate.Inf, 1) // no call
 		calls, transitions, fallbacks := rec.snapshot()
-		want := make([]redisstore.ErrorKind, 8)
+		want := make([]remote.ErrorKind, 8)
 		if diff := cmp.Diff(want, calls); diff != "" {
 			t.Errorf("observed calls (-want +got):\n%s", diff)
 		}
@@ -347,7 +348,7 @@ func TestObserverCalls(t *testing.T) {
 			t.Errorf("%d decisions made %d observed calls, want 1 to %d", decisions, len(calls), decisions)
 		}
 		for _, k := range calls {
-			if k != redisstore.KindNone {
+			if k != remote.KindNone {
 				t.Errorf("observed a call failing with %v on a healthy Redis", k)
 			}
 		}
@@ -404,7 +405,7 @@ func TestObserverBreaker(t *testing.T) {
 		}
 		failClosed++
 	}
-	if got := s.Stats().Breaker; got == redisstore.BreakerClosed {
+	if got := s.Stats().Breaker; got == remote.BreakerClosed {
 		t.Errorf("breaker %v after 10 failed decisions, want open or half-open", got)
 	}
 	if err := srv.Restart(); err != nil {
@@ -425,7 +426,7 @@ func TestObserverBreaker(t *testing.T) {
 		}
 	}
 
-	if got := s.Stats().Breaker; got != redisstore.BreakerClosed {
+	if got := s.Stats().Breaker; got != remote.BreakerClosed {
 		t.Errorf("breaker %v after recovery, want closed", got)
 	}
 	calls, transitions, fallbacks := rec.snapshot()
@@ -436,34 +437,34 @@ func TestObserverBreaker(t *testing.T) {
 	// closed the breaker and the decision that went to Redis.
 	down := calls[1:max(len(calls)-2, 1)]
 	for _, k := range down {
-		if k != redisstore.KindConnection {
+		if k != remote.KindConnection {
 			t.Errorf("observed a call failing with %v while Redis was down, want connection", k)
 		}
 	}
 	if len(down) == 0 {
 		t.Errorf("observed calls %v, want failed ones while Redis was down", calls)
 	}
-	for _, k := range append([]redisstore.ErrorKind{calls[0]}, calls[len(calls)-2:]...) {
-		if k != redisstore.KindNone {
+	for _, k := range append([]remote.ErrorKind{calls[0]}, calls[len(calls)-2:]...) {
+		if k != remote.KindNone {
 			t.Errorf("observed calls %v: the first and the last two must succeed", calls)
 			break
 		}
 	}
 	allowed := map[transition]bool{
-		{redisstore.BreakerClosed, redisstore.BreakerOpen}:     true,
-		{redisstore.BreakerOpen, redisstore.BreakerHalfOpen}:   true,
-		{redisstore.BreakerHalfOpen, redisstore.BreakerOpen}:   true,
-		{redisstore.BreakerHalfOpen, redisstore.BreakerClosed}: true,
-		{redisstore.BreakerOpen, redisstore.BreakerClosed}:     true,
+		{remote.BreakerClosed, remote.BreakerOpen}:     true,
+		{remote.BreakerOpen, remote.BreakerHalfOpen}:   true,
+		{remote.BreakerHalfOpen, remote.BreakerOpen}:   true,
+		{remote.BreakerHalfOpen, remote.BreakerClosed}: true,
+		{remote.BreakerOpen, remote.BreakerClosed}:     true,
 	}
-	state := redisstore.BreakerClosed
+	state := remote.BreakerClosed
 	for i, tr := range transitions {
 		if tr.From != state || !allowed[tr] {
 			t.Errorf("transition %d: %v → %v from state %v", i, tr.From, tr.To, state)
 		}
 		state = tr.To
 	}
-	if len(transitions) < 2 || transitions[0].To != redisstore.BreakerOpen || state != redisstore.BreakerClosed {
+	if len(transitions) < 2 || transitions[0].To != remote.BreakerOpen || state != remote.BreakerClosed {
 		t.Errorf("transitions %v, want from closed to open and back to closed", transitions)
 	}
 
@@ -475,7 +476,7 @@ func TestObserverBreaker(t *testing.T) {
 	for i, r := range records {
 		tr := transitions[i]
 		wantLevel := slog.LevelInfo
-		if tr.To == redisstore.BreakerOpen {
+		if tr.To == remote.BreakerOpen {
 			wantLevel = slog.LevelWarn
 			if got := r.Attrs["error"]; got != "connection" {
 				t.Errorf("line %d, to open: error = %q, want connection", i, got)
@@ -572,9 +573,9 @@ func waitRegistered(t testing.TB, s *redisstore.Store) {
 // countingObserver counts calls, in an atomic, as a metrics library would.
 type countingObserver struct{ n *atomic.Int64 }
 
-func (o countingObserver) ObserveCall(time.Duration, redisstore.ErrorKind) { o.n.Add(1) }
-func (o countingObserver) ObserveBreaker(from, to redisstore.BreakerState) {}
-func (o countingObserver) ObserveFallback(floodgate.Source)                { o.n.Add(1) }
+func (o countingObserver) ObserveCall(time.Duration, remote.ErrorKind) { o.n.Add(1) }
+func (o countingObserver) ObserveBreaker(from, to remote.BreakerState) {}
+func (o countingObserver) ObserveFallback(floodgate.Source)            { o.n.Add(1) }
 
 // BenchmarkObserver measures a decision on Redis and a decision by the deny
 // cache with and without an observer: the observer's cost is two clock

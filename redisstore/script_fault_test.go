@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"github.com/floodgate-go/floodgate/remote"
 	"sync"
 	"testing"
 	"time"
@@ -109,12 +110,12 @@ func TestNotABucket(t *testing.T) {
 	if res, err := s.TakeN(bg, "other", lim, 1); err != nil || res.Source != floodgate.SourceRedis {
 		t.Errorf("TakeN on a bucket = %+v, %v; want decided by Redis", res, err)
 	}
-	if st := s.Stats(); st.Trips != 0 || st.Breaker != redisstore.BreakerClosed || st.Errors != 6 {
+	if st := s.Stats(); st.Trips != 0 || st.Breaker != remote.BreakerClosed || st.Errors != 6 {
 		t.Errorf("Stats = %+v, want no trips, breaker closed, 6 errors", st)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(errs) != 6 || redisstore.KindOf(errs[0]) != redisstore.KindScript {
+	if len(errs) != 6 || redisstore.KindOf(errs[0]) != remote.KindScript {
 		t.Errorf("OnError got %v, want 6 errors of kind script", errs)
 	}
 }

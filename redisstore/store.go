@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/remote"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -378,7 +379,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 // start, which the process's own scheduling delay since then explains (see
 // schedWatch).
 func (s *Store) starvedTimeout(err error, start time.Time) bool {
-	return KindOf(err) == KindTimeout && s.starved(sched.since(int64(start.Sub(monoBase))))
+	return KindOf(err) == remote.KindTimeout && s.starved(sched.since(int64(start.Sub(monoBase))))
 }
 
 // probeBudget is the least time a probe waits for Redis. A probe holds up
@@ -413,7 +414,7 @@ func (s *Store) probe(o op, halfOpen bool) {
 		// it takes a delay of half of it: a starved process reads a
 		// healthy Redis's answer well within it, and a hung Redis must
 		// not pass for starvation for as long as the process is busy.
-		moot := KindOf(err) == KindTimeout && sched.since(int64(start.Sub(monoBase))) >= budget/2
+		moot := KindOf(err) == remote.KindTimeout && sched.since(int64(start.Sub(monoBase))) >= budget/2
 		switch {
 		case halfOpen:
 			s.br.probed(time.Now(), err) // a moot one reopens: no proof of health
@@ -693,7 +694,7 @@ type Stats struct {
 	// Open reports whether the breaker is open (or half-open) now.
 	Open bool
 	// Breaker is the breaker's state now.
-	Breaker BreakerState
+	Breaker remote.BreakerState
 }
 
 // Stats returns the store's counters. It is safe to call concurrently with

@@ -357,7 +357,7 @@ func (s *server) stop(grace time.Duration) {
 	}
 }
 
-// promfloodgate names only the root package's types, so that its module
+// promfloodgate names only the core module's types (package remote), so that its module
 // needs no go-redis: this is where its RedisMetrics is checked against the
 // store's Observer.
 var _ redisstore.Observer = (*promfloodgate.RedisMetrics)(nil)

@@ -1,8 +1,9 @@
-package floodgate
-
-// The vocabulary of stores that call a server (redisstore), shared so that
-// a metrics package can observe them without importing them or their
+// Package remote is the vocabulary of stores that call a server to decide
+// (redisstore): how a call to the server failed, and the state of the
+// breaker that spares it. It lives apart from the stores so that a metrics
+// package (promfloodgate) can observe them without importing them or their
 // client library.
+package remote
 
 // An ErrorKind classifies the error of a remote store's call to its server
 // into a small fixed set, so that it can label a metric without adding
