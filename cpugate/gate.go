@@ -87,6 +87,7 @@ type options struct {
 	policy   Policy
 	logger   *slog.Logger
 	onChange func(Snapshot)
+	onError  func(error)
 	errs     []error
 }
 
@@ -126,6 +127,12 @@ func WithPolicy(p Policy) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
+
+// WithOnError sets a function called with every failed sample, on the
+// goroutine of Gate.Run, for logging and metrics apart from the state
+// changes WithLogger reports. It must be fast. A repeated call replaces it;
+// nil removes it.
+func WithOnError(f func(error)) Option { return func(o *options) { o.onError = f } }
 
 // WithOnChange sets a function called after every change of state or scale,
 // with the new snapshot. It is called outside the gate's locks, from the
@@ -331,5 +338,8 @@ func (g *Gate) fail(err error, now time.Time) {
 	if first && g.o.logger != nil {
 		g.o.logger.LogAttrs(context.Background(), slog.LevelWarn, "cpugate: sample failed",
 			slog.Any("error", err), slog.Uint64("failures", n), slog.Time("at", now))
+	}
+	if f := g.o.onError; f != nil {
+		f(err)
 	}
 }

@@ -195,6 +195,27 @@ func TestSnapshotAndFailures(t *testing.T) {
 	}
 }
 
+// Failed samples reach WithOnError, every one of them, and nothing else
+// does: a gate without a logger reports its failures without its state
+// changes.
+func TestOnError(t *testing.T) {
+	s, _ := script(0.3, -1, -1, 0.9)
+	var errs []error
+	g, err := cpugate.New(s, cpugate.WithPolicy(cpugate.Fixed{}), cpugate.WithOnError(func(err error) { errs = append(errs, err) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		_ = g.SampleAt(t0.Add(time.Duration(i) * interval))
+	}
+	if len(errs) != 2 || !errors.Is(errs[0], cpugate.ErrNoReading) || !errors.Is(errs[1], cpugate.ErrNoReading) {
+		t.Errorf("errors reported: %v, want the two failed samples", errs)
+	}
+	if g.State() != cpugate.Shedding {
+		t.Errorf("state %v: the hot reading after the failures still counts", g.State())
+	}
+}
+
 func TestOnChange(t *testing.T) {
 	var g *cpugate.Gate
 	var got []cpugate.Snapshot
