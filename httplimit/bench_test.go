@@ -73,3 +73,43 @@ func BenchmarkHandle(b *testing.B) {
 		})
 	}
 }
+
+// The RateLimit fields of an admitted request cost two allocations: one
+// string for both fields and one slice for their values.
+func TestRateLimitFieldsAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector say nothing of a normal build")
+	}
+	h, err := tenant.HashKey(acmeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := tenant.Compile(&tenant.Config{Tenants: map[string]tenant.TenantSpec{"acme": {Default: &tenant.LimitSpec{Rate: 1e9, Burst: 1e9}, Keys: []string{h}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs := map[bool]float64{}
+	for _, headers := range []bool{false, true} {
+		store, err := keyed.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := middleware.New(store, middleware.Static(tbl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := httplimit.New(l, httplimit.WithRateLimitHeaders(headers))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := m.Handle(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		req := httptest.NewRequest("POST", getStock, nil)
+		req.Header.Set("X-Api-Key", acmeKey)
+		w := &discard{h: http.Header{}}
+		hd.ServeHTTP(w, req)
+		allocs[headers] = testing.AllocsPerRun(200, func() { hd.ServeHTTP(w, req) })
+	}
+	if d := allocs[true] - allocs[false]; d > 2 {
+		t.Errorf("the RateLimit fields cost %v allocations (%v with, %v without), want at most 2", d, allocs[true], allocs[false])
+	}
+}

@@ -169,30 +169,41 @@ func setRateLimit(h http.Header, d middleware.Decision) {
 	if d.Reason == middleware.ReasonStoreError || rule.Limit.IsInf() || rule.Cost < 1 {
 		return
 	}
-	name, cost := policyName(rule), int64(rule.Cost)
-	policy := name + ";q=" + strconv.FormatInt(int64(rule.Limit.Burst)/cost, 10)
+	// Both fields in one string and their values in one slice: two
+	// allocations a request, whatever the rule.
+	var buf [192]byte
+	cost := int64(rule.Cost)
+	b := appendPolicyName(buf[:0], rule)
+	name := len(b)
+	b = strconv.AppendInt(append(b, ";q="...), int64(rule.Limit.Burst)/cost, 10)
 	if rule.Limit.Rate > 0 {
 		w := math.Ceil(float64(rule.Limit.Burst) / rule.Limit.Rate)
-		policy += ";w=" + strconv.FormatInt(int64(min(max(w, 1), maxInteger)), 10)
+		b = strconv.AppendInt(append(b, ";w="...), int64(min(max(w, 1), maxInteger)), 10)
 	}
-	h["Ratelimit-Policy"] = []string{policy}
-	h["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(int64(res.Remaining)/cost, 10) +
-		";t=" + strconv.FormatInt(seconds(res.ResetAfter), 10)}
+	policy := len(b)
+	b = append(b, b[:name]...)
+	b = strconv.AppendInt(append(b, ";r="...), int64(res.Remaining)/cost, 10)
+	b = strconv.AppendInt(append(b, ";t="...), seconds(res.ResetAfter), 10)
+	fields := string(b)
+	vals := make([]string, 2)
+	vals[0], vals[1] = fields[:policy], fields[policy:]
+	h["Ratelimit-Policy"] = vals[0:1:1]
+	h["Ratelimit"] = vals[1:2:2]
 }
 
 // maxInteger is the largest Integer a structured field holds (RFC 9651).
 const maxInteger = 999_999_999_999_999
 
-// policyName returns the quota policy's name: the rule's method pattern
-// ("default", "/pkg.Svc/*", …) as a structured-field String, or its ID if
-// the pattern will not fit one.
-func policyName(rule tenant.Rule) string {
+// appendPolicyName appends the quota policy's name: the rule's method
+// pattern ("default", "/pkg.Svc/*", …) as a structured-field String, or its
+// ID if the pattern will not fit one.
+func appendPolicyName(b []byte, rule tenant.Rule) []byte {
 	for i := 0; i < len(rule.Pattern); i++ {
 		if c := rule.Pattern[i]; c < ' ' || c > '~' || c == '"' || c == '\\' {
-			return `"` + rule.ID + `"`
+			return append(append(append(b, '"'), rule.ID...), '"')
 		}
 	}
-	return `"` + rule.Pattern + `"`
+	return append(append(append(b, '"'), rule.Pattern...), '"')
 }
 
 // seconds returns d in whole seconds, rounded up, at most maxInteger.
