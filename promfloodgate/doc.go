@@ -44,8 +44,11 @@
 // trip), failed round trips by kind (floodgate_redis_call_errors_total{kind}:
 // timeout, canceled, connection, cluster, script, other), the breaker's
 // state including half-open (floodgate_redis_breaker_state{state}) and its
-// transitions (floodgate_redis_breaker_transitions_total{to}), and decisions
-// Redis did not make (floodgate_redis_fallback_decisions_total{source}).
+// transitions (floodgate_redis_breaker_transitions_total{to}), decisions
+// Redis did not make (floodgate_redis_fallback_decisions_total{source}),
+// calls that timed out while the process was starved of CPU
+// (floodgate_redis_starved_calls_total) and the stores sharing the limits
+// (floodgate_redis_instances).
 // Breaker transitions are logged, one line each, by redisstore.WithLogger.
 //
 // # Cardinality

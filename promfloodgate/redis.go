@@ -81,7 +81,13 @@ var breakerLabels = [numBreakerStates]string{"closed", "open", "half_open"}
 //   - floodgate_redis_breaker_transitions_total{to}: transitions of the
 //     breaker, by the state entered;
 //   - floodgate_redis_fallback_decisions_total{source}: decisions Redis did
-//     not make, by source (cache, lease, fallback, fail_open, fail_closed).
+//     not make, by source (cache, lease, fallback, fail_open, fail_closed);
+//   - floodgate_redis_starved_calls_total: calls that missed their deadline
+//     while the process was starved of CPU, which the failure policy
+//     decided without holding them against Redis;
+//   - floodgate_redis_instances: the stores sharing the store's prefix and
+//     name, as last counted on Redis (0 before the first count), which the
+//     Local failure policy divides the limits by.
 //
 // Every label takes a few fixed values: no key, address or error text.
 // Observing allocates nothing: a histogram observation or an atomic add.
@@ -91,14 +97,17 @@ var breakerLabels = [numBreakerStates]string{"closed", "open", "half_open"}
 // a label telling them apart, through prometheus.WrapRegistererWith.
 // RedisMetrics is safe for concurrent use; the zero value is not usable.
 type RedisMetrics struct {
-	calls                *prometheus.HistogramVec
-	ok, failed           prometheus.Observer
-	errs                 [numKinds]atomic.Uint64
-	state                atomic.Uint32 // remote.BreakerState
-	transitions          [numBreakerStates]atomic.Uint64
-	fallbacks            [len(fallbackSources)]atomic.Uint64
-	errDesc, stateDesc   *prometheus.Desc
-	transDesc, fallsDesc *prometheus.Desc
+	calls                 *prometheus.HistogramVec
+	ok, failed            prometheus.Observer
+	errs                  [numKinds]atomic.Uint64
+	state                 atomic.Uint32 // remote.BreakerState
+	transitions           [numBreakerStates]atomic.Uint64
+	fallbacks             [len(fallbackSources)]atomic.Uint64
+	starved               atomic.Uint64
+	instances             atomic.Int64
+	errDesc, stateDesc    *prometheus.Desc
+	transDesc, fallsDesc  *prometheus.Desc
+	starvedDesc, instDesc *prometheus.Desc
 }
 
 // RedisMetrics names only the core module's types (package remote), so this module needs
@@ -133,6 +142,10 @@ func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
 			"Transitions of the Redis store's circuit breaker, by the state entered.", []string{"to"}, nil),
 		fallsDesc: prometheus.NewDesc("floodgate_redis_fallback_decisions_total",
 			"Decisions of the Redis store not made by Redis, by source (cache, lease, fallback, fail_open, fail_closed).", []string{"source"}, nil),
+		starvedDesc: prometheus.NewDesc("floodgate_redis_starved_calls_total",
+			"Calls of the Redis store that missed their deadline while the process was starved of CPU; the failure policy decided them.", nil, nil),
+		instDesc: prometheus.NewDesc("floodgate_redis_instances",
+			"Stores sharing the Redis store's prefix and name, as last counted on Redis (0 before the first count).", nil, nil),
 	}
 	m.ok = m.calls.WithLabelValues("ok")
 	m.failed = m.calls.WithLabelValues("error")
@@ -171,6 +184,12 @@ func (m *RedisMetrics) ObserveFallback(source floodgate.Source) {
 	}
 }
 
+// ObserveStarved implements redisstore.Observer.
+func (m *RedisMetrics) ObserveStarved() { m.starved.Add(1) }
+
+// ObserveInstances implements redisstore.Observer.
+func (m *RedisMetrics) ObserveInstances(n int) { m.instances.Store(int64(n)) }
+
 // Describe implements prometheus.Collector.
 func (m *RedisMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.calls.Describe(ch)
@@ -178,6 +197,8 @@ func (m *RedisMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.stateDesc
 	ch <- m.transDesc
 	ch <- m.fallsDesc
+	ch <- m.starvedDesc
+	ch <- m.instDesc
 }
 
 // Collect implements prometheus.Collector. Every labelled series is
@@ -199,4 +220,6 @@ func (m *RedisMetrics) Collect(ch chan<- prometheus.Metric) {
 	for i, f := range fallbackSources {
 		ch <- prometheus.MustNewConstMetric(m.fallsDesc, prometheus.CounterValue, float64(m.fallbacks[i].Load()), f.label)
 	}
+	ch <- prometheus.MustNewConstMetric(m.starvedDesc, prometheus.CounterValue, float64(m.starved.Load()))
+	ch <- prometheus.MustNewConstMetric(m.instDesc, prometheus.GaugeValue, float64(m.instances.Load()))
 }

@@ -58,6 +58,10 @@ func TestRedisMetricsSeries(t *testing.T) {
 		floodgate.SourceRedis, floodgate.SourceMemory} { // the last two are not fallbacks
 		m.ObserveFallback(s)
 	}
+	m.ObserveStarved()
+	m.ObserveStarved()
+	m.ObserveInstances(2)
+	m.ObserveInstances(3)
 	want := `
 # HELP floodgate_redis_breaker_state 1 for the state of the Redis store's circuit breaker (closed, open, half_open), 0 for the others.
 # TYPE floodgate_redis_breaker_state gauge
@@ -96,6 +100,12 @@ floodgate_redis_fallback_decisions_total{source="fail_closed"} 1
 floodgate_redis_fallback_decisions_total{source="fail_open"} 1
 floodgate_redis_fallback_decisions_total{source="fallback"} 2
 floodgate_redis_fallback_decisions_total{source="lease"} 1
+# HELP floodgate_redis_instances Stores sharing the Redis store's prefix and name, as last counted on Redis (0 before the first count).
+# TYPE floodgate_redis_instances gauge
+floodgate_redis_instances 3
+# HELP floodgate_redis_starved_calls_total Calls of the Redis store that missed their deadline while the process was starved of CPU; the failure policy decided them.
+# TYPE floodgate_redis_starved_calls_total counter
+floodgate_redis_starved_calls_total 2
 `
 	if err := testutil.CollectAndCompare(m, strings.NewReader(want)); err != nil {
 		t.Error(err)

@@ -110,6 +110,9 @@ func (s *Store) register() {
 			n, err := instancesScript.Run(ctx, s.client, []string{in.key}, in.id, s.now(), instanceTTLArg).Int64()
 			if err == nil && n > 0 {
 				in.counted(n)
+				if s.obs != nil {
+					s.obs.ObserveInstances(int(in.count.Load()))
+				}
 			}
 			return err
 		})

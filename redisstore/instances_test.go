@@ -18,9 +18,13 @@ func TestInstancesCounted(t *testing.T) {
 	srv := redistest.Start(t)
 	pfx := prefix(t)
 	var stores []*redisstore.Store
-	for range 3 {
-		s, err := redisstore.New(newClient(t, srv.Addr), redisstore.WithPrefix(pfx),
-			redisstore.WithDeadline(300*time.Millisecond), redisstore.WithBreaker(1, time.Minute))
+	var rec recorder // the first store's observer
+	for i := range 3 {
+		opts := []redisstore.Option{redisstore.WithPrefix(pfx), redisstore.WithDeadline(300 * time.Millisecond), redisstore.WithBreaker(1, time.Minute)}
+		if i == 0 {
+			opts = append(opts, redisstore.WithObserver(&rec))
+		}
+		s, err := redisstore.New(newClient(t, srv.Addr), opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,6 +65,12 @@ func TestInstancesCounted(t *testing.T) {
 	if got := other.Stats().Instances; got != 1 {
 		t.Errorf("the store with another name counts %d instances, want 1", got)
 	}
+	// The observer saw the counts, ending at the Stats' 3.
+	rec.mu.Lock()
+	if n := len(rec.instances); n == 0 || rec.instances[n-1] != 3 {
+		t.Errorf("ObserveInstances got %v, want counts ending at 3", rec.instances)
+	}
+	rec.mu.Unlock()
 
 	// Redis restarts empty: the first count after it is 1, but the
 	// divisor holds at 3 until that count is instanceTTL old.

@@ -79,6 +79,13 @@ type Observer interface {
 	// not make, with its source: floodgate.SourceCache, SourceLease,
 	// SourceFallback, SourceFailOpen or SourceFailClosed.
 	ObserveFallback(source floodgate.Source)
+	// ObserveStarved is called for each call that missed its deadline
+	// while this process was starved of CPU ([Stats].Starved): the
+	// failure policy decided it, and it does not count against Redis.
+	ObserveStarved()
+	// ObserveInstances is called with the count of stores sharing this
+	// store's prefix and name ([Stats].Instances) each time it is counted.
+	ObserveInstances(n int)
 }
 
 // observe reports a call that started at start and ended with err.

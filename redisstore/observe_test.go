@@ -30,6 +30,20 @@ type recorder struct {
 	calls       []remote.ErrorKind
 	transitions []transition
 	fallbacks   map[floodgate.Source]int
+	starved     int
+	instances   []int
+}
+
+func (r *recorder) ObserveStarved() {
+	r.mu.Lock()
+	r.starved++
+	r.mu.Unlock()
+}
+
+func (r *recorder) ObserveInstances(n int) {
+	r.mu.Lock()
+	r.instances = append(r.instances, n)
+	r.mu.Unlock()
 }
 
 type transition struct{ From, To remote.BreakerState }
@@ -576,6 +590,8 @@ type countingObserver struct{ n *atomic.Int64 }
 func (o countingObserver) ObserveCall(time.Duration, remote.ErrorKind) { o.n.Add(1) }
 func (o countingObserver) ObserveBreaker(from, to remote.BreakerState) {}
 func (o countingObserver) ObserveFallback(floodgate.Source)            { o.n.Add(1) }
+func (o countingObserver) ObserveStarved()                             {}
+func (o countingObserver) ObserveInstances(int)                        {}
 
 // BenchmarkObserver measures a decision on Redis and a decision by the deny
 // cache with and without an observer: the observer's cost is two clock

@@ -325,6 +325,15 @@ func ended(ctx context.Context) error {
 // errBreakerOpen stands for the failed call the breaker spares.
 var errBreakerOpen = errors.New("redisstore: breaker open")
 
+// starved1 counts a call that missed its deadline while the process was
+// starved of CPU, and reports it.
+func (s *Store) starved1() {
+	s.starves.Add(1)
+	if s.obs != nil {
+		s.obs.ObserveStarved()
+	}
+}
+
 // errStarved stands for a call that missed its deadline while the process
 // was starved of CPU: Redis may well have answered in time.
 var errStarved = errors.New("redisstore: call timed out while the process was starved of CPU")
@@ -363,7 +372,7 @@ func (s *Store) call(ctx context.Context, o *op) (reply, error) {
 	case ended(ctx) != nil:
 		// The caller gave up, or its deadline cut the call short.
 	case s.starvedTimeout(err, now):
-		s.starves.Add(1)
+		s.starved1()
 		if s.checking.CompareAndSwap(false, true) {
 			s.probe(*o, false)
 		}
@@ -641,7 +650,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return nil
 	case ended(ctx) != nil:
 	case s.starvedTimeout(err, start):
-		s.starves.Add(1)
+		s.starved1()
 	default:
 		s.br.failure(time.Now(), err)
 		s.failed(err)
