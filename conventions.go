@@ -14,6 +14,12 @@ var ErrNegativeN = errors.New("floodgate: n must not be negative")
 // The message names the option and the value it refused.
 var ErrInvalidOption = errors.New("floodgate: invalid option")
 
+// ErrKeyTooLong is wrapped by the errors of a store that refuses a key for
+// its length, before any I/O (redisstore: longer than its MaxKeyLen). Such
+// a key never fits, so it is no outage to fail open on: the middleware
+// refuses the call instead.
+var ErrKeyTooLong = errors.New("floodgate: key too long for the store")
+
 // A Clock tells the time. A package that reads the time to decide takes
 // one through its WithClock option (keyed, middleware, overload, throttle,
 // promfloodgate), so a test or a simulation can drive all of them from one

@@ -396,7 +396,9 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	switch {
 	case err != nil:
 		v.res = floodgate.Result{}
-		v.allowed = !l.o.failClosed
+		// A key the store refuses for its length never fits: failing
+		// open on it would leave its caller unlimited.
+		v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
 		v.reason = ReasonStoreError
 		l.c.storeErr.Add(1)
 	case res.Allowed:

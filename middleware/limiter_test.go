@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -374,6 +375,30 @@ func TestStoreError(t *testing.T) {
 		if got := l.Stats().StoreErrors; got != 1 {
 			t.Errorf("StoreErrors = %d, want 1", got)
 		}
+	}
+}
+
+// tooLongStore refuses every key for its length, as redisstore does a key
+// longer than its MaxKeyLen, before any I/O.
+type tooLongStore struct{}
+
+func (tooLongStore) TakeN(context.Context, string, floodgate.Limit, int) (floodgate.Result, error) {
+	return floodgate.Result{}, fmt.Errorf("%w: redisstore: 2000 bytes, more than 1024", floodgate.ErrKeyTooLong)
+}
+
+// A key the store refuses for its length is refused, not failed open on:
+// it would never fit, and its caller would go unlimited.
+func TestKeyTooLongIsRefused(t *testing.T) {
+	l, err := middleware.New(tooLongStore{}, middleware.Static(testTable(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran, _, _, err := unary(l, anon, methodGet)
+	if ran || status.Code(err) != codes.Unavailable {
+		t.Errorf("handler ran %v, err %v; want refused with UNAVAILABLE", ran, err)
+	}
+	if got := l.Stats().StoreErrors; got != 1 {
+		t.Errorf("StoreErrors = %d, want 1", got)
 	}
 }
 

@@ -95,7 +95,7 @@
 //
 // TakeN returns an error only for a negative n, an invalid limit, n above
 // a positive burst (wrapping floodgate.ErrExceedsBurst, as every store
-// does), a key longer than [MaxKeyLen] (1 KiB: [ErrKeyTooLong]) or an ended
+// does), a key longer than [MaxKeyLen] (1 KiB: [floodgate.ErrKeyTooLong]) or an ended
 // context, never for Redis's trouble; Peek, Refund and Reset return errors
 // wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).

@@ -21,11 +21,6 @@ import (
 // likely an attacker's, and would cost Redis memory and each call time.
 const MaxKeyLen = 1024
 
-// ErrKeyTooLong is wrapped by the errors of TakeN, Peek, Refund and Reset for
-// a key longer than [MaxKeyLen] bytes. It is returned before any call to
-// Redis and any local decision.
-var ErrKeyTooLong = errors.New("redisstore: key longer than 1024 bytes")
-
 // ErrUnavailable is wrapped by the errors of Peek, Refund and Reset when
 // Redis cannot answer within the deadline. The error's text never includes
 // Redis's; errors.Unwrap returns the cause for logs.
@@ -203,7 +198,8 @@ func check(key string, lim floodgate.Limit, n int) error {
 
 func checkKey(key string) error {
 	if len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: %d bytes", ErrKeyTooLong, len(key))
+		// Before any call to Redis and any local decision.
+		return fmt.Errorf("%w: redisstore: %d bytes, more than %d", floodgate.ErrKeyTooLong, len(key), MaxKeyLen)
 	}
 	return nil
 }
@@ -232,7 +228,7 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // an invalid limit, n > lim.Burst ≥ 1 (wrapping [floodgate.ErrExceedsBurst],
 // with a Result refused with RetryAfter [floodgate.Never]; the zero Limit,
 // which admits nothing, refuses with that Result and no error) and a key
-// longer than [MaxKeyLen] ([ErrKeyTooLong]). It returns the context's error
+// longer than [MaxKeyLen] ([floodgate.ErrKeyTooLong]). It returns the context's error
 // when ctx ends before Redis answers, also when ctx's deadline, earlier than
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.

@@ -566,16 +566,16 @@ func TestKeyTooLong(t *testing.T) {
 	s := newStore(t, c, redisstore.WithObserver(&rec))
 	lim := floodgate.PerSecond(10, 10)
 	long := strings.Repeat("k", redisstore.MaxKeyLen+1)
-	if _, err := s.TakeN(bg, long, lim, 1); !errors.Is(err, redisstore.ErrKeyTooLong) {
+	if _, err := s.TakeN(bg, long, lim, 1); !errors.Is(err, floodgate.ErrKeyTooLong) {
 		t.Errorf("TakeN(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
 	}
-	if _, err := s.Peek(bg, long, lim); !errors.Is(err, redisstore.ErrKeyTooLong) {
+	if _, err := s.Peek(bg, long, lim); !errors.Is(err, floodgate.ErrKeyTooLong) {
 		t.Errorf("Peek(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
 	}
-	if err := s.Refund(bg, long, lim, 1); !errors.Is(err, redisstore.ErrKeyTooLong) {
+	if err := s.Refund(bg, long, lim, 1); !errors.Is(err, floodgate.ErrKeyTooLong) {
 		t.Errorf("Refund(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
 	}
-	if err := s.Reset(bg, long); !errors.Is(err, redisstore.ErrKeyTooLong) {
+	if err := s.Reset(bg, long); !errors.Is(err, floodgate.ErrKeyTooLong) {
 		t.Errorf("Reset(%d-byte key) error = %v, want ErrKeyTooLong", len(long), err)
 	}
 	if calls, _, _ := rec.snapshot(); len(calls) != 0 {
