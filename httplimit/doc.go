@@ -61,6 +61,15 @@
 // Limiter shares (one per retry delay on its grid) and kept for the 1024
 // used last.
 //
+// # Browsers
+//
+// A gRPC-Web or Connect client in a browser reads a response only when
+// CORS lets it. WithCORS names the origins allowed: a rejection to a
+// request from one carries Access-Control-Allow-Origin and exposes the
+// gRPC status, Retry-After and RateLimit fields (the handler the
+// Middleware kept the request from would have set them), and CORS
+// preflights pass to the wrapped handler unlimited.
+//
 // # RateLimit fields
 //
 // Responses, admitted or rejected, carry the RateLimit-Policy and

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
@@ -29,6 +30,7 @@ type options struct {
 	method      func(*http.Request) string
 	methodSet   bool
 	rateHeaders bool
+	origins     map[string]bool // WithCORS; "*" for any
 }
 
 // WithMethod sets how a request names the method that the Limiter's tenant
@@ -51,6 +53,42 @@ func WithMethod(f func(*http.Request) string) Option {
 // sent either way. A repeated call replaces the setting.
 func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHeaders = on } }
 
+// WithCORS lets browsers on the given origins ("https://app.example.com",
+// or "*" for any) read the Middleware's answers, as gRPC-Web and Connect
+// clients in a browser must to see a rejection's status: responses to a
+// request from such an origin carry Access-Control-Allow-Origin and expose
+// the gRPC status, Retry-After and RateLimit fields; a rejection answers
+// for the handler the Middleware kept it from, which would have set them.
+// CORS preflights (OPTIONS with Access-Control-Request-Method) pass to the
+// wrapped handler unlimited: the browser sends one before its calls, and
+// a refused one would look like a network failure. By default there is no
+// CORS. A repeated call adds origins.
+func WithCORS(origins ...string) Option {
+	return func(o *options) {
+		if o.origins == nil {
+			o.origins = map[string]bool{}
+		}
+		for _, s := range origins {
+			o.origins[s] = true
+		}
+	}
+}
+
+// exposed are the response fields a browser client reads from the
+// Middleware's answers.
+const exposed = "Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Retry-After, RateLimit, RateLimit-Policy"
+
+// cors adds the CORS fields to h for a request from origin, when the
+// Middleware lets that origin read its answers.
+func (m *Middleware) cors(h http.Header, origin string) {
+	if origin == "" || m.o.origins == nil || !m.o.origins[origin] && !m.o.origins["*"] {
+		return
+	}
+	h["Access-Control-Allow-Origin"] = []string{origin}
+	h["Access-Control-Expose-Headers"] = append(h["Access-Control-Expose-Headers"], exposed)
+	h["Vary"] = append(h["Vary"], "Origin")
+}
+
 // bodyCacheSize bounds the rejection bodies kept built: one per shared
 // rejection of the Limiter (a retry delay on its grid) in use.
 const bodyCacheSize = 1024
@@ -71,6 +109,11 @@ func New(l *middleware.Limiter, opts ...Option) (*Middleware, error) {
 	if o.methodSet && o.method == nil {
 		return nil, fmt.Errorf("%w: httplimit: WithMethod: nil function", floodgate.ErrInvalidOption)
 	}
+	for origin := range o.origins {
+		if u, err := url.Parse(origin); origin != "*" && (err != nil || u.Scheme == "" || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.User != nil) {
+			return nil, fmt.Errorf("%w: httplimit: WithCORS: origin %q, want scheme://host[:port] or *", floodgate.ErrInvalidOption, origin)
+		}
+	}
 	c, err := lru.New[error, *bodies](bodyCacheSize)
 	if err != nil {
 		return nil, err
@@ -85,12 +128,24 @@ func New(l *middleware.Limiter, opts ...Option) (*Middleware, error) {
 // slot (middleware.WithOverload) until next returns.
 func (m *Middleware) Handle(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.o.origins != nil && r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+			next.ServeHTTP(w, r) // a CORS preflight: the wrapped handler answers it
+			return
+		}
 		a, err := m.l.Admit(r.Context(), m.call(r))
 		if err != nil {
+			m.cors(w.Header(), r.Header.Get("Origin"))
 			m.reject(w, r, &a, err)
 			return
 		}
 		defer a.Done()
+		if m.o.origins != nil && m.o.rateHeaders {
+			// The wrapped handler's CORS layer does not know the
+			// RateLimit fields: expose them.
+			if o := r.Header.Get("Origin"); o != "" && (m.o.origins[o] || m.o.origins["*"]) {
+				w.Header()["Access-Control-Expose-Headers"] = append(w.Header()["Access-Control-Expose-Headers"], "RateLimit, RateLimit-Policy")
+			}
+		}
 		if m.o.rateHeaders {
 			if d, ok := a.Decision(); ok {
 				setRateLimit(w.Header(), d)

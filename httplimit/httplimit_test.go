@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -733,5 +734,54 @@ func TestOverloadShedsAsRequestsEnter(t *testing.T) {
 	}
 	if ok < 1 || shed < n-5 {
 		t.Errorf("%d served and %d shed, want at least 1 and %d", ok, shed, n-5)
+	}
+}
+
+// With WithCORS, a browser on an allowed origin can read a gRPC-Web
+// rejection's status; another origin gets no CORS fields; a preflight
+// reaches the wrapped handler unlimited.
+func TestGRPCWebCORS(t *testing.T) {
+	var s seen
+	ts := serve(t, newLimiter(t), http.HandlerFunc(s.handler), httplimit.WithCORS("https://app.example.com"))
+	h := http.Header{"X-Api-Key": {acmeKey}, "Content-Type": {"application/grpc-web+proto"}, "Origin": {"https://app.example.com"}}
+	var r response
+	for range 4 { // acme's burst is 3
+		r = do(t, ts, "POST", getStock, h)
+	}
+	if r.header.Get("Grpc-Status") != "8" {
+		t.Fatalf("fourth call: grpc-status %q, want 8", r.header.Get("Grpc-Status"))
+	}
+	if got := r.header.Get("Access-Control-Allow-Origin"); got != "https://app.example.com" {
+		t.Errorf("Access-Control-Allow-Origin %q, want the request's origin", got)
+	}
+	exposed := strings.Join(r.header.Values("Access-Control-Expose-Headers"), ",")
+	for _, f := range []string{"Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin", "Retry-After", "RateLimit"} {
+		if !strings.Contains(exposed, f) {
+			t.Errorf("Access-Control-Expose-Headers %q lacks %s", exposed, f)
+		}
+	}
+	if !slices.Contains(r.header.Values("Vary"), "Origin") {
+		t.Errorf("Vary %q, want Origin", r.header.Values("Vary"))
+	}
+	// Another origin: no CORS fields.
+	h.Set("Origin", "https://evil.example")
+	if r := do(t, ts, "POST", getStock, h); r.header.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("another origin got Access-Control-Allow-Origin %q", r.header.Get("Access-Control-Allow-Origin"))
+	}
+	// A preflight passes, over the quota, to the handler.
+	ran := s.count()
+	pre := http.Header{"Origin": {"https://app.example.com"}, "Access-Control-Request-Method": {"POST"}}
+	for range 5 {
+		if r := do(t, ts, "OPTIONS", getStock, pre); r.code != http.StatusOK {
+			t.Fatalf("preflight: %d", r.code)
+		}
+	}
+	if s.count() != ran+5 {
+		t.Errorf("the handler saw %d preflights, want 5", s.count()-ran)
+	}
+	for _, bad := range []string{"", "app.example.com", "https://app.example.com/path", "https://u@app.example.com"} {
+		if _, err := httplimit.New(newLimiter(t), httplimit.WithCORS(bad)); !errors.Is(err, floodgate.ErrInvalidOption) {
+			t.Errorf("WithCORS(%q): %v, want ErrInvalidOption", bad, err)
+		}
 	}
 }
