@@ -154,7 +154,9 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 // call waited.
 func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdict) (overload.Permit, *entry, error) {
 	r := v.r
-	p, err := c.Acquire(ctx, r.flow)
+	f := r.flow
+	f.Priority = v.prio
+	p, err := c.Acquire(ctx, f)
 	var shed *overload.ShedError
 	if err != nil && !errors.As(err, &shed) {
 		// The caller's context ended while the call waited: neither

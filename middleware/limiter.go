@@ -91,6 +91,10 @@ type Decision struct {
 	// Result is the store's answer; Result.Limit is the rule's limit as
 	// scaled by the CPU gate. It is the zero Result after a store error.
 	Result floodgate.Result
+	// Priority is the priority the call was admitted at: its method's or
+	// its tenant's, or the one a trusted caller named in PriorityHeader.
+	// PropagatePriority passes it on to the calls made for this one.
+	Priority floodgate.Priority
 }
 
 // An Event reports one decision to the observer (WithObserver). Its strings
@@ -250,16 +254,18 @@ type verdict struct {
 	// note says why the caller's API key was ignored, for its rejection.
 	note keyNote
 	res  floodgate.Result
+	prio floodgate.Priority
 }
 
 func (v *verdict) decision() Decision {
 	d := Decision{
-		Allowed: v.allowed,
-		Reason:  v.reason,
-		DryRun:  v.dryRun,
-		Tier:    v.r.ten.Tier(),
-		Rule:    v.r.rule,
-		Result:  v.res,
+		Allowed:  v.allowed,
+		Reason:   v.reason,
+		DryRun:   v.dryRun,
+		Tier:     v.r.ten.Tier(),
+		Rule:     v.r.rule,
+		Result:   v.res,
+		Priority: v.prio,
 	}
 	if v.r.found {
 		d.Tenant = v.r.ten.ID()
@@ -357,6 +363,7 @@ func (l *Limiter) tapIdentify(c *Call, table *tenant.Table) (ten *tenant.Tenant,
 func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict) *entry {
 	ten, found, note := l.identify(ctx, c, l.tables.Table())
 	*v = verdict{r: l.route(ten, found, c), method: c.Method, dryRun: l.o.dryRun, gated: gated, note: note}
+	v.prio = l.priority(c, v.r)
 	return l.take(ctx, v)
 }
 

@@ -86,6 +86,8 @@ type options struct {
 	tapFloor    float64
 	failClosed  bool
 	clock       floodgate.Clock
+	prioPeers   []netip.Prefix
+	prioTenants map[string]bool
 }
 
 func defaults() options {
@@ -116,6 +118,17 @@ func (o *options) validate() error {
 			return invalid("WithTrustedProxies: invalid prefix %v", p)
 		}
 		o.trusted[i] = p.Masked()
+	}
+	for i, p := range o.prioPeers {
+		if !p.IsValid() {
+			return invalid("WithPriorityFromPeers: invalid prefix %v", p)
+		}
+		o.prioPeers[i] = p.Masked()
+	}
+	for id := range o.prioTenants {
+		if id == "" {
+			return invalid("WithPriorityFromTenants: empty tenant ID")
+		}
 	}
 	if o.fwdHeader != "" && o.fwdHeader != "x-forwarded-for" && o.fwdHeader != "forwarded" && o.fwdHeader != "x-real-ip" {
 		return invalid("WithClientAddressHeader(%q): not x-forwarded-for, forwarded or x-real-ip", o.fwdHeader)
@@ -175,6 +188,32 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // server's load. WithDryRun leaves the controller out. A nil c, the
 // default, means no controller; a repeated call replaces it.
 func WithOverload(c *overload.Controller) Option { return func(o *options) { o.overload = c } }
+
+// WithPriorityFromPeers honours the priority a call carries in its
+// PriorityHeader metadata when the caller's address (the peer, or
+// the client a trusted proxy names) is within one of prefixes: the
+// services in front of this one, whose PropagatePriority interceptors pass
+// on the priority of the call they serve. From anyone else the header is
+// ignored and the tenant's configured priority stands. A repeated call
+// adds prefixes.
+func WithPriorityFromPeers(prefixes ...netip.Prefix) Option {
+	return func(o *options) { o.prioPeers = append(o.prioPeers, prefixes...) }
+}
+
+// WithPriorityFromTenants honours the priority a call carries in its
+// PriorityHeader metadata when its caller is one of the tenants named (by
+// ID): services that authenticate as a tenant, with an API key or a
+// certificate. A repeated call adds tenants.
+func WithPriorityFromTenants(ids ...string) Option {
+	return func(o *options) {
+		if o.prioTenants == nil {
+			o.prioTenants = map[string]bool{}
+		}
+		for _, id := range ids {
+			o.prioTenants[id] = true
+		}
+	}
+}
 
 // WithTrustedProxies adds the networks whose x-forwarded-for, forwarded
 // (RFC 7239) and x-real-ip headers are believed. Only when the immediate

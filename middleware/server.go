@@ -255,7 +255,9 @@ func (l *Limiter) enter(ctx context.Context, c *overload.Controller, call *Call)
 		ten, found = l.tables.Table().Anonymous(), false
 	}
 	r := l.route(ten, found, call)
-	ctx, in := c.Enter(ctx, r.flow)
+	f := r.flow
+	f.Priority = l.priority(call, r)
+	ctx, in := c.Enter(ctx, f)
 	if in {
 		return ctx, nil
 	}
