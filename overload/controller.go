@@ -345,7 +345,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.grant(fl)
 		c.admitted++
 		p := Permit{c: c, f: fl, start: now, inside: inside}
-		c.yield()
+		c.unlockYield()
 		return p, nil
 	}
 	c.bound = true
@@ -390,7 +390,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.admitted++
 		c.waited++
 		p := Permit{c: c, f: fl, start: w.grantAt, inside: inside}
-		c.yield()
+		c.unlockYield()
 		return p, nil
 	case w.granted:
 		// Admitted as the context ended: give the slot to the next.
@@ -422,11 +422,11 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 // 0.2 ms calls, under 1% of calls of a millisecond or more.
 const yieldAbove = time.Millisecond
 
-// yield releases the lock and, when calls take yieldAbove or more, yields
-// the CPU before the admitted call runs. The call's service time includes the
-// yield: the time a call waits for the CPU behind others is the signal
-// that the limit is above what the CPUs run at once.
-func (c *Controller) yield() {
+// unlockYield releases the lock and, when calls take yieldAbove or more,
+// yields the CPU before the admitted call runs. The call's service time
+// includes the yield: the time a call waits for the CPU behind others is
+// the signal that the limit is above what the CPUs run at once.
+func (c *Controller) unlockYield() {
 	long := c.st.Baseline >= yieldAbove
 	c.mu.Unlock()
 	if long {
@@ -616,6 +616,7 @@ func weight(w float64) float64 {
 
 // flow returns f's flow, making it if needed.
 func (c *Controller) flow(f Flow) *flow {
+	// A priority outside the three counts as the nearest of them.
 	k := flowKey{f.Key, min(max(f.Priority, floodgate.Sheddable), floodgate.Critical)}
 	if fl, ok := c.flows[k]; ok {
 		return fl

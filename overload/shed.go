@@ -59,11 +59,9 @@ func (e *ShedError) Unwrap() error { return ErrShed }
 
 const nPriorities = 3
 
-// prioIndex returns p's index among the priorities, clamping a value
-// outside them to the nearest.
-func prioIndex(p floodgate.Priority) int {
-	return int(min(max(p, floodgate.Sheddable), floodgate.Critical)) + 1
-}
+// prioIndex returns the index of p, one of the three priorities (a flow
+// key's: Controller.flow clamps any other value to the nearest).
+func prioIndex(p floodgate.Priority) int { return int(p) + 1 }
 
 // A Flow says whose a call is, for fairness: calls of one Key share a fair
 // share of the server in proportion to Weight.
