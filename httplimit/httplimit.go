@@ -78,10 +78,16 @@ func WithCORS(origins ...string) Option {
 // Middleware's answers.
 const exposed = "Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Retry-After, RateLimit, RateLimit-Policy"
 
+// readable reports whether WithCORS lets a browser on origin read the
+// Middleware's answers.
+func (m *Middleware) readable(origin string) bool {
+	return origin != "" && m.o.origins != nil && (m.o.origins[origin] || m.o.origins["*"])
+}
+
 // cors adds the CORS fields to h for a request from origin, when the
 // Middleware lets that origin read its answers.
 func (m *Middleware) cors(h http.Header, origin string) {
-	if origin == "" || m.o.origins == nil || !m.o.origins[origin] && !m.o.origins["*"] {
+	if !m.readable(origin) {
 		return
 	}
 	h["Access-Control-Allow-Origin"] = []string{origin}
@@ -139,12 +145,10 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 			return
 		}
 		defer a.Done()
-		if m.o.origins != nil && m.o.rateHeaders {
+		if m.o.origins != nil && m.o.rateHeaders && m.readable(r.Header.Get("Origin")) {
 			// The wrapped handler's CORS layer does not know the
 			// RateLimit fields: expose them.
-			if o := r.Header.Get("Origin"); o != "" && (m.o.origins[o] || m.o.origins["*"]) {
-				w.Header()["Access-Control-Expose-Headers"] = append(w.Header()["Access-Control-Expose-Headers"], "RateLimit, RateLimit-Policy")
-			}
+			w.Header()["Access-Control-Expose-Headers"] = append(w.Header()["Access-Control-Expose-Headers"], "RateLimit, RateLimit-Policy")
 		}
 		if m.o.rateHeaders {
 			if d, ok := a.Decision(); ok {

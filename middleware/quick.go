@@ -53,11 +53,17 @@ func NewPerAddress(rate float64, burst int, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: middleware: NewPerAddress(%v, %d): %w", floodgate.ErrInvalidOption, rate, burst, err)
 	}
+	return inMemory(Static(tbl), opts...)
+}
+
+// inMemory returns a Limiter over tables with its buckets in a keyed map
+// of keyed.New's defaults.
+func inMemory(tables Tables, opts ...Option) (*Limiter, error) {
 	store, err := keyed.New()
 	if err != nil {
 		return nil, err
 	}
-	return New(store, Static(tbl), opts...)
+	return New(store, tables, opts...)
 }
 
 // NewOverload returns a Limiter that keeps the server at its capacity and
@@ -77,12 +83,8 @@ func NewOverload(opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := keyed.New()
-	if err != nil {
-		return nil, err
-	}
 	// The caller's WithOverload, if any, comes later and replaces ctrl.
-	return New(store, Static(tbl), append([]Option{WithOverload(ctrl)}, opts...)...)
+	return inMemory(Static(tbl), append([]Option{WithOverload(ctrl)}, opts...)...)
 }
 
 // NewFromFile returns a Limiter over the tenant config at path (YAML or
@@ -100,11 +102,7 @@ func NewFromFile(ctx context.Context, path string, opts ...Option) (*Limiter, er
 	if err := reg.Load(path); err != nil {
 		return nil, err
 	}
-	store, err := keyed.New()
-	if err != nil {
-		return nil, err
-	}
-	l, err := New(store, reg, opts...)
+	l, err := inMemory(reg, opts...)
 	if err != nil {
 		return nil, err
 	}
