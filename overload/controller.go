@@ -419,7 +419,8 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 // 60–80 ms (the median, from a trace of one CPU at 4× its capacity) and
 // held the admitted p99 at 300 ms. Yielding puts the call behind them. It
 // costs a reschedule and smaller read batches: 5–10% of the goodput of
-// 0.2 ms calls, under 1% of calls of a millisecond or more.
+// 0.2–0.5 ms calls, and no loss that showed with 2 ms calls (BENCHMARKS.md,
+// run 8).
 const yieldAbove = time.Millisecond
 
 // unlockYield releases the lock and, when calls take yieldAbove or more,
