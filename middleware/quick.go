@@ -40,6 +40,11 @@ func (l *Limiter) ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// Overload returns the overload controller the Limiter puts in front of
+// the handlers (WithOverload, or NewOverload's own), for its Snapshot and
+// for load reports (package loadreport); nil if it has none.
+func (l *Limiter) Overload() *overload.Controller { return l.o.overload }
+
 // NewPerAddress returns a Limiter that gives every client address its own
 // token bucket of rate calls a second holding at most burst, for every
 // method but the exempt ones (DefaultExemptions). An address is the peer's

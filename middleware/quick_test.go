@@ -38,6 +38,9 @@ func TestNewPerAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if l.Overload() != nil {
+		t.Error("a per-address Limiter reports an overload controller")
+	}
 	cc, e := serve(t, tcp(t), l.ServerOptions())
 	for i := range 2 {
 		if err := invoke(t.Context(), cc); err != nil {
@@ -87,6 +90,9 @@ func TestNewOverload(t *testing.T) {
 	if s := ctrl.Snapshot(); s.Admitted != 5 || s.Untapped != 0 {
 		t.Errorf("admitted %d, untapped %d; want 5 and 0", s.Admitted, s.Untapped)
 	}
+	if l.Overload() != ctrl {
+		t.Error("Overload() is not the controller WithOverload gave")
+	}
 
 	// The interceptors alone: the controller counts the calls it could
 	// not see enter.
@@ -114,6 +120,9 @@ func TestNewOverload(t *testing.T) {
 	cc3, _ := serve(t, tcp(t), l3.ServerOptions())
 	if err := invoke(t.Context(), cc3); err != nil {
 		t.Fatal(err)
+	}
+	if c := l3.Overload(); c == nil || c.Snapshot().Admitted != 1 {
+		t.Errorf("Overload() of NewOverload's own controller = %v, want the one that admitted the call", c)
 	}
 }
 
