@@ -43,6 +43,10 @@ var allowed = map[string][]string{
 	// Client-side throttling: a transport-neutral core and gRPC client
 	// interceptors; it knows nothing of the server side.
 	"throttle": {module, "google.golang.org/grpc", "google.golang.org/genproto/googleapis/rpc/errdetails"},
+	// ORCA load reports from the overload controller: grpc-go's orca and
+	// the xds report type it encodes, and the process's CPU; no middleware.
+	"loadreport": {module, module + "/overload", module + "/cpugate", "google.golang.org/grpc",
+		"github.com/cncf/xds/go", "google.golang.org/protobuf"},
 	// net/http in front of the middleware's Limiter: it speaks gRPC's and
 	// Connect's error formats, without either's server.
 	"httplimit": {module, module + "/middleware", module + "/tenant", "google.golang.org/grpc/status",
