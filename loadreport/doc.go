@@ -19,12 +19,11 @@
 // on ORCA's stream (xds.service.orca.v3), which grpc-go paces at 30 s or
 // more. A report holds:
 //
-//   - application utilization: the calls the server runs at once, on
-//     average, against the overload controller's concurrency limit (the
-//     admitted calls per second times their mean service time, over the
-//     limit: Little's law). The balancer's weight, calls per second over
-//     utilization, is then the limit over the service time: the
-//     controller's estimate of what this replica completes;
+//   - application utilization: the calls admitted per second over the
+//     controller's capacity estimate, its concurrency limit over its calls'
+//     mean service time (Little's law), averaged over about a second to
+//     smooth the limit's probing. The balancer's weight, calls per second
+//     over utilization, is then that estimate: what this replica completes;
 //   - QPS: the calls admitted per second; EPS: the calls shed per second
 //     (by the controller, for any cause: quota rejections are a tenant's
 //     business, not the replica's, and are left out), which the balancer
@@ -32,11 +31,11 @@
 //   - CPU utilization: this process's CPU time against the CPUs it can use
 //     (the smaller of its affinity and GOMAXPROCS; [cpugate.ProcessSampler]),
 //     unless WithSampler says otherwise;
-//   - named metrics: floodgate.limit, floodgate.inflight, floodgate.queued,
+//   - named metrics: floodgate.capacity (the estimate), floodgate.limit, floodgate.inflight, floodgate.queued,
 //     floodgate.latency_seconds and floodgate.baseline_seconds, the
 //     controller's [overload.Snapshot].
 //
-// The rates are smoothed over about a second and the report is rebuilt at
+// The rates are smoothed over half a second, the capacity over a second, and the report is rebuilt at
 // most once per interval (WithInterval, 250 ms by default) by the call that
 // finds it stale: no goroutine, and a call that reports sends bytes
 // encoded once per interval.

@@ -45,6 +45,12 @@ const (
 	// second, as long as the balancer's update period, so that one
 	// interval's burst moves a weight by a quarter of it at most.
 	smoothing = 500 * time.Millisecond
+	// capacitySmoothing is the time constant of the capacity estimate's
+	// moving average: long enough to average the limit's probing (it
+	// grows by a quarter a step while it binds and is cut when calls
+	// queue), short enough that a replica whose capacity halves reports it
+	// within a few seconds.
+	capacitySmoothing = time.Second
 )
 
 // An Option configures New.
@@ -87,6 +93,7 @@ type Reporter struct {
 		at             time.Time
 		admitted, shed uint64
 		qps, eps       float64
+		capacity       float64 // calls/s: Limit over Latency, smoothed
 		sampler        cpugate.Sampler
 		cpu            float64
 	}
@@ -159,12 +166,20 @@ func (r *Reporter) build(s overload.Snapshot, now time.Time) *report {
 	l := &r.last
 	if dt := now.Sub(l.at); dt > 0 {
 		shed := s.ShedTotal()
-		// An exponential moving average over irregular intervals: the
-		// weight of the new rate is what a second's decay leaves out.
+		// Exponential moving averages over irregular intervals: the new
+		// value's weight is what the time constant's decay leaves out.
 		w := 1 - math.Exp(-float64(dt)/float64(smoothing))
 		l.qps += w * (float64(s.Admitted-l.admitted)/dt.Seconds() - l.qps)
 		l.eps += w * (float64(shed-l.shed)/dt.Seconds() - l.eps)
 		l.at, l.admitted, l.shed = now, s.Admitted, shed
+		if s.Latency > 0 {
+			c := s.Limit / s.Latency.Seconds()
+			if l.capacity == 0 {
+				l.capacity = c
+			} else {
+				l.capacity += (1 - math.Exp(-float64(dt)/float64(capacitySmoothing))) * (c - l.capacity)
+			}
+		}
 	}
 	if l.sampler != nil {
 		if rd, err := l.sampler.Sample(); err == nil {
@@ -172,8 +187,8 @@ func (r *Reporter) build(s overload.Snapshot, now time.Time) *report {
 		}
 	}
 	util := 0.0
-	if s.Limit > 0 {
-		util = l.qps * s.Latency.Seconds() / s.Limit
+	if l.capacity > 0 {
+		util = l.qps / l.capacity
 	}
 	m := orca.ServerMetrics{
 		CPUUtilization: -1,
@@ -184,6 +199,7 @@ func (r *Reporter) build(s overload.Snapshot, now time.Time) *report {
 		Utilization:    map[string]float64{},
 		RequestCost:    map[string]float64{},
 		NamedMetrics: map[string]float64{
+			"floodgate.capacity":         l.capacity,
 			"floodgate.limit":            s.Limit,
 			"floodgate.inflight":         float64(s.Inflight),
 			"floodgate.queued":           float64(s.Queued),

@@ -97,7 +97,7 @@ func trailerReport(t *testing.T, md metadata.MD) *v3orcapb.OrcaLoadReport {
 // TestTrailerReportsRates drives admitted and shed calls through a real
 // server, moves the reporter's clock by a second, and checks the next
 // call's trailer: QPS and EPS are the second's counts, weighted by one
-// step of the one-second moving average, and the named metrics are the
+// step of the half-second moving average, and the named metrics are the
 // controller's.
 func TestTrailerReportsRates(t *testing.T) {
 	ctrl, err := overload.New(overload.WithLimits(1, 1))
@@ -158,7 +158,7 @@ func TestTrailerReportsRates(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := trailerReport(t, tr)
-	w := 1 - math.Exp(-1) // one second of a one-second moving average
+	w := 1 - math.Exp(-2) // one second of a half-second moving average
 	// The report is rebuilt as the call ends: it counts itself.
 	admitted := float64(ctrl.Snapshot().Admitted)
 	if want := w * admitted; math.Abs(r.RpsFractional-want) > 1e-9 {
