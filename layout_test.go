@@ -49,6 +49,9 @@ var allowed = map[string][]string{
 		"google.golang.org/protobuf", "github.com/hashicorp/golang-lru/v2"},
 }
 
+// aboveMiddleware are the library packages that may import the middleware.
+var aboveMiddleware = []string{"floodgatetest", "promfloodgate", "otelfloodgate", "httplimit", "internal/labels"}
+
 // TestDependencyDirection fails on an import edge the design forbids: gRPC
 // in the core packages, anything but stdlib in the root, the middleware
 // imported by a library package, a peer library outside bench/.
@@ -82,13 +85,13 @@ func TestDependencyDirection(t *testing.T) {
 					t.Errorf("%s imports peer library %s: peers belong in bench/", p, imp)
 				}
 			}
-			// floodgatetest (the users' test helper) and promfloodgate
-			// (metrics over the middleware's events) sit on top of the
-			// middleware; no library package below it may import it.
+			// floodgatetest (the users' test helper), promfloodgate and
+			// otelfloodgate (metrics over the middleware's events, labelled
+			// by internal/labels) sit on top of the middleware; no library
+			// package below it may import it.
 			if imp == module+"/middleware" && !isTest && !strings.HasPrefix(dir, "examples") &&
-				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") &&
-				dir != "floodgatetest" && dir != "promfloodgate" && dir != "httplimit" {
-				t.Errorf("%s imports the middleware: only examples, tests, floodgatetest, promfloodgate and httplimit may", p)
+				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") && !slices.Contains(aboveMiddleware, dir) {
+				t.Errorf("%s imports the middleware: only examples, tests and %v may", p, aboveMiddleware)
 			}
 			rules, ok := allowed[dir]
 			if !ok || isTest || stdlib(imp) {
