@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -133,6 +134,7 @@ func stdlib(imp string) bool {
 // sees them in `go list -m all`.
 var heavy = map[string]string{
 	"github.com/prometheus/":  "promfloodgate",
+	"go.opentelemetry.io/":    "otelfloodgate",
 	"github.com/redis/":       "redisstore",
 	"gonum.org/v1/plot":       "examples",
 	"connectrpc.com/":         "examples",
@@ -160,6 +162,35 @@ func TestCoreModuleRequirements(t *testing.T) {
 		for prefix, home := range heavy {
 			if strings.HasPrefix(mod[0], prefix) {
 				t.Errorf("go.mod requires %s: it belongs in the %s module, not the core", mod[0], home)
+			}
+		}
+	}
+}
+
+// TestCoreBuildsWithoutHeavy lists the packages the core's packages and
+// tests build from: none may be of a heavy family. The module graph is a
+// weaker test for OpenTelemetry: grpc-go's go.mod requires it, so
+// `go list -m all` lists it for any gRPC user, though no core package
+// compiles a line of it.
+func TestCoreBuildsWithoutHeavy(t *testing.T) {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command on PATH")
+	}
+	cmd := exec.Command(goCmd, "list", "-deps", "-test", "./...")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	pkgs := strings.Fields(string(out))
+	if len(pkgs) == 0 {
+		t.Fatal("go list named no package")
+	}
+	for _, p := range pkgs {
+		for prefix, home := range heavy {
+			if strings.HasPrefix(p, prefix) {
+				t.Errorf("the core builds %s: it belongs in the %s module", p, home)
 			}
 		}
 	}
