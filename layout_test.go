@@ -51,7 +51,7 @@ var allowed = map[string][]string{
 }
 
 // aboveMiddleware are the library packages that may import the middleware.
-var aboveMiddleware = []string{"floodgatetest", "promfloodgate", "otelfloodgate", "httplimit", "internal/labels"}
+var aboveMiddleware = []string{"floodgatetest", "promfloodgate", "otelfloodgate", "httplimit", "internal/labels", "internal/pairbench"}
 
 // TestDependencyDirection fails on an import edge the design forbids: gRPC
 // in the core packages, anything but stdlib in the root, the middleware

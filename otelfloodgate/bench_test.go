@@ -3,8 +3,6 @@ package otelfloodgate
 import (
 	"context"
 	"net"
-	"runtime"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,7 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/internal/pairbench"
 	"github.com/floodgate-go/floodgate/middleware"
 )
 
@@ -57,52 +55,11 @@ func sdkRecorder(tb testing.TB, opts ...Option) *Recorder {
 // pairs of the difference per call as overhead-ns/op. ns/op is a pair of
 // calls.
 func BenchmarkObserverOverhead(b *testing.B) {
-	build := func(opts ...middleware.Option) grpc.UnaryServerInterceptor {
-		store, err := keyed.New()
-		if err != nil {
-			b.Fatal(err)
-		}
-		lim, err := middleware.New(store, middleware.Static(testTable(b)), opts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return lim.UnaryServerInterceptor()
-	}
 	r := sdkRecorder(b)
-	icpt := [2]grpc.UnaryServerInterceptor{build(), build(middleware.WithObserver(r.Observer()))}
+	without, with := pairbench.Interceptor(b, middleware.Static(testTable(b))), pairbench.Interceptor(b, middleware.Static(testTable(b)), middleware.WithObserver(r.Observer()))
 	ctx := callCtx(goldKey)
 	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
-	if _, err := icpt[1](ctx, nil, info, noop); err != nil {
-		b.Fatalf("fixture rejects: %v", err)
-	}
-	const block = 256
-	var total [2]time.Duration
-	var diffs []float64
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	calls := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		if calls%block == 0 {
-			var took [2]time.Duration
-			first := len(diffs) % 2
-			for _, i := range [2]int{first, 1 - first} {
-				start := time.Now()
-				for range block {
-					sink, _ = icpt[i](ctx, nil, info, noop)
-				}
-				took[i] = time.Since(start)
-				total[i] += took[i]
-			}
-			diffs = append(diffs, float64(took[1]-took[0])/block)
-		}
-		calls++
-	}
-	slices.Sort(diffs)
-	n := float64(len(diffs) * block)
-	b.ReportMetric(diffs[len(diffs)/2], "overhead-ns/op")
-	b.ReportMetric(float64(total[0])/n, "without-ns/op")
-	b.ReportMetric(float64(total[1])/n, "with-ns/op")
+	pairbench.Overhead(b, without, with, ctx, info, noop)
 }
 
 // BenchmarkObserver is the observer alone on an accepted event.

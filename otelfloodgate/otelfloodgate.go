@@ -1,7 +1,6 @@
 package otelfloodgate
 
 import (
-	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
-	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/keyed"
@@ -128,12 +126,6 @@ func WithSpanEvents(on bool) Option { return func(o *options) { o.noSpans = !on 
 // labels returns what the decisions are labelled by.
 func (o *options) labels() labels.Config {
 	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
-}
-
-// invalid is every configuration error: it wraps floodgate.ErrInvalidOption
-// and names the option.
-func invalid(option string, v any, want string) error {
-	return fmt.Errorf("%w: otelfloodgate: %s = %v, want %s", floodgate.ErrInvalidOption, option, v, want)
 }
 
 // ServiceMethods returns the full method names of a service's unary and

@@ -2,7 +2,6 @@ package otelfloodgate
 
 import (
 	"context"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,13 +11,14 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/remote"
 )
 
 // DefaultCallBuckets are the upper bounds, in seconds, of the Redis call
 // duration histogram when WithCallBuckets is not given: promfloodgate's,
 // from 100 µs (a round trip on loopback) to 1 s.
-var DefaultCallBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+var DefaultCallBuckets = labels.CallBuckets()
 
 // A RedisOption configures RedisMetrics. NewRedisMetrics applies the
 // options to a copy of the defaults, then validates the result.
@@ -35,38 +35,6 @@ func WithCallBuckets(bounds ...float64) RedisOption {
 	return func(o *redisOptions) { o.buckets = slices.Clone(bounds) }
 }
 
-func (o *redisOptions) validate() error {
-	for i, b := range o.buckets {
-		if !(b > 0) || math.IsInf(b, 0) || i > 0 && b <= o.buckets[i-1] {
-			return invalid("WithCallBuckets", o.buckets, "finite, positive and increasing bounds")
-		}
-	}
-	if len(o.buckets) == 0 {
-		return invalid("WithCallBuckets", "no bounds", "at least one")
-	}
-	return nil
-}
-
-// numKinds is the number of error kinds with an attribute of their own; a
-// kind beyond them, from a newer redisstore, counts as "other".
-const numKinds = int(remote.KindOther) + 1
-
-// breakerStates are the breaker's states, by remote.BreakerState.
-var breakerStates = [...]string{"closed", "open", "half_open"}
-
-// fallbackSources are the sources of the decisions Redis did not make,
-// with their attribute values (as in floodgate.decisions).
-var fallbackSources = [...]struct {
-	source floodgate.Source
-	label  string
-}{
-	{floodgate.SourceCache, "cache"},
-	{floodgate.SourceLease, "lease"},
-	{floodgate.SourceFallback, "fallback"},
-	{floodgate.SourceFailOpen, "fail_open"},
-	{floodgate.SourceFailClosed, "fail_closed"},
-}
-
 // RedisMetrics is a redisstore.Observer recording the Redis store's health
 // (round trips, errors, the breaker, fallbacks, starved calls, instances:
 // the package doc lists the instruments). Observing allocates nothing. One
@@ -76,9 +44,9 @@ type RedisMetrics struct {
 	calls                           metric.Float64Histogram
 	errs, transitions, falls, starv metric.Int64Counter
 	ok, failed                      []metric.RecordOption
-	kinds                           [numKinds][]metric.AddOption
-	to                              [len(breakerStates)][]metric.AddOption
-	sources                         [len(fallbackSources)][]metric.AddOption
+	kinds                           [labels.NumKinds][]metric.AddOption
+	to                              [len(labels.BreakerStates)][]metric.AddOption
+	sources                         [len(labels.FallbackSources)][]metric.AddOption
 	state                           atomic.Uint32 // remote.BreakerState
 	instances                       atomic.Int64
 	stateIs                         []metric.MeasurementOption
@@ -96,7 +64,7 @@ func NewRedisMetrics(mp metric.MeterProvider, opts ...RedisOption) (*RedisMetric
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if err := o.validate(); err != nil {
+	if err := labels.CheckBuckets("otelfloodgate", o.buckets); err != nil {
 		return nil, err
 	}
 	if mp == nil {
@@ -121,15 +89,15 @@ func NewRedisMetrics(mp metric.MeterProvider, opts ...RedisOption) (*RedisMetric
 	r.instG = b.gauge("floodgate.redis.instances", "{instance}", "Stores sharing the Redis store's prefix and name, as last counted on Redis (0 before the first count).")
 	r.ok = []metric.RecordOption{with("outcome", "ok")}
 	r.failed = []metric.RecordOption{with("outcome", "error")}
-	for k := range numKinds {
+	for k := range labels.NumKinds {
 		r.kinds[k] = []metric.AddOption{with("kind", remote.ErrorKind(k).String())}
 	}
-	r.stateIs = withEach("state", breakerStates[:]...)
-	for s, name := range breakerStates {
+	r.stateIs = withEach("state", labels.BreakerStates[:]...)
+	for s, name := range labels.BreakerStates {
 		r.to[s] = []metric.AddOption{with("to", name)}
 	}
-	for i, f := range fallbackSources {
-		r.sources[i] = []metric.AddOption{with("source", f.label)}
+	for i, f := range labels.FallbackSources {
+		r.sources[i] = []metric.AddOption{with("source", f.Label)}
 	}
 	if r.reg, err = b.register(r.observe); err != nil {
 		return nil, err
@@ -145,16 +113,12 @@ func (r *RedisMetrics) ObserveCall(d time.Duration, kind remote.ErrorKind) {
 		return
 	}
 	r.calls.Record(ctx, d.Seconds(), r.failed...)
-	k := int(kind)
-	if k >= numKinds {
-		k = int(remote.KindOther)
-	}
-	r.errs.Add(ctx, 1, r.kinds[k]...)
+	r.errs.Add(ctx, 1, r.kinds[labels.Kind(kind)]...)
 }
 
 // ObserveBreaker implements redisstore.Observer.
 func (r *RedisMetrics) ObserveBreaker(from, to remote.BreakerState) {
-	if int(to) >= len(breakerStates) {
+	if int(to) >= len(labels.BreakerStates) {
 		return
 	}
 	r.state.Store(uint32(to))
@@ -163,10 +127,8 @@ func (r *RedisMetrics) ObserveBreaker(from, to remote.BreakerState) {
 
 // ObserveFallback implements redisstore.Observer.
 func (r *RedisMetrics) ObserveFallback(source floodgate.Source) {
-	for i, f := range fallbackSources {
-		if f.source == source {
-			r.falls.Add(context.Background(), 1, r.sources[i]...)
-		}
+	if i, ok := labels.Fallback(source); ok {
+		r.falls.Add(context.Background(), 1, r.sources[i]...)
 	}
 }
 
@@ -178,7 +140,7 @@ func (r *RedisMetrics) ObserveInstances(n int) { r.instances.Store(int64(n)) }
 
 func (r *RedisMetrics) observe(_ context.Context, ob metric.Observer) error {
 	state := r.state.Load()
-	for s := range breakerStates {
+	for s := range labels.BreakerStates {
 		ob.ObserveInt64(r.stateG, b2i(uint32(s) == state), r.stateIs[s])
 	}
 	ob.ObserveInt64(r.instG, r.instances.Load())
