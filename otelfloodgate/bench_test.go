@@ -2,7 +2,6 @@ package otelfloodgate
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -10,9 +9,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
+	"github.com/floodgate-go/floodgate/internal/calltest"
 	"github.com/floodgate-go/floodgate/internal/pairbench"
 	"github.com/floodgate-go/floodgate/middleware"
 )
@@ -20,18 +18,8 @@ import (
 var sink any
 
 // callCtx is a server call's context from 203.0.113.7 with the API key.
-func callCtx(key string) context.Context {
-	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 4242}})
-	ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("x-api-key", key))
-	return grpc.NewContextWithServerTransportStream(ctx, nopStream{})
-}
-
-type nopStream struct{}
-
-func (nopStream) Method() string               { return methodGet }
-func (nopStream) SetHeader(metadata.MD) error  { return nil }
-func (nopStream) SendHeader(metadata.MD) error { return nil }
-func (nopStream) SetTrailer(metadata.MD) error { return nil }
+// callCtx is the context of a server call to methodGet with the API key.
+func callCtx(key string) context.Context { return calltest.KeyContext(methodGet, key) }
 
 func noop(context.Context, any) (any, error) { return "ok", nil }
 
