@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -53,6 +54,9 @@ var allowed = map[string][]string{
 		"google.golang.org/protobuf", "github.com/hashicorp/golang-lru/v2"},
 }
 
+// aboveMiddleware are the library packages that may import the middleware.
+var aboveMiddleware = []string{"floodgatetest", "promfloodgate", "otelfloodgate", "httplimit", "internal/labels", "internal/pairbench"}
+
 // TestDependencyDirection fails on an import edge the design forbids: gRPC
 // in the core packages, anything but stdlib in the root, the middleware
 // imported by a library package, a peer library outside bench/.
@@ -86,13 +90,13 @@ func TestDependencyDirection(t *testing.T) {
 					t.Errorf("%s imports peer library %s: peers belong in bench/", p, imp)
 				}
 			}
-			// floodgatetest (the users' test helper) and promfloodgate
-			// (metrics over the middleware's events) sit on top of the
-			// middleware; no library package below it may import it.
+			// floodgatetest (the users' test helper), promfloodgate and
+			// otelfloodgate (metrics over the middleware's events, labelled
+			// by internal/labels) sit on top of the middleware; no library
+			// package below it may import it.
 			if imp == module+"/middleware" && !isTest && !strings.HasPrefix(dir, "examples") &&
-				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") &&
-				dir != "floodgatetest" && dir != "promfloodgate" && dir != "httplimit" {
-				t.Errorf("%s imports the middleware: only examples, tests, floodgatetest, promfloodgate and httplimit may", p)
+				dir != "middleware" && !strings.HasPrefix(dir, "middleware/") && !slices.Contains(aboveMiddleware, dir) {
+				t.Errorf("%s imports the middleware: only examples, tests and %v may", p, aboveMiddleware)
 			}
 			rules, ok := allowed[dir]
 			if !ok || isTest || stdlib(imp) {
@@ -134,6 +138,7 @@ func stdlib(imp string) bool {
 // sees them in `go list -m all`.
 var heavy = map[string]string{
 	"github.com/prometheus/":  "promfloodgate",
+	"go.opentelemetry.io/":    "otelfloodgate",
 	"github.com/redis/":       "redisstore",
 	"gonum.org/v1/plot":       "examples",
 	"connectrpc.com/":         "examples",
@@ -161,6 +166,35 @@ func TestCoreModuleRequirements(t *testing.T) {
 		for prefix, home := range heavy {
 			if strings.HasPrefix(mod[0], prefix) {
 				t.Errorf("go.mod requires %s: it belongs in the %s module, not the core", mod[0], home)
+			}
+		}
+	}
+}
+
+// TestCoreBuildsWithoutHeavy lists the packages the core's packages and
+// tests build from: none may be of a heavy family. The module graph is a
+// weaker test for OpenTelemetry: grpc-go's go.mod requires it, so
+// `go list -m all` lists it for any gRPC user, though no core package
+// compiles a line of it.
+func TestCoreBuildsWithoutHeavy(t *testing.T) {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command on PATH")
+	}
+	cmd := exec.Command(goCmd, "list", "-deps", "-test", "./...")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	pkgs := strings.Fields(string(out))
+	if len(pkgs) == 0 {
+		t.Fatal("go list named no package")
+	}
+	for _, p := range pkgs {
+		for prefix, home := range heavy {
+			if strings.HasPrefix(p, prefix) {
+				t.Errorf("the core builds %s: it belongs in the %s module", p, home)
 			}
 		}
 	}

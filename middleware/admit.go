@@ -170,12 +170,13 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 		l.c.admitted.Add(^uint64(0))
 	}
 	if shed == nil {
-		l.observe(v, ReasonAdmitted, true)
+		l.observe(v, ReasonAdmitted, true, Event{Context: ctx, Wait: p.Wait()})
 		return p, nil, nil
 	}
-	l.observe(v, ReasonOverload, false)
+	e := l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note)
+	l.observe(v, ReasonOverload, false, Event{Context: ctx, RetryAfter: e.d, Shed: true, Cause: shed.Cause})
 	if f := l.o.rejected; f != nil {
 		f(r.subject)
 	}
-	return p, l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note), nil
+	return p, e, nil
 }

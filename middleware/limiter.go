@@ -7,10 +7,12 @@ import (
 	"reflect"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/overload"
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
@@ -128,6 +130,22 @@ type Event struct {
 	// Tap reports a decision of the tap handle, made before the call's
 	// stream was.
 	Tap bool
+	// RetryAfter is the retry delay a rejection states in its RetryInfo,
+	// on the pushback grid (WithMaxPushback); 0 when it states none, and
+	// for a call that runs.
+	RetryAfter time.Duration
+	// Shed reports a call the overload controller (WithOverload) shed
+	// after its quota admitted it, and Cause says why. The tap handle's
+	// rejections report Tap instead.
+	Shed  bool
+	Cause overload.ShedCause
+	// Wait is how long an admitted call waited for a slot of the overload
+	// controller; 0 when it started at once.
+	Wait time.Duration
+	// Context is the call's context, for what it carries, such as a trace
+	// span; the observer must not keep it. It is nil in the tap handle's
+	// events, made before the call's context is.
+	Context context.Context
 }
 
 // Stats are the Limiter's counters since it was made.
@@ -368,13 +386,14 @@ func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict) *
 }
 
 // observe reports v's call to the observer, if there is one, as decided
-// for reason, allowed or not.
-func (l *Limiter) observe(v *verdict, reason Reason, allowed bool) {
+// for reason, allowed or not; e holds what only the caller knows (the
+// context, the rejection's delay, the controller's shed or wait).
+func (l *Limiter) observe(v *verdict, reason Reason, allowed bool, e Event) {
 	obs := l.o.observer
 	if obs == nil {
 		return
 	}
-	e := Event{Method: v.method, Tier: v.r.ten.Tier(), Reason: reason, Source: v.res.Source, Allowed: allowed, DryRun: v.dryRun}
+	e.Method, e.Tier, e.Reason, e.Source, e.Allowed, e.DryRun = v.method, v.r.ten.Tier(), reason, v.res.Source, allowed, v.dryRun
 	if v.r.found {
 		e.Tenant = v.r.ten.ID()
 	}
@@ -427,10 +446,18 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	if !v.allowed && v.dryRun {
 		l.c.dryRun.Add(1)
 	}
-	if !(v.allowed && v.gated) {
-		l.observe(v, v.reason, v.allowed)
+	var e *entry
+	if !v.allowed && !v.dryRun {
+		e = l.rej.lookup(v.reason, res.RetryAfter, v.note)
 	}
-	if v.allowed || v.dryRun {
+	if !(v.allowed && v.gated) {
+		ev := Event{Context: ctx}
+		if e != nil {
+			ev.RetryAfter = e.d
+		}
+		l.observe(v, v.reason, v.allowed, ev)
+	}
+	if e == nil {
 		return nil
 	}
 	if f := l.o.rejected; f != nil {
@@ -442,5 +469,5 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	if v.reason == ReasonOverload && res.RetryAfter > 0 {
 		l.pen.note(r.subject, l.o.clock.Now().Add(min(res.RetryAfter, l.o.maxPushback)))
 	}
-	return l.rej.lookup(v.reason, res.RetryAfter, v.note)
+	return e
 }

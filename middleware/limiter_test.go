@@ -345,7 +345,7 @@ func TestDryRun(t *testing.T) {
 		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
 		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
 	}
-	if diff := cmp.Diff(want, events); diff != "" {
+	if diff := cmp.Diff(want, events, ignoreContext); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
@@ -470,9 +470,9 @@ func TestObserverLabels(t *testing.T) {
 	unary(f.l, c, methodPut)
 	want := []middleware.Event{
 		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceMemory, Allowed: true},
-		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, Source: floodgate.SourceMemory},
+		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, Source: floodgate.SourceMemory, RetryAfter: time.Second},
 	}
-	if diff := cmp.Diff(want, events); diff != "" {
+	if diff := cmp.Diff(want, events, ignoreContext); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
@@ -499,9 +499,9 @@ func TestObserverSource(t *testing.T) {
 		{"lease", sourceStore{floodgate.Result{Allowed: true, Source: floodgate.SourceLease}}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
 			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceLease, Allowed: true}},
 		{"fail closed", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceFailClosed}}, call{addr: "203.0.113.7:1", md: apiKeyMD(globexKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Reason: middleware.ReasonQuota, Source: floodgate.SourceFailClosed}},
+			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Reason: middleware.ReasonQuota, Source: floodgate.SourceFailClosed, RetryAfter: time.Second}},
 		{"anonymous cache", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceCache}}, call{addr: "203.0.113.7:1"},
-			middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Source: floodgate.SourceCache}},
+			middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Source: floodgate.SourceCache, RetryAfter: time.Second}},
 		{"store error", failingStore{}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
 			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonStoreError, Allowed: true}},
 	} {
@@ -512,7 +512,7 @@ func TestObserverSource(t *testing.T) {
 				t.Fatal(err)
 			}
 			unary(l, tc.c, methodGet)
-			if diff := cmp.Diff([]middleware.Event{tc.want}, events); diff != "" {
+			if diff := cmp.Diff([]middleware.Event{tc.want}, events, ignoreContext); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
 		})

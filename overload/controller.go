@@ -238,7 +238,12 @@ type Permit struct {
 	f      *flow
 	start  time.Time
 	inside *flow // the flow whose place Enter counted the call in, or nil
+	wait   time.Duration
 }
+
+// Wait returns how long the call waited for its slot: 0 for a call
+// admitted at once, and for the zero Permit.
+func (p Permit) Wait() time.Duration { return p.wait }
 
 // A ticket is a call's place among those Enter let in. The call gives it
 // back when it ends; a call that never reaches Acquire (a quota rejection,
@@ -389,7 +394,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	case w.granted && ctxErr == nil:
 		c.admitted++
 		c.waited++
-		p := Permit{c: c, f: fl, start: w.grantAt, inside: inside}
+		p := Permit{c: c, f: fl, start: w.grantAt, inside: inside, wait: w.grantAt.Sub(w.at)}
 		c.unlockYield()
 		return p, nil
 	case w.granted:

@@ -1,13 +1,11 @@
 package promfloodgate
 
 import (
-	"runtime"
-	"slices"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/floodgate-go/floodgate/internal/pairbench"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 )
@@ -60,52 +58,14 @@ func BenchmarkUnaryAccepted(b *testing.B) {
 // call as overhead-ns/op; a median is not moved by the few blocks a busy
 // machine interrupts, which a mean is. ns/op is a pair of calls.
 func BenchmarkObserverOverhead(b *testing.B) {
-	build := func(opts ...middleware.Option) grpc.UnaryServerInterceptor {
-		store, err := keyed.New()
-		if err != nil {
-			b.Fatal(err)
-		}
-		lim, err := middleware.New(store, middleware.Static(testTable(b)), opts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return lim.UnaryServerInterceptor()
-	}
 	c, err := New(WithMethods(methodGet, methodSecret))
 	if err != nil {
 		b.Fatal(err)
 	}
-	icpt := [2]grpc.UnaryServerInterceptor{build(), build(middleware.WithObserver(c.Observer()))}
+	without, with := pairbench.Interceptor(b, middleware.Static(testTable(b))), pairbench.Interceptor(b, middleware.Static(testTable(b)), middleware.WithObserver(c.Observer()))
 	ctx := callCtx(proKey)
 	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
-	const block = 256
-	var total [2]time.Duration
-	var diffs []float64
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	calls := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		if calls%block == 0 {
-			var took [2]time.Duration
-			first := len(diffs) % 2
-			for _, i := range [2]int{first, 1 - first} {
-				start := time.Now()
-				for range block {
-					sink, _ = icpt[i](ctx, nil, info, noop)
-				}
-				took[i] = time.Since(start)
-				total[i] += took[i]
-			}
-			diffs = append(diffs, float64(took[1]-took[0])/block)
-		}
-		calls++
-	}
-	slices.Sort(diffs)
-	n := float64(len(diffs) * block)
-	b.ReportMetric(diffs[len(diffs)/2], "overhead-ns/op")
-	b.ReportMetric(float64(total[0])/n, "without-ns/op")
-	b.ReportMetric(float64(total[1])/n, "with-ns/op")
+	pairbench.Overhead(b, without, with, ctx, info, noop)
 }
 
 // BenchmarkObserver is the observer alone on an accepted event.

@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -26,19 +25,19 @@ const (
 	// WithMaxTiers is not given; later tiers are labelled "other".
 	DefaultMaxTiers = 16
 	// MaxMethods is the most methods WithMethods accepts.
-	MaxMethods = 1024
+	MaxMethods = labels.MaxMethods
 	// DefaultLogInterval is the least time between two rejection log lines.
 	DefaultLogInterval = time.Second
 	// MaxTenantLabels is the largest cap WithTenantLabels accepts.
-	MaxTenantLabels = 1024
+	MaxTenantLabels = labels.MaxTenants
 
 	// LabelOther labels a method not registered with WithMethods, a tier
 	// beyond the WithMaxTiers cap, or a tenant beyond the WithTenantLabels
 	// cap.
-	LabelOther = "other"
+	LabelOther = labels.Other
 	// LabelNone labels the tier and tenant of an anonymous caller, and the
 	// source of a decision no store made (a store error, the tap handle).
-	LabelNone = "none"
+	LabelNone = labels.None
 )
 
 // An Option configures a Collector. New applies the options to a copy of
@@ -149,28 +148,19 @@ func WithLogger(l *slog.Logger, interval time.Duration) Option {
 func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 func (o *options) validate() error {
-	for _, m := range o.methods {
-		if m == "" || m[0] != '/' || !utf8.ValidString(m) {
-			return invalid("WithMethods", fmt.Sprintf("%q", m), "a full method name")
-		}
+	if err := o.labels().Check("promfloodgate"); err != nil {
+		return err
 	}
-	switch {
-	case len(o.methods) > MaxMethods:
-		return invalid("WithMethods", fmt.Sprintf("%d methods", len(o.methods)), fmt.Sprint("at most ", MaxMethods))
-	case o.maxTiers < 1 || o.maxTiers > 256:
-		return invalid("WithMaxTiers", o.maxTiers, "in [1, 256]")
-	case o.maxTenants < 0 || o.maxTenants > MaxTenantLabels:
-		return invalid("WithTenantLabels", o.maxTenants, fmt.Sprintf("in [0, %d]", MaxTenantLabels))
-	case !rejectionCode(o.quota) || !rejectionCode(o.over):
-		return invalid("WithCodes", fmt.Sprintf("%v, %v", o.quota, o.over), "codes other than OK")
-	case o.logInterval < 0:
+	if o.logInterval < 0 {
 		return invalid("WithLogger", o.logInterval, "an interval ≥ 0")
 	}
 	return nil
 }
 
-// rejectionCode reports whether c is a status code other than OK.
-func rejectionCode(c codes.Code) bool { return c != codes.OK && c <= codes.Unauthenticated }
+// labels returns what the decisions are labelled by.
+func (o *options) labels() labels.Config {
+	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
+}
 
 // invalid is every configuration error: it wraps floodgate.ErrInvalidOption
 // and names the option.
@@ -180,34 +170,18 @@ func invalid(option string, v any, want string) error {
 
 // ServiceMethods returns the full method names of a service's unary and
 // streaming methods, for WithMethods.
-func ServiceMethods(desc *grpc.ServiceDesc) []string {
-	var out []string
-	for _, m := range desc.Methods {
-		out = append(out, "/"+desc.ServiceName+"/"+m.MethodName)
-	}
-	for _, s := range desc.Streams {
-		out = append(out, "/"+desc.ServiceName+"/"+s.StreamName)
-	}
-	return out
-}
-
-// sourceLabels label the source: none, then floodgate.Source values in
-// order (named as in floodgate_redis_fallback_decisions_total), then any
-// newer source.
-var sourceLabels = [...]string{LabelNone, "memory", "redis", "cache", "lease", "fallback", "fail_open", "fail_closed", "unknown"}
+func ServiceMethods(desc *grpc.ServiceDesc) []string { return labels.ServiceMethods(desc) }
 
 // A Collector is a prometheus.Collector over floodgate's counters: the
 // decisions its observer counts and the stats of the sources given to New.
 // It is safe for concurrent use; register it once.
 type Collector struct {
 	o         options
-	methods   map[string]label // registered full method → its label
-	tiers     capped
-	tenants   capped
+	labels    *labels.Labeler
 	decisions *prometheus.CounterVec
 	// series finds a decision's counter without the CounterVec's hashing
 	// and lock.
-	series  cowMap[series, prometheus.Counter]
+	series  labels.Map[labels.Series, prometheus.Counter]
 	limiter atomic.Pointer[middleware.Limiter]
 
 	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
@@ -215,15 +189,6 @@ type Collector struct {
 	suppressed atomic.Uint64
 
 	descs descs
-}
-
-// series are a decision's labels, some of them as the event gives them:
-// two series whose labels come out alike share a counter.
-type series struct {
-	reason               middleware.Reason
-	allowed, dryRun, tap bool
-	source               int // index in sourceLabels
-	tier, method, tenant int // label ids
 }
 
 type descs struct {
@@ -256,21 +221,15 @@ func New(opts ...Option) (*Collector, error) {
 	if o.clock == nil {
 		o.clock = floodgate.ClockFunc(time.Now)
 	}
-	c := &Collector{o: o, methods: make(map[string]label), logBase: o.clock.Now(),
-		tiers: capped{max: o.maxTiers}, tenants: capped{max: o.maxTenants}}
-	for _, m := range o.methods {
-		if _, ok := c.methods[m]; !ok {
-			c.methods[m] = label{m, len(c.methods) + 1} // 0 is "other"
-		}
-	}
-	labels := []string{"outcome", "reason", "code", "source", "tier", "method", "stage"}
-	if o.maxTenants > 0 {
-		labels = append(labels, "tenant")
+	c := &Collector{o: o, labels: labels.NewLabeler(o.labels()), logBase: o.clock.Now()}
+	names := labels.Names[:len(labels.Names)-1]
+	if c.labels.Tenants() {
+		names = labels.Names
 	}
 	c.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "floodgate_decisions_total",
 		Help: "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.",
-	}, labels)
+	}, names)
 
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
@@ -322,52 +281,20 @@ func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 func (c *Collector) Observer() func(middleware.Event) { return c.observe }
 
 func (c *Collector) observe(e middleware.Event) {
-	if e.Reason > middleware.ReasonStoreError {
+	k, v, ok := c.labels.Series(e)
+	if !ok {
 		return
 	}
-	tier, method, tenant := c.tiers.label(e.Tier), c.methodLabel(e.Method), label{}
-	if c.o.maxTenants > 0 {
-		tenant = c.tenants.label(e.Tenant)
-	}
-	k := series{reason: e.Reason, allowed: e.Allowed, dryRun: e.DryRun, tap: e.Tap,
-		tier: tier.id, method: method.id, tenant: tenant.id}
-	// Only the interceptors' decisions were made by a store.
-	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
-		k.source = 1 + min(int(e.Source), len(sourceLabels)-2)
-	}
-	ctr, ok := c.series.get(k)
+	ctr, ok := c.series.Get(k)
 	if !ok {
-		ctr, _ = c.series.add(k, math.MaxInt, func(int) prometheus.Counter {
-			return c.counter(k, tier.value, method.value, tenant.value)
+		ctr, _ = c.series.Add(k, math.MaxInt, func(int) prometheus.Counter {
+			return c.decisions.WithLabelValues(c.labels.Labels(k, v)...)
 		})
 	}
 	ctr.Inc()
 	if !e.Allowed && c.o.logger != nil {
 		c.logRejection(e)
 	}
-}
-
-// counter returns the counter of k's series, whose tier, method and tenant
-// are labelled as given.
-func (c *Collector) counter(k series, tier, method, tenant string) prometheus.Counter {
-	outcome, code, stage := "admitted", codes.OK, "interceptor"
-	switch {
-	case k.allowed:
-	case k.dryRun:
-		outcome = "dry_run_rejected"
-	case k.reason == middleware.ReasonQuota:
-		outcome, code = "rejected", c.o.quota
-	default:
-		outcome, code = "rejected", c.o.over
-	}
-	if k.tap {
-		stage = "tap"
-	}
-	labels := []string{outcome, k.reason.String(), code.String(), sourceLabels[k.source], tier, method, stage}
-	if c.o.maxTenants > 0 {
-		labels = append(labels, tenant)
-	}
-	return c.decisions.WithLabelValues(labels...)
 }
 
 // logRejection logs e unless a line was logged less than an interval ago, in
@@ -389,16 +316,8 @@ func (c *Collector) logRejection(e middleware.Event) {
 		tenant = LabelNone
 	}
 	c.o.logger.Warn("floodgate: call rejected", "reason", e.Reason.String(), "tier", tier, "tenant", tenant,
-		"method", c.methodLabel(e.Method).value, "tap", e.Tap, "dry_run", e.DryRun,
+		"method", c.labels.Method(e.Method).Value, "tap", e.Tap, "dry_run", e.DryRun,
 		"suppressed", c.suppressed.Swap(0))
-}
-
-// methodLabel returns the label of a method: its name if registered.
-func (c *Collector) methodLabel(method string) label {
-	if l, ok := c.methods[method]; ok {
-		return l
-	}
-	return label{LabelOther, 0}
 }
 
 // Describe implements prometheus.Collector.
@@ -501,16 +420,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.descs.configLoaded, at)
 	}
-}
-
-// validLabel returns s with invalid UTF-8 replaced: a label value that is
-// not valid UTF-8 fails the whole scrape. Names from a validated tenant
-// table always are; an Observer fed by other code may pass anything.
-func validLabel(s string) string {
-	if utf8.ValidString(s) {
-		return s
-	}
-	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // b2f returns 1 for true, 0 for false.

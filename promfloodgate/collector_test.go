@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -19,11 +18,10 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/internal/calltest"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -72,20 +70,8 @@ func testTable(t testing.TB) *tenant.Table {
 	return tbl
 }
 
-func callCtx(key string) context.Context {
-	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 4242}})
-	if key != "" {
-		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("x-api-key", key))
-	}
-	return grpc.NewContextWithServerTransportStream(ctx, nopStream{})
-}
-
-type nopStream struct{}
-
-func (nopStream) Method() string               { return methodGet }
-func (nopStream) SetHeader(metadata.MD) error  { return nil }
-func (nopStream) SendHeader(metadata.MD) error { return nil }
-func (nopStream) SetTrailer(metadata.MD) error { return nil }
+// callCtx is the context of a server call to methodGet with the API key.
+func callCtx(key string) context.Context { return calltest.KeyContext(methodGet, key) }
 
 func noop(context.Context, any) (any, error) { return "ok", nil }
 

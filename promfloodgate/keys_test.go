@@ -1,16 +1,14 @@
 package promfloodgate
 
 import (
-	"context"
-	"net"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
+	"github.com/floodgate-go/floodgate/internal/calltest"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 )
@@ -39,9 +37,7 @@ func TestIgnoredKeys(t *testing.T) {
 		metadata.Pairs("x-api-key", strings.Repeat("k", 4096)),
 		metadata.Pairs("x-api-key", proKey),
 	} {
-		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 1}})
-		ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, md), nopStream{})
-		_, _ = icpt(ctx, nil, info, noop)
+		_, _ = icpt(calltest.Context(methodGet, md), nil, info, noop)
 	}
 	want := `
 # HELP floodgate_api_keys_ignored_total Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/internal/topk"
 	"github.com/floodgate-go/floodgate/middleware"
 )
@@ -97,7 +98,7 @@ func (o *offendersOptions) validate() error {
 		return invalid("WithHashSecret", fmt.Sprintf("%d bytes", len(o.secret)), "at least 16")
 	case o.key == nil:
 		return invalid("WithKeyFunc", "nil", "a function")
-	case !rejectionCode(o.quota) || !rejectionCode(o.over) || o.domain == "":
+	case !labels.RejectionCode(o.quota) || !labels.RejectionCode(o.over) || o.domain == "":
 		return invalid("WithRejectionCodes", fmt.Sprintf("%v, %v, %q", o.quota, o.over, o.domain), "codes other than OK and a domain")
 	}
 	return nil

@@ -67,12 +67,14 @@
 //
 // The parts also run separately, against any address:
 //
-//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file] [-redis 127.0.0.1:6379] [-metrics 127.0.0.1:9090]
+//	go run ./examples/multitenant serve [-addr 127.0.0.1:50051] [-config file] [-redis 127.0.0.1:6379] [-metrics 127.0.0.1:9090 [-otel]]
 //	go run ./examples/multitenant load  [-addr 127.0.0.1:50051] [-profile file] -capacity 800
 //
 // With -metrics, the server (in the demo too) serves Prometheus metrics on
 // /metrics, the controller's signals among them, and its most rejected
-// callers, hashed, on /debug/floodgate/offenders.
+// callers, hashed, on /debug/floodgate/offenders. With -otel as well,
+// serve records them through OpenTelemetry (otelfloodgate) and serves them
+// with OTel's Prometheus exporter.
 //
 // Both default to loopback: the demo sends thousands of calls per second,
 // and is meant for a machine of your own. The simulated API keys are demo
@@ -221,6 +223,7 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&grace, "grace", 10*time.Second, "time calls in flight get to finish on SIGINT or SIGTERM")
 	fs.DurationVar(&every, "every", 5*time.Second, "time between two status lines; 0 prints none")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
+	fs.BoolVar(&cfg.OTel, "otel", false, "with -metrics, record floodgate's series through OpenTelemetry and serve them with OTel's Prometheus exporter")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -229,6 +232,9 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err := checkPolicy(cfg.Policy); err != nil {
 		return err
+	}
+	if cfg.OTel && cfg.Metrics == "" {
+		return errors.New("-otel needs -metrics, the address to serve them on")
 	}
 	var err error
 	if cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config"); err != nil {

@@ -11,8 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/otelfloodgate"
 	"github.com/floodgate-go/floodgate/promfloodgate"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -22,19 +26,76 @@ const (
 	offendersPath = "/debug/floodgate/offenders"
 )
 
-// observability is the server's metrics endpoint: floodgate's collector,
-// the callers rejected most often, and the HTTP server that serves them.
+// observability is the server's metrics endpoint: floodgate's collector
+// (or, with serverConfig.OTel, its OpenTelemetry recorder behind OTel's
+// Prometheus exporter), the callers rejected most often, and the HTTP
+// server that serves them.
 type observability struct {
-	metrics   *promfloodgate.Collector
+	metrics   *promfloodgate.Collector // nil with OTel
+	otel      *otelfloodgate.Recorder  // nil without
+	mp        *sdkmetric.MeterProvider // otel's
 	offenders *promfloodgate.Offenders
 	lis       net.Listener
 	http      *http.Server
+}
+
+// observer returns the function the Limiter reports its decisions to.
+func (o *observability) observer() func(middleware.Event) {
+	if o.otel != nil {
+		return o.otel.Observer()
+	}
+	return o.metrics.Observer()
+}
+
+// setLimiter exports l's tap rejections, exempt calls and ignored keys.
+func (o *observability) setLimiter(l *middleware.Limiter) {
+	if o.otel != nil {
+		o.otel.SetLimiter(l)
+		return
+	}
+	o.metrics.SetLimiter(l)
+}
+
+// newOTel returns a Recorder over the server's gate, controller, store and
+// registry, on a meter provider that OTel's Prometheus exporter reads into
+// reg: the same series names as the collector's but for two (see the
+// otelfloodgate package doc), with the exporter's otel_scope_* labels.
+func newOTel(s *server, reg *prometheus.Registry) (*otelfloodgate.Recorder, *sdkmetric.MeterProvider, error) {
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return nil, nil, err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	opts := []otelfloodgate.Option{
+		otelfloodgate.WithMethods(otelfloodgate.ServiceMethods(&inventoryv1.Inventory_ServiceDesc)...),
+		otelfloodgate.WithGate(s.gate), otelfloodgate.WithRegistry(s.reg),
+	}
+	if s.ctrl != nil {
+		opts = append(opts, otelfloodgate.WithOverload(s.ctrl))
+	}
+	if st, ok := s.store.(*keyed.Map); ok {
+		opts = append(opts, otelfloodgate.WithKeyed(st))
+	}
+	rec, err := otelfloodgate.New(mp, opts...)
+	if err != nil {
+		_ = mp.Shutdown(context.Background())
+		return nil, nil, err
+	}
+	return rec, mp, nil
 }
 
 // newObservability builds the collector over the server's gate, overload
 // controller (if any) and store and listens on addr. The Limiter is attached later (setLimiter), since it
 // is built with the collector's observer.
 func newObservability(s *server, addr string) (*observability, error) {
+	reg := prometheus.NewRegistry()
+	if s.cfg.OTel {
+		rec, mp, err := newOTel(s, reg)
+		if err != nil {
+			return nil, err
+		}
+		return serveObservability(&observability{otel: rec, mp: mp}, reg, s, addr)
+	}
 	opts := []promfloodgate.Option{
 		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&inventoryv1.Inventory_ServiceDesc)...),
 		promfloodgate.WithGate(s.gate),
@@ -53,16 +114,21 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := reg.Register(metrics); err != nil {
+		return nil, err
+	}
+	return serveObservability(&observability{metrics: metrics}, reg, s, addr)
+}
+
+// serveObservability completes o: the offenders, the runtime's series and
+// the Redis store's in reg, and the HTTP server of both on addr.
+func serveObservability(o *observability, reg *prometheus.Registry, s *server, addr string) (*observability, error) {
 	// Offenders are named by the subject their calls were charged to (the
 	// Limiter passes it, WithRejectedSubjects): a tenant by its ID, an
 	// anonymous caller by its address, hashed, however many API keys it
 	// makes up; the tap handle's rejections count too.
 	offenders, err := promfloodgate.NewOffenders()
 	if err != nil {
-		return nil, err
-	}
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(metrics); err != nil {
 		return nil, err
 	}
 	// The Go runtime's and the process's own series, which a dashboard
@@ -89,12 +155,9 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &observability{
-		metrics:   metrics,
-		offenders: offenders,
-		lis:       lis,
-		http:      &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
-	}, nil
+	o.offenders, o.lis = offenders, lis
+	o.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return o, nil
 }
 
 // addr returns the address /metrics is served on.
@@ -114,5 +177,9 @@ func (o *observability) shutdown(grace time.Duration) {
 	defer cancel()
 	if o.http.Shutdown(ctx) != nil {
 		o.http.Close()
+	}
+	if o.otel != nil {
+		_ = o.otel.Close()
+		_ = o.mp.Shutdown(ctx)
 	}
 }

@@ -75,6 +75,10 @@ type serverConfig struct {
 	// as JSON on /debug/floodgate/offenders; port 0 picks a free port.
 	// Empty serves none.
 	Metrics string
+	// OTel, with Metrics, records floodgate's series through OpenTelemetry
+	// (otelfloodgate) and serves them with OTel's Prometheus exporter,
+	// instead of promfloodgate's collector. The Redis store's stay its.
+	OTel bool
 
 	// sampler, when set, replaces Sampler: tests script the CPU with it.
 	sampler cpugate.Sampler
@@ -241,7 +245,7 @@ func newServer(cfg serverConfig) (*server, error) {
 			s.closeStore()
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
-		extra = append(extra, middleware.WithObserver(s.obs.metrics.Observer()),
+		extra = append(extra, middleware.WithObserver(s.obs.observer()),
 			middleware.WithRejectedSubjects(s.obs.offenders.RecordSubject))
 	}
 	if s.limiter, err = newLimiter(s.store, s.reg, protect, extra...); err != nil {
@@ -249,7 +253,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		return nil, err
 	}
 	if s.obs != nil {
-		s.obs.metrics.SetLimiter(s.limiter)
+		s.obs.setLimiter(s.limiter)
 	}
 
 	b := cfg.burner

@@ -1,0 +1,227 @@
+package otelfloodgate
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/internal/labels"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+// ScopeName is the instrumentation scope of the meters this package makes.
+const ScopeName = "github.com/floodgate-go/floodgate/otelfloodgate"
+
+const (
+	// DefaultMaxTiers is the number of distinct tiers labelled when
+	// WithMaxTiers is not given; later tiers are labelled "other".
+	DefaultMaxTiers = 16
+	// MaxMethods is the most methods WithMethods accepts.
+	MaxMethods = labels.MaxMethods
+	// MaxTenantLabels is the largest cap WithTenantLabels accepts.
+	MaxTenantLabels = labels.MaxTenants
+
+	// LabelOther labels a method not registered with WithMethods, a tier
+	// beyond the WithMaxTiers cap, or a tenant beyond the WithTenantLabels
+	// cap.
+	LabelOther = labels.Other
+	// LabelNone labels the tier and tenant of an anonymous caller, and the
+	// source of a decision no store made (a store error, the tap handle).
+	LabelNone = labels.None
+)
+
+// An Option configures a Recorder. New applies the options to a copy of
+// the defaults, then validates the result.
+type Option func(*options)
+
+type options struct {
+	keyed      KeyedMap
+	gate       Gate
+	overload   Controller
+	registry   Registry
+	methods    []string
+	maxTiers   int
+	maxTenants int
+	quota      codes.Code
+	over       codes.Code
+	noSpans    bool
+}
+
+// The sources a Recorder reads at each collection are small interfaces, so
+// that a wrapper or a test's fake can stand in for floodgate's own types.
+type (
+	// A KeyedMap is an in-memory store, such as *keyed.Map.
+	KeyedMap interface {
+		Len() int
+		Stats() keyed.Stats
+	}
+	// A Gate is a CPU gate, such as *cpugate.Gate.
+	Gate interface{ Snapshot() cpugate.Snapshot }
+	// A Controller is an overload controller, such as *overload.Controller.
+	Controller interface{ Snapshot() overload.Snapshot }
+	// A Registry is a tenant registry, such as *tenant.Registry.
+	Registry interface{ Stats() tenant.Stats }
+)
+
+// WithKeyed records the in-memory store's size, evictions and overflow.
+// A nil m, the default, records none; a repeated call replaces m.
+func WithKeyed(m KeyedMap) Option { return func(o *options) { o.keyed = m } }
+
+// WithGate records the CPU gate's scale, state, CPU and sampler source.
+// A nil g, the default, records none; a repeated call replaces g.
+func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
+
+// WithOverload records the overload controller's state, limit, calls in
+// flight and waiting, latencies, throughput, and the calls it admitted and
+// shed. A nil c, the default, records none; a repeated call replaces c.
+func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
+
+// WithRegistry records the tenant registry's config loads and when the
+// table in force was loaded. A nil r, the default, records none; a
+// repeated call replaces r.
+func WithRegistry(r Registry) Option { return func(o *options) { o.registry = r } }
+
+// WithMethods sets the full method names ("/pkg.Svc/Method") whose
+// decisions carry their own method attribute; every other method is
+// "other". At most MaxMethods; repeated calls add to the list. The default
+// is none. ServiceMethods lists a service's methods.
+func WithMethods(fullMethods ...string) Option {
+	return func(o *options) { o.methods = append(o.methods, fullMethods...) }
+}
+
+// WithMaxTiers caps the distinct tier attributes, in [1, 256]: the first n
+// tiers seen are themselves, later ones "other". The default is
+// DefaultMaxTiers; a repeated call replaces the cap.
+func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
+
+// WithTenantLabels adds a tenant attribute to floodgate.decisions for the
+// first n tenants seen, in [0, MaxTenantLabels]; later ones are "other",
+// anonymous callers and tap rejections "none". The default, 0, is no tenant
+// attribute. A repeated call replaces the cap.
+func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
+
+// WithCodes tells the Recorder the status codes the Limiter rejects with,
+// as given to middleware.WithCodes, for the code attribute. The defaults
+// are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A repeated
+// call replaces both.
+func WithCodes(quota, overload codes.Code) Option {
+	return func(o *options) { o.quota, o.over = quota, overload }
+}
+
+// WithSpanEvents sets whether the observer adds events to the call's span
+// (see the package doc, Span events). The default is true; a repeated
+// call replaces the setting.
+func WithSpanEvents(on bool) Option { return func(o *options) { o.noSpans = !on } }
+
+// labels returns what the decisions are labelled by.
+func (o *options) labels() labels.Config {
+	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
+}
+
+// ServiceMethods returns the full method names of a service's unary and
+// streaming methods, for WithMethods.
+func ServiceMethods(desc *grpc.ServiceDesc) []string { return labels.ServiceMethods(desc) }
+
+// A Recorder records the Limiter's decisions as OpenTelemetry metrics and
+// span events, and the state of the sources given to New as observable
+// instruments read at each collection. It is safe for concurrent use; Close
+// unregisters its callback.
+type Recorder struct {
+	o      options
+	labels *labels.Labeler
+	// series holds each decision series' count, reported at collection.
+	series  labels.Map[labels.Series, *counter]
+	limiter atomic.Pointer[middleware.Limiter]
+	obs     observables
+	reg     metric.Registration
+	close   sync.Once
+}
+
+// New returns a Recorder whose instruments come from mp's meter (nil: the
+// global otel.GetMeterProvider()), or an error: one wrapping
+// floodgate.ErrInvalidOption that names an invalid option, or the meter's.
+func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
+	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.labels().Check("otelfloodgate"); err != nil {
+		return nil, err
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	r := &Recorder{o: o, labels: labels.NewLabeler(o.labels())}
+	var err error
+	if r.reg, err = r.obs.register(m, &r.o, &r.limiter, &r.series); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// SetLimiter makes the Recorder report l's tap rejections, exempt calls and
+// ignored API keys (from Limiter.Stats): the Limiter is built with the
+// Recorder's Observer, so it is set afterwards. A later call replaces l;
+// nil stops the report.
+func (r *Recorder) SetLimiter(l *middleware.Limiter) { r.limiter.Store(l) }
+
+// Observer returns the function to pass to middleware.WithObserver. It
+// counts each decision, allocating nothing but a series' first attribute
+// set, and adds span events to a recording span in the call's context.
+func (r *Recorder) Observer() func(middleware.Event) { return r.observe }
+
+// A counter is one decision series' count and its attribute set, made
+// once. Counting in process and reporting the counts through an
+// asynchronous counter costs an atomic add a decision, where the SDK's
+// synchronous Add hashes the series' seven attributes each time.
+type counter struct {
+	n   atomic.Int64
+	set metric.MeasurementOption
+}
+
+func (r *Recorder) observe(e middleware.Event) {
+	if !r.o.noSpans {
+		spanEvent(e)
+	}
+	k, v, ok := r.labels.Series(e)
+	if !ok {
+		return
+	}
+	c, ok := r.series.Get(k)
+	if !ok {
+		c, _ = r.series.Add(k, math.MaxInt, func(int) *counter {
+			return &counter{set: metric.WithAttributeSet(r.attributes(k, v))}
+		})
+	}
+	c.n.Add(1)
+}
+
+// attributes returns the attribute set of series k, whose tier, method and
+// tenant are v.
+func (r *Recorder) attributes(k labels.Series, v labels.Values) attribute.Set {
+	values := r.labels.Labels(k, v)
+	kvs := make([]attribute.KeyValue, len(values))
+	for i, val := range values {
+		kvs[i] = attribute.String(labels.Names[i], val)
+	}
+	return attribute.NewSet(kvs...)
+}
+
+// Close unregisters the callback of the observable instruments; the
+// observer keeps counting decisions. It is idempotent.
+func (r *Recorder) Close() error {
+	var err error
+	r.close.Do(func() { err = r.reg.Unregister() })
+	return err
+}

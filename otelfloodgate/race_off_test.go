@@ -1,0 +1,5 @@
+//go:build !race
+
+package otelfloodgate
+
+const raceEnabled = false
