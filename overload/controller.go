@@ -35,6 +35,7 @@ type Controller struct {
 	flows    map[flowKey]*flow
 	free     []*flow
 	active   [nPriorities][]*flow // flows with waiting calls, by priority
+	running  [nPriorities]int     // calls holding a slot, by priority
 	vclock   [nPriorities]float64 // start-time fair queueing's virtual time
 
 	// Since the latest step.
@@ -343,7 +344,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		return Permit{}, err
 	}
 	slots := c.st.Slots()
-	if c.queued == 0 && c.inflight < slots {
+	if c.queued == 0 && c.inflight < slots || c.overtakes(fl, slots) {
 		// A call that starts at once counts for fair queueing too.
 		i := prioIndex(fl.k.prio)
 		fl.vt = max(fl.vt, c.vclock[i]) + 1/fl.weight
@@ -661,6 +662,26 @@ func (c *Controller) drop(fl *flow) {
 func (c *Controller) grant(fl *flow) {
 	fl.inflight++
 	c.inflight++
+	c.running[prioIndex(fl.k.prio)]++
+}
+
+// overtakes reports whether a call of fl takes a slot at once although
+// every slot is taken: lower-priority calls hold some, its own and higher
+// priorities hold fewer than the limit, and none of those waits. Calls of
+// a priority never wait for slots held by lower ones: they run beside
+// them, and no slot goes to a waiting call until the calls running are
+// back within the limit, so the lower-priority calls give theirs back as
+// they end.
+func (c *Controller) overtakes(fl *flow, slots int) bool {
+	p := prioIndex(fl.k.prio)
+	above := 0
+	for i := p; i < nPriorities; i++ {
+		if len(c.active[i]) > 0 {
+			return false
+		}
+		above += c.running[i]
+	}
+	return above < slots && above < c.inflight
 }
 
 // release ends a call of fl that held a slot and, unless inside is nil, a
@@ -668,6 +689,7 @@ func (c *Controller) grant(fl *flow) {
 func (c *Controller) release(fl *flow, inside *flow) {
 	fl.inflight--
 	c.inflight--
+	c.running[prioIndex(fl.k.prio)]--
 	c.exit(inside)
 	c.drop(fl)
 }

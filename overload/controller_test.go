@@ -154,10 +154,26 @@ func TestFullQueueDisplacesTheFlowOverItsShare(t *testing.T) {
 		} else if cause, _ := shedCause(r.err); cause != ShedDisplaced {
 			t.Errorf("oldest heavy call: %v, want displaced", r.err)
 		}
-		crit := acquireAsync(t.Context(), c, Flow{Key: "heavy", Priority: floodgate.Critical})
+		// A critical call does not wait for the slot a default call holds:
+		// it runs beside it. A second one finds its own priority holding
+		// the limit, waits, and displaces the lowest priority's oldest call.
+		critFlow := Flow{Key: "heavy", Priority: floodgate.Critical}
+		first, err := c.Acquire(t.Context(), critFlow)
+		if err != nil {
+			t.Fatalf("critical call beside a default one: %v, want a slot at once", err)
+		}
+		if s := c.Snapshot(); s.Inflight != 2 || s.Queued != 4 {
+			t.Fatalf("inflight %d, queued %d; want 2 (over the limit of 1) and 4", s.Inflight, s.Queued)
+		}
+		crit := acquireAsync(t.Context(), c, critFlow)
 		synctest.Wait()
 		if r := <-heavy[1]; !errors.Is(r.err, ErrShed) {
 			t.Fatalf("second heavy call: %v, want displaced by the critical call", r.err)
+		}
+		first.Done() // back at the limit: no waiting call gets a slot yet
+		synctest.Wait()
+		if s := c.Snapshot(); s.Inflight != 1 || s.Queued != 4 {
+			t.Fatalf("after the first critical call: inflight %d, queued %d; want 1 and 4", s.Inflight, s.Queued)
 		}
 		var got []string
 		chans := map[chan result]bool{crit: true, light: true, heavy[2]: true, heavy[3]: true}
@@ -171,8 +187,8 @@ func TestFullQueueDisplacesTheFlowOverItsShare(t *testing.T) {
 			t.Errorf("order %s, want %s", g, w)
 		}
 		s := c.Snapshot()
-		if s.Shed[ShedQueueFull] != 1 || s.Shed[ShedDisplaced] != 2 || s.Admitted != 5 || s.Waited != 4 {
-			t.Errorf("counts: shed %v admitted %d waited %d, want 1 queue_full, 2 displaced, 5 admitted, 4 waited",
+		if s.Shed[ShedQueueFull] != 1 || s.Shed[ShedDisplaced] != 2 || s.Admitted != 6 || s.Waited != 4 {
+			t.Errorf("counts: shed %v admitted %d waited %d, want 1 queue_full, 2 displaced, 6 admitted, 4 waited",
 				s.Shed, s.Admitted, s.Waited)
 		}
 	})

@@ -57,7 +57,10 @@
 //
 // A freed slot goes to the highest [Priority] waiting, then by start-time
 // fair queueing to the [Flow] whose calls have started least for its
-// weight. When the queue is full, the flow holding the most slots and
+// weight. A call never waits for slots that lower priorities hold: while
+// its own and higher priorities hold fewer slots than the limit and none of
+// them waits, it runs at once beside them, and no waiting call gets a slot
+// until the calls running are back within the limit. When the queue is full, the flow holding the most slots and
 // places for its weight loses its oldest waiting call to a call of a flow
 // further below its share, or the arriving call is shed when its own flow
 // is the one over its share. So a tenant under its weighted max-min fair

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // A simServer is a server in a synctest bubble as the Go runtime runs a gRPC
@@ -126,15 +128,24 @@ func simLoad(s *simServer, rates []float64, load func(time.Duration) float64, du
 
 // simLoadFrom is simLoad for flows numbered from first.
 func simLoadFrom(s *simServer, first int, rates []float64, load func(time.Duration) float64, dur time.Duration, seed uint64) []simResult {
+	return simLoadPrio(s, first, rates, nil, load, dur, seed)
+}
+
+// simLoadPrio is simLoadFrom with flow i at priority prios[i-first] (the
+// default for a nil prios).
+func simLoadPrio(s *simServer, first int, rates []float64, prios []floodgate.Priority, load func(time.Duration) float64, dur time.Duration, seed uint64) []simResult {
 	var mu sync.Mutex
 	var out []simResult
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i, rate := range rates {
-		i += first
+	for j, rate := range rates {
+		i := j + first
 		rng := rand.New(rand.NewPCG(seed, uint64(i)))
 		wg.Go(func() {
 			f := Flow{Key: fmt.Sprint("flow", i), Weight: 1}
+			if prios != nil {
+				f.Priority = prios[j]
+			}
 			for {
 				elapsed := time.Since(start)
 				l := load(elapsed)
@@ -331,5 +342,30 @@ func TestSimulatedBurstKeepsTheLightFlows(t *testing.T) {
 		if good < 0.95*500 {
 			t.Errorf("goodput in the burst %.0f/s, want ≥ 95%% of 500/s", good)
 		}
+	})
+}
+
+// A critical flow keeps its calls while a sheddable one floods a pool, as
+// behind a front that carries its callers' priorities.
+func TestSimulatedCriticalBesideAFlood(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctrl, err := New(WithLimits(1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A pool of 4 connections × 10 ms: 400 calls/s.
+		s := newSim(ctrl, 1, 4, func(time.Time) time.Duration { return 10 * ms })
+		defer s.stop()
+		start := time.Now()
+		rs := simLoadPrio(s, 0, []float64{1200, 40}, []floodgate.Priority{floodgate.Sheddable, floodgate.Critical},
+			func(time.Duration) float64 { return 1 }, 3*time.Second, 6)
+		good, _, success := window(rs, start, time.Second, 3*time.Second, 100*ms)
+		if success[1] < 0.99 {
+			t.Errorf("the critical flow kept %.1f%% of its calls beside a sheddable flood of 3×, want ≥ 99%%", 100*success[1])
+		}
+		if good < 0.95*400 {
+			t.Errorf("goodput %.0f/s, want ≥ 95%% of 400/s", good)
+		}
+		t.Logf("critical kept %.1f%%, sheddable %.1f%%, goodput %.0f/s", 100*success[1], 100*success[0], good)
 	})
 }
