@@ -80,6 +80,27 @@ func serve(t *testing.T, lim *middleware.Limiter, rep *loadreport.Reporter, svc 
 	return cc
 }
 
+// oneSlot serves a gated inventory behind a controller of one slot and a
+// Reporter of it (no CPU, and opts), and returns the controller, the
+// service and a connection to the server.
+func oneSlot(t *testing.T, opts ...loadreport.Option) (*overload.Controller, *gatedInventory, *grpc.ClientConn) {
+	t.Helper()
+	ctrl, err := overload.New(overload.WithLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.NewOverload(middleware.WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := loadreport.New(lim.Overload(), append([]loadreport.Option{loadreport.WithSampler(nil)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &gatedInventory{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	return ctrl, svc, serve(t, lim, rep, svc)
+}
+
 // trailerReport decodes the ORCA report in a call's trailer.
 func trailerReport(t *testing.T, md metadata.MD) *v3orcapb.OrcaLoadReport {
 	t.Helper()
@@ -100,21 +121,9 @@ func trailerReport(t *testing.T, md metadata.MD) *v3orcapb.OrcaLoadReport {
 // step of the half-second moving average, and the named metrics are the
 // controller's.
 func TestTrailerReportsRates(t *testing.T) {
-	ctrl, err := overload.New(overload.WithLimits(1, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := middleware.NewOverload(middleware.WithOverload(ctrl))
-	if err != nil {
-		t.Fatal(err)
-	}
 	clk := newFakeClock()
-	rep, err := loadreport.New(lim.Overload(), loadreport.WithClock(clk.clock()), loadreport.WithSampler(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := &gatedInventory{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-	client := inventoryv1.NewInventoryClient(serve(t, lim, rep, svc))
+	ctrl, svc, cc := oneSlot(t, loadreport.WithClock(clk.clock()))
+	client := inventoryv1.NewInventoryClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -259,20 +268,7 @@ func TestCPUFromSampler(t *testing.T) {
 // only slot is held and whose queue is full: the service is exempt, so a
 // loaded server still reports.
 func TestOutOfBandThroughOverload(t *testing.T) {
-	ctrl, err := overload.New(overload.WithLimits(1, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := middleware.NewOverload(middleware.WithOverload(ctrl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := loadreport.New(lim.Overload(), loadreport.WithSampler(nil), loadreport.WithInterval(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := &gatedInventory{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-	cc := serve(t, lim, rep, svc)
+	ctrl, svc, cc := oneSlot(t, loadreport.WithInterval(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
