@@ -47,6 +47,7 @@ type Controller struct {
 
 	wait             time.Duration // the latest step's mean wait
 	lastShed         time.Time
+	offered, shedRun decayed // calls offered (entered, or untapped at Acquire) and shed, lately
 	state            State
 	since            time.Time
 	cpu              float64
@@ -328,6 +329,9 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	}
 	c.mu.Lock()
 	fl := c.flow(f)
+	if inside == nil {
+		c.offered.add(now, 1) // Enter did not count it
+	}
 	if inside != nil && inside.owed > 0 {
 		// A call of a flow under its share took this call's place as it
 		// entered: this one goes instead.
@@ -355,7 +359,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		return p, nil
 	}
 	c.bound = true
-	floor := c.floor()
+	floor := c.floor(now)
 	wait := 2 * c.st.Target(floor)
 	if dl, ok := ctx.Deadline(); ok {
 		// Expect to wait for the calls ahead to start, then to run as
@@ -488,7 +492,8 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	now := c.o.now()
 	c.mu.Lock()
 	fl := c.flow(f)
-	if places := c.places(); c.inside-c.owed >= places {
+	c.offered.add(now, 1)
+	if places := c.places(now); c.inside-c.owed >= places {
 		// The call takes a place of v's: v's waiting call if it has one,
 		// else the next of v's calls to reach Acquire, else (all of v's
 		// calls are running) one beyond the places until one of v's ends.
@@ -520,23 +525,33 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 }
 
 // floor returns the least queue target in force: the configured one
-// (WithQueueTarget); else law.MinTarget while calls are being shed, and
-// law.OpenTarget while none has been for a second, so that a server that is not overloaded absorbs
-// a burst instead of shedding it (Facebook's adaptive queue timeout: a
-// long one, and a short one once the queue stands).
-func (c *Controller) floor() time.Duration {
+// (WithQueueTarget); else law.MinTarget while the server is overloaded,
+// shedding more than overloadShare of the calls offered lately, and
+// law.OpenTarget otherwise, so that a server below its capacity absorbs the
+// bursts of random arrivals instead of shedding them (Facebook's adaptive
+// queue timeout: a long one, and a short one once the queue stands).
+func (c *Controller) floor(now time.Time) time.Duration {
 	switch {
 	case c.o.target > 0:
 		return c.o.target
-	case c.state == Shedding:
+	case c.shedRun.value(now) > overloadShare*c.offered.value(now):
 		return law.MinTarget
 	}
 	return law.OpenTarget
 }
 
+// overloadShare is the share of the calls offered lately that a server
+// sheds once it is overloaded: a tenth, an offered load a ninth above what
+// it completes. The bursts of random (Poisson) arrivals at 80–90% of a
+// server's capacity shed a few percent at most with the long target, and
+// shed more with the short one, which a shed alone would switch to.
+const overloadShare = 0.1
+
 // places returns how many calls the server may hold: what it runs at once,
 // and what those complete in the queue target.
-func (c *Controller) places() int { return c.st.Slots() + c.st.QueueCap(c.floor()) }
+func (c *Controller) places(now time.Time) int {
+	return c.st.Slots() + c.st.QueueCap(c.floor(now))
+}
 
 // entryMemory is how long Enter remembers a flow's calls when it judges
 // shares: long enough to span many calls of a flow under its share, short
@@ -604,7 +619,7 @@ func (c *Controller) Snapshot() Snapshot {
 
 // snapshot is Snapshot under the lock.
 func (c *Controller) snapshot() Snapshot {
-	floor := c.floor()
+	floor := c.floor(c.o.now())
 	return Snapshot{
 		State: c.state, Since: c.since,
 		Limit: c.st.Limit, Inflight: c.inflight, Queued: c.queued, QueueCap: c.st.QueueCap(floor), Inside: c.inside,
@@ -800,8 +815,25 @@ func (c *Controller) evict(v *flow) {
 // countShed counts a shed call of cause.
 func (c *Controller) countShed(cause ShedCause, now time.Time) {
 	c.shed[cause]++
+	c.shedRun.add(now, 1)
 	c.lastShed = now
 }
+
+// decayed is a count that decays over openAfter: what happened lately.
+type decayed struct {
+	v  float64
+	at time.Time
+}
+
+func (d *decayed) value(now time.Time) float64 {
+	if dt := now.Sub(d.at); dt > 0 && !d.at.IsZero() {
+		d.v *= math.Exp(-float64(dt) / float64(openAfter))
+	}
+	d.at = now
+	return d.v
+}
+
+func (d *decayed) add(now time.Time, n float64) { d.v = d.value(now) + n }
 
 // shedUnlock, called with c.mu held, counts a shed call of fl, gives back
 // its place Enter counted, forgets fl if it is empty, releases the lock,

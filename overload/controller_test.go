@@ -624,3 +624,48 @@ func TestNilClockIsTheDefault(t *testing.T) {
 		t.Errorf("Since = %v, %v ago: want the real clock's now", c.Snapshot().Since, since)
 	}
 }
+
+// The queue keeps its long target through a shed that is a burst among
+// many admitted calls, and takes the short one while more than a tenth of
+// the calls offered lately are shed: an overload.
+func TestShortTargetOnlyUnderOverload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t)
+		f := Flow{Key: "f"}
+		if got := c.Snapshot().Target; got != 25*ms {
+			t.Fatalf("target %v on a new controller, want 25ms", got)
+		}
+		// One slot held, a queue of 4 full, and one more call: 1 shed of 6.
+		held, _ := c.Acquire(t.Context(), f)
+		var waiting []chan result
+		for range 4 {
+			waiting = append(waiting, acquireAsync(t.Context(), c, f))
+			synctest.Wait()
+		}
+		if _, err := c.Acquire(t.Context(), f); err == nil {
+			t.Fatal("a call into a full queue was admitted")
+		}
+		if got := c.Snapshot().Target; got != 5*ms {
+			t.Errorf("target %v after 1 of 6 calls shed, want 5ms", got)
+		}
+		held.Done()
+		for _, ch := range waiting {
+			r := <-ch
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.p.Done()
+		}
+		// 14 more calls served: 1 shed of 20 is a burst, not an overload.
+		for range 14 {
+			p, err := c.Acquire(t.Context(), f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Done()
+		}
+		if got := c.Snapshot().Target; got != 25*ms {
+			t.Errorf("target %v after 1 of 20 calls shed, want 25ms", got)
+		}
+	})
+}

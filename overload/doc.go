@@ -31,9 +31,10 @@
 //     before the next call's goroutine starts, so a CPU-bound server's
 //     queue is the scheduler's run queue, where no interceptor sees it.
 //     The server holds the slots plus what they complete in the queue
-//     target: one completion's worth, at least 5 ms while calls are shed
-//     and 25 ms otherwise, so that a server that is not overloaded absorbs
-//     a burst. The rest is shed before its request is read.
+//     target: one completion's worth, at least 5 ms while more than a
+//     tenth of the calls offered lately were shed (an overload) and 25 ms
+//     otherwise, so that a server below its capacity absorbs the bursts of
+//     random arrivals. The rest is shed before its request is read.
 //  3. The limit starts at GOMAXPROCS, what the CPUs run at once, and never
 //     goes below it. In a control step (every 100 ms with 16 completions)
 //     in which a call found every slot taken, it grows (doubling until the

@@ -64,10 +64,11 @@ const (
 	// the network then), so a queue shorter than two of those runs dry
 	// between batches and the CPU idles while calls are shed.
 	MinTarget = 5 * time.Millisecond
-	// OpenTarget is the least Target while nothing has been shed for a
-	// second: a server that is not overloaded absorbs a burst of a few
-	// times its slots instead of shedding it, and the first interval of an
-	// overload queues calls for no longer than this before shedding begins.
+	// OpenTarget is the least Target while the server is not overloaded
+	// (it sheds no more than a tenth of the calls offered lately): a
+	// server below its capacity absorbs a burst of a few times its slots
+	// instead of shedding it, and the first moments of an overload queue
+	// calls for no longer than this before shedding begins.
 	OpenTarget = 25 * time.Millisecond
 	// MaxLimit bounds the limit: a handler blocked on something that
 	// never shows in its service time must not grow it without end.
