@@ -56,7 +56,7 @@ func processStarter(exe string, stderr io.Writer) starter {
 	return func(ctx context.Context, c replicaConfig) (string, func(), error) {
 		args := []string{"replica", "-pool", strconv.Itoa(c.Pool), "-hold", c.Hold.String(),
 			"-reports=" + strconv.FormatBool(c.Reports), "-propagate=" + strconv.FormatBool(c.Propagate),
-			"-trust-priority=" + strconv.FormatBool(c.TrustPriority)}
+			"-trust-priority=" + strconv.FormatBool(c.TrustPriority), "-unlimited=" + strconv.FormatBool(c.Unlimited)}
 		if c.HalveAfter > 0 {
 			args = append(args, "-halve-after", c.HalveAfter.String())
 		}
@@ -117,6 +117,15 @@ func experiment(ctx context.Context, cfg experimentConfig, stdout io.Writer) err
 	for _, p := range cfg.Pools {
 		capacity += float64(p) / cfg.Hold.Seconds()
 	}
+	if cfg.Only == "" || cfg.Only == "capacity" {
+		measured, err := measureCapacity(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "## Capacity\n\nThe replicas without floodgate, each driven back to back by %d callers per connection of its pool for %v: %.0f calls/s in all, %.1f%% of their pools over their hold (%.0f/s).\n\n",
+			capacityCallers, cfg.Measure/2, measured, 100*measured/capacity, capacity)
+		capacity = measured
+	}
 	if cfg.Only == "" || cfg.Only == "balance" {
 		fmt.Fprintf(w, "## Balancing: replicas of %v connections × %v (fleet capacity %.0f calls/s)\n\n", cfg.Pools, cfg.Hold, capacity)
 		fmt.Fprintf(w, "| balancer | offered | served within %v | shed | shed by replica | p99 of served |\n|---|---|---|---|---|---|\n", cfg.SLO)
@@ -147,6 +156,53 @@ func experiment(ctx context.Context, cfg experimentConfig, stdout io.Writer) err
 		return os.WriteFile(cfg.MD, []byte(md.String()), 0o644)
 	}
 	return nil
+}
+
+// capacityCallers is how many closed-loop callers per pool connection
+// measure a replica's capacity: enough that a connection never idles.
+const capacityCallers = 2
+
+// measureCapacity starts the fleet without floodgate and returns the calls
+// per second its replicas complete together, each driven back to back by
+// its own callers for half of cfg.Measure after a second's warm-up.
+func measureCapacity(ctx context.Context, cfg experimentConfig) (float64, error) {
+	var total float64
+	for _, p := range cfg.Pools {
+		a, stop, err := cfg.Start(ctx, replicaConfig{Pool: p, Hold: cfg.Hold, Unlimited: true})
+		if err != nil {
+			return 0, err
+		}
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			stop()
+			return 0, err
+		}
+		client := inventoryv1.NewInventoryClient(cc)
+		var mu sync.Mutex
+		done := 0
+		start := time.Now()
+		from, end := start.Add(time.Second), start.Add(time.Second+cfg.Measure/2)
+		var wg sync.WaitGroup
+		for range capacityCallers * p {
+			wg.Go(func() {
+				for time.Now().Before(end) && ctx.Err() == nil {
+					cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+					_, err := client.Allocate(cctx, &inventoryv1.AllocateRequest{})
+					cancel()
+					if now := time.Now(); err == nil && now.After(from) && now.Before(end) {
+						mu.Lock()
+						done++
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		wg.Wait()
+		cc.Close()
+		stop()
+		total += float64(done) / (cfg.Measure / 2).Seconds()
+	}
+	return total, ctx.Err()
 }
 
 // cellResult is what one cell measured.

@@ -12,7 +12,10 @@
 // runs middleware.NewOverload and sends ORCA load reports (package
 // loadreport) in the trailer of the calls it admits.
 //
-// Three experiments follow, each printed as a table (and written with -md):
+// It first measures the fleet's capacity as the overload experiment does
+// (bench/cmd/overload): each replica without floodgate, driven back to back
+// by closed-loop callers. Three experiments follow, each printed as a table
+// (and written with -md), at multiples of that capacity:
 //
 //  1. Balancing. Three replicas, two with a pool of 12 and one with 4 (600,
 //     600 and 200 calls a second), are driven by a client fleet (-conns
@@ -72,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "load before each cell's measurement, not counted")
 	fs.DurationVar(&cfg.Measure, "measure", cfg.Measure, "how long each cell is measured")
 	fs.IntVar(&cfg.Conns, "conns", cfg.Conns, "client connections, each with its own balancer")
-	fs.StringVar(&cfg.Only, "only", "", "run one experiment: balance, halve or chain")
+	fs.StringVar(&cfg.Only, "only", "", "run one part: capacity, balance, halve or chain")
 	loads := fs.String("loads", "0.6,0.9,1.2", "with balance, the offered loads, as multiples of the fleet's capacity")
 	fs.StringVar(&cfg.Balancers, "balancers", "round_robin,weighted_round_robin", "with balance, the balancers")
 	fs.StringVar(&cfg.MD, "md", "", "also write the tables to this Markdown `file`")

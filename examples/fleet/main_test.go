@@ -113,3 +113,21 @@ func TestHalveRunWritesChart(t *testing.T) {
 		t.Errorf("Markdown %q differs from the output %q", md, out.String())
 	}
 }
+
+// Without floodgate, closed-loop callers keep every connection busy: the
+// measured capacity is close to the pools over the hold, and never above.
+func TestMeasureCapacity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for 8 s")
+	}
+	cfg := testExperiment()
+	got, err := measureCapacity(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools := 350.0 // (12+12+4) connections / 80 ms
+	t.Logf("measured %.0f calls/s of %.0f", got, pools)
+	if got < 0.5*pools || got > 1.02*pools {
+		t.Errorf("measured %.0f calls/s, want between half of and the pools' %.0f", got, pools)
+	}
+}

@@ -35,6 +35,8 @@ type replicaConfig struct {
 	HalveAfter time.Duration
 	// Reports turns on ORCA load reports (package loadreport).
 	Reports bool
+	// Unlimited serves without floodgate, to measure the capacity.
+	Unlimited bool
 	// Forward makes a front: Allocate calls the same method at this
 	// address, with the caller's context; Propagate carries the priority
 	// the front admitted the call at (middleware.PropagatePriority).
@@ -60,6 +62,7 @@ func replicaCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&c.Hold, "hold", 20*time.Millisecond, "how long a call holds a connection")
 	fs.DurationVar(&c.HalveAfter, "halve-after", 0, "take half the pool away this long after the start; 0 never")
 	fs.BoolVar(&c.Reports, "reports", true, "send ORCA load reports")
+	fs.BoolVar(&c.Unlimited, "unlimited", false, "serve without floodgate (to measure the capacity)")
 	fs.StringVar(&c.Forward, "forward", "", "forward every call to this `address` instead of serving it (a front)")
 	fs.BoolVar(&c.Propagate, "propagate", false, "with -forward, carry the call's priority downstream")
 	fs.BoolVar(&c.TrustPriority, "trust-priority", false, "honour the priority loopback callers send")
@@ -92,7 +95,10 @@ func serveReplica(ctx context.Context, c replicaConfig, ready func(addr string))
 		return err
 	}
 	sopts := lim.ServerOptions()
-	if c.Reports && lim.Overload() != nil {
+	if c.Unlimited {
+		sopts = nil
+	}
+	if c.Reports && !c.Unlimited && lim.Overload() != nil {
 		rep, err := loadreport.New(lim.Overload())
 		if err != nil {
 			return err
