@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"log/slog"
-	"math"
 	"sync"
 	"testing"
 	"time"
@@ -11,10 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/grpc"
 
-	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
-	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // events records what the observer is given.
@@ -84,17 +81,7 @@ func TestEventCarriesWaitAndShed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := keyed.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := tenant.Compile(&tenant.Config{
-		Tiers:   map[string]tenant.TierSpec{"open": {Default: &tenant.LimitSpec{Rate: math.Inf(1)}}},
-		Tenants: map[string]tenant.TenantSpec{"acme": {Tier: "open", Keys: []string{hashKey(t, acmeKey)}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, tbl := openAcme(t)
 	var rec events
 	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl), middleware.WithObserver(rec.observe))
 	if err != nil {

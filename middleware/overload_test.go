@@ -37,6 +37,24 @@ func (b *blocker) interceptor(ctx context.Context, req any, info *grpc.UnaryServ
 	return h(ctx, req)
 }
 
+// openAcme returns an in-memory store and a table in which acme (acmeKey)
+// has no quota: only the overload controller sheds its calls.
+func openAcme(t *testing.T) (*keyed.Map, *tenant.Table) {
+	t.Helper()
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers:   map[string]tenant.TierSpec{"open": {Default: &tenant.LimitSpec{Rate: math.Inf(1)}}},
+		Tenants: map[string]tenant.TenantSpec{"acme": {Tier: "open", Keys: []string{hashKey(t, acmeKey)}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, tbl
+}
+
 // A noisy tenant holds every slot and fills the queue; a quiet tenant's
 // call still gets the next slot, over a real listener, and the noisy
 // tenant's extra calls are shed with the overload status and a retry
@@ -182,17 +200,7 @@ func TestStreamGivesItsOverloadPlaceBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := keyed.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := tenant.Compile(&tenant.Config{
-		Tiers:   map[string]tenant.TierSpec{"open": {Default: &tenant.LimitSpec{Rate: math.Inf(1)}}},
-		Tenants: map[string]tenant.TenantSpec{"acme": {Tier: "open", Keys: []string{hashKey(t, acmeKey)}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, tbl := openAcme(t)
 	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl))
 	if err != nil {
 		t.Fatal(err)
