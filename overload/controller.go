@@ -29,9 +29,9 @@ type Controller struct {
 	st       law.State
 	inflight int
 	queued   int
-	inside   int  // calls Enter let in that have not ended: queued anywhere, or running
-	owed     int  // of those, places given up (the flows' owed summed)
-	top      flow // in entered, the most calls any flow was let in lately, per weight
+	inside   int     // calls Enter let in that have not ended: queued anywhere, or running
+	owed     int     // of those, places given up (the flows' owed summed)
+	top      decayed // the most calls any flow was let in lately, per weight
 	flows    map[flowKey]*flow
 	free     []*flow
 	active   [nPriorities][]*flow // flows with waiting calls, by priority
@@ -45,16 +45,16 @@ type Controller struct {
 	waitSum time.Duration
 	waitN   int
 
-	wait             time.Duration // the latest step's mean wait
-	lastShed         time.Time
-	offered, shedRun decayed // calls offered (entered, or untapped at Acquire) and shed, lately
-	state            State
-	since            time.Time
-	cpu              float64
-	sched            time.Duration
-	admitted, waited uint64
-	shed             [nShedCauses]uint64
-	untapped         atomic.Uint64
+	wait                time.Duration // the latest step's mean wait
+	lastShed            time.Time
+	offered, shedLately decayed // calls offered (entered, or untapped at Acquire) and shed, lately
+	state               State
+	since               time.Time
+	cpu                 float64
+	sched               time.Duration
+	admitted, waited    uint64
+	shed                [nShedCauses]uint64
+	untapped            atomic.Uint64
 }
 
 type flowKey struct {
@@ -63,16 +63,15 @@ type flowKey struct {
 }
 
 type flow struct {
-	k         flowKey
-	weight    float64
-	inflight  int
-	inside    int       // the flow's calls Enter let in
-	pending   int       // of those, calls that have not reached Acquire yet
-	owed      int       // places it gave up to flows under their share: its next calls to reach Acquire are shed (at most pending)
-	entered   float64   // calls Enter let in, decayed over entryMemory: the flow's recent share
-	enteredAt time.Time // when entered was last decayed
-	q         []*waiter
-	vt        float64 // virtual start time of the flow's next call
+	k        flowKey
+	weight   float64
+	inflight int
+	inside   int     // the flow's calls Enter let in
+	pending  int     // of those, calls that have not reached Acquire yet
+	owed     int     // places it gave up to flows under their share: its next calls to reach Acquire are shed (at most pending)
+	entered  decayed // calls Enter let in lately: the flow's recent share
+	q        []*waiter
+	vt       float64 // virtual start time of the flow's next call
 }
 
 // maxFlows bounds the flows the controller tracks: calls of further flows
@@ -515,8 +514,8 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	fl.inside++
 	fl.pending++
 	c.inside++
-	fl.entered = fl.recent(now) + 1
-	c.top.entered = max(c.top.recent(now), fl.entered/fl.weight)
+	fl.entered.add(now, 1)
+	c.top.v = max(c.top.value(now), fl.entered.v/fl.weight)
 	c.mu.Unlock()
 	t := &ticket{c: c, f: fl}
 	ctx = context.WithValue(ctx, ticketKey{}, t)
@@ -534,7 +533,7 @@ func (c *Controller) floor(now time.Time) time.Duration {
 	switch {
 	case c.o.target > 0:
 		return c.o.target
-	case c.shedRun.value(now) > overloadShare*c.offered.value(now):
+	case c.shedLately.value(now) > overloadShare*c.offered.value(now):
 		return law.MinTarget
 	}
 	return law.OpenTarget
@@ -553,20 +552,29 @@ func (c *Controller) places(now time.Time) int {
 	return c.st.Slots() + c.st.QueueCap(c.floor(now))
 }
 
-// entryMemory is how long Enter remembers a flow's calls when it judges
-// shares: long enough to span many calls of a flow under its share, short
-// enough to follow a change of load within a second or two.
+// entryMemory is how long the controller remembers the calls it was
+// offered, let in and shed (decayed), when it judges shares and overload:
+// long enough to span many calls of a flow under its share, short enough
+// to follow a change of load within a second or two.
 const entryMemory = time.Second
 
-// recent returns fl's calls let in, decayed to now, and records that as of
-// now.
-func (fl *flow) recent(now time.Time) float64 {
-	if dt := now.Sub(fl.enteredAt); dt > 0 && !fl.enteredAt.IsZero() {
-		fl.entered *= math.Exp(-float64(dt) / float64(entryMemory))
-	}
-	fl.enteredAt = now
-	return fl.entered
+// decayed is a count that decays over entryMemory: what happened lately.
+type decayed struct {
+	v  float64
+	at time.Time
 }
+
+// value returns the count decayed to now, and records it as of now.
+func (d *decayed) value(now time.Time) float64 {
+	if dt := now.Sub(d.at); dt > 0 && !d.at.IsZero() {
+		d.v *= math.Exp(-float64(dt) / float64(entryMemory))
+	}
+	d.at = now
+	return d.v
+}
+
+// add counts n more as of now.
+func (d *decayed) add(now time.Time, n float64) { d.v = d.value(now) + n }
 
 // displaced returns the flow that gives up a place so that a call of fl
 // may enter a full server, or nil when fl's call should be shed. A flow of
@@ -578,8 +586,8 @@ func (fl *flow) recent(now time.Time) float64 {
 // more than fl. So a flow under its weighted max-min fair share keeps its
 // calls while another floods, and the flood gets what is left.
 func (c *Controller) displaced(fl *flow, now time.Time) *flow {
-	own := (fl.recent(now) + 1) / fl.weight
-	if own >= c.top.recent(now) {
+	own := (fl.entered.value(now) + 1) / fl.weight
+	if own >= c.top.value(now) {
 		return nil
 	}
 	var victim, lower *flow
@@ -594,7 +602,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 			}
 			continue
 		}
-		if l := g.recent(now) / g.weight; l > most {
+		if l := g.entered.value(now) / g.weight; l > most {
 			most, victim = l, g
 		}
 	}
@@ -656,7 +664,7 @@ func (c *Controller) flow(f Flow) *flow {
 		fl = new(flow)
 	}
 	fl.k, fl.weight, fl.inflight, fl.inside, fl.pending, fl.owed, fl.vt = k, weight(f.Weight), 0, 0, 0, 0, 0
-	fl.entered, fl.enteredAt = 0, time.Time{}
+	fl.entered = decayed{}
 	c.flows[k] = fl
 	return fl
 }
@@ -815,25 +823,9 @@ func (c *Controller) evict(v *flow) {
 // countShed counts a shed call of cause.
 func (c *Controller) countShed(cause ShedCause, now time.Time) {
 	c.shed[cause]++
-	c.shedRun.add(now, 1)
+	c.shedLately.add(now, 1)
 	c.lastShed = now
 }
-
-// decayed is a count that decays over openAfter: what happened lately.
-type decayed struct {
-	v  float64
-	at time.Time
-}
-
-func (d *decayed) value(now time.Time) float64 {
-	if dt := now.Sub(d.at); dt > 0 && !d.at.IsZero() {
-		d.v *= math.Exp(-float64(dt) / float64(openAfter))
-	}
-	d.at = now
-	return d.v
-}
-
-func (d *decayed) add(now time.Time, n float64) { d.v = d.value(now) + n }
 
 // shedUnlock, called with c.mu held, counts a shed call of fl, gives back
 // its place Enter counted, forgets fl if it is empty, releases the lock,
