@@ -41,9 +41,11 @@ const (
 	// defaultInterval is how often the report is rebuilt: a few times per
 	// second of the balancer's default weight update period (1 s).
 	defaultInterval = 250 * time.Millisecond
-	// smoothing is the time constant of the rates' moving average: one
-	// second, as long as the balancer's update period, so that one
-	// interval's burst moves a weight by a quarter of it at most.
+	// smoothing is the time constant of the rates' moving average: half a
+	// second, so that one interval's burst moves a weight by two fifths of
+	// it at most, and a past overload's sheds fade within a couple of
+	// seconds (a longer one kept a replica that had shed starved of calls
+	// long after).
 	smoothing = 500 * time.Millisecond
 	// capacitySmoothing is the time constant of the capacity estimate's
 	// moving average: long enough to average the limit's probing (it
@@ -166,19 +168,15 @@ func (r *Reporter) build(s overload.Snapshot, now time.Time) *report {
 	l := &r.last
 	if dt := now.Sub(l.at); dt > 0 {
 		shed := s.ShedTotal()
-		// Exponential moving averages over irregular intervals: the new
-		// value's weight is what the time constant's decay leaves out.
-		w := 1 - math.Exp(-float64(dt)/float64(smoothing))
-		l.qps += w * (float64(s.Admitted-l.admitted)/dt.Seconds() - l.qps)
-		l.eps += w * (float64(shed-l.shed)/dt.Seconds() - l.eps)
+		l.qps = smooth(l.qps, float64(s.Admitted-l.admitted)/dt.Seconds(), dt, smoothing)
+		l.eps = smooth(l.eps, float64(shed-l.shed)/dt.Seconds(), dt, smoothing)
 		l.at, l.admitted, l.shed = now, s.Admitted, shed
 		if s.Latency > 0 {
 			c := s.Limit / s.Latency.Seconds()
-			if l.capacity == 0 {
-				l.capacity = c
-			} else {
-				l.capacity += (1 - math.Exp(-float64(dt)/float64(capacitySmoothing))) * (c - l.capacity)
+			if l.capacity > 0 {
+				c = smooth(l.capacity, c, dt, capacitySmoothing)
 			}
+			l.capacity = c
 		}
 	}
 	if l.sampler != nil {
@@ -224,6 +222,13 @@ func (r *Reporter) build(s overload.Snapshot, now time.Time) *report {
 		rep.trailer = metadata.MD{trailerKey: {string(b)}}
 	}
 	return rep
+}
+
+// smooth moves the moving average avg of time constant tau toward x, seen
+// dt after the previous value: over irregular intervals, x weighs what the
+// decay over dt leaves out.
+func smooth(avg, x float64, dt, tau time.Duration) float64 {
+	return avg + (1-math.Exp(-float64(dt)/float64(tau)))*(x-avg)
 }
 
 // ServerOptions returns the interceptors, unary and stream, that add the
