@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -162,9 +163,9 @@ func experiment(ctx context.Context, cfg experimentConfig, stdout io.Writer) err
 // measure a replica's capacity: enough that a connection never idles.
 const capacityCallers = 2
 
-// measureCapacity starts the fleet without floodgate and returns the calls
-// per second its replicas complete together, each driven back to back by
-// its own callers for half of cfg.Measure after a second's warm-up.
+// measureCapacity starts each of the fleet's replicas alone, without
+// floodgate, drives it back to back for half of cfg.Measure after a
+// second's warm-up, and returns the calls per second they complete in all.
 func measureCapacity(ctx context.Context, cfg experimentConfig) (float64, error) {
 	var total float64
 	for _, p := range cfg.Pools {
@@ -178,8 +179,7 @@ func measureCapacity(ctx context.Context, cfg experimentConfig) (float64, error)
 			return 0, err
 		}
 		client := inventoryv1.NewInventoryClient(cc)
-		var mu sync.Mutex
-		done := 0
+		var done atomic.Int64
 		start := time.Now()
 		from, end := start.Add(time.Second), start.Add(time.Second+cfg.Measure/2)
 		var wg sync.WaitGroup
@@ -190,9 +190,7 @@ func measureCapacity(ctx context.Context, cfg experimentConfig) (float64, error)
 					_, err := client.Allocate(cctx, &inventoryv1.AllocateRequest{})
 					cancel()
 					if now := time.Now(); err == nil && now.After(from) && now.Before(end) {
-						mu.Lock()
-						done++
-						mu.Unlock()
+						done.Add(1)
 					}
 				}
 			})
@@ -200,7 +198,7 @@ func measureCapacity(ctx context.Context, cfg experimentConfig) (float64, error)
 		wg.Wait()
 		cc.Close()
 		stop()
-		total += float64(done) / (cfg.Measure / 2).Seconds()
+		total += float64(done.Load()) / (cfg.Measure / 2).Seconds()
 	}
 	return total, ctx.Err()
 }

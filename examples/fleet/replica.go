@@ -78,32 +78,12 @@ func replicaCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // serveReplica serves c until ctx ends, calling ready with its address once
 // it listens.
 func serveReplica(ctx context.Context, c replicaConfig, ready func(addr string)) error {
-	var (
-		lim *middleware.Limiter
-		err error
-	)
-	var opts []middleware.Option
-	if c.TrustPriority {
-		opts = append(opts, middleware.WithPriorityFromPeers(netip.MustParsePrefix("127.0.0.0/8")))
-	}
-	if c.Forward != "" {
-		lim, err = frontLimiter(opts...)
-	} else {
-		lim, err = middleware.NewOverload(opts...)
-	}
-	if err != nil {
-		return err
-	}
-	sopts := lim.ServerOptions()
-	if c.Unlimited {
-		sopts = nil
-	}
-	if c.Reports && !c.Unlimited && lim.Overload() != nil {
-		rep, err := loadreport.New(lim.Overload())
-		if err != nil {
+	var sopts []grpc.ServerOption
+	if !c.Unlimited {
+		var err error
+		if sopts, err = limiterOptions(c); err != nil {
 			return err
 		}
-		sopts = append(sopts, rep.ServerOptions()...)
 	}
 	srv := grpc.NewServer(sopts...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -143,6 +123,35 @@ func serveReplica(ctx context.Context, c replicaConfig, ready func(addr string))
 		return err
 	}
 	return nil
+}
+
+// limiterOptions returns the server options of c's Limiter: the front's,
+// or NewOverload with its load reports.
+func limiterOptions(c replicaConfig) ([]grpc.ServerOption, error) {
+	var opts []middleware.Option
+	if c.TrustPriority {
+		opts = append(opts, middleware.WithPriorityFromPeers(netip.MustParsePrefix("127.0.0.0/8")))
+	}
+	if c.Forward != "" {
+		lim, err := frontLimiter(opts...)
+		if err != nil {
+			return nil, err
+		}
+		return lim.ServerOptions(), nil
+	}
+	lim, err := middleware.NewOverload(opts...)
+	if err != nil {
+		return nil, err
+	}
+	sopts := lim.ServerOptions()
+	if c.Reports {
+		rep, err := loadreport.New(lim.Overload())
+		if err != nil {
+			return nil, err
+		}
+		sopts = append(sopts, rep.ServerOptions()...)
+	}
+	return sopts, nil
 }
 
 // frontLimiter is the front's Limiter: the two tenants by API key, the
