@@ -33,6 +33,10 @@ type Controller struct {
 	owed     int     // of those, places given up (the flows' owed summed)
 	top      decayed // the most calls any flow was let in lately, per weight
 	flows    map[flowKey]*flow
+	weights  float64 // the weights of the flows remembered, summed
+	holding  []*flow // the flows with calls inside
+	idle     []*flow // from idle[idleHead]: flows to forget once idle for forgetAfter, oldest first
+	idleHead int
 	free     []*flow
 	active   [nPriorities][]*flow // flows with waiting calls, by priority
 	running  [nPriorities]int     // calls holding a slot, by priority
@@ -66,17 +70,29 @@ type flow struct {
 	k        flowKey
 	weight   float64
 	inflight int
-	inside   int     // the flow's calls Enter let in
-	pending  int     // of those, calls that have not reached Acquire yet
-	owed     int     // places it gave up to flows under their share: its next calls to reach Acquire are shed (at most pending)
-	entered  decayed // calls Enter let in lately: the flow's recent share
+	inside   int       // the flow's calls Enter let in
+	pending  int       // of those, calls that have not reached Acquire yet
+	owed     int       // places it gave up to flows under their share: its next calls to reach Acquire are shed (at most pending)
+	entered  decayed   // calls Enter let in lately: the flow's recent share
+	offered  decayed   // calls of the flow offered lately
+	born     time.Time // when the controller began to remember it
+	last     time.Time // its latest call
+	held     int       // the flow's index in holding, or -1
+	listed   bool      // in idle
 	q        []*waiter
 	vt       float64 // virtual start time of the flow's next call
 }
 
+func (fl *flow) busy() bool { return fl.inflight > 0 || fl.inside > 0 || len(fl.q) > 0 }
+
 // maxFlows bounds the flows the controller tracks: calls of further flows
 // (a flood of made-up addresses) share one.
 const maxFlows = 1 << 14
+
+// forgetAfter is how long the controller remembers a flow none of whose
+// calls is in the server: by then what it was let in and offered has
+// decayed to a twentieth, and a flow that comes back starts afresh.
+const forgetAfter = 3 * entryMemory
 
 // overflowKey is the flow of calls beyond maxFlows.
 const overflowKey = "\x00overflow"
@@ -311,6 +327,9 @@ func (c *Controller) exit(in *flow) {
 	}
 	in.inside--
 	c.inside--
+	if in.inside == 0 {
+		c.unhold(in)
+	}
 	c.drop(in)
 }
 
@@ -327,9 +346,10 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.warnUntapped()
 	}
 	c.mu.Lock()
-	fl := c.flow(f)
+	fl := c.flow(f, now)
 	if inside == nil {
 		c.offered.add(now, 1) // Enter did not count it
+		fl.offered.add(now, 1)
 	}
 	if inside != nil && inside.owed > 0 {
 		// A call of a flow under its share took this call's place as it
@@ -373,11 +393,12 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		wait = min(wait, left)
 	}
 	if c.queued >= c.st.QueueCap(floor) {
-		v := c.victim(fl)
-		if v == nil {
+		switch v := c.victim(fl, now); {
+		case v != nil:
+			c.evict(v)
+		case !c.withinSplit(fl, now):
 			return Permit{}, c.shedUnlock(fl, inside, ShedQueueFull, now)
 		}
-		c.evict(v)
 	}
 	w := &waiter{ch: make(chan struct{}, 1), f: fl, at: now}
 	c.enqueue(w)
@@ -490,26 +511,34 @@ func (p Permit) Done() {
 func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) {
 	now := c.o.now()
 	c.mu.Lock()
-	fl := c.flow(f)
+	fl := c.flow(f, now)
 	c.offered.add(now, 1)
+	fl.offered.add(now, 1)
 	if places := c.places(now); c.inside-c.owed >= places {
 		// The call takes a place of v's: v's waiting call if it has one,
 		// else the next of v's calls to reach Acquire, else (all of v's
 		// calls are running) one beyond the places until one of v's ends.
 		switch v := c.displaced(fl, now); {
-		case v == nil:
+		case v == nil && !c.withinSplit(fl, now):
 			c.countShed(ShedTap, now)
 			c.drop(fl)
 			ev := c.enter(now)
 			c.mu.Unlock()
 			c.emit(ev)
 			return ctx, false
+		case v == nil:
+			// fl asks for no more than an equal split: it enters
+			// beyond the places.
 		case len(v.q) > 0:
 			c.evict(v)
 		case v.pending > v.owed:
 			v.owed++
 			c.owed++
 		}
+	}
+	if fl.inside == 0 {
+		fl.held = len(c.holding)
+		c.holding = append(c.holding, fl)
 	}
 	fl.inside++
 	fl.pending++
@@ -583,8 +612,9 @@ func (d *decayed) add(now time.Time, n float64) { d.v = d.value(now) + n }
 // for its weight than the flow let in the most (which may have nothing
 // inside at the moment), and the flow that gives up a place is the one
 // let in the most of those holding one not yet given up, if it was let in
-// more than fl. So a flow under its weighted max-min fair share keeps its
-// calls while another floods, and the flood gets what is left.
+// more than fl and asks for more than its split (withinSplit). So a flow
+// under its weighted max-min fair share keeps its calls while another
+// floods, and the flood gets what is left.
 func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 	own := (fl.entered.value(now) + 1) / fl.weight
 	if own >= c.top.value(now) {
@@ -592,7 +622,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 	}
 	var victim, lower *flow
 	var most float64
-	for _, g := range c.flows {
+	for _, g := range c.holding {
 		if g.inside-g.owed <= 0 || g == fl || g.k.prio > fl.k.prio {
 			continue
 		}
@@ -602,7 +632,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 			}
 			continue
 		}
-		if l := g.entered.value(now) / g.weight; l > most {
+		if l := g.entered.value(now) / g.weight; l > most && !c.withinSplit(g, now) {
 			most, victim = l, g
 		}
 	}
@@ -644,42 +674,98 @@ func weight(w float64) float64 {
 	return w
 }
 
-// flow returns f's flow, making it if needed.
-func (c *Controller) flow(f Flow) *flow {
+// flow returns f's flow as of now, making it if needed.
+func (c *Controller) flow(f Flow, now time.Time) *flow {
 	// A priority outside the three counts as the nearest of them.
 	k := flowKey{f.Key, min(max(f.Priority, floodgate.Sheddable), floodgate.Critical)}
-	if fl, ok := c.flows[k]; ok {
-		return fl
-	}
-	if len(c.flows) >= maxFlows {
-		k.key = overflowKey
-		if fl, ok := c.flows[k]; ok {
-			return fl
+	fl, ok := c.flows[k]
+	if !ok {
+		c.sweep(now)
+		if len(c.flows) >= maxFlows {
+			k.key = overflowKey
+			fl, ok = c.flows[k]
 		}
 	}
-	var fl *flow
-	if n := len(c.free); n > 0 {
-		fl, c.free = c.free[n-1], c.free[:n-1]
-	} else {
-		fl = new(flow)
+	if !ok {
+		if n := len(c.free); n > 0 {
+			fl, c.free = c.free[n-1], c.free[:n-1]
+		} else {
+			fl = new(flow)
+		}
+		*fl = flow{k: k, weight: weight(f.Weight), held: -1, born: now, q: fl.q[:0]}
+		c.flows[k] = fl
+		c.weights += fl.weight
 	}
-	fl.k, fl.weight, fl.inflight, fl.inside, fl.pending, fl.owed, fl.vt = k, weight(f.Weight), 0, 0, 0, 0, 0
-	fl.entered = decayed{}
-	c.flows[k] = fl
+	fl.last = now
 	return fl
 }
 
-// drop forgets fl when nothing of it is in flight or waiting.
+// drop lists fl to be forgotten when nothing of it is in flight, inside or
+// waiting.
 func (c *Controller) drop(fl *flow) {
-	if fl.inflight > 0 || fl.inside > 0 || len(fl.q) > 0 || c.flows[fl.k] != fl {
+	if fl.busy() || fl.listed || c.flows[fl.k] != fl {
 		return
 	}
-	delete(c.flows, fl.k)
-	fl.q = fl.q[:0]
-	fl.k = flowKey{}
-	if len(c.free) < 64 {
-		c.free = append(c.free, fl)
+	fl.listed = true
+	c.idle = append(c.idle, fl)
+}
+
+// sweep forgets the flows listed idle whose latest call came forgetAfter
+// or more before now, looking at a few of the list at most: a flow busy
+// again leaves the list, one idle but recent goes to its end.
+func (c *Controller) sweep(now time.Time) {
+	for range min(len(c.idle)-c.idleHead, 16) {
+		fl := c.idle[c.idleHead]
+		c.idle[c.idleHead] = nil
+		c.idleHead++
+		switch {
+		case fl.busy():
+			fl.listed = false
+		case now.Sub(fl.last) < forgetAfter:
+			c.idle = append(c.idle, fl)
+		default:
+			delete(c.flows, fl.k)
+			c.weights -= fl.weight
+			if len(c.flows) == 0 {
+				c.weights = 0 // no rounding left over
+			}
+			fl.listed = false
+			if len(c.free) < 64 {
+				c.free = append(c.free, fl)
+			}
+		}
 	}
+	if c.idleHead > len(c.idle)/2 {
+		n := copy(c.idle, c.idle[c.idleHead:])
+		clear(c.idle[n:])
+		c.idle, c.idleHead = c.idle[:n], 0
+	}
+}
+
+// unhold removes fl, which has no call inside any more, from holding.
+func (c *Controller) unhold(fl *flow) {
+	last := c.holding[len(c.holding)-1]
+	c.holding[fl.held], last.held = last, fl.held
+	c.holding[len(c.holding)-1] = nil
+	c.holding = c.holding[:len(c.holding)-1]
+	fl.held = -1
+}
+
+// withinSplit reports whether fl asks for no more, for its weight, than an
+// equal split of what the server completes among the flows remembered,
+// and no call of a higher priority waits. Such a flow is never shed for
+// room nor displaced: what all of them ask fits in the capacity.
+func (c *Controller) withinSplit(fl *flow, now time.Time) bool {
+	for i := prioIndex(fl.k.prio) + 1; i < nPriorities; i++ {
+		if len(c.active[i]) > 0 {
+			return false
+		}
+	}
+	// The flow's calls offered lately, against what an equal split would
+	// have let in over the part of entryMemory it has been remembered:
+	// a flow new to the controller has shown nothing yet.
+	seen := -math.Expm1(-float64(now.Sub(fl.born)) / float64(entryMemory))
+	return fl.offered.value(now) <= fl.weight*c.st.Throughput*entryMemory.Seconds()*seen/c.weights
 }
 
 func (c *Controller) grant(fl *flow) {
@@ -783,27 +869,27 @@ func (c *Controller) dispatch(now time.Time) {
 // victim returns the flow that should lose a waiting call so that a call
 // of fl can wait, or nil when fl's call should be shed instead: the lowest
 // priority first, then the flow holding the most slots and queue places
-// for its weight. A flow no further under its share than the victim does
-// not displace it.
-func (c *Controller) victim(fl *flow) *flow {
-	for i := range nPriorities {
+// for its weight, save flows within their split (withinSplit). A flow no
+// further under its share than the victim does not displace it.
+func (c *Controller) victim(fl *flow, now time.Time) *flow {
+	p := prioIndex(fl.k.prio)
+	for i := range p + 1 {
 		var worst *flow
 		var worstLoad float64
 		for _, v := range c.active[i] {
+			if i == p && c.withinSplit(v, now) {
+				continue
+			}
 			if l := float64(v.inflight+len(v.q)) / v.weight; worst == nil || l > worstLoad {
 				worst, worstLoad = v, l
 			}
 		}
-		if worst == nil {
+		switch {
+		case worst == nil:
 			continue
-		}
-		if p := prioIndex(fl.k.prio); p != i {
-			if p > i {
-				return worst
-			}
-			return nil
-		}
-		if float64(fl.inflight+len(fl.q)+1)/fl.weight < worstLoad && worst != fl {
+		case i < p:
+			return worst
+		case float64(fl.inflight+len(fl.q)+1)/fl.weight < worstLoad && worst != fl:
 			return worst
 		}
 		return nil
@@ -862,6 +948,7 @@ func (c *Controller) step(now time.Time) event {
 	if g := c.o.guard; g != nil {
 		c.cpu, c.sched = g.Reading()
 	}
+	c.sweep(now)
 	prev := c.st.Limit
 	c.st = law.Step(c.st, law.Sample{N: c.n, Sum: c.sum, Bound: c.bound}, c.bounds(), now)
 	c.wait = 0

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
@@ -412,9 +413,7 @@ func TestEnter(t *testing.T) {
 		if s := c.Snapshot(); s.Inside != 0 {
 			t.Errorf("inside = %d after every call ended, want 0", s.Inside)
 		}
-		if n := len(c.flows); n != 0 {
-			t.Errorf("%d flows kept after every call ended, want 0", n)
-		}
+		forgets(t, c)
 		// A stream gives its place back at once, and only once.
 		sctx, in := c.Enter(t.Context(), light)
 		if !in {
@@ -521,9 +520,10 @@ func TestEveryPlaceComesBack(t *testing.T) {
 		if s.Inside != 0 || s.Inflight != 0 || s.Queued != 0 {
 			t.Errorf("inside %d, inflight %d, queued %d after every call ended; want 0, 0, 0", s.Inside, s.Inflight, s.Queued)
 		}
-		if c.owed != 0 || len(c.flows) != 0 {
-			t.Errorf("owed %d, flows %d after every call ended; want 0, 0", c.owed, len(c.flows))
+		if c.owed != 0 || len(c.holding) != 0 {
+			t.Errorf("owed %d, flows holding places %d after every call ended; want 0, 0", c.owed, len(c.holding))
 		}
+		forgets(t, c)
 		if s.Shed[ShedTap] == 0 || s.Shed[ShedDisplaced] == 0 {
 			t.Errorf("sheds %v: the mix should reach the tap's and the displacement's paths", s.Shed)
 		}
@@ -666,6 +666,145 @@ func TestShortTargetOnlyUnderOverload(t *testing.T) {
 		}
 		if got := c.Snapshot().Target; got != 25*ms {
 			t.Errorf("target %v after 1 of 20 calls shed, want 25ms", got)
+		}
+	})
+}
+
+// forgets checks, in a bubble, that c remembers the flows of calls that
+// ended until forgetAfter has passed, and then forgets them all as a new
+// flow arrives.
+func forgets(t *testing.T, c *Controller) {
+	t.Helper()
+	if len(c.flows) == 0 {
+		t.Error("no flow remembered right after its calls ended")
+	}
+	time.Sleep(forgetAfter)
+	ctx, in := c.Enter(t.Context(), Flow{Key: "new", Weight: 3})
+	if !in {
+		t.Fatal("Enter(new) = false in an empty server")
+	}
+	c.Leave(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.flows) != 1 || c.weights != 3 || len(c.holding) != 0 {
+		t.Errorf("flows %d, weights %v, holding %d once the others were idle for %v; want 1, 3, 0", len(c.flows), c.weights, len(c.holding), forgetAfter)
+	}
+}
+
+// A flow that asks for no more than an equal split of what the server
+// completes enters a full server even when no flow can give it a place,
+// and is never the flow that gives one up; a flow that asks for more, or
+// one the controller has not seen long enough to know, is shed.
+func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t)
+		teach(t, c, 10*ms) // about 100 calls/s
+		light := Flow{Key: "light"}
+		for range 10 { // 10/s for a second
+			ctx, in := c.Enter(t.Context(), light)
+			if !in {
+				t.Fatal("Enter(light) = false in an empty server")
+			}
+			c.Leave(ctx)
+			time.Sleep(100 * ms)
+		}
+		// A flood fills every place.
+		heavy := Flow{Key: "heavy"}
+		var held []context.Context
+		for {
+			ctx, in := c.Enter(t.Context(), heavy)
+			if !in {
+				break
+			}
+			held = append(held, ctx)
+		}
+		// light was let in more calls lately than the flood, so it takes
+		// no place of the flood's; it asks for a tenth of an equal split
+		// (100/s among three flows), so it enters beyond the places.
+		ctx, in := c.Enter(t.Context(), light)
+		if !in {
+			t.Fatalf("Enter(light) = false with %d places held by a flood; want it let in beyond them", len(held))
+		}
+		if got := c.Snapshot().Inside; got != len(held)+1 {
+			t.Errorf("inside %d, want the %d places and light's call", got, len(held))
+		}
+		c.mu.Lock()
+		within := map[string]bool{}
+		for _, k := range []string{"light", "heavy"} {
+			within[k] = c.withinSplit(c.flows[flowKey{key: k}], c.o.now())
+		}
+		c.mu.Unlock()
+		if !within["light"] || within["heavy"] {
+			t.Errorf("within their split: %v; want light, not heavy", within)
+		}
+		// A flow the controller has just met has shown nothing yet: it
+		// gets a place only from a flow over its split, as any flow.
+		c.mu.Lock()
+		fresh := c.flow(Flow{Key: "fresh"}, c.o.now())
+		fresh.offered.add(c.o.now(), 1)
+		if c.withinSplit(fresh, c.o.now()) {
+			t.Error("a flow met a moment ago is within its split")
+		}
+		c.mu.Unlock()
+		// Nor does a call of a lower priority while higher ones wait.
+		p, err := c.Acquire(ctx, light)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vip := Flow{Key: "vip", Priority: floodgate.Critical}
+		first, err := c.Acquire(t.Context(), vip) // runs beside light's call
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := acquireAsync(t.Context(), c, vip)
+		synctest.Wait()
+		if s := c.Snapshot(); s.Queued != 1 {
+			t.Fatalf("queued %d, want the second critical call waiting", s.Queued)
+		}
+		c.mu.Lock()
+		if c.withinSplit(c.flows[flowKey{key: "light"}], c.o.now()) {
+			t.Error("light is within its split while a critical call waits")
+		}
+		c.mu.Unlock()
+		p.Done()
+		first.Done()
+		if r := <-waiting; r.err == nil {
+			r.p.Done()
+		}
+	})
+}
+
+// A flood of made-up flow keys is bounded: beyond maxFlows the calls share
+// one flow, and flows idle for forgetAfter are forgotten as new ones come.
+func TestManyFlowsAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t)
+		enterLeave := func(key string) {
+			ctx, in := c.Enter(t.Context(), Flow{Key: key})
+			if in {
+				c.Leave(ctx)
+			}
+		}
+		for i := range maxFlows + 1000 {
+			enterLeave(fmt.Sprint("addr-", i))
+		}
+		c.mu.Lock()
+		n, overflow := len(c.flows), c.flows[flowKey{key: overflowKey}] != nil
+		c.mu.Unlock()
+		if n != maxFlows+1 || !overflow {
+			t.Fatalf("%d flows, overflow %v after %d keys; want %d and the overflow flow", n, overflow, maxFlows+1000, maxFlows+1)
+		}
+		time.Sleep(forgetAfter)
+		for i := range maxFlows / 8 {
+			enterLeave(fmt.Sprint("later-", i))
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if n := len(c.flows); n > maxFlows/8+1 {
+			t.Errorf("%d flows once the first ones were idle for %v, want at most the %d new ones", n, forgetAfter, maxFlows/8)
+		}
+		if n := len(c.idle) - c.idleHead; n > len(c.flows) {
+			t.Errorf("%d flows listed idle, more than the %d remembered", n, len(c.flows))
 		}
 	})
 }

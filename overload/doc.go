@@ -61,12 +61,17 @@
 // weight. A call never waits for slots that lower priorities hold: while
 // its own and higher priorities hold fewer slots than the limit and none of
 // them waits, it runs at once beside them, and no waiting call gets a slot
-// until the calls running are back within the limit. When the queue is full, the flow holding the most slots and
-// places for its weight loses its oldest waiting call to a call of a flow
-// further below its share, or the arriving call is shed when its own flow
-// is the one over its share. So a tenant under its weighted max-min fair
-// share keeps its calls while another floods. The tap handle asks the
-// same question ([Controller.Enter]) before a request is read.
+// until the calls running are back within the limit. When the queue is
+// full, the flow holding the most slots and places for its weight loses its
+// oldest waiting call to a call of a flow further below its share, or the
+// arriving call is shed when its own flow is the one over its share. The
+// tap handle asks the same question ([Controller.Enter]) before a request
+// is read. A flow that asks for no more than an equal split of what the
+// server completes (for its weight, among the flows seen in the last few
+// seconds) is never shed for room nor displaced: it enters beyond the
+// places, since what all such flows ask fits in the capacity. So a tenant
+// under its weighted max-min fair share keeps its calls while another
+// floods.
 //
 // # Concurrency
 //

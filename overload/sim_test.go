@@ -291,11 +291,12 @@ func TestSimulatedNeighbourShedsNothing(t *testing.T) {
 }
 
 // A noisy flow bursting to 5× its rate takes what the others leave, and
-// the light flows keep their calls. The model is harsher than a server:
-// three light flows, each a tenth of the capacity, share a handful of
-// places with the flood, and those they lose they lose to each other. The
-// project's target, 99% of the light tenants' calls, is judged by the
-// overload experiment over real gRPC (BENCHMARKS.md); here 90%.
+// the light flows keep at least 99% of their calls. Three light flows, each
+// a tenth of the capacity, share a handful of places with the flood, which
+// the controller must remember between its calls to know it for the flood
+// (a rule that forgot a flow whenever none of its calls was inside kept
+// 93.6%); and they ask for less than an equal split of the capacity, so
+// they enter beyond the places when the flood holds none.
 func TestSimulatedBurstKeepsTheLightFlows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctrl, err := New(WithLimits(1, 0))
@@ -331,8 +332,8 @@ func TestSimulatedBurstKeepsTheLightFlows(t *testing.T) {
 		wg.Wait()
 		_, p99, success := window(all, start, time.Second, 2500*ms, 100*ms)
 		for i, v := range success[1:] {
-			if v < 0.90 {
-				t.Errorf("light flow %d kept %.1f%% of its calls in the burst, want ≥ 90%%", i+1, 100*v)
+			if v < 0.99 {
+				t.Errorf("light flow %d kept %.1f%% of its calls in the burst, want ≥ 99%%", i+1, 100*v)
 			}
 		}
 		if p99 > 100*ms {
