@@ -41,8 +41,11 @@
 //     first cut, then by a quarter) while the calls' mean service time
 //     stays within 1.5× of the least recent one, the baseline, and is cut
 //     to what the throughput needs at the baseline when it does not (the
-//     limit times baseline over mean: Little's law). A step in which no
-//     call waited changes nothing, so an idle server is never cut.
+//     limit times baseline over mean: Little's law). After a growth that
+//     was cut, it holds for twice as many steps as the last such hold, from
+//     one step up to 256, before it grows again, so that a server at its
+//     capacity rarely slows its calls to probe for more. A step in which no call waited
+//     changes nothing, so an idle server is never cut.
 //  4. A call whose deadline leaves less than its expected wait plus the
 //     baseline is shed at once: its work would be wasted.
 //  5. An admitted call of a millisecond or more yields the CPU once before

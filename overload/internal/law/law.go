@@ -13,7 +13,9 @@
 //     below it; it grows while the limit binds and a call's service time
 //     stays within Tolerance of the least recent one (the baseline), and is
 //     cut to what the throughput needs at the baseline (Little's law:
-//     the limit times baseline over service time) when it does not.
+//     the limit times baseline over service time) when it does not. After
+//     a growth that was cut, it holds for twice as many steps as the last
+//     hold before it grows again (at most MaxHold).
 //  3. A call waits at most the Target, a few completions' worth of time and
 //     never less than MinTarget, and the queue holds at most what the slots
 //     complete in the Target; the rest is shed.
@@ -73,6 +75,14 @@ const (
 	// MaxLimit bounds the limit: a handler blocked on something that
 	// never shows in its service time must not grow it without end.
 	MaxLimit = 10000
+	// MaxHold bounds the bound steps the limit holds after a growth that
+	// was cut (a failed probe) before it grows again: each failed probe
+	// doubles the hold, from one step, and a growth that holds resets it.
+	// A probe above what the server runs at once slows every call for a
+	// step (a CPU-bound server's always does), so a server at its
+	// capacity probes at most about every 26 s (256 steps of 100 ms),
+	// and a pool that grows is found within that.
+	MaxHold = 256
 )
 
 // A State is the law's memory. The zero State has no limit yet: Step, or
@@ -90,6 +100,11 @@ type State struct {
 	// Cut reports whether the limit has been cut: until then it doubles
 	// in a step where it bound and calls did not queue (slow start).
 	Cut bool
+	// Hold is how many more bound steps the limit holds before it may
+	// grow; Backoff, the hold after the next failed probe; Grew, whether
+	// the latest change was a growth.
+	Hold, Backoff int
+	Grew          bool
 
 	means [Window]time.Duration // recent steps' mean service times, a ring
 	i     int                   // the ring's next slot
@@ -153,10 +168,23 @@ func Step(s State, x Sample, b Bounds, now time.Time) State {
 	case r > Tolerance:
 		s.Limit /= r
 		s.Cut = true
+		if s.Grew {
+			s.Backoff = min(max(1, 2*s.Backoff), MaxHold)
+			s.Hold = s.Backoff
+		}
+		s.Grew = false
 	case !s.Cut:
 		s.Limit *= 2
+		s.Grew = true
+	case s.Hold > 0:
+		s.Hold--
+		s.Grew = false
 	default:
+		if s.Grew {
+			s.Backoff = 0 // the last growth held: there is room
+		}
 		s.Limit += max(1, s.Limit*Growth)
+		s.Grew = true
 	}
 	s.Limit = min(max(s.Limit, b.Min), b.Max)
 	return s

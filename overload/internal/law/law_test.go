@@ -35,9 +35,10 @@ func TestStep(t *testing.T) {
 			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
 		}
 		s = steps(s, 1, 4, true) // a cut: 64 × 2/4
+		s = steps(s, 1, 2, true) // a step's hold: the growth before was cut
 		s = steps(s, 2, 2, true) // then a quarter a step
 		if got, want := s.Limit, 32*1.25*1.25; got < want-1e-9 || got > want+1e-9 {
-			t.Errorf("Limit after six bound steps = %v, want %v", got, want)
+			t.Errorf("Limit two steps after the hold = %v, want %v", got, want)
 		}
 	})
 	t.Run("holds when not bound", func(t *testing.T) {
@@ -95,6 +96,41 @@ func TestStep(t *testing.T) {
 		}
 		if got, want := s.Baseline, time.Duration(hold*float64(time.Millisecond)); got != want {
 			t.Errorf("Baseline = %v, want %v", got, want)
+		}
+	})
+	t.Run("a probe that is cut waits twice as long before the next", func(t *testing.T) {
+		// A CPU-bound server on one CPU: every call beyond the first
+		// shares it, so every probe above 1 is cut. Probes come after
+		// holds of 1, 2, 4, … steps, up to MaxHold.
+		s := Start(b, t0)
+		probes := 0
+		const n = 2000
+		for range n {
+			grew := s.Limit > 1
+			s = steps(s, 1, 2*s.Limit, true)
+			if grew {
+				probes++
+			}
+		}
+		// Slow start's first doubling, then one probe after each hold.
+		var want int
+		for hold, left := 1, n; left > 0; hold = min(2*hold, MaxHold) {
+			want++
+			left -= hold + 2 // the hold, the probe, its cut
+		}
+		if probes > want+1 || probes < want-1 {
+			t.Errorf("%d probes in %d steps, want %d (holds doubling up to %d steps)", probes, n, want, MaxHold)
+		}
+		if s.Backoff != MaxHold {
+			t.Errorf("Backoff = %d after %d failed probes, want the most, %d", s.Backoff, probes, MaxHold)
+		}
+		// A pool that grows: a probe that holds ends the hold, and the
+		// limit then grows a quarter a step.
+		s.Hold = 0
+		s = steps(s, 1, 2, true) // probe: 1 → 2, within tolerance
+		s = steps(s, 1, 2, true) // it held: 2 → 3
+		if s.Backoff != 0 || s.Limit != 3 {
+			t.Errorf("after a probe that held: Backoff %d, Limit %v; want 0, 3", s.Backoff, s.Limit)
 		}
 	})
 	t.Run("the baseline follows a cost that rose", func(t *testing.T) {
