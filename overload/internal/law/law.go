@@ -101,8 +101,9 @@ type State struct {
 	// in a step where it bound and calls did not queue (slow start).
 	Cut bool
 	// Hold is how many more bound steps the limit holds before it may
-	// grow; Backoff, the hold after the next failed probe; Grew, whether
-	// the latest change was a growth.
+	// grow; Backoff, the length of the latest hold (the next failed probe
+	// doubles it; 0 once a growth has held); Grew, whether the latest
+	// change was a growth.
 	Hold, Backoff int
 	Grew          bool
 
