@@ -320,7 +320,7 @@ func (c *Controller) arrive(in *flow) {
 }
 
 // exit gives back a place of flow in (nil: none) among the calls Enter let
-// in, and forgets the flow if that was all it held.
+// in, and lists the flow idle if that was all it held.
 func (c *Controller) exit(in *flow) {
 	if in == nil {
 		return
@@ -330,7 +330,7 @@ func (c *Controller) exit(in *flow) {
 	if in.inside == 0 {
 		c.unhold(in)
 	}
-	c.drop(in)
+	c.listIdle(in)
 }
 
 // Acquire admits a call of flow f, waiting for a slot if every one is
@@ -362,7 +362,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	c.arrive(inside)
 	if err := ctx.Err(); err != nil {
 		c.exit(inside)
-		c.drop(fl)
+		c.listIdle(fl)
 		c.mu.Unlock()
 		return Permit{}, err
 	}
@@ -434,7 +434,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	c.dequeue(w)
 	if ctxErr != nil {
 		c.exit(inside)
-		c.drop(fl)
+		c.listIdle(fl)
 		c.mu.Unlock()
 		return Permit{}, ctxErr
 	}
@@ -521,7 +521,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 		switch v := c.displaced(fl, now); {
 		case v == nil && !c.withinSplit(fl, now):
 			c.countShed(ShedTap, now)
-			c.drop(fl)
+			c.listIdle(fl)
 			ev := c.enter(now)
 			c.mu.Unlock()
 			c.emit(ev)
@@ -700,9 +700,9 @@ func (c *Controller) flow(f Flow, now time.Time) *flow {
 	return fl
 }
 
-// drop lists fl to be forgotten when nothing of it is in flight, inside or
-// waiting.
-func (c *Controller) drop(fl *flow) {
+// listIdle lists fl to be forgotten (sweep) when nothing of it is in flight,
+// inside or waiting.
+func (c *Controller) listIdle(fl *flow) {
 	if fl.busy() || fl.listed || c.flows[fl.k] != fl {
 		return
 	}
@@ -800,7 +800,7 @@ func (c *Controller) release(fl *flow, inside *flow) {
 	c.inflight--
 	c.running[prioIndex(fl.k.prio)]--
 	c.exit(inside)
-	c.drop(fl)
+	c.listIdle(fl)
 }
 
 func (c *Controller) enqueue(w *waiter) {
@@ -914,13 +914,13 @@ func (c *Controller) countShed(cause ShedCause, now time.Time) {
 }
 
 // shedUnlock, called with c.mu held, counts a shed call of fl, gives back
-// its place Enter counted, forgets fl if it is empty, releases the lock,
+// its place Enter counted, lists fl idle if it is empty, releases the lock,
 // logs a change of state and returns the call's error. (A …Locked helper
 // expects the lock held and leaves it held; this one releases it.)
 func (c *Controller) shedUnlock(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
 	c.countShed(cause, now)
 	c.exit(inside)
-	c.drop(fl)
+	c.listIdle(fl)
 	ev := c.enter(now)
 	c.mu.Unlock()
 	c.emit(ev)
