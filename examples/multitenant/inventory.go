@@ -7,9 +7,14 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate/internal/burn"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
 
@@ -26,7 +31,7 @@ const (
 // cheap. It is safe for concurrent use; each SKU has its own lock.
 type inventory struct {
 	inventoryv1.UnimplementedInventoryServer
-	burner *burner
+	burner *burn.Burner
 	cost   time.Duration
 	skus   map[string]*stock
 	quit   chan struct{} // closed when the server shuts down
@@ -53,13 +58,29 @@ func skuNames(n int) []string {
 }
 
 // newInventory returns an inventory of the given SKUs, each with units in
-// stock, whose allocations each burn cost of CPU time.
-func newInventory(skus []string, units int64, cost time.Duration, b *burner) *inventory {
+// stock, whose allocations each burn cost of CPU time with b (package burn,
+// shared with the overload experiment); a nil b is calibrated here.
+func newInventory(skus []string, units int64, cost time.Duration, b *burn.Burner) *inventory {
+	if b == nil {
+		b = burn.Calibrate()
+	}
 	inv := &inventory{burner: b, cost: cost, skus: make(map[string]*stock, len(skus)), quit: make(chan struct{})}
 	for _, s := range skus {
 		inv.skus[s] = &stock{sku: s, available: units, changed: make(chan struct{})}
 	}
 	return inv
+}
+
+// register registers inv on srv, with health checks (SERVING until the
+// returned server's Shutdown) and reflection.
+func register(srv *grpc.Server, inv *inventory) *health.Server {
+	inventoryv1.RegisterInventoryServer(srv, inv)
+	h := health.NewServer()
+	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus(inventoryv1.Inventory_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, h)
+	reflection.Register(srv)
+	return h
 }
 
 // stop ends every WatchStock stream, so a graceful stop need not wait for
@@ -89,7 +110,7 @@ func (inv *inventory) Allocate(ctx context.Context, req *inventoryv1.AllocateReq
 	// validate an order before touching shared state. It stops when the
 	// caller has gone: a call admitted, then delayed past its deadline by a
 	// queue, must not spend the CPU that calls still in time need.
-	if err := inv.burner.burn(ctx, inv.cost); err != nil {
+	if err := inv.burner.Burn(ctx, inv.cost); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
 

@@ -1,69 +1,33 @@
-// Command multitenant shows floodgate shedding load at work, end to end:
-// an inventory service (proto/inventory/v1) behind floodgate's middleware,
-// with per-tenant quotas from a tenant config and the overload controller
-// (package overload), put under load by simulated tenants until it is
-// overloaded, and back.
+// Command multitenant shows floodgate shedding load at work, end to end: an
+// inventory service (proto/inventory/v1) behind floodgate's middleware, with
+// per-tenant quotas and the overload controller, put under load by
+// simulated tenants until it is overloaded, and back.
 //
 // Run without arguments, from anywhere in the repository, it is a
-// self-contained demo on loopback (127.0.0.1 only):
+// self-contained demo on loopback (127.0.0.1 only), its buckets in memory:
 //
 //	go run ./examples/multitenant
 //
-// The demo goes through five steps:
-//
-//  1. It starts the server on a free loopback port, with in-memory buckets
-//     (keyed), the tenant config testdata/multitenant/tenants.yaml, the
-//     overload controller with the CPU gate as its guard, gRPC health checks
-//     and reflection. Each Allocate spends about 2ms of real CPU (a hash
-//     loop calibrated at start).
-//  2. It measures the capacity, the calls per second the CPUs can carry, on
-//     a server of its own that holds tenants to their quotas alone, with
-//     callers of an unlimited tenant sending calls back to back; and the
-//     CPU one served call costs, client included.
-//  3. It runs the callers of testdata/multitenant/profile.yaml: nine steady
-//     tenants well within their quotas, one noisy tenant, and anonymous
-//     callers, each with open-loop Poisson arrivals, a deadline on every call
-//     and a retry policy that honours the server's pushback. The noisy
-//     tenant's rate ramps the offered load from 0.5× to 3× the capacity and
-//     back over a minute (-duration).
-//  4. Every two seconds it prints a table per caller: offered, admitted and
-//     shed calls per second by reason (quota, overload), calls that missed
-//     their deadline or failed, retries, and the p50 and p99 latency of
-//     admitted calls, under a line with the controller's state: its
-//     concurrency limit, the calls in flight and waiting for a slot, the
-//     calls inside the server (counted from the tap) against its places,
-//     the wait for a slot against the target, the latency of its calls
-//     against their baseline (the latency of a call that does not queue),
-//     what completes per second, and the CPU.
-//  5. It ends with a summary, which holds the goodput under overload against
-//     the measured capacity, and a chart (PNG) of offered load, goodput,
-//     shed rate, what the controller's calls complete, CPU, its concurrency
-//     limit and latency over time,
-//     multitenant.png in the working directory by default (-out).
+// It starts the server (server.go) with the tenant config
+// testdata/multitenant/tenants.yaml, each Allocate spending about 2ms of
+// real CPU (-cost); measures the capacity, the calls per second the CPUs
+// carry, on a server that holds tenants to their quotas alone; then runs
+// the callers of testdata/multitenant/profile.yaml (package loadgen): nine
+// steady tenants within their quotas, anonymous callers, and one noisy
+// tenant whose rate ramps the offered load from 0.5× to 3× the capacity and
+// back over a minute (-duration). Every two seconds it prints a table per
+// caller under a line with the controller's state, and it ends with a
+// summary, which holds the goodput under overload against the measured
+// capacity, and a chart, multitenant.png in the working directory (-out).
 //
 // What to look for: the steady tenants keep every call and a low latency
-// while the noisy tenant is shed; goodput stays near the measured capacity
-// while the offered load is far above it. A caller over its quota is
-// rejected with RESOURCE_EXHAUSTED ("quota"); a call the server has no room
-// for, with UNAVAILABLE ("overload"). The controller admits calls up to a
-// concurrency limit that it finds from its calls' latency, lets a few more
-// wait briefly for a slot, and sheds the rest from the tenants holding more
-// than their fair share first: the noisy tenant, whose waiting calls make
-// room for a steady tenant's. CPU-bound calls like Allocate queue for the
-// CPU before the controller sees them, so it also measures that queueing
-// delay and, past its target, limits the rate of admissions to what the
-// server completes, each tenant to its fair share of it. It scales no
-// quota: while it admits more than the steady tenants ask, they are not
-// shed for the noisy tenant's traffic.
-// The retry policy's throttle keeps retries of a mostly rejected caller
-// near zero.
-//
-// -policy adaptive or fixed shows the CPU gate instead, as before the
-// controller: it scales every tenant's quota by one factor while the CPU is
-// saturated, so that a caller over its scaled quota is rejected with
-// UNAVAILABLE ("overload"), and its guard on goroutine scheduling latency
-// (-sched-p99) sheds too when the process cannot get the CPU it is entitled
-// to.
+// while the noisy tenant is shed; goodput stays near the capacity while the
+// offered load is far above it. A caller over its quota is rejected with
+// RESOURCE_EXHAUSTED ("quota"), a call the server has no room for with
+// UNAVAILABLE ("overload"). -policy adaptive or fixed sheds with the CPU
+// gate instead, which scales every tenant's quota while the CPU is
+// saturated (and, with -sched-p99, while goroutines wait to run). With the
+// overload controller the gate only reads the CPU, for the tables.
 //
 // The parts also run separately, against any address:
 //
@@ -71,24 +35,12 @@
 //	go run ./examples/multitenant load  [-addr 127.0.0.1:50051] [-profile file] -capacity 800
 //
 // With -metrics, the server (in the demo too) serves Prometheus metrics on
-// /metrics, the controller's signals among them, and its most rejected
-// callers, hashed, on /debug/floodgate/offenders. With -otel as well,
-// serve records them through OpenTelemetry (otelfloodgate) and serves them
-// with OTel's Prometheus exporter.
-//
-// Both default to loopback: the demo sends thousands of calls per second,
-// and is meant for a machine of your own. The simulated API keys are demo
-// values; the tenant config holds only their SHA-256 digests.
-//
-// The demo shares the machine with whatever else runs on it. The controller
-// acts only when its own limits bind: it moves its concurrency limit only
-// while calls wait for a slot, and sheds only when the server holds all
-// the calls it can run and queue. So a busy host does not make it shed an
-// idle server. The CPU it shows (the gate's reading, of the
-// container's cgroup by default, see -sampler) explains its decisions. The
-// gate policies act on that reading alone, so other busy processes make
-// them shed sooner. The capacity is measured, not assumed, so on a
-// busy machine it is lower and the numbers move with the neighbours' load.
+// /metrics and its most rejected callers, hashed, on
+// /debug/floodgate/offenders; with -otel as well, serve records them
+// through OpenTelemetry (otelfloodgate). Both default to loopback: the
+// demo sends thousands of calls per second, and is meant for a machine of
+// your own. The simulated API keys are demo values; the tenant config
+// holds only their SHA-256 digests. docs/demo.md walks through a run.
 package main
 
 import (
@@ -103,6 +55,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/floodgate-go/floodgate/examples/multitenant/internal/loadgen"
 )
 
 const (
@@ -115,14 +69,6 @@ const (
 	// Lower values catch every short burst of a neighbour's work too and keep
 	// the gate at its floor.
 	defaultSchedP99 = 50 * time.Millisecond
-)
-
-// Help of the flags the demo and serve share.
-const (
-	policyHelp = "overload protection: overload (the overload controller: an adaptive concurrency limit that sheds the tenants over their fair share first), " +
-		"or adaptive or fixed (the CPU gate's policy, which scales every tenant's quota while the CPU is saturated)"
-	schedHelp = "with -policy adaptive or fixed, also shed while the p99 of goroutine scheduling latency reaches this; 0 is off. " +
-		"With -policy overload it sheds nothing: the controller acts on its calls' latency"
 )
 
 func main() {
@@ -155,42 +101,56 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
-func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("multitenant", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cfg demoConfig
+// serverFlags defines the flags of cfg that the demo and serve share.
+func serverFlags(fs *flag.FlagSet, cfg *serverConfig) {
 	fs.StringVar(&cfg.ConfigPath, "config", defaultConfigPath, "tenant config `file` (YAML, or JSON by extension)")
-	fs.StringVar(&cfg.ProfilePath, "profile", defaultProfilePath, "simulated callers `file`")
-	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "length of the load ramp")
 	fs.DurationVar(&cfg.Cost, "cost", defaultCost, "CPU time each Allocate spends")
-	fs.Float64Var(&cfg.Capacity, "capacity", 0, "server capacity in calls/s; 0 measures it")
-	fs.StringVar(&cfg.Policy, "policy", policyOverload, policyHelp)
+	fs.StringVar(&cfg.Policy, "policy", policyOverload, "overload protection: overload (the overload controller: an adaptive concurrency limit "+
+		"that sheds the tenants over their fair share first), or adaptive or fixed (the CPU gate's policy, which scales every tenant's quota while the CPU is saturated)")
 	fs.StringVar(&cfg.Sampler, "sampler", "auto", "CPU sampler: auto, cgroup, process or host")
-	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, schedHelp)
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the simulated arrivals")
-	fs.DurationVar(&cfg.Every, "every", 2*time.Second, "time between two tables")
-	fs.StringVar(&cfg.Out, "out", "multitenant.png", "chart `file` (PNG); empty draws none")
+	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, "with -policy adaptive or fixed, also shed while the p99 of goroutine scheduling latency "+
+		"reaches this; 0 is off. With -policy overload it sheds nothing: the controller acts on its calls' latency")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: multitenant [flags]    (serve and load run the parts separately)\n\n")
-		fs.PrintDefaults()
-	}
+}
+
+// parse parses args into fs's flags, and checks what serverFlags defined
+// and that no argument is left.
+func parse(fs *flag.FlagSet, args []string, cfg *serverConfig) (err error) {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if cfg.Duration <= 0 || cfg.Every <= 0 || cfg.Capacity < 0 {
-		return errors.New("-duration and -every must be positive, -capacity not negative")
-	}
 	if err := checkPolicy(cfg.Policy); err != nil {
 		return err
 	}
-	var err error
-	if cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config"); err != nil {
+	cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config")
+	return err
+}
+
+func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("multitenant", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg demoConfig
+	serverFlags(fs, &cfg.Server)
+	fs.StringVar(&cfg.ProfilePath, "profile", defaultProfilePath, "simulated callers `file`")
+	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "length of the load ramp")
+	fs.Float64Var(&cfg.Capacity, "capacity", 0, "server capacity in calls/s; 0 measures it")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the simulated arrivals")
+	fs.DurationVar(&cfg.Every, "every", 2*time.Second, "time between two tables")
+	fs.StringVar(&cfg.Out, "out", "multitenant.png", "chart `file` (PNG); empty draws none")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: multitenant [flags]    (serve and load run the parts separately)\n\n")
+		fs.PrintDefaults()
+	}
+	if err := parse(fs, args, &cfg.Server); err != nil {
 		return err
 	}
+	if cfg.Duration <= 0 || cfg.Every <= 0 || cfg.Capacity < 0 {
+		return errors.New("-duration and -every must be positive, -capacity not negative")
+	}
+	var err error
 	if cfg.ProfilePath, err = findFile(cfg.ProfilePath, fs, "profile"); err != nil {
 		return err
 	}
@@ -199,7 +159,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	if cfg.Policy == policyOverload && cfg.SchedP99 > 0 && isSet(fs, "sched-p99") {
+	if cfg.Server.Policy == policyOverload && cfg.Server.SchedP99 > 0 && isSet(fs, "sched-p99") {
 		fmt.Fprintln(stderr, "multitenant: -sched-p99 applies to -policy adaptive and fixed only: the overload controller sheds by its calls' latency")
 	}
 	cfg.Stdout, cfg.Live = stdout, isTerminal(stdout)
@@ -212,36 +172,21 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var cfg serverConfig
 	var grace, every time.Duration
+	serverFlags(fs, &cfg)
 	fs.StringVar(&cfg.Addr, "addr", defaultAddr, "listen `address`; the server is meant for loopback")
-	fs.StringVar(&cfg.ConfigPath, "config", defaultConfigPath, "tenant config `file`, reloaded when it changes")
-	fs.DurationVar(&cfg.Cost, "cost", defaultCost, "CPU time each Allocate spends")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis `address` for the buckets, shared by several servers; empty keeps them in memory")
 	fs.IntVar(&cfg.SKUs, "skus", defaultSKUs, "SKUs in the catalogue (sku-00000, …)")
-	fs.StringVar(&cfg.Policy, "policy", policyOverload, policyHelp)
-	fs.StringVar(&cfg.Sampler, "sampler", "auto", "CPU sampler: auto, cgroup, process or host")
-	fs.DurationVar(&cfg.SchedP99, "sched-p99", defaultSchedP99, schedHelp)
+	fs.BoolVar(&cfg.OTel, "otel", false, "with -metrics, record floodgate's series through OpenTelemetry and serve them with OTel's Prometheus exporter")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "time calls in flight get to finish on SIGINT or SIGTERM")
 	fs.DurationVar(&every, "every", 5*time.Second, "time between two status lines; 0 prints none")
-	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus /metrics and /debug/floodgate/offenders on this `address` (e.g. 127.0.0.1:9090); empty serves none")
-	fs.BoolVar(&cfg.OTel, "otel", false, "with -metrics, record floodgate's series through OpenTelemetry and serve them with OTel's Prometheus exporter")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := checkPolicy(cfg.Policy); err != nil {
+	if err := parse(fs, args, &cfg); err != nil {
 		return err
 	}
 	if cfg.OTel && cfg.Metrics == "" {
 		return errors.New("-otel needs -metrics, the address to serve them on")
 	}
-	var err error
-	if cfg.ConfigPath, err = findFile(cfg.ConfigPath, fs, "config"); err != nil {
-		return err
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg.Logger, cfg.Watch = log, true
+	cfg.Logger, cfg.Watch = log, true // the tenant config is reloaded when it changes
 	srv, err := newServer(cfg)
 	if err != nil {
 		return err
@@ -265,38 +210,6 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	st := srv.limiter.Stats()
 	log.Info("stopped", "admitted", st.Admitted, "quota", st.Quota, "overload", st.Overload, "tap", st.Tap, "exempt", st.Exempt)
 	return err
-}
-
-// statusLoop logs the server's admission counters every interval, with the
-// overload controller's state, or the gate's.
-func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	prev := srv.limiter.Stats()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
-		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
-		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
-			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
-		if srv.ctrl != nil {
-			// The controller's own names for its signals, as in its log
-			// lines and metrics.
-			c := srv.ctrl.Snapshot()
-			attrs = append(attrs, "state", c.State.String(), "limit", fmt.Sprintf("%.1f", c.Limit),
-				"inflight", c.Inflight, "queued", c.Queued, "inside", c.Inside, "wait", c.Wait, "target", c.Target,
-				"latency", c.Latency, "baseline", c.Baseline, "throughput", fmt.Sprintf("%.0f", c.Throughput))
-		} else {
-			attrs = append(attrs, "gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale))
-		}
-		attrs = append(attrs, "cpu", fmt.Sprintf("%.0f%%", 100*g.Smoothed))
-		log.Info("status", attrs...)
-		prev = st
-	}
 }
 
 func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -327,7 +240,7 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if profilePath, err = findFile(profilePath, fs, "profile"); err != nil {
 		return err
 	}
-	prof, err := loadProfile(profilePath)
+	prof, err := loadgen.LoadProfile(profilePath)
 	if err != nil {
 		return err
 	}
@@ -337,25 +250,22 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if capacity <= 0 || length <= 0 || every <= 0 || skus < 1 {
 		return errors.New("-capacity (or the profile's capacity), -duration, -every and -skus must be positive")
 	}
-	gen, err := newGenerator(addr, prof, capacity, length, skuNames(skus), seed)
+	gen, err := loadgen.New(addr, prof, capacity, length, skuNames(skus), seed)
 	if err != nil {
 		return err
 	}
-	defer gen.close()
+	defer gen.Close()
 	fmt.Fprintf(stdout, "load on %s: %g× → %g× → %g× of %.0f calls/s over %v, %d callers\n\n",
 		addr, prof.Ramp.From, prof.Ramp.To, prof.Ramp.From, capacity, length, len(prof.Callers))
-	const tick = time.Second
-	mon := newMonitor(gen, nil, nil, stdout, isTerminal(stdout), int(max(every/tick, 1)))
-	observe(ctx, gen, mon, tick)
-	sum := summarize(gen, mon.points, nil)
+	sum := gen.Run(ctx, loadgen.RunOptions{Out: stdout, Live: isTerminal(stdout), Every: every})
 	if out != "" {
 		title := fmt.Sprintf("floodgate multitenant load on %s: %g×–%g× of %.0f calls/s", addr, prof.Ramp.From, prof.Ramp.To, capacity)
-		if err := writeChart(out, title, mon.points); err != nil {
+		if err := loadgen.WriteChart(out, title, sum.Points); err != nil {
 			return err
 		}
 		sum.ChartPath = out
 	}
-	sum.write(stdout)
+	sum.Write(stdout)
 	return nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/floodgate-go/floodgate/internal/burn"
 )
 
 func TestMain(m *testing.M) {
@@ -14,7 +16,7 @@ func TestMain(m *testing.M) {
 }
 
 // testBurner is calibrated once for the whole test binary.
-var testBurner = sync.OnceValue(calibrate)
+var testBurner = sync.OnceValue(burn.Calibrate)
 
 // testdata returns the path of a file in the repository's
 // testdata/multitenant directory.

@@ -1,8 +1,15 @@
 package main
 
+// What the server tells its operators: with -metrics, floodgate's series
+// (promfloodgate's collector, or otelfloodgate's recorder with -otel), the
+// Go runtime's and the most rejected callers, on an HTTP listener of their
+// own; and the status lines serve logs.
+
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
@@ -166,7 +173,7 @@ func (o *observability) addr() string { return o.lis.Addr().String() }
 // serve serves until shutdown; it returns nil after a shutdown.
 func (o *observability) serve() error {
 	if err := o.http.Serve(o.lis); !errors.Is(err, http.ErrServerClosed) {
-		return err
+		return fmt.Errorf("metrics: %w", err)
 	}
 	return nil
 }
@@ -181,5 +188,37 @@ func (o *observability) shutdown(grace time.Duration) {
 	if o.otel != nil {
 		_ = o.otel.Close()
 		_ = o.mp.Shutdown(ctx)
+	}
+}
+
+// statusLoop logs the server's admission counters every interval, with the
+// overload controller's state, or the gate's.
+func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	prev := srv.limiter.Stats()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
+		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
+		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
+			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
+		if srv.ctrl != nil {
+			// The controller's own names for its signals, as in its log
+			// lines and metrics.
+			c := srv.ctrl.Snapshot()
+			attrs = append(attrs, "state", c.State.String(), "limit", fmt.Sprintf("%.1f", c.Limit),
+				"inflight", c.Inflight, "queued", c.Queued, "inside", c.Inside, "wait", c.Wait, "target", c.Target,
+				"latency", c.Latency, "baseline", c.Baseline, "throughput", fmt.Sprintf("%.0f", c.Throughput))
+		} else {
+			attrs = append(attrs, "gate", g.State.String(), "scale", fmt.Sprintf("%.2f", g.Scale))
+		}
+		attrs = append(attrs, "cpu", fmt.Sprintf("%.0f%%", 100*g.Smoothed))
+		log.Info("status", attrs...)
+		prev = st
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/examples/multitenant/internal/loadgen"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -248,8 +249,8 @@ func testQuotaRejection(t *testing.T, opts ...func(*serverConfig)) {
 	if rejected == nil {
 		t.Fatal("40 calls over a burst of 10: none rejected")
 	}
-	if got, want := classify(rejected), outcomeQuota; got != want {
-		t.Errorf("classify(%v) = %v, want %v", rejected, got, want)
+	if got, want := loadgen.Classify(rejected), loadgen.OutcomeQuota; got != want {
+		t.Errorf("loadgen.Classify(%v) = %v, want %v", rejected, got, want)
 	}
 	var info *errdetails.ErrorInfo
 	for _, d := range status.Convert(rejected).Details() {
@@ -269,7 +270,7 @@ func testQuotaRejection(t *testing.T, opts ...func(*serverConfig)) {
 
 func TestProbeCapacity(t *testing.T) {
 	srv, _ := startServer(t, func(c *serverConfig) { c.Units = 1e9 })
-	p, err := probeCapacity(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0], 2, 300*time.Millisecond)
+	p, err := loadgen.ProbeCapacity(context.Background(), srv.addr(), "demo-key-ops", srv.skus[0], 2, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func TestProbeCapacity(t *testing.T) {
 		t.Errorf("limiter stats %+v after probing, want no rejection", st)
 	}
 	// A tenant with a quota is limited: the probe reports the rejection.
-	if _, err := probeCapacity(context.Background(), srv.addr(), "demo-key-noisy", srv.skus[0], 2, 300*time.Millisecond); status.Code(err) != codes.ResourceExhausted {
+	if _, err := loadgen.ProbeCapacity(context.Background(), srv.addr(), "demo-key-noisy", srv.skus[0], 2, 300*time.Millisecond); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("probeCapacity with a limited key = %v, want ResourceExhausted", err)
 	}
 }
@@ -346,7 +347,7 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 			break
 		}
 	}
-	if got, want := classify(rejected), outcomeQuota; got != want {
+	if got, want := loadgen.Classify(rejected), loadgen.OutcomeQuota; got != want {
 		t.Errorf("noisy tenant past its burst: %v (%v), want %v", rejected, got, want)
 	}
 
@@ -376,8 +377,8 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 	if got, want := status.Code(err), codes.Unavailable; got != want {
 		t.Fatalf("call with every slot taken = %v, want %v", err, want)
 	}
-	if got, want := classify(err), outcomeOverload; got != want {
-		t.Errorf("classify(%v) = %v, want %v", err, got, want)
+	if got, want := loadgen.Classify(err), loadgen.OutcomeOverload; got != want {
+		t.Errorf("loadgen.Classify(%v) = %v, want %v", err, got, want)
 	}
 	var info *errdetails.ErrorInfo
 	for _, d := range status.Convert(err).Details() {

@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"context"
@@ -121,21 +121,21 @@ func TestClassify(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		err  error
-		want outcome
+		want Outcome
 	}{
-		{nil, outcomeOK},
-		{status.Error(codes.ResourceExhausted, "over quota"), outcomeQuota},
-		{overload.Err(), outcomeOverload},
+		{nil, OutcomeOK},
+		{status.Error(codes.ResourceExhausted, "over quota"), OutcomeQuota},
+		{overload.Err(), OutcomeOverload},
 		// A bare UNAVAILABLE is the transport's, not a rejection.
-		{status.Error(codes.Unavailable, "connection refused"), outcomeError},
-		{status.Error(codes.DeadlineExceeded, "late"), outcomeDeadline},
-		{status.FromContextError(context.DeadlineExceeded).Err(), outcomeDeadline},
-		{status.Error(codes.FailedPrecondition, "insufficient stock"), outcomeError},
-		{errDropped, outcomeDropped},
-		{fmt.Errorf("wrapped: %w", errDropped), outcomeDropped},
-		{errors.New("other"), outcomeError},
+		{status.Error(codes.Unavailable, "connection refused"), OutcomeError},
+		{status.Error(codes.DeadlineExceeded, "late"), OutcomeDeadline},
+		{status.FromContextError(context.DeadlineExceeded).Err(), OutcomeDeadline},
+		{status.Error(codes.FailedPrecondition, "insufficient stock"), OutcomeError},
+		{errDropped, OutcomeDropped},
+		{fmt.Errorf("wrapped: %w", errDropped), OutcomeDropped},
+		{errors.New("other"), OutcomeError},
 	} {
-		if got := classify(tc.err); got != tc.want {
+		if got := Classify(tc.err); got != tc.want {
 			t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
@@ -148,14 +148,14 @@ func TestCallerStatsRollAndTotals(t *testing.T) {
 		s.attempt()
 	}
 	s.attempt() // one retry
-	s.done(outcomeOK, 2*time.Millisecond)
-	s.done(outcomeOK, 4*time.Millisecond)
-	s.done(outcomeQuota, time.Millisecond)
-	s.done(outcomeOverload, time.Millisecond)
-	s.done(outcomeDropped, 0)
+	s.done(OutcomeOK, 2*time.Millisecond)
+	s.done(OutcomeOK, 4*time.Millisecond)
+	s.done(OutcomeQuota, time.Millisecond)
+	s.done(OutcomeOverload, time.Millisecond)
+	s.done(OutcomeDropped, 0)
 
-	want := counts{Offered: 5, Attempts: 6}
-	want.By[outcomeOK], want.By[outcomeQuota], want.By[outcomeOverload], want.By[outcomeDropped] = 2, 1, 1, 1
+	want := Counts{Offered: 5, Attempts: 6}
+	want.By[OutcomeOK], want.By[OutcomeQuota], want.By[OutcomeOverload], want.By[OutcomeDropped] = 2, 1, 1, 1
 	w, h := s.roll()
 	if diff := cmp.Diff(want, w); diff != "" {
 		t.Errorf("roll() counts (-want +got):\n%s", diff)
@@ -172,10 +172,10 @@ func TestCallerStatsRollAndTotals(t *testing.T) {
 	}
 
 	s.offered()
-	s.done(outcomeDeadline, time.Second)
+	s.done(OutcomeDeadline, time.Second)
 	w, h = s.roll()
-	wantWindow := counts{Offered: 1}
-	wantWindow.By[outcomeDeadline] = 1
+	wantWindow := Counts{Offered: 1}
+	wantWindow.By[OutcomeDeadline] = 1
 	if diff := cmp.Diff(wantWindow, w); diff != "" {
 		t.Errorf("second roll() counts (-want +got):\n%s", diff)
 	}

@@ -1,8 +1,19 @@
-package main
+// Package loadgen is the multitenant demo's load: simulated tenants sending
+// open-loop Poisson calls to an inventory server (proto/inventory/v1), with
+// deadlines and the retry policy of a well-behaved client, the live table of
+// what became of their calls, the summary of a run, its chart, and the
+// capacity probe that the ramp is a multiple of.
+//
+// A [Profile] (testdata/multitenant/profile.yaml) names the callers and the
+// ramp of the offered load; [New] dials one connection per caller, and
+// [Generator.Run] sends the calls, prints a table every few seconds and
+// returns the run's [Summary], whose points [WriteChart] draws.
+package loadgen
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -14,11 +25,14 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 
+	"github.com/floodgate-go/floodgate/cpugate"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
 
-// apiKeyHeader is the metadata key that carries a caller's API key.
-const apiKeyHeader = "x-api-key"
+// APIKeyHeader is the metadata key that carries a caller's API key.
+const APIKeyHeader = "x-api-key"
 
 // serviceConfig is every simulated caller's client service config. The retry
 // policy is what a well-behaved client of a floodgate server runs: it retries
@@ -85,13 +99,13 @@ func (s *schedule) next(end time.Duration) (time.Duration, bool) {
 	}
 }
 
-// A generator offers open-loop load to an inventory server: each caller
+// A Generator offers open-loop load to an inventory server: each caller
 // sends calls at the times its schedule draws, whether or not earlier calls
 // have returned, as independent users do. Waiting for replies (a closed loop)
 // would slow the load down exactly when the server is overloaded and hide
 // the overload it is meant to show.
-type generator struct {
-	prof     *profile
+type Generator struct {
+	prof     *Profile
 	capacity float64       // calls/s the ramp is a multiple of
 	length   time.Duration // the run's length
 	skus     []string
@@ -103,7 +117,7 @@ type generator struct {
 // connection, so that one caller's retry throttle never affects another's,
 // its schedule and its statistics.
 type caller struct {
-	spec     callerSpec
+	spec     CallerSpec
 	conn     *grpc.ClientConn
 	client   inventoryv1.InventoryClient
 	md       metadata.MD
@@ -113,11 +127,12 @@ type caller struct {
 	inflight atomic.Int64
 }
 
-// newGenerator dials one client connection per caller of prof to addr.
-// The ramp caller's rate makes the offered load ramp.factor × capacity over
-// a run of length; seed makes the arrivals reproducible.
-func newGenerator(addr string, prof *profile, capacity float64, length time.Duration, skus []string, seed uint64) (*generator, error) {
-	g := &generator{prof: prof, capacity: capacity, length: length, skus: skus}
+// New dials one client connection per caller of prof to addr, which
+// serves the SKUs skus. The ramp caller's rate makes the offered load
+// prof.Ramp.Factor × capacity over a run of length; seed makes the arrivals
+// reproducible. Close releases the connections.
+func New(addr string, prof *Profile, capacity float64, length time.Duration, skus []string, seed uint64) (*Generator, error) {
+	g := &Generator{prof: prof, capacity: capacity, length: length, skus: skus}
 	for i, spec := range prof.Callers {
 		c := &caller{spec: spec}
 		conn, err := grpc.NewClient(addr,
@@ -126,12 +141,12 @@ func newGenerator(addr string, prof *profile, capacity float64, length time.Dura
 			grpc.WithStatsHandler(attemptCounter{&c.stats}),
 		)
 		if err != nil {
-			g.close()
+			g.Close()
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
 		c.conn, c.client = conn, inventoryv1.NewInventoryClient(conn)
 		if spec.Key != "" {
-			c.md = metadata.Pairs(apiKeyHeader, spec.Key)
+			c.md = metadata.Pairs(APIKeyHeader, spec.Key)
 		}
 		rate, peak := constantRate(spec.Rate), spec.Rate
 		if spec.Ramp {
@@ -146,38 +161,97 @@ func newGenerator(addr string, prof *profile, capacity float64, length time.Dura
 
 // rampRate is the ramp caller's rate at offset t: what the ramp asks for
 // beyond the steady callers.
-func (g *generator) rampRate(t time.Duration) float64 {
-	return max(0, g.targetAt(t)-g.prof.steadyRate())
+func (g *Generator) rampRate(t time.Duration) float64 {
+	return max(0, g.targetAt(t)-g.prof.SteadyRate())
 }
 
-func (g *generator) rampPeak() float64 {
-	return max(0, max(g.prof.Ramp.From, g.prof.Ramp.To)*g.capacity-g.prof.steadyRate())
+func (g *Generator) rampPeak() float64 {
+	return max(0, max(g.prof.Ramp.From, g.prof.Ramp.To)*g.capacity-g.prof.SteadyRate())
 }
 
 // targetAt is the load the ramp asks for at offset t, in calls per second.
-func (g *generator) targetAt(t time.Duration) float64 {
+func (g *Generator) targetAt(t time.Duration) float64 {
 	return g.factorAt(t) * g.capacity
 }
 
 // factorAt is the ramp's multiple of the capacity at offset t.
-func (g *generator) factorAt(t time.Duration) float64 {
+func (g *Generator) factorAt(t time.Duration) float64 {
 	x := 0.0
 	if g.length > 0 {
 		x = min(float64(t)/float64(g.length), 1)
 	}
-	return g.prof.Ramp.factor(x)
+	return g.prof.Ramp.Factor(x)
 }
 
 // offeredAt is the load the callers offer at offset t, in calls per second:
 // the ramp's target, or the steady callers' rates if those exceed it.
-func (g *generator) offeredAt(t time.Duration) float64 {
-	return g.prof.steadyRate() + g.rampRate(t)
+func (g *Generator) offeredAt(t time.Duration) float64 {
+	return g.prof.SteadyRate() + g.rampRate(t)
 }
 
-// run sends the callers' calls from start until the run's length has passed
-// or ctx is done, and returns once every call has finished. Calls in flight
+// RunOptions says where [Generator.Run] prints and what of the server it
+// shows besides the callers. The zero value prints nothing.
+type RunOptions struct {
+	// Gate, Ctrl and Limiter are the server's when it runs in this process:
+	// the tables and the chart then show the gate's CPU reading (its scale
+	// too, without a controller) and the controller's state, and the
+	// summary the limiter's counts. Nil when the server is elsewhere.
+	Gate    *cpugate.Gate
+	Ctrl    *overload.Controller
+	Limiter *middleware.Limiter
+	// Out receives the tables; nil discards them. Live redraws each table
+	// over the last (for a terminal).
+	Out  io.Writer
+	Live bool
+	// Tick is the sampling interval of the statistics and the chart, and
+	// Every the time between two tables, rounded to ticks. Defaults 1s and
+	// 2s.
+	Tick, Every time.Duration
+}
+
+// Run sends the callers' calls until the run's length has passed or ctx is
+// done, samples them every tick and prints a table every few ticks, and
+// returns the run's summary once every call has finished. Calls in flight
 // when ctx ends are cancelled.
-func (g *generator) run(ctx context.Context, start time.Time) {
+func (g *Generator) Run(ctx context.Context, o RunOptions) *Summary {
+	if o.Tick <= 0 {
+		o.Tick = time.Second
+	}
+	if o.Every <= 0 {
+		o.Every = 2 * time.Second
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	mon := newMonitor(g, o.Gate, o.Ctrl, o.Out, o.Live, int(max(o.Every/o.Tick, 1)))
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		g.send(ctx, start)
+		close(done)
+	}()
+	ticker := time.NewTicker(o.Tick)
+	defer ticker.Stop()
+	last := start
+	for {
+		select {
+		case <-done:
+			// The calls still in flight when the schedule ended finished
+			// after the last tick: count them in a last, shorter interval.
+			if now := time.Now(); now.Sub(last) > o.Tick/10 {
+				mon.sample(now.Sub(start), now.Sub(last))
+			}
+			return summarize(g, mon.points, o.Limiter)
+		case now := <-ticker.C:
+			mon.sample(now.Sub(start), now.Sub(last))
+			last = now
+		}
+	}
+}
+
+// send sends the callers' calls from start until the run's length has
+// passed or ctx is done, and returns once every call has finished.
+func (g *Generator) send(ctx context.Context, start time.Time) {
 	g.start = start
 	var calls, loops sync.WaitGroup
 	for _, c := range g.callers {
@@ -187,7 +261,7 @@ func (g *generator) run(ctx context.Context, start time.Time) {
 	calls.Wait()
 }
 
-func (g *generator) loop(ctx context.Context, c *caller, calls *sync.WaitGroup) {
+func (g *Generator) loop(ctx context.Context, c *caller, calls *sync.WaitGroup) {
 	deadline := time.Duration(g.prof.Deadline)
 	limit := int64(g.prof.MaxInFlight)
 	timer := time.NewTimer(time.Hour)
@@ -211,7 +285,7 @@ func (g *generator) loop(ctx context.Context, c *caller, calls *sync.WaitGroup) 
 		}
 		c.stats.offered()
 		if c.inflight.Load() >= limit {
-			c.stats.done(outcomeDropped, 0)
+			c.stats.done(OutcomeDropped, 0)
 			continue
 		}
 		c.inflight.Add(1)
@@ -238,11 +312,11 @@ func (c *caller) call(ctx context.Context, deadline time.Duration, sku string) {
 	default:
 		_, err = c.client.Allocate(ctx, &inventoryv1.AllocateRequest{Sku: sku, Quantity: 1})
 	}
-	c.stats.done(classify(err), time.Since(start))
+	c.stats.done(Classify(err), time.Since(start))
 }
 
-// close closes every caller's connection.
-func (g *generator) close() {
+// Close closes every caller's connection.
+func (g *Generator) Close() {
 	for _, c := range g.callers {
 		if c.conn != nil {
 			c.conn.Close()

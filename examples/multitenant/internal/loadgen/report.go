@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"fmt"
@@ -13,12 +13,12 @@ import (
 	"github.com/floodgate-go/floodgate/overload"
 )
 
-// A point is one sampling interval of a run, as the chart plots it. Rates
+// A Point is one sampling interval of a run, as the chart plots it. Rates
 // are per second over the interval; CPU is NaN when the load generator
 // cannot see the server (the load subcommand), Scale also when the gate
 // scales nothing (the overload controller sheds instead), and Ctrl is nil
 // without a controller.
-type point struct {
+type Point struct {
 	T         time.Duration // end of the interval, from the start
 	Dt        time.Duration // the interval's length
 	Factor    float64       // the ramp's multiple of the capacity
@@ -31,7 +31,7 @@ type point struct {
 	Errors    float64       // other errors and dropped arrivals
 	SteadyOK  float64       // goodput of the steady (non-ramp) callers
 	SteadyOff float64       // offered by the steady callers
-	P50, P99  time.Duration // of calls admitted in the interval, noLatency without any
+	P50, P99  time.Duration // of calls admitted in the interval, NoLatency without any
 	CPU       float64       // the gate's smoothed CPU reading, 0–1
 	Scale     float64       // the gate's scale
 	SchedP99  time.Duration // the gate's latest scheduling-latency reading
@@ -44,12 +44,12 @@ type point struct {
 	QueueTarget time.Duration
 }
 
-// noLatency marks an interval without admitted calls: nothing to plot.
-const noLatency = time.Duration(-1)
+// NoLatency marks an interval without admitted calls: nothing to plot.
+const NoLatency = time.Duration(-1)
 
 // window is what the monitor accumulated for one caller since its last print.
 type window struct {
-	c counts
+	c Counts
 	h Histogram
 }
 
@@ -57,13 +57,13 @@ type window struct {
 // controller every tick, keeps the points for the chart and prints the live
 // table every few ticks.
 type monitor struct {
-	gen    *generator
+	gen    *Generator
 	gate   *cpugate.Gate        // nil when the server is elsewhere
 	ctrl   *overload.Controller // nil when the server is elsewhere or has none
 	out    io.Writer
 	live   bool // redraw the table in place (a terminal)
 	every  int  // ticks between prints
-	points []point
+	points []Point
 
 	ticks   int
 	pending []window // per caller, since the last print
@@ -74,14 +74,14 @@ type monitor struct {
 // newMonitor returns a monitor of gen's callers and, when not nil, the
 // server's gate and overload controller. With a controller the gate's scale
 // is not recorded: it scales nothing.
-func newMonitor(gen *generator, gate *cpugate.Gate, ctrl *overload.Controller, out io.Writer, live bool, every int) *monitor {
+func newMonitor(gen *Generator, gate *cpugate.Gate, ctrl *overload.Controller, out io.Writer, live bool, every int) *monitor {
 	return &monitor{gen: gen, gate: gate, ctrl: ctrl, out: out, live: live, every: max(every, 1), pending: make([]window, len(gen.callers))}
 }
 
 // sample closes the interval ending at offset t, of length dt.
 func (m *monitor) sample(t, dt time.Duration) {
 	secs := dt.Seconds()
-	p := point{T: t, Dt: dt, Factor: m.gen.factorAt(t), Target: m.gen.offeredAt(t), CPU: math.NaN(), Scale: math.NaN()}
+	p := Point{T: t, Dt: dt, Factor: m.gen.factorAt(t), Target: m.gen.offeredAt(t), CPU: math.NaN(), Scale: math.NaN()}
 	var all Histogram
 	for i, c := range m.gen.callers {
 		w, h := c.stats.roll()
@@ -89,17 +89,17 @@ func (m *monitor) sample(t, dt time.Duration) {
 		m.pending[i].h.Merge(&h)
 		all.Merge(&h)
 		p.Offered += float64(w.Offered) / secs
-		p.Goodput += float64(w.By[outcomeOK]) / secs
-		p.Quota += float64(w.By[outcomeQuota]) / secs
-		p.Overload += float64(w.By[outcomeOverload]) / secs
-		p.Late += float64(w.By[outcomeDeadline]) / secs
-		p.Errors += float64(w.By[outcomeError]+w.By[outcomeDropped]) / secs
+		p.Goodput += float64(w.By[OutcomeOK]) / secs
+		p.Quota += float64(w.By[OutcomeQuota]) / secs
+		p.Overload += float64(w.By[OutcomeOverload]) / secs
+		p.Late += float64(w.By[OutcomeDeadline]) / secs
+		p.Errors += float64(w.By[OutcomeError]+w.By[OutcomeDropped]) / secs
 		if !c.spec.Ramp {
-			p.SteadyOK += float64(w.By[outcomeOK]) / secs
+			p.SteadyOK += float64(w.By[OutcomeOK]) / secs
 			p.SteadyOff += float64(w.Offered) / secs
 		}
 	}
-	p.P50, p.P99 = noLatency, noLatency
+	p.P50, p.P99 = NoLatency, NoLatency
 	if all.Count() > 0 {
 		p.P50, p.P99 = all.Quantile(0.50), all.Quantile(0.99)
 	}
@@ -125,7 +125,7 @@ func (m *monitor) sample(t, dt time.Duration) {
 }
 
 // print writes the table for the intervals pts, over the pending windows.
-func (m *monitor) print(pts []point) {
+func (m *monitor) print(pts []Point) {
 	var b strings.Builder
 	last := pts[len(pts)-1]
 	span := (last.T - m.prevT(pts)).Seconds()
@@ -191,7 +191,7 @@ func fmtDur(d time.Duration) string {
 }
 
 // prevT is the end of the interval before pts, 0 at the start.
-func (m *monitor) prevT(pts []point) time.Duration {
+func (m *monitor) prevT(pts []Point) time.Duration {
 	i := len(m.points) - len(pts) - 1
 	if i < 0 {
 		return 0
@@ -203,12 +203,12 @@ const tableHeader = "  caller       offered/s    ok/s  quota/s  overload/s  late
 
 // writeRow writes one caller's line of the live table: rates over span
 // seconds, latencies of its admitted calls.
-func writeRow(b *strings.Builder, name string, c counts, h *Histogram, span float64) {
+func writeRow(b *strings.Builder, name string, c Counts, h *Histogram, span float64) {
 	rate := func(v uint64) float64 { return float64(v) / span }
 	retries := c.Attempts - min(c.Attempts, c.Sent())
 	fmt.Fprintf(b, "  %-12s %9.1f %7.1f %8.1f %11.1f %7.1f %8.1f %10.1f %8s %8s\n",
-		name, rate(c.Offered), rate(c.By[outcomeOK]), rate(c.By[outcomeQuota]), rate(c.By[outcomeOverload]),
-		rate(c.By[outcomeDeadline]), rate(c.By[outcomeError]+c.By[outcomeDropped]), rate(retries), fmtLatency(h.Quantile(0.50), h.Count()), fmtLatency(h.Quantile(0.99), h.Count()))
+		name, rate(c.Offered), rate(c.By[OutcomeOK]), rate(c.By[OutcomeQuota]), rate(c.By[OutcomeOverload]),
+		rate(c.By[OutcomeDeadline]), rate(c.By[OutcomeError]+c.By[OutcomeDropped]), rate(retries), fmtLatency(h.Quantile(0.50), h.Count()), fmtLatency(h.Quantile(0.99), h.Count()))
 }
 
 // fmtLatency formats a latency compactly, or "-" without samples.
@@ -226,21 +226,22 @@ func fmtLatency(d time.Duration, n uint64) string {
 	}
 }
 
-// callerTotal is one caller's line of the summary.
-type callerTotal struct {
+// CallerTotal is one caller's line of the summary.
+type CallerTotal struct {
 	Name   string
 	Ramp   bool
-	Counts counts
+	Counts Counts
 	Lat    Histogram
 }
 
-// summary is the outcome of a run.
-type summary struct {
+// Summary is the outcome of a run: each caller's totals, the goodput, what
+// the overload protection did, and the points the chart plots.
+type Summary struct {
 	Length   time.Duration
 	Capacity float64
 	Measured bool // the capacity was measured, not given
-	Ramp     ramp
-	Callers  []callerTotal
+	Ramp     Ramp
+	Callers  []CallerTotal
 	Peak     float64 // best one-interval goodput
 	Overload float64 // mean goodput over the intervals at ≥ 2× capacity, 0 if none
 	// Shedding is how long the gate shed (with a gate that scales) or the
@@ -254,16 +255,20 @@ type summary struct {
 	Ctrl                         *overload.Snapshot
 	LimitMin, LimitMed, LimitMax float64
 	CompletedMed                 float64
-	Server                       *middleware.Stats
-	ChartPath                    string
+	// Server is the limiter's counts, nil when the server is elsewhere.
+	Server *middleware.Stats
+	// Points are the run's sampling intervals, for WriteChart.
+	Points []Point
+	// ChartPath, when set, is printed as where the chart is.
+	ChartPath string
 }
 
 // summarize builds the summary of a finished run.
-func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
-	s := &summary{Length: gen.length, Capacity: gen.capacity, Ramp: gen.prof.Ramp, MinScale: math.NaN()}
+func summarize(gen *Generator, pts []Point, lim *middleware.Limiter) *Summary {
+	s := &Summary{Length: gen.length, Capacity: gen.capacity, Ramp: gen.prof.Ramp, MinScale: math.NaN(), Points: pts}
 	for _, c := range gen.callers {
 		cnt, h := c.stats.totals()
-		s.Callers = append(s.Callers, callerTotal{Name: c.spec.Name, Ramp: c.spec.Ramp, Counts: cnt, Lat: h})
+		s.Callers = append(s.Callers, CallerTotal{Name: c.spec.Name, Ramp: c.spec.Ramp, Counts: cnt, Lat: h})
 	}
 	var sum float64
 	var n int
@@ -309,26 +314,26 @@ func summarize(gen *generator, pts []point, lim *middleware.Limiter) *summary {
 	return s
 }
 
-// write prints the summary table.
-func (s *summary) write(w io.Writer) {
+// Write prints the summary table.
+func (s *Summary) Write(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nsummary: %.0fs, offered load %g× → %g× → %g× of a capacity of %.0f calls/s\n",
 		s.Length.Seconds(), s.Ramp.From, s.Ramp.To, s.Ramp.From, s.Capacity)
 	b.WriteString("  caller           offered        ok    quota  overload    late   error    ok%      p50      p99\n")
-	var all callerTotal
+	var all CallerTotal
 	all.Name = "all"
-	row := func(c *callerTotal) {
+	row := func(c *CallerTotal) {
 		okPct := 0.0
 		if c.Counts.Offered > 0 {
-			okPct = 100 * float64(c.Counts.By[outcomeOK]) / float64(c.Counts.Offered)
+			okPct = 100 * float64(c.Counts.By[OutcomeOK]) / float64(c.Counts.Offered)
 		}
 		name := c.Name
 		if c.Ramp {
 			name += " (ramp)"
 		}
 		fmt.Fprintf(&b, "  %-16s %8d %9d %8d %9d %7d %7d %6.1f %8s %8s\n",
-			name, c.Counts.Offered, c.Counts.By[outcomeOK], c.Counts.By[outcomeQuota], c.Counts.By[outcomeOverload],
-			c.Counts.By[outcomeDeadline], c.Counts.By[outcomeError]+c.Counts.By[outcomeDropped], okPct,
+			name, c.Counts.Offered, c.Counts.By[OutcomeOK], c.Counts.By[OutcomeQuota], c.Counts.By[OutcomeOverload],
+			c.Counts.By[OutcomeDeadline], c.Counts.By[OutcomeError]+c.Counts.By[OutcomeDropped], okPct,
 			fmtLatency(c.Lat.Quantile(0.50), c.Lat.Count()), fmtLatency(c.Lat.Quantile(0.99), c.Lat.Count()))
 	}
 	for i := range s.Callers {

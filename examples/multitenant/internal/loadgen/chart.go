@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"image/color"
@@ -18,7 +18,7 @@ type chartSeries struct {
 	name  string
 	color color.Color
 	dash  []vg.Length
-	value func(p point) float64
+	value func(p Point) float64
 }
 
 var (
@@ -32,24 +32,24 @@ var (
 	dashed = fgplot.Dashed
 )
 
-// writeChart draws the run as a PNG at path: offered load, goodput, shed
+// WriteChart draws the run as a PNG at path: offered load, goodput, shed
 // rate and what the overload controller's calls complete per second on top; the gate's CPU reading and, when it scales the quotas, its
 // scale (when the gate was visible); the overload controller's limit and
 // calls in flight (when it was there); the admitted calls' latency below,
 // with the controller's baseline.
-func writeChart(path, title string, pts []point) error {
+func WriteChart(path, title string, pts []Point) error {
 	ms := func(d time.Duration) float64 {
-		if d == noLatency {
+		if d == NoLatency {
 			return math.NaN()
 		}
 		return float64(d) / float64(time.Millisecond)
 	}
-	var last point
+	var last Point
 	if len(pts) > 0 {
 		last = pts[len(pts)-1]
 	}
-	ctrl := func(f func(s *overload.Snapshot) float64) func(p point) float64 {
-		return func(p point) float64 {
+	ctrl := func(f func(s *overload.Snapshot) float64) func(p Point) float64 {
+		return func(p Point) float64 {
 			if p.Ctrl == nil {
 				return math.NaN()
 			}
@@ -57,12 +57,12 @@ func writeChart(path, title string, pts []point) error {
 		}
 	}
 	rates := []chartSeries{
-		{"offered", gray, dashed, func(p point) float64 { return p.Offered }},
-		{"goodput", green, nil, func(p point) float64 { return p.Goodput }},
-		{"shed: quota", orange, nil, func(p point) float64 { return p.Quota }},
-		{"shed: overload", red, nil, func(p point) float64 { return p.Overload }},
-		{"deadline exceeded", purple, dashed, func(p point) float64 { return p.Late }},
-		{"goodput of steady tenants", blue, nil, func(p point) float64 { return p.SteadyOK }},
+		{"offered", gray, dashed, func(p Point) float64 { return p.Offered }},
+		{"goodput", green, nil, func(p Point) float64 { return p.Goodput }},
+		{"shed: quota", orange, nil, func(p Point) float64 { return p.Quota }},
+		{"shed: overload", red, nil, func(p Point) float64 { return p.Overload }},
+		{"deadline exceeded", purple, dashed, func(p Point) float64 { return p.Late }},
+		{"goodput of steady tenants", blue, nil, func(p Point) float64 { return p.SteadyOK }},
 	}
 	if last.Ctrl != nil {
 		rates = append(rates, chartSeries{"controller: completed per second", black, dashed, ctrl(func(s *overload.Snapshot) float64 {
@@ -75,11 +75,11 @@ func writeChart(path, title string, pts []point) error {
 	panels := []*plot.Plot{panel(title, "calls/s", pts, rates)}
 	if len(pts) > 0 && !math.IsNaN(last.CPU) {
 		ylabel, series := "CPU (%)", []chartSeries{
-			{"CPU (smoothed)", purple, nil, func(p point) float64 { return 100 * p.CPU }},
+			{"CPU (smoothed)", purple, nil, func(p Point) float64 { return 100 * p.CPU }},
 		}
 		if !math.IsNaN(last.Scale) {
 			ylabel = "CPU and gate scale (%)"
-			series = append(series, chartSeries{"gate scale", red, dashed, func(p point) float64 { return 100 * p.Scale }})
+			series = append(series, chartSeries{"gate scale", red, dashed, func(p Point) float64 { return 100 * p.Scale }})
 		}
 		gate := panel("", ylabel, pts, series)
 		gate.Y.Min, gate.Y.Max = 0, 130 // headroom for the legend
@@ -94,8 +94,8 @@ func writeChart(path, title string, pts []point) error {
 		}))
 	}
 	latSeries := []chartSeries{
-		{"p50", green, nil, func(p point) float64 { return ms(p.P50) }},
-		{"p99", red, nil, func(p point) float64 { return ms(p.P99) }},
+		{"p50", green, nil, func(p Point) float64 { return ms(p.P50) }},
+		{"p99", red, nil, func(p Point) float64 { return ms(p.P99) }},
 	}
 	if last.Ctrl != nil {
 		latSeries = append(latSeries, chartSeries{"controller's baseline", gray, dashed,
@@ -124,7 +124,7 @@ func writeChart(path, title string, pts []point) error {
 }
 
 // panel returns a plot of the series over pts against time in seconds.
-func panel(title, ylabel string, pts []point, series []chartSeries) *plot.Plot {
+func panel(title, ylabel string, pts []Point, series []chartSeries) *plot.Plot {
 	out := make([]fgplot.Series, len(series))
 	for i, s := range series {
 		xys := make(plotter.XYs, len(pts))

@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"errors"
@@ -12,68 +12,68 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// An outcome is what became of one scheduled call, as the caller saw it.
-type outcome uint8
+// An Outcome is what became of one scheduled call, as the caller saw it.
+type Outcome uint8
 
 const (
-	outcomeOK       outcome = iota // admitted and served
-	outcomeQuota                   // RESOURCE_EXHAUSTED: the tenant is over its quota
-	outcomeOverload                // UNAVAILABLE with details: the server shed load
-	outcomeDeadline                // DEADLINE_EXCEEDED: the call's deadline passed
-	outcomeError                   // anything else, including a plain UNAVAILABLE
-	outcomeDropped                 // never sent: the caller hit its in-flight cap
+	OutcomeOK       Outcome = iota // admitted and served
+	OutcomeQuota                   // RESOURCE_EXHAUSTED: the tenant is over its quota
+	OutcomeOverload                // UNAVAILABLE with details: the server shed load
+	OutcomeDeadline                // DEADLINE_EXCEEDED: the call's deadline passed
+	OutcomeError                   // anything else, including a plain UNAVAILABLE
+	OutcomeDropped                 // never sent: the caller hit its in-flight cap
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"ok", "quota", "overload", "deadline", "error", "dropped"}
 
-func (o outcome) String() string { return outcomeNames[o] }
+func (o Outcome) String() string { return outcomeNames[o] }
 
-// classify maps a call's error to its outcome. The codes are the middleware's
+// Classify maps a call's error to its outcome. The codes are the middleware's
 // defaults: a quota rejection is RESOURCE_EXHAUSTED, an overload rejection
 // UNAVAILABLE carrying an ErrorInfo. A bare UNAVAILABLE, without details, is
 // the transport's (a refused or broken connection) and counts as an error, so
 // that connection trouble never passes for shedding.
-func classify(err error) outcome {
+func Classify(err error) Outcome {
 	if err == nil {
-		return outcomeOK
+		return OutcomeOK
 	}
 	st, ok := status.FromError(err)
 	if !ok {
 		if errors.Is(err, errDropped) {
-			return outcomeDropped
+			return OutcomeDropped
 		}
-		return outcomeError
+		return OutcomeError
 	}
 	switch st.Code() {
 	case codes.OK:
-		return outcomeOK
+		return OutcomeOK
 	case codes.ResourceExhausted:
-		return outcomeQuota
+		return OutcomeQuota
 	case codes.DeadlineExceeded:
-		return outcomeDeadline
+		return OutcomeDeadline
 	case codes.Unavailable:
 		for _, d := range st.Details() {
 			if _, ok := d.(*errdetails.ErrorInfo); ok {
-				return outcomeOverload
+				return OutcomeOverload
 			}
 		}
 	}
-	return outcomeError
+	return OutcomeError
 }
 
 // errDropped marks an arrival that the generator did not send.
-var errDropped = errors.New("multitenant: in-flight cap reached, call not sent")
+var errDropped = errors.New("loadgen: in-flight cap reached, call not sent")
 
-// counts holds one counter per outcome, plus the arrivals (offered) and the
+// Counts holds one counter per outcome, plus the arrivals (offered) and the
 // attempts on the wire (more than the calls sent when the client retried).
-type counts struct {
+type Counts struct {
 	Offered  uint64
 	Attempts uint64
 	By       [numOutcomes]uint64
 }
 
-func (c *counts) add(o counts) {
+func (c *Counts) add(o Counts) {
 	c.Offered += o.Offered
 	c.Attempts += o.Attempts
 	for i := range c.By {
@@ -82,13 +82,13 @@ func (c *counts) add(o counts) {
 }
 
 // Shed is the number of calls the server refused on purpose.
-func (c counts) Shed() uint64 { return c.By[outcomeQuota] + c.By[outcomeOverload] }
+func (c Counts) Shed() uint64 { return c.By[OutcomeQuota] + c.By[OutcomeOverload] }
 
 // Sent is the number of calls that reached the client library.
-func (c counts) Sent() uint64 {
+func (c Counts) Sent() uint64 {
 	var n uint64
 	for o, v := range c.By {
-		if outcome(o) != outcomeDropped {
+		if Outcome(o) != OutcomeDropped {
 			n += v
 		}
 	}
@@ -211,7 +211,7 @@ func (h *Histogram) Reset() { *h = Histogram{} }
 // for concurrent use: calls finish on many goroutines.
 type callerStats struct {
 	mu            sync.Mutex
-	total, window counts
+	total, window Counts
 	totalLat      Histogram
 	windowLat     Histogram
 }
@@ -232,11 +232,11 @@ func (s *callerStats) attempt() {
 
 // done records a call's outcome; latency counts only for admitted calls,
 // since a rejection's latency says nothing about the service.
-func (s *callerStats) done(o outcome, latency time.Duration) {
+func (s *callerStats) done(o Outcome, latency time.Duration) {
 	s.mu.Lock()
 	s.total.By[o]++
 	s.window.By[o]++
-	if o == outcomeOK {
+	if o == OutcomeOK {
 		s.totalLat.Record(latency)
 		s.windowLat.Record(latency)
 	}
@@ -244,17 +244,17 @@ func (s *callerStats) done(o outcome, latency time.Duration) {
 }
 
 // roll returns the window's counts and latencies and starts a new window.
-func (s *callerStats) roll() (counts, Histogram) {
+func (s *callerStats) roll() (Counts, Histogram) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, h := s.window, s.windowLat
-	s.window = counts{}
+	s.window = Counts{}
 	s.windowLat.Reset()
 	return c, h
 }
 
 // totals returns the counts and latencies since the start.
-func (s *callerStats) totals() (counts, Histogram) {
+func (s *callerStats) totals() (Counts, Histogram) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.total, s.totalLat

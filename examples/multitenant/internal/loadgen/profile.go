@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bytes"
@@ -11,30 +11,30 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// A profile describes the simulated callers: who calls, how often, with which
+// A Profile describes the simulated callers: who calls, how often, with which
 // API key, and how the offered load ramps. It is what a profile file (YAML)
 // decodes to; see testdata/multitenant/profile.yaml.
-type profile struct {
+type Profile struct {
 	// Capacity is the server's capacity in calls per second that the ramp
 	// is a multiple of, when it is neither measured nor given by a flag.
 	Capacity float64 `yaml:"capacity"`
 	// Deadline is every call's deadline. Default 500ms.
-	Deadline duration `yaml:"deadline"`
+	Deadline Duration `yaml:"deadline"`
 	// MaxInFlight bounds each caller's calls in flight; an arrival beyond
 	// it is counted as dropped, never queued, so the load stays open-loop.
 	// Default 2000.
 	MaxInFlight int `yaml:"max_in_flight"`
 	// Ramp is the offered load, as a multiple of the capacity.
-	Ramp ramp `yaml:"ramp"`
+	Ramp Ramp `yaml:"ramp"`
 	// ProbeKey is the API key of an unlimited tenant, which the demo uses
 	// to measure the server's capacity before the run. Optional.
 	ProbeKey string `yaml:"probe_key"`
 	// Callers are the simulated callers, in the order tables list them.
-	Callers []callerSpec `yaml:"callers"`
+	Callers []CallerSpec `yaml:"callers"`
 }
 
-// callerSpec is one simulated caller: a tenant, or anonymous callers.
-type callerSpec struct {
+// CallerSpec is one simulated caller: a tenant, or anonymous callers.
+type CallerSpec struct {
 	// Name labels the caller in tables and the summary.
 	Name string `yaml:"name"`
 	// Key is the API key sent as x-api-key metadata; empty for an
@@ -50,18 +50,18 @@ type callerSpec struct {
 	Method string `yaml:"method"`
 }
 
-// ramp shapes the offered load over a run as a multiple of the capacity:
+// Ramp shapes the offered load over a run as a multiple of the capacity:
 // From for the first tenth, up to To over the next 35%, To for 15%, back down
 // to From over 30%, and From for the last tenth, so that a run shows the
 // server entering overload, holding in it, and recovering.
-type ramp struct {
+type Ramp struct {
 	From float64 `yaml:"from"`
 	To   float64 `yaml:"to"`
 }
 
-// factor returns the ramp's multiple of the capacity at fraction x ∈ [0, 1]
+// Factor returns the ramp's multiple of the capacity at fraction x ∈ [0, 1]
 // of the run.
-func (r ramp) factor(x float64) float64 {
+func (r Ramp) Factor(x float64) float64 {
 	lerp := func(a, b, t float64) float64 { return a + (b-a)*t }
 	switch {
 	case x < 0.10:
@@ -77,15 +77,15 @@ func (r ramp) factor(x float64) float64 {
 	}
 }
 
-// duration is a time.Duration written as "500ms" in YAML.
-type duration time.Duration
+// Duration is a time.Duration written as "500ms" in YAML.
+type Duration time.Duration
 
-func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*d = duration(v)
+	*d = Duration(v)
 	return nil
 }
 
@@ -96,30 +96,30 @@ const (
 	methodGetStock     = "GetStock"
 )
 
-// loadProfile reads and validates a profile file.
-func loadProfile(path string) (*profile, error) {
+// LoadProfile reads and validates a profile file.
+func LoadProfile(path string) (*Profile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	p, err := parseProfile(data)
+	p, err := ParseProfile(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return p, nil
 }
 
-// parseProfile decodes a profile strictly (unknown fields are errors), fills
+// ParseProfile decodes a profile strictly (unknown fields are errors), fills
 // in the defaults and validates it.
-func parseProfile(data []byte) (*profile, error) {
-	var p profile
+func ParseProfile(data []byte) (*Profile, error) {
+	var p Profile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&p); err != nil {
 		return nil, err
 	}
 	if p.Deadline == 0 {
-		p.Deadline = duration(defaultDeadline)
+		p.Deadline = Duration(defaultDeadline)
 	}
 	if p.MaxInFlight == 0 {
 		p.MaxInFlight = defaultMaxInFlight
@@ -132,7 +132,7 @@ func parseProfile(data []byte) (*profile, error) {
 	return &p, p.validate()
 }
 
-func (p *profile) validate() error {
+func (p *Profile) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if p.Capacity < 0 || math.IsNaN(p.Capacity) || math.IsInf(p.Capacity, 0) {
@@ -175,8 +175,8 @@ func (p *profile) validate() error {
 	return errors.Join(errs...)
 }
 
-// steadyRate is the sum of the steady callers' rates.
-func (p *profile) steadyRate() float64 {
+// SteadyRate is the sum of the steady callers' rates.
+func (p *Profile) SteadyRate() float64 {
 	var sum float64
 	for _, c := range p.Callers {
 		if !c.Ramp {

@@ -1,16 +1,14 @@
-package main
+package loadgen
 
 import (
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/floodgate-go/floodgate"
-	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // arrivals drains a schedule up to end.
@@ -126,7 +124,7 @@ func TestScheduleEnds(t *testing.T) {
 }
 
 func TestRampFactor(t *testing.T) {
-	r := ramp{From: 0.5, To: 3}
+	r := Ramp{From: 0.5, To: 3}
 	for _, tc := range []struct{ x, want float64 }{
 		{0, 0.5}, {0.05, 0.5}, {0.10, 0.5},
 		{0.275, 1.75}, // halfway up
@@ -134,20 +132,20 @@ func TestRampFactor(t *testing.T) {
 		{0.75, 1.75}, // halfway down
 		{0.90, 0.5}, {1, 0.5},
 	} {
-		if got := r.factor(tc.x); math.Abs(got-tc.want) > 1e-9 {
+		if got := r.Factor(tc.x); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("factor(%v) = %v, want %v", tc.x, got, tc.want)
 		}
 	}
 }
 
 func TestGeneratorSplitsTheRamp(t *testing.T) {
-	prof := &profile{
-		Ramp: ramp{From: 0.5, To: 3},
-		Callers: []callerSpec{
+	prof := &Profile{
+		Ramp: Ramp{From: 0.5, To: 3},
+		Callers: []CallerSpec{
 			{Name: "a", Rate: 30}, {Name: "b", Rate: 20}, {Name: "noisy", Ramp: true},
 		},
 	}
-	g := &generator{prof: prof, capacity: 200, length: 100 * time.Second}
+	g := &Generator{prof: prof, capacity: 200, length: 100 * time.Second}
 	for _, tc := range []struct {
 		at               time.Duration
 		target, rampRate float64
@@ -182,7 +180,7 @@ func TestGeneratorSplitsTheRamp(t *testing.T) {
 func TestParseProfiles(t *testing.T) {
 	for _, name := range []string{"profile.yaml", "test-profile.yaml"} {
 		t.Run(name, func(t *testing.T) {
-			p, err := loadProfile(testdata(t, name))
+			p, err := LoadProfile(testdata(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -203,27 +201,28 @@ func TestParseProfiles(t *testing.T) {
 			}
 		})
 	}
-	// The demo's profile must match what main.go's doc comment promises.
-	p, err := loadProfile(testdata(t, "profile.yaml"))
+	// The demo's profile must match what the multitenant command's doc
+	// comment promises.
+	p, err := LoadProfile(testdata(t, "profile.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := p.Ramp, (ramp{From: 0.5, To: 3}); got != want {
+	if got, want := p.Ramp, (Ramp{From: 0.5, To: 3}); got != want {
 		t.Errorf("profile.yaml ramp = %+v, want %+v", got, want)
 	}
 }
 
 func TestParseProfileDefaults(t *testing.T) {
-	p, err := parseProfile([]byte("callers: [{name: a, rate: 1}]\n"))
+	p, err := ParseProfile([]byte("callers: [{name: a, rate: 1}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &profile{
-		Deadline:    duration(defaultDeadline),
+	want := &Profile{
+		Deadline:    Duration(defaultDeadline),
 		MaxInFlight: defaultMaxInFlight,
-		Callers:     []callerSpec{{Name: "a", Rate: 1, Method: methodAllocate}},
+		Callers:     []CallerSpec{{Name: "a", Rate: 1, Method: methodAllocate}},
 	}
-	if diff := cmp.Diff(want, p, cmp.AllowUnexported(profile{})); diff != "" {
+	if diff := cmp.Diff(want, p, cmp.AllowUnexported(Profile{})); diff != "" {
 		t.Errorf("parseProfile (-want +got):\n%s", diff)
 	}
 }
@@ -241,53 +240,24 @@ func TestParseProfileErrors(t *testing.T) {
 		{"ramp", "ramp: {from: -1, to: 2}\ncallers: [{name: a}]", "ramp:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseProfile([]byte(tc.in))
+			_, err := ParseProfile([]byte(tc.in))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("parseProfile(%q) = %v, want an error containing %q", tc.in, err, tc.want)
 			}
 		})
 	}
-	if _, err := loadProfile("no-such-profile.yaml"); !os.IsNotExist(err) {
+	if _, err := LoadProfile("no-such-profile.yaml"); !os.IsNotExist(err) {
 		t.Errorf("loadProfile(missing) = %v, want a not-exist error", err)
 	}
 }
 
-// The demo's tenant config loads, and gives every keyed caller of the
-// demo's profile a tenant: the steady ones a quota above their rate, and
-// the noisy one the same weight as theirs, so that it is shed for holding
-// more than its share, not for its tier.
-func TestDemoTenants(t *testing.T) {
-	reg, err := tenant.New()
-	if err != nil {
+// testdata returns the path of a file in the repository's
+// testdata/multitenant directory.
+func testdata(t *testing.T, name string) string {
+	t.Helper()
+	p := filepath.Join("..", "..", "..", "..", "testdata", "multitenant", name)
+	if _, err := os.Stat(p); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg.Load(testdata(t, "tenants.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	table := reg.Table()
-	prof, err := loadProfile(testdata(t, "profile.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range prof.Callers {
-		if c.Key == "" {
-			continue
-		}
-		ten, ok := table.TenantByKey(c.Key)
-		if !ok {
-			t.Errorf("%s: key names no tenant", c.Name)
-			continue
-		}
-		if got, want := ten.Weight(), 1.0; got != want {
-			t.Errorf("%s: weight %v, want %v", c.Name, got, want)
-		}
-		lim := ten.Rule("/inventory.v1.Inventory/Allocate").Limit
-		if !c.Ramp && !(lim.Rate > c.Rate) {
-			t.Errorf("%s: quota %v for a rate of %v/s, want more", c.Name, lim, c.Rate)
-		}
-	}
-	ops, ok := table.TenantByKey(prof.ProbeKey)
-	if !ok || ops.Priority() != floodgate.Critical || !ops.Rule("/inventory.v1.Inventory/Allocate").Limit.IsInf() {
-		t.Errorf("probe tenant %v: want unlimited and critical", ops)
-	}
+	return p
 }
