@@ -61,11 +61,13 @@ func runDemo(ctx context.Context, cfg demoConfig) (*loadgen.Summary, error) {
 		return nil, err
 	}
 	defer stop()
-	protection := fmt.Sprintf("overload controller, with CPU readings from %s (%.1f CPUs)", srv.source, srv.budget)
+	protection := "overload controller"
+	banner := fmt.Sprintf("overload controller, with CPU readings from %s (%.1f CPUs)", srv.source, srv.budget)
 	if srv.ctrl == nil {
-		protection = fmt.Sprintf("%s gate on %s CPU (%.1f CPUs)", srv.cfg.Policy, srv.source, srv.budget)
+		protection = srv.cfg.Policy + " gate"
+		banner = fmt.Sprintf("%s gate on %s CPU (%.1f CPUs)", srv.cfg.Policy, srv.source, srv.budget)
 	}
-	fmt.Fprintf(out, "server on %s: tenant config %s, %s\n", srv.addr(), cfg.Server.ConfigPath, protection)
+	fmt.Fprintf(out, "server on %s: tenant config %s, %s\n", srv.addr(), cfg.Server.ConfigPath, banner)
 	if srv.obs != nil {
 		fmt.Fprintf(out, "metrics on http://%s%s, top offenders on http://%s%s\n",
 			srv.obs.addr(), metricsPath, srv.obs.addr(), offendersPath)
@@ -92,20 +94,9 @@ func runDemo(ctx context.Context, cfg demoConfig) (*loadgen.Summary, error) {
 	sum := gen.Run(ctx, loadgen.RunOptions{Gate: srv.gate, Ctrl: srv.ctrl, Limiter: srv.limiter,
 		Out: out, Live: cfg.Live, Tick: cfg.tick, Every: cfg.Every})
 	sum.Measured = cfg.Capacity == 0
-	if cfg.Out != "" {
-		protection := "overload controller"
-		if srv.ctrl == nil {
-			protection = srv.cfg.Policy + " gate"
-		}
-		title := fmt.Sprintf("floodgate multitenant demo: %g×–%g× of %.0f calls/s, %v CPU per call, %s",
-			prof.Ramp.From, prof.Ramp.To, capacity, cfg.Server.Cost, protection)
-		if err := loadgen.WriteChart(cfg.Out, title, sum.Points); err != nil {
-			return sum, err
-		}
-		sum.ChartPath = cfg.Out
-	}
-	sum.Write(out)
-	return sum, nil
+	title := fmt.Sprintf("floodgate multitenant demo: %g×–%g× of %.0f calls/s, %v CPU per call, %s",
+		prof.Ramp.From, prof.Ramp.To, capacity, cfg.Server.Cost, protection)
+	return sum, sum.Report(out, cfg.Out, title)
 }
 
 // runInBackground starts a server of cfg; stop stops it and returns what

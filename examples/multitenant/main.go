@@ -258,15 +258,8 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "load on %s: %g× → %g× → %g× of %.0f calls/s over %v, %d callers\n\n",
 		addr, prof.Ramp.From, prof.Ramp.To, prof.Ramp.From, capacity, length, len(prof.Callers))
 	sum := gen.Run(ctx, loadgen.RunOptions{Out: stdout, Live: isTerminal(stdout), Every: every})
-	if out != "" {
-		title := fmt.Sprintf("floodgate multitenant load on %s: %g×–%g× of %.0f calls/s", addr, prof.Ramp.From, prof.Ramp.To, capacity)
-		if err := loadgen.WriteChart(out, title, sum.Points); err != nil {
-			return err
-		}
-		sum.ChartPath = out
-	}
-	sum.Write(stdout)
-	return nil
+	title := fmt.Sprintf("floodgate multitenant load on %s: %g×–%g× of %.0f calls/s", addr, prof.Ramp.From, prof.Ramp.To, capacity)
+	return sum.Report(stdout, out, title)
 }
 
 // isSet reports whether the flag name was set on the command line.

@@ -314,6 +314,19 @@ func summarize(gen *Generator, pts []Point, lim *middleware.Limiter) *Summary {
 	return s
 }
 
+// Report draws the chart of the run, titled title, at chartPath (none when
+// it is empty), then prints the summary to w.
+func (s *Summary) Report(w io.Writer, chartPath, title string) error {
+	if chartPath != "" {
+		if err := WriteChart(chartPath, title, s.Points); err != nil {
+			return err
+		}
+		s.ChartPath = chartPath
+	}
+	s.Write(w)
+	return nil
+}
+
 // Write prints the summary table.
 func (s *Summary) Write(w io.Writer) {
 	var b strings.Builder
