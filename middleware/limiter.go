@@ -148,20 +148,36 @@ type Event struct {
 	Context context.Context
 }
 
-// Stats are the Limiter's counters since it was made.
+// Stats are the Limiter's counters since it was made; each only grows.
+//
+// Each limited call is counted once in Admitted, Quota, Overload or
+// StoreErrors, by what its quota decided (an exempt call in Exempt
+// instead). The overload controller (WithOverload) decides only calls
+// their quota admitted, so Shed is a part of Admitted: of the calls the
+// quota admitted, Admitted − Shed passed the controller too (less those
+// whose context ended while they waited for a slot), and the
+// interceptors' overload rejections are Overload + Shed. The tap
+// handle's rejections are counted apart, in Tap.
 type Stats struct {
-	// Admitted counts calls admitted under quota (store errors admitted
-	// under the default fail-open policy are counted in StoreErrors).
+	// Admitted counts calls their quota admitted, those the overload
+	// controller then shed included (store errors admitted under the
+	// default fail-open policy are counted in StoreErrors).
 	Admitted uint64
 	// Exempt counts calls to exempt methods.
 	Exempt uint64
-	// Quota and Overload count rejections by reason, dry-run ones included.
+	// Quota and Overload count the quota's rejections, dry-run ones
+	// included: Quota at full limits, Overload while the CPU gate
+	// (WithGate) scales them down.
 	Quota, Overload uint64
+	// Shed counts calls their quota admitted that the overload controller
+	// then shed (reason ReasonOverload, Event.Shed).
+	Shed uint64
 	// StoreErrors counts decisions the store could not make.
 	StoreErrors uint64
 	// DryRun counts calls admitted only because of dry-run mode.
 	DryRun uint64
-	// Tap counts the tap handle's rejections; they are not in Overload.
+	// Tap counts the tap handle's rejections (and those of Admit as a
+	// call enters the overload controller); they are in no other count.
 	Tap uint64
 	// RepeatedKeys and LongKeys count calls by the interceptors whose API
 	// key header was ignored, leaving the caller anonymous: it had more
@@ -171,7 +187,7 @@ type Stats struct {
 
 // counters are the Limiter's counts, one atomic word each (see Stats).
 type counters struct {
-	admitted, exempt, quota, overload, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
+	admitted, exempt, quota, overload, shed, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
 }
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
@@ -239,6 +255,7 @@ func (l *Limiter) Stats() Stats {
 		Exempt:       l.c.exempt.Load(),
 		Quota:        l.c.quota.Load(),
 		Overload:     l.c.overload.Load(),
+		Shed:         l.c.shed.Load(),
 		StoreErrors:  l.c.storeErr.Load(),
 		DryRun:       l.c.dryRun.Load(),
 		Tap:          l.c.tap.Load(),
