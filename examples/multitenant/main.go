@@ -263,7 +263,8 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	err = srv.run(ctx, grace)
 	st := srv.limiter.Stats()
-	log.Info("stopped", "admitted", st.Admitted, "quota", st.Quota, "overload", st.Overload, "tap", st.Tap, "exempt", st.Exempt)
+	// The controller's sheds are calls the quota admitted (Stats).
+	log.Info("stopped", "admitted", st.Admitted-st.Shed, "quota", st.Quota, "overload", st.Overload+st.Shed, "tap", st.Tap, "exempt", st.Exempt)
 	return err
 }
 
@@ -281,8 +282,8 @@ func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.D
 		}
 		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
 		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
-		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
-			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
+		attrs := []any{"admitted", rate(st.Admitted-st.Shed, prev.Admitted-prev.Shed), "quota", rate(st.Quota, prev.Quota),
+			"overload", rate(st.Overload+st.Shed, prev.Overload+prev.Shed), "tap", rate(st.Tap, prev.Tap)}
 		if srv.ctrl != nil {
 			// The controller's own names for its signals, as in its log
 			// lines and metrics.
