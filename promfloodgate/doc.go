@@ -31,9 +31,10 @@
 //     floodgate_gate_cpu_ratio, floodgate_gate_cpu_smoothed_ratio,
 //     floodgate_gate_sampler_info{source}, floodgate_gate_sample_failures_total;
 //   - WithOverload: floodgate_overload_state{state}, _limit, _inflight,
-//     _queued, _latency_seconds, _baseline_seconds, _queue_delay_seconds,
-//     _wait_seconds, _rate, _limit_cause{cause}, _probing,
-//     _admitted_total{waited} and _shed_total{cause};
+//     _queued, _queue_cap, _latency_seconds, _baseline_seconds,
+//     _queue_target_seconds, _throughput, _wait_seconds,
+//     _admitted_total{waited}, _shed_total{cause} and _untapped_total (calls
+//     that reached the controller without the tap handle: it should stay 0);
 //   - WithRegistry: floodgate_config_loads_total{outcome},
 //     floodgate_config_loaded_timestamp_seconds.
 //
