@@ -53,6 +53,7 @@
 //	floodgate.overload.wait              async gauge         s             floodgate_overload_wait_seconds
 //	floodgate.overload.admitted          async counter       {call}        floodgate_overload_admitted_total (waited)
 //	floodgate.overload.shed              async counter       {call}        floodgate_overload_shed_total (cause)
+//	floodgate.overload.untapped          async counter       {call}        floodgate_overload_untapped_total
 //	floodgate.config.loads               async counter       {load}        floodgate_config_loads_total (outcome)
 //	floodgate.config.loaded_timestamp    async gauge         s             floodgate_config_loaded_timestamp_seconds
 //	floodgate.redis.call.duration        histogram           s             floodgate_redis_call_duration_seconds (outcome)

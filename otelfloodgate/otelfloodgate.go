@@ -82,8 +82,12 @@ func WithKeyed(m KeyedMap) Option { return func(o *options) { o.keyed = m } }
 func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 
 // WithOverload records the overload controller's state, limit, calls in
-// flight and waiting, latencies, throughput, and the calls it admitted and
-// shed. A nil c, the default, records none; a repeated call replaces c.
+// flight and waiting, latencies, throughput, the calls it admitted and
+// shed, and the calls that reached it without the tap handle
+// (floodgate.overload.untapped), which should stay 0: a server wired
+// without the tap handle (middleware's Limiter.ServerOptions installs it)
+// lets calls queue where the controller cannot bound them. A nil c, the
+// default, records none; a repeated call replaces c.
 func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRegistry records the tenant registry's config loads and when the
