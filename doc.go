@@ -38,6 +38,14 @@
 // sweep over buckets. Lowering a limit caps a fuller bucket at the new burst at
 // once; raising it refills the bucket at the new rate, a natural ramp.
 //
+// # Options
+//
+// Every package is configured by functional options, which one convention
+// governs: options only record, the constructor validates and returns an
+// error wrapping [ErrInvalidOption] that names the option, a nil option is
+// skipped, and a repeated option replaces the earlier one unless its doc
+// says it adds. [ErrInvalidOption] states it in full.
+//
 // # Zero values
 //
 // The zero [Limit] admits nothing. [Inf] admits everything and keeps no state.
