@@ -58,8 +58,10 @@ func CommonName(leaf *x509.Certificate) (string, bool) {
 	return cn, cn != ""
 }
 
-// An Option configures a Limiter. Options only record their arguments; New
-// validates them.
+// An Option configures a Limiter. New (and NewPerAddress, NewOverload,
+// NewFromFile) apply the options in order to a copy of the defaults,
+// skipping nil ones, then validate the result (the convention of
+// floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -270,7 +272,7 @@ func WithAPIKeyHeaders(names ...string) Option {
 func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tlsIdentity = f } }
 
 // WithKeyFunc sets a hook consulted before TLS identities and API keys.
-// The default is none. A repeated call replaces the hook. The tap handle
+// The default is none. A repeated call replaces the hook; nil removes it. The tap handle
 // does not call it, and so, with a hook set, passes every call to the
 // interceptors.
 func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
