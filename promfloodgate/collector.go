@@ -40,8 +40,9 @@ const (
 	LabelNone = labels.None
 )
 
-// An Option configures a Collector. New applies the options to a copy of
-// the defaults, then validates the result.
+// An Option configures a Collector. New applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -213,7 +214,9 @@ type descs struct {
 func New(opts ...Option) (*Collector, error) {
 	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.validate(); err != nil {
 		return nil, err
