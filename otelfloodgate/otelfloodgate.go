@@ -40,8 +40,9 @@ const (
 	LabelNone = labels.None
 )
 
-// An Option configures a Recorder. New applies the options to a copy of
-// the defaults, then validates the result.
+// An Option configures a Recorder. New applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -157,7 +158,9 @@ type Recorder struct {
 func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.labels().Check("otelfloodgate"); err != nil {
 		return nil, err
