@@ -193,8 +193,11 @@ type counters struct {
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
 // a tenant (or an anonymous address), looks up the method's rule, scales
 // its limit by the CPU gate and takes the rule's cost from the caller's
-// bucket in the store. Build one with New; it is safe for concurrent use
-// and holds no goroutine. The zero Limiter is not usable.
+// bucket in the store. Build one with New; it is safe for concurrent use.
+// It holds no goroutine, except that a Limiter from NewFromFile has one
+// watching its file until the context given to NewFromFile ends (a store
+// may run goroutines of its own: redisstore's doc says which). The zero
+// Limiter is not usable.
 //
 // A caller's bucket key is "t:<tenant ID>:<rule ID>" for a tenant and
 // "a:<address prefix>:<rule ID>" for an anonymous caller ("a:-:<rule ID>"
