@@ -54,9 +54,14 @@ const (
 	ReasonExempt
 	// ReasonQuota: the caller is over its quota at full limits.
 	ReasonQuota
-	// ReasonOverload: the caller is over its quota while the CPU gate scales
-	// limits down, or the tap handle turned it away while the gate sheds
-	// (WithTapFloor).
+	// ReasonOverload: the server is overloaded. The overload controller
+	// (WithOverload) shed a call its quota admitted (Event.Shed); or the
+	// tap handle turned the call away (Event.Tap) while the controller
+	// held all the calls it can run and queue and the caller's flow its
+	// share of them, or, with the CPU gate (WithGate) and no controller,
+	// while the gate sheds and the caller is inside a retry delay
+	// (WithTapFloor); or the caller is over its quota while the gate
+	// scales limits down.
 	ReasonOverload
 	// ReasonStoreError: the store could not decide.
 	ReasonStoreError
@@ -192,8 +197,9 @@ type counters struct {
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
 // a tenant (or an anonymous address), looks up the method's rule, scales
-// its limit by the CPU gate and takes the rule's cost from the caller's
-// bucket in the store. Build one with New; it is safe for concurrent use.
+// its limit by the CPU gate, takes the rule's cost from the caller's
+// bucket in the store and, with an overload controller, holds the call to
+// one of its slots. Build one with New; it is safe for concurrent use.
 // It holds no goroutine, except that a Limiter from NewFromFile has one
 // watching its file until the context given to NewFromFile ends (a store
 // may run goroutines of its own: redisstore's doc says which). The zero

@@ -278,9 +278,11 @@ func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tls
 func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
 
 // WithCodes sets the status codes of rejections: quota for a caller over its
-// quota (default RESOURCE_EXHAUSTED), overload for a rejection while the CPU
-// gate sheds load, a failed store under WithFailClosed, or the tap handle
-// (default UNAVAILABLE). Neither may be OK. A repeated call replaces both.
+// quota at full limits (ReasonQuota; default RESOURCE_EXHAUSTED), overload
+// for the rest (default UNAVAILABLE): a call the overload controller sheds
+// or the tap handle turns away, a caller over its quota while the CPU gate
+// scales limits down (ReasonOverload), and a failed store under
+// WithFailClosed. Neither may be OK. A repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) { o.quotaCode, o.overCode = quota, overload }
 }

@@ -116,9 +116,12 @@ func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
 
 // WithCodes tells the Recorder the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code attribute. The defaults
-// are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A repeated
-// call replaces both.
+// as given to middleware.WithCodes, for the code attribute: quota for the
+// rejections of reason quota, overload for the others (the overload
+// controller's sheds, the tap handle's rejections and those while the CPU
+// gate scales limits down, all of reason overload, and a failed store's).
+// The defaults are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A
+// repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) { o.quota, o.over = quota, overload }
 }

@@ -126,8 +126,12 @@ func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
 
 // WithCodes tells the collector the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code label. The defaults are
-// the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
+// as given to middleware.WithCodes, for the code label: quota for the
+// rejections of reason quota, overload for the others (the overload
+// controller's sheds, the tap handle's rejections and those while the CPU
+// gate scales limits down, all of reason overload, and a failed store's).
+// The defaults are the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE.
+// Neither may be OK.
 // Behind go-grpc-middleware's ratelimit interceptors (Limiter.Limit) every
 // rejection reaches the client as RESOURCE_EXHAUSTED: pass that code twice.
 // A repeated call replaces both.
