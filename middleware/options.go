@@ -360,15 +360,13 @@ func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = o
 
 // WithTapFloor sets the gate scale, in (0, 1], at or below which the tap
 // handle rejects callers still inside a retry delay the interceptor gave
-// them. The default, 1, lets the tap reject them whenever the gate sheds:
-// such a caller would find its bucket empty and be rejected by the
-// interceptor anyway, at the cost of a stream, a goroutine and a trailer
-// (in the overload experiment, BENCHMARKS.md, the Adaptive gate kept 74% of
-// its peak goodput at 2× and 4× load before the tap took these callers, and
-// 83–90% after). A lower value, such as the
-// policy's floor, keeps the tap out of the way until limits are cut that
-// far, for callers that ignore pushback but honour the interceptor's
-// details. A repeated call replaces it.
+// them, with a CPU gate (WithGate) and no overload controller. The
+// default, 1, lets the tap reject them whenever the gate sheds: such a
+// caller would find its bucket empty and be rejected by the interceptor
+// anyway, at the cost of a stream, a goroutine and a trailer. A lower
+// value, such as the policy's floor, keeps the tap out of the way until
+// limits are cut that far, for callers that ignore pushback but honour the
+// interceptor's details. A repeated call replaces it.
 func WithTapFloor(f float64) Option {
 	return func(o *options) { o.tapFloor = f }
 }

@@ -78,9 +78,9 @@
 // maps read without a lock, and the series' counter in another, keyed by
 // the labels' numbers, and increments it. It allocates nothing but a new
 // series' counter. On an admitted call through the interceptor it adds
-// about 70 ns (BenchmarkObserverOverhead, the median difference over
-// alternating blocks of calls without and with it, on a busy 2-vCPU VM):
-// well under a thousandth of a gRPC call's cost. A rejection also reads the
+// about 90 ns (BenchmarkObserverOverhead measures it: the median difference
+// over alternating blocks of calls without and with it): under 0.2% of a
+// gRPC call's cost (about 60 µs on loopback). A rejection also reads the
 // clock when WithLogger is set.
 //
 // # Top offenders
