@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 )
@@ -135,47 +136,64 @@ func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 	}
 }
 
-// TestStatsOnlyGrow reads the counters while a call its quota admitted
-// waits for the overload controller, and again once the controller has
-// shed it: no counter falls, and the shed is counted in Shed.
+// TestStatsOnlyGrow reads the counters while a call its quota let
+// through (admitted, or a failed store failing open) waits for the
+// overload controller, and again once the controller has shed it: no
+// counter falls, and the shed is counted in Shed.
 func TestStatsOnlyGrow(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ctrl, err := overload.New(overload.WithLimits(1, 1), overload.WithQueueTarget(time.Second),
-			overload.WithLogger(slog.New(slog.DiscardHandler)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := newFixture(t, middleware.WithOverload(ctrl))
-		c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
-		held, err := f.l.Admit(t.Context(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer held.Done()
-		done := make(chan error, 1)
-		go func() {
-			_, err := f.l.Admit(t.Context(), c)
-			done <- err
-		}()
-		synctest.Wait()
-		waiting := f.l.Stats()
-		if s := ctrl.Snapshot(); s.Queued != 1 {
-			t.Fatalf("controller queue %d, want the second call waiting", s.Queued)
-		}
-		if err := <-done; status.Code(err) != codes.Unavailable {
-			t.Fatalf("Admit after its wait: %v, want UNAVAILABLE", err)
-		}
-		shed := f.l.Stats()
-		before, after := reflect.ValueOf(waiting), reflect.ValueOf(shed)
-		for i := range before.NumField() {
-			if b, a := before.Field(i).Uint(), after.Field(i).Uint(); a < b {
-				t.Errorf("Stats().%s fell from %d to %d", before.Type().Field(i).Name, b, a)
-			}
-		}
-		if got, want := shed, (middleware.Stats{Admitted: 2, Shed: 1}); got != want {
-			t.Errorf("Stats() = %+v, want %+v", got, want)
-		}
-	})
+	for _, tc := range []struct {
+		name  string
+		store floodgate.Store
+		want  middleware.Stats
+	}{
+		{"admitted", nil, middleware.Stats{Admitted: 2, Shed: 1}},
+		{"store error", failingStore{}, middleware.Stats{StoreErrors: 2, Shed: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctrl, err := overload.New(overload.WithLimits(1, 1), overload.WithQueueTarget(time.Second),
+					overload.WithLogger(slog.New(slog.DiscardHandler)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var l *middleware.Limiter
+				if tc.store == nil {
+					l = newFixture(t, middleware.WithOverload(ctrl)).l
+				} else if l, err = middleware.New(tc.store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl)); err != nil {
+					t.Fatal(err)
+				}
+				c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
+				held, err := l.Admit(t.Context(), c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer held.Done()
+				done := make(chan error, 1)
+				go func() {
+					_, err := l.Admit(t.Context(), c)
+					done <- err
+				}()
+				synctest.Wait()
+				waiting := l.Stats()
+				if s := ctrl.Snapshot(); s.Queued != 1 {
+					t.Fatalf("controller queue %d, want the second call waiting", s.Queued)
+				}
+				if err := <-done; status.Code(err) != codes.Unavailable {
+					t.Fatalf("Admit after its wait: %v, want UNAVAILABLE", err)
+				}
+				shed := l.Stats()
+				before, after := reflect.ValueOf(waiting), reflect.ValueOf(shed)
+				for i := range before.NumField() {
+					if b, a := before.Field(i).Uint(), after.Field(i).Uint(); a < b {
+						t.Errorf("Stats().%s fell from %d to %d", before.Type().Field(i).Name, b, a)
+					}
+				}
+				if shed != tc.want {
+					t.Errorf("Stats() = %+v, want %+v", shed, tc.want)
+				}
+			})
+		})
+	}
 }
 
 // A call whose context ends while it waits for a slot is neither admitted

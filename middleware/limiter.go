@@ -157,12 +157,12 @@ type Event struct {
 //
 // Each limited call is counted once in Admitted, Quota, Overload or
 // StoreErrors, by what its quota decided (an exempt call in Exempt
-// instead). The overload controller (WithOverload) decides only calls
-// their quota admitted, so Shed is a part of Admitted: of the calls the
-// quota admitted, Admitted − Shed passed the controller too (less those
-// whose context ended while they waited for a slot), and the
-// interceptors' overload rejections are Overload + Shed. The tap
-// handle's rejections are counted apart, in Tap.
+// instead). The overload controller (WithOverload) then decides the calls
+// the quota let through, those in Admitted and the store errors failing
+// open, and Shed counts those it shed: without store errors, Admitted −
+// Shed calls passed both (less those whose context ended while they
+// waited for a slot). The interceptors' overload rejections are Overload +
+// Shed; the tap handle's are counted apart, in Tap.
 type Stats struct {
 	// Admitted counts calls their quota admitted, those the overload
 	// controller then shed included (store errors admitted under the
@@ -174,8 +174,9 @@ type Stats struct {
 	// included: Quota at full limits, Overload while the CPU gate
 	// (WithGate) scales them down.
 	Quota, Overload uint64
-	// Shed counts calls their quota admitted that the overload controller
-	// then shed (reason ReasonOverload, Event.Shed).
+	// Shed counts calls the quota let through (Admitted, or a store error
+	// failing open) that the overload controller then shed (reason
+	// ReasonOverload, Event.Shed).
 	Shed uint64
 	// StoreErrors counts decisions the store could not make.
 	StoreErrors uint64
