@@ -12,6 +12,26 @@ var ErrNegativeN = errors.New("floodgate: n must not be negative")
 // ErrInvalidOption is wrapped by every configuration error a constructor
 // returns (keyed.New, middleware.New, redisstore.New, promfloodgate.New, …).
 // The message names the option and the value it refused.
+//
+// Every package configured by functional options (an Option type, or a
+// named variant such as middleware.ClientOption) follows one convention:
+//
+//   - An option only records its arguments: it never fails, clamps or
+//     panics. The constructor that takes the options applies them in order
+//     to a copy of the defaults, then validates the result. An invalid
+//     value is an error wrapping ErrInvalidOption whose message names the
+//     option, or the field of the config struct the option was given (a
+//     cpugate.Policy's, say), and the value refused.
+//   - A nil Option is skipped.
+//   - A repeated option replaces the value the earlier one recorded,
+//     unless its doc says that it adds to it; an option that takes a list
+//     says which of the two it does. So a valid value replaces an invalid
+//     one given before it, while an invalid entry added to a list stays.
+//   - The doc of every With… says what a repeated call does and, where
+//     the option takes a function or an interface, what nil means.
+//
+// A test in each module (conventions_test.go) checks the convention for
+// every option it validates.
 var ErrInvalidOption = errors.New("floodgate: invalid option")
 
 // ErrKeyTooLong is wrapped by the errors of a store that refuses a key for

@@ -16,12 +16,19 @@
 //     Limiter.Admit, the same decision for any transport;
 //   - httplimit: that decision as net/http middleware (grpc-gateway,
 //     Connect, gRPC-Web);
+//   - loadreport: ORCA load reports from the overload controller, so that
+//     grpc-go's weighted_round_robin balances a fleet by each replica's
+//     capacity;
 //   - throttle: client-side adaptive throttling and a retry budget, as gRPC
 //     client interceptors;
+//   - remote: the vocabulary of stores that call a server (error kinds,
+//     breaker states), for their observers;
 //   - redisstore (a module of its own): a Redis-backed Store for limits
 //     shared by many instances;
 //   - promfloodgate (a module of its own): Prometheus metrics, a summary of
 //     the callers rejected most often and rate-limited rejection logs;
+//   - otelfloodgate (a module of its own): the same metrics through
+//     OpenTelemetry, and span events on rejected and waiting calls;
 //   - floodgatetest: a harness that runs a quota config through the real
 //     gRPC path with a simulated clock and a scripted CPU gate.
 //
@@ -37,6 +44,14 @@
 // reload or a change of the CPU gate's scale applies at the next call, with no
 // sweep over buckets. Lowering a limit caps a fuller bucket at the new burst at
 // once; raising it refills the bucket at the new rate, a natural ramp.
+//
+// # Options
+//
+// Every package is configured by functional options, which one convention
+// governs: options only record, the constructor validates and returns an
+// error wrapping [ErrInvalidOption] that names the option, a nil option is
+// skipped, and a repeated option replaces the earlier one unless its doc
+// says it adds. [ErrInvalidOption] states it in full.
 //
 // # Zero values
 //

@@ -57,11 +57,7 @@
 // cooldown from the last reading at or above 80% and ramps back by 5 points
 // every 500 ms. Re-entering soon after recovering doubles the cooldown
 // (capped), and a calm minute resets it. Under sustained overload it
-// settles with the CPU between the two marks instead of oscillating. In the
-// project's overload experiment (BENCHMARKS.md) it held goodput flat from
-// 1.5× to 4× load with an accepted p99 of 24–27 ms, and matched or beat
-// Fixed in every scenario: the load stepping up, the cost of a request
-// doubling, one tenant bursting. That is why it became the default.
+// settles with the CPU between the two marks instead of oscillating.
 //
 // Both policies are configured by plain structs whose zero values are the
 // defaults; [New] validates them and rejects out-of-range fields with an

@@ -88,37 +88,22 @@ type options struct {
 	logger   *slog.Logger
 	onChange func(Snapshot)
 	onError  func(error)
-	errs     []error
 }
 
-// An Option configures a [Gate].
+// An Option configures a [Gate]. [New] applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 // WithInterval sets how often [Gate.Run] samples. It must be at least 1 ms,
 // the shortest interval the samplers turn into a reading; the default is
 // [DefaultInterval]. A repeated call replaces the interval.
-func WithInterval(d time.Duration) Option {
-	return func(o *options) {
-		if d < minInterval {
-			o.errs = append(o.errs, invalid("WithInterval", d, "at least 1ms"))
-			return
-		}
-		o.interval = d
-	}
-}
+func WithInterval(d time.Duration) Option { return func(o *options) { o.interval = d } }
 
 // WithPolicy sets the policy that turns readings into a scale: [Adaptive]
 // (the default), [Fixed] (the classic: 80%, ×0.2, 5 s), or one of your own.
-// [New] validates it. A repeated call replaces the policy.
-func WithPolicy(p Policy) Option {
-	return func(o *options) {
-		if p == nil {
-			o.errs = append(o.errs, invalid("WithPolicy", "nil", "a Policy"))
-			return
-		}
-		o.policy = p
-	}
-}
+// [New] validates it; nil is invalid. A repeated call replaces the policy.
+func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
 
 // WithLogger sets the logger for the gate's events: each state change at
 // Warn (entering Shedding) or Info (Ramping, Open), and the first failed
@@ -154,10 +139,15 @@ func New(sampler Sampler, opts ...Option) (*Gate, error) {
 	}
 	o := options{interval: DefaultInterval, policy: Adaptive{}}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
-	if err := errors.Join(o.errs...); err != nil {
-		return nil, err
+	if o.interval < minInterval {
+		return nil, invalid("WithInterval", o.interval, "at least 1ms")
+	}
+	if o.policy == nil {
+		return nil, invalid("WithPolicy", "nil", "a Policy")
 	}
 	if err := o.policy.Validate(); err != nil {
 		return nil, err

@@ -22,8 +22,9 @@ type Middleware struct {
 	bodies *lru.Cache[error, *bodies]
 }
 
-// An Option configures a Middleware. Options only record their arguments;
-// New validates them.
+// An Option configures a Middleware. New applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {

@@ -44,7 +44,9 @@ type Eviction struct {
 	Full bool
 }
 
-// An Option configures a [Map].
+// An Option configures a [Map]. [New] applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 type options struct {
@@ -87,7 +89,9 @@ func WithPressure(p Pressure) Option { return func(o *options) { o.pressure = p 
 func buildOptions(opts []Option) (options, error) {
 	o := options{capacity: DefaultCapacity}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if o.capacity < 1 {
 		return o, fmt.Errorf("%w: keyed: WithCapacity(%d): the capacity must be at least 1", floodgate.ErrInvalidOption, o.capacity)

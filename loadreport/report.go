@@ -55,7 +55,9 @@ const (
 	capacitySmoothing = time.Second
 )
 
-// An Option configures New.
+// An Option configures a [Reporter]. [New] applies the options in order to
+// a copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 type options struct {
@@ -66,19 +68,20 @@ type options struct {
 }
 
 // WithInterval sets how often the report is rebuilt, by the first call to
-// end after it is due. Default 250 ms; it must be positive.
+// end after it is due. Default 250 ms; it must be positive. A repeated call
+// replaces it.
 func WithInterval(d time.Duration) Option { return func(o *options) { o.interval = d } }
 
 // WithSampler sets what measures the CPU utilization in the report; nil
 // reports none. Default: a cpugate.ProcessSampler (this process's CPU
 // against the CPUs it can use). Any cpugate sampler works, the container's
-// (cpugate.NewCgroupSampler) among them.
+// (cpugate.NewCgroupSampler) among them. A repeated call replaces it.
 func WithSampler(s cpugate.Sampler) Option {
 	return func(o *options) { o.sampler, o.noCPU = s, s == nil }
 }
 
 // WithClock sets the clock that times the rates; nil is the real clock.
-// Default: the real clock.
+// Default: the real clock. A repeated call replaces it.
 func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 // A Reporter builds ORCA load reports from an overload controller. It is
@@ -114,7 +117,9 @@ type report struct {
 func New(ctrl *overload.Controller, opts ...Option) (*Reporter, error) {
 	o := options{interval: defaultInterval}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if ctrl == nil {
 		return nil, fmt.Errorf("%w: loadreport: a nil controller (middleware.NewOverload or WithOverload makes one)", floodgate.ErrInvalidOption)

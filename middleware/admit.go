@@ -163,16 +163,12 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 		// admitted nor shed.
 		return p, nil, status.FromContextError(err).Err()
 	}
-	if shed != nil {
-		// The call was counted as admitted by its quota; it is an
-		// overload rejection instead.
-		l.c.overload.Add(1)
-		l.c.admitted.Add(^uint64(0))
-	}
 	if shed == nil {
 		l.observe(v, ReasonAdmitted, true, Event{Context: ctx, Wait: p.Wait()})
 		return p, nil, nil
 	}
+	// Its quota admitted it, and Admitted keeps it: a counter never falls.
+	l.c.shed.Add(1)
 	e := l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note)
 	l.observe(v, ReasonOverload, false, Event{Context: ctx, RetryAfter: e.d, Shed: true, Cause: shed.Cause})
 	if f := l.o.rejected; f != nil {

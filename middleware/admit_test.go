@@ -2,14 +2,18 @@ package middleware_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 )
@@ -127,8 +131,68 @@ func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 	if s := ctrl.Snapshot(); s.Inflight != 0 {
 		t.Errorf("controller in flight after every Done: %d", s.Inflight)
 	}
-	if st := f.l.Stats(); st.Admitted != 2 || st.Overload != 1 {
-		t.Errorf("Stats() = %+v, want 2 admitted and 1 overload", st)
+	if st := f.l.Stats(); st.Admitted != 3 || st.Shed != 1 || st.Overload != 0 {
+		t.Errorf("Stats() = %+v, want 3 admitted by their quota, 1 of them shed", st)
+	}
+}
+
+// TestStatsOnlyGrow reads the counters while a call its quota let
+// through (admitted, or a failed store failing open) waits for the
+// overload controller, and again once the controller has shed it: no
+// counter falls, and the shed is counted in Shed.
+func TestStatsOnlyGrow(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store floodgate.Store
+		want  middleware.Stats
+	}{
+		{"admitted", nil, middleware.Stats{Admitted: 2, Shed: 1}},
+		{"store error", failingStore{}, middleware.Stats{StoreErrors: 2, Shed: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctrl, err := overload.New(overload.WithLimits(1, 1), overload.WithQueueTarget(time.Second),
+					overload.WithLogger(slog.New(slog.DiscardHandler)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var l *middleware.Limiter
+				if tc.store == nil {
+					l = newFixture(t, middleware.WithOverload(ctrl)).l
+				} else if l, err = middleware.New(tc.store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl)); err != nil {
+					t.Fatal(err)
+				}
+				c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
+				held, err := l.Admit(t.Context(), c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer held.Done()
+				done := make(chan error, 1)
+				go func() {
+					_, err := l.Admit(t.Context(), c)
+					done <- err
+				}()
+				synctest.Wait()
+				waiting := l.Stats()
+				if s := ctrl.Snapshot(); s.Queued != 1 {
+					t.Fatalf("controller queue %d, want the second call waiting", s.Queued)
+				}
+				if err := <-done; status.Code(err) != codes.Unavailable {
+					t.Fatalf("Admit after its wait: %v, want UNAVAILABLE", err)
+				}
+				shed := l.Stats()
+				before, after := reflect.ValueOf(waiting), reflect.ValueOf(shed)
+				for i := range before.NumField() {
+					if b, a := before.Field(i).Uint(), after.Field(i).Uint(); a < b {
+						t.Errorf("Stats().%s fell from %d to %d", before.Type().Field(i).Name, b, a)
+					}
+				}
+				if shed != tc.want {
+					t.Errorf("Stats() = %+v, want %+v", shed, tc.want)
+				}
+			})
+		})
 	}
 }
 

@@ -25,9 +25,10 @@ var (
 	ErrUpstreamStore = status.Error(codes.Unavailable, "middleware: upstream rate limiter unavailable")
 )
 
-// A ClientOption configures the client interceptors. Options only record
-// their arguments; UnaryClientInterceptor and StreamClientInterceptor
-// validate them.
+// A ClientOption configures the client interceptors.
+// UnaryClientInterceptor and StreamClientInterceptor apply the options in
+// order to a copy of the defaults, skipping nil ones, then validate the
+// result (the convention of floodgate.ErrInvalidOption).
 type ClientOption func(*clientOptions)
 
 type clientOptions struct {
@@ -45,8 +46,8 @@ func WithUpstreamKey(key string) ClientOption {
 }
 
 // WithUpstreamKeyFunc derives the bucket key from the call, for upstreams
-// with per-account or per-route quotas. It replaces WithUpstreamKey; nil
-// restores the default.
+// with per-account or per-route quotas; nil restores the default. A
+// repeated call, or WithUpstreamKey, replaces it.
 func WithUpstreamKeyFunc(f func(ctx context.Context, method string) string) ClientOption {
 	return func(o *clientOptions) { o.key = f }
 }

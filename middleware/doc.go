@@ -125,7 +125,8 @@
 //
 // # Observing
 //
-// Stats counts decisions by reason; WithObserver reports each decision as
+// Stats counts decisions by reason, in counters that only grow (Stats says
+// how they add up); WithObserver reports each decision as
 // an Event: its reason, method, tier, tenant and the store's deciding
 // source (memory, Redis, deny cache, lease, fallback or a failure policy),
 // never a key or an address. Method, tier and source are bounded sets; a

@@ -54,9 +54,14 @@ const (
 	ReasonExempt
 	// ReasonQuota: the caller is over its quota at full limits.
 	ReasonQuota
-	// ReasonOverload: the caller is over its quota while the CPU gate scales
-	// limits down, or the tap handle turned it away while the gate sheds
-	// (WithTapFloor).
+	// ReasonOverload: the server is overloaded. The overload controller
+	// (WithOverload) shed a call its quota admitted (Event.Shed); or the
+	// tap handle turned the call away (Event.Tap) while the controller
+	// held all the calls it can run and queue and the caller's flow its
+	// share of them, or, with the CPU gate (WithGate) and no controller,
+	// while the gate sheds and the caller is inside a retry delay
+	// (WithTapFloor); or the caller is over its quota while the gate
+	// scales limits down.
 	ReasonOverload
 	// ReasonStoreError: the store could not decide.
 	ReasonStoreError
@@ -148,20 +153,37 @@ type Event struct {
 	Context context.Context
 }
 
-// Stats are the Limiter's counters since it was made.
+// Stats are the Limiter's counters since it was made; each only grows.
+//
+// Each limited call is counted once in Admitted, Quota, Overload or
+// StoreErrors, by what its quota decided (an exempt call in Exempt
+// instead). The overload controller (WithOverload) then decides the calls
+// the quota let through, those in Admitted and the store errors failing
+// open, and Shed counts those it shed: without store errors, Admitted −
+// Shed calls passed both (less those whose context ended while they
+// waited for a slot). The interceptors' overload rejections are Overload +
+// Shed; the tap handle's are counted apart, in Tap.
 type Stats struct {
-	// Admitted counts calls admitted under quota (store errors admitted
-	// under the default fail-open policy are counted in StoreErrors).
+	// Admitted counts calls their quota admitted, those the overload
+	// controller then shed included (store errors admitted under the
+	// default fail-open policy are counted in StoreErrors).
 	Admitted uint64
 	// Exempt counts calls to exempt methods.
 	Exempt uint64
-	// Quota and Overload count rejections by reason, dry-run ones included.
+	// Quota and Overload count the quota's rejections, dry-run ones
+	// included: Quota at full limits, Overload while the CPU gate
+	// (WithGate) scales them down.
 	Quota, Overload uint64
+	// Shed counts calls the quota let through (Admitted, or a store error
+	// failing open) that the overload controller then shed (reason
+	// ReasonOverload, Event.Shed).
+	Shed uint64
 	// StoreErrors counts decisions the store could not make.
 	StoreErrors uint64
 	// DryRun counts calls admitted only because of dry-run mode.
 	DryRun uint64
-	// Tap counts the tap handle's rejections; they are not in Overload.
+	// Tap counts the tap handle's rejections (and those of Admit as a
+	// call enters the overload controller); they are in no other count.
 	Tap uint64
 	// RepeatedKeys and LongKeys count calls by the interceptors whose API
 	// key header was ignored, leaving the caller anonymous: it had more
@@ -171,14 +193,18 @@ type Stats struct {
 
 // counters are the Limiter's counts, one atomic word each (see Stats).
 type counters struct {
-	admitted, exempt, quota, overload, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
+	admitted, exempt, quota, overload, shed, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
 }
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
 // a tenant (or an anonymous address), looks up the method's rule, scales
-// its limit by the CPU gate and takes the rule's cost from the caller's
-// bucket in the store. Build one with New; it is safe for concurrent use
-// and holds no goroutine. The zero Limiter is not usable.
+// its limit by the CPU gate, takes the rule's cost from the caller's
+// bucket in the store and, with an overload controller, holds the call to
+// one of its slots. Build one with New; it is safe for concurrent use.
+// It holds no goroutine, except that a Limiter from NewFromFile has one
+// watching its file until the context given to NewFromFile ends (a store
+// may run goroutines of its own: redisstore's doc says which). The zero
+// Limiter is not usable.
 //
 // A caller's bucket key is "t:<tenant ID>:<rule ID>" for a tenant and
 // "a:<address prefix>:<rule ID>" for an anonymous caller ("a:-:<rule ID>"
@@ -239,6 +265,7 @@ func (l *Limiter) Stats() Stats {
 		Exempt:       l.c.exempt.Load(),
 		Quota:        l.c.quota.Load(),
 		Overload:     l.c.overload.Load(),
+		Shed:         l.c.shed.Load(),
 		StoreErrors:  l.c.storeErr.Load(),
 		DryRun:       l.c.dryRun.Load(),
 		Tap:          l.c.tap.Load(),

@@ -58,8 +58,10 @@ func CommonName(leaf *x509.Certificate) (string, bool) {
 	return cn, cn != ""
 }
 
-// An Option configures a Limiter. Options only record their arguments; New
-// validates them.
+// An Option configures a Limiter. New (and NewPerAddress, NewOverload,
+// NewFromFile) apply the options in order to a copy of the defaults,
+// skipping nil ones, then validate the result (the convention of
+// floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -270,15 +272,17 @@ func WithAPIKeyHeaders(names ...string) Option {
 func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tlsIdentity = f } }
 
 // WithKeyFunc sets a hook consulted before TLS identities and API keys.
-// The default is none. A repeated call replaces the hook. The tap handle
+// The default is none. A repeated call replaces the hook; nil removes it. The tap handle
 // does not call it, and so, with a hook set, passes every call to the
 // interceptors.
 func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
 
 // WithCodes sets the status codes of rejections: quota for a caller over its
-// quota (default RESOURCE_EXHAUSTED), overload for a rejection while the CPU
-// gate sheds load, a failed store under WithFailClosed, or the tap handle
-// (default UNAVAILABLE). Neither may be OK. A repeated call replaces both.
+// quota at full limits (ReasonQuota; default RESOURCE_EXHAUSTED), overload
+// for the rest (default UNAVAILABLE): a call the overload controller sheds
+// or the tap handle turns away, a caller over its quota while the CPU gate
+// scales limits down (ReasonOverload), and a failed store under
+// WithFailClosed. Neither may be OK. A repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) { o.quotaCode, o.overCode = quota, overload }
 }
@@ -356,15 +360,13 @@ func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = o
 
 // WithTapFloor sets the gate scale, in (0, 1], at or below which the tap
 // handle rejects callers still inside a retry delay the interceptor gave
-// them. The default, 1, lets the tap reject them whenever the gate sheds:
-// such a caller would find its bucket empty and be rejected by the
-// interceptor anyway, at the cost of a stream, a goroutine and a trailer
-// (in the overload experiment, BENCHMARKS.md, the Adaptive gate kept 74% of
-// its peak goodput at 2× and 4× load before the tap took these callers, and
-// 83–90% after). A lower value, such as the
-// policy's floor, keeps the tap out of the way until limits are cut that
-// far, for callers that ignore pushback but honour the interceptor's
-// details. A repeated call replaces it.
+// them, with a CPU gate (WithGate) and no overload controller. The
+// default, 1, lets the tap reject them whenever the gate sheds: such a
+// caller would find its bucket empty and be rejected by the interceptor
+// anyway, at the cost of a stream, a goroutine and a trailer. A lower
+// value, such as the policy's floor, keeps the tap out of the way until
+// limits are cut that far, for callers that ignore pushback but honour the
+// interceptor's details. A repeated call replaces it.
 func WithTapFloor(f float64) Option {
 	return func(o *options) { o.tapFloor = f }
 }

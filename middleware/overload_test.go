@@ -164,7 +164,7 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 		}
 	}
 	st := l.Stats()
-	if st.Overload+st.Tap < 2 {
+	if st.Shed+st.Tap < 2 {
 		t.Errorf("Stats() = %+v, want the two shed calls counted", st)
 	}
 	// Both sheds, at the tap and in the interceptor, are charged to the

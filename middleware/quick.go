@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -93,14 +94,19 @@ func NewOverload(opts ...Option) (*Limiter, error) {
 }
 
 // NewFromFile returns a Limiter over the tenant config at path (YAML or
-// JSON; see package tenant) with its buckets in memory, and reloads the
-// config when the file changes until ctx ends (tenant.Registry.Watch, in a
-// goroutine of its own). It returns the config's error when the first load
-// fails. A later version that fails to load is logged to slog.Default and
-// leaves the table in force. opts are New's options: WithAPIKeyHeaders
+// JSON; see package tenant) with its buckets in memory. It returns the
+// config's error when the first load fails. Then it watches the file
+// (tenant.Registry.Watch) from a goroutine of its own, and reloads the
+// config when the file changes, until ctx ends: cancel ctx to stop the
+// watch, and its goroutine with it; the Limiter keeps the table last
+// loaded. The watch logs to slog.Default (as it is when NewFromFile is
+// called): each reload at Info; a version that fails to load, which
+// leaves the table in force, at Error; and the watch's end with its error,
+// at Info when it is ctx's. opts are New's options: WithAPIKeyHeaders
 // names the headers that carry the tenants' keys.
 func NewFromFile(ctx context.Context, path string, opts ...Option) (*Limiter, error) {
-	reg, err := tenant.New(tenant.WithLogger(slog.Default()))
+	log := slog.Default()
+	reg, err := tenant.New(tenant.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +117,13 @@ func NewFromFile(ctx context.Context, path string, opts ...Option) (*Limiter, er
 	if err != nil {
 		return nil, err
 	}
-	go func() { _ = reg.Watch(ctx, path) }()
+	go func() {
+		err := reg.Watch(ctx, path)
+		level := slog.LevelError
+		if errors.Is(err, ctx.Err()) {
+			level = slog.LevelInfo
+		}
+		log.Log(context.Background(), level, "middleware: tenant config watch ended; the table in force stays", "path", path, "err", err)
+	}()
 	return l, nil
 }

@@ -3,10 +3,14 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,6 +22,7 @@ import (
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // tcp is the loopback network of e2e_test.go's networks.
@@ -182,6 +187,78 @@ anonymous:
 	if _, err := middleware.NewFromFile(ctx, filepath.Join(dir, "bad.yaml")); err == nil {
 		t.Error("NewFromFile of a malformed file: nil error")
 	}
+}
+
+// records is a slog.Handler that keeps the records it is given.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *records) Enabled(context.Context, slog.Level) bool { return true }
+func (h *records) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *records) WithGroup(string) slog.Handler            { return h }
+func (h *records) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.recs = append(h.recs, r.Clone())
+	h.mu.Unlock()
+	return nil
+}
+
+// find returns the level and the "err" attribute of the first record
+// with message msg, and whether there is one.
+func (h *records) find(msg string) (slog.Level, string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.recs {
+		if r.Message != msg {
+			continue
+		}
+		var err string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "err" {
+				err = a.Value.String()
+			}
+			return true
+		})
+		return r.Level, err, true
+	}
+	return 0, "", false
+}
+
+// NewFromFile's watch logs to slog.Default: a version of the file that
+// fails to load, at Error, and the watch's end when its context is
+// canceled, at Info.
+func TestNewFromFileLogsTheWatch(t *testing.T) {
+	h := &records{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(h))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tenants.yaml")
+		if err := os.WriteFile(path, []byte("anonymous:\n  default: {rate: 1, burst: 1}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		if _, err := middleware.NewFromFile(ctx, path); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("anonymous:\n  default: {rate: -1, burst: 1}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Past the watch's next poll (tenant.DefaultPollInterval).
+		time.Sleep(tenant.DefaultPollInterval + time.Second)
+		lvl, err, ok := h.find("tenant: config rejected; the previous table stays in force")
+		if !ok || lvl != slog.LevelError || !strings.Contains(err, "rate") {
+			t.Errorf("the invalid version's record: %v, %v, %q; want one at ERROR naming the rate", ok, lvl, err)
+		}
+		cancel()
+		synctest.Wait()
+		lvl, err, ok = h.find("middleware: tenant config watch ended; the table in force stays")
+		if !ok || lvl != slog.LevelInfo || err != context.Canceled.Error() {
+			t.Errorf("the watch's end: %v, %v, %q; want a record at INFO with %v", ok, lvl, err, context.Canceled)
+		}
+	})
 }
 
 // ServerOptions chain: an interceptor of the caller's own, before or

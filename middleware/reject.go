@@ -25,8 +25,10 @@ const PushbackKey = "grpc-retry-pushback-ms"
 const (
 	// ErrorReasonRateLimited: the caller is over its quota.
 	ErrorReasonRateLimited = "RATE_LIMITED"
-	// ErrorReasonOverloaded: the caller is over its share while the CPU
-	// gate sheds load.
+	// ErrorReasonOverloaded: the server is overloaded (ReasonOverload): the
+	// overload controller shed the call, or the tap handle turned it away,
+	// or the caller is over its quota while the CPU gate scales limits
+	// down.
 	ErrorReasonOverloaded = "OVERLOADED"
 	// ErrorReasonUnavailable: the store could not decide, and the Limiter
 	// fails closed (WithFailClosed).

@@ -48,6 +48,7 @@ var mapping = []struct{ otel, prom string }{
 	{"floodgate.overload.wait", "floodgate_overload_wait_seconds"},
 	{"floodgate.overload.admitted", "floodgate_overload_admitted_total"},
 	{"floodgate.overload.shed", "floodgate_overload_shed_total"},
+	{"floodgate.overload.untapped", "floodgate_overload_untapped_total"},
 	{"floodgate.config.loads", "floodgate_config_loads_total"},
 	{"floodgate.config.loaded_timestamp", "floodgate_config_loaded_timestamp_seconds"},
 	{"floodgate.redis.call.duration", "floodgate_redis_call_duration_seconds"},

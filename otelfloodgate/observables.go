@@ -102,7 +102,7 @@ type observables struct {
 	ovState, ovInflight, ovQueued, ovQueueCap              metric.Int64ObservableGauge
 	ovLimit, ovLatency, ovBaseline, ovTarget, ovThroughput metric.Float64ObservableGauge
 	ovWait                                                 metric.Float64ObservableGauge
-	ovAdmitted, ovShed                                     metric.Int64ObservableCounter
+	ovAdmitted, ovShed, ovUntapped                         metric.Int64ObservableCounter
 	ovStateIs, waited, shedBy                              []metric.MeasurementOption
 
 	configLoads  metric.Int64ObservableCounter
@@ -152,6 +152,7 @@ func (s *observables) register(m metric.Meter, o *options, limiter *atomic.Point
 		s.ovWait = b.float("floodgate.overload.wait", "s", "Mean wait for a slot of the calls that waited in the overload controller's latest step.")
 		s.ovAdmitted = b.counter("floodgate.overload.admitted", "{call}", "Calls the overload controller admitted, by whether they waited for a slot.")
 		s.ovShed = b.counter("floodgate.overload.shed", "{call}", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, tap).")
+		s.ovUntapped = b.counter("floodgate.overload.untapped", "{call}", "Calls that reached the overload controller without the tap handle counting them as they entered: a server wired without the tap handle, whose calls can queue where the controller cannot bound them. It should stay 0.")
 		s.ovStateIs = withEach("state", overload.Open.String(), overload.Shedding.String())
 		s.waited = withEach("waited", "false", "true")
 		var causes []string
@@ -218,6 +219,7 @@ func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 		for i, n := range snap.Shed {
 			ob.ObserveInt64(s.ovShed, int64(n), s.shedBy[i])
 		}
+		ob.ObserveInt64(s.ovUntapped, int64(snap.Untapped))
 	}
 	if r := s.o.registry; r != nil {
 		st := r.Stats()

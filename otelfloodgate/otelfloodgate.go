@@ -40,8 +40,9 @@ const (
 	LabelNone = labels.None
 )
 
-// An Option configures a Recorder. New applies the options to a copy of
-// the defaults, then validates the result.
+// An Option configures a Recorder. New applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -82,8 +83,12 @@ func WithKeyed(m KeyedMap) Option { return func(o *options) { o.keyed = m } }
 func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 
 // WithOverload records the overload controller's state, limit, calls in
-// flight and waiting, latencies, throughput, and the calls it admitted and
-// shed. A nil c, the default, records none; a repeated call replaces c.
+// flight and waiting, latencies, throughput, the calls it admitted and
+// shed, and the calls that reached it without the tap handle
+// (floodgate.overload.untapped), which should stay 0: a server wired
+// without the tap handle (middleware's Limiter.ServerOptions installs it)
+// lets calls queue where the controller cannot bound them. A nil c, the
+// default, records none; a repeated call replaces c.
 func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRegistry records the tenant registry's config loads and when the
@@ -111,9 +116,12 @@ func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
 
 // WithCodes tells the Recorder the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code attribute. The defaults
-// are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A repeated
-// call replaces both.
+// as given to middleware.WithCodes, for the code attribute: quota for the
+// rejections of reason quota, overload for the others (the overload
+// controller's sheds, the tap handle's rejections and those while the CPU
+// gate scales limits down, all of reason overload, and a failed store's).
+// The defaults are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A
+// repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) { o.quota, o.over = quota, overload }
 }
@@ -153,7 +161,9 @@ type Recorder struct {
 func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.labels().Check("otelfloodgate"); err != nil {
 		return nil, err

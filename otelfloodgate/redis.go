@@ -21,7 +21,8 @@ import (
 var DefaultCallBuckets = labels.CallBuckets()
 
 // A RedisOption configures RedisMetrics. NewRedisMetrics applies the
-// options to a copy of the defaults, then validates the result.
+// options in order to a copy of the defaults, skipping nil ones, then
+// validates the result (the convention of floodgate.ErrInvalidOption).
 type RedisOption func(*redisOptions)
 
 type redisOptions struct {
@@ -62,7 +63,9 @@ type RedisMetrics struct {
 func NewRedisMetrics(mp metric.MeterProvider, opts ...RedisOption) (*RedisMetrics, error) {
 	o := redisOptions{buckets: slices.Clone(DefaultCallBuckets)}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := labels.CheckBuckets("otelfloodgate", o.buckets); err != nil {
 		return nil, err

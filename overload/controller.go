@@ -2,7 +2,6 @@ package overload
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"math"
 	"runtime"
@@ -119,11 +118,12 @@ type options struct {
 	target   time.Duration
 	minLimit int
 	maxLimit int
-	errs     []error
 	onChange func(Snapshot)
 }
 
-// An Option configures a [Controller].
+// An Option configures a [Controller]. [New] applies the options in order
+// to a copy of the defaults, skipping nil ones, then validates the result
+// (the convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 // WithLogger sets the logger for the controller's changes of state, each
@@ -148,8 +148,8 @@ func (f GuardFunc) Reading() (float64, time.Duration) { return f() }
 
 // WithGuard sets where the controller reads the CPU, for its snapshots and
 // log lines only: the law decides by the calls' service times and waits,
-// which a neighbour's CPU use or a quota cannot mislead. Default: none. A
-// repeated call replaces it.
+// which a neighbour's CPU use or a quota cannot mislead. Default (and
+// nil): none. A repeated call replaces it.
 func WithGuard(g Guard) Option { return func(o *options) { o.guard = g } }
 
 // WithClock sets the clock the controller reads, for tests and
@@ -169,13 +169,7 @@ func WithClock(c floodgate.Clock) Option {
 // slots than it has CPUs) to 10,000. Set them when the handlers wait on a
 // pool of known size. A repeated call replaces both.
 func WithLimits(least, most int) Option {
-	return func(o *options) {
-		if least < 0 || most < 0 || (most > 0 && most < max(least, 1)) {
-			o.errs = append(o.errs, invalid("WithLimits", [2]int{least, most}, "0 ≤ least ≤ most, or 0 for the defaults"))
-			return
-		}
-		o.minLimit, o.maxLimit = least, most
-	}
+	return func(o *options) { o.minLimit, o.maxLimit = least, most }
 }
 
 // WithQueueTarget sets the least queue target: the server holds, beyond
@@ -184,28 +178,12 @@ func WithLimits(least, most int) Option {
 // are being shed and 25 ms otherwise, so that a server that is not
 // overloaded absorbs a burst; one completion's worth when that is longer.
 // A repeated call replaces it.
-func WithQueueTarget(d time.Duration) Option {
-	return duration("WithQueueTarget", d, func(o *options) *time.Duration { return &o.target })
-}
-
-// duration returns an option that sets the duration field returns to d,
-// or records an error naming the option when d is negative.
-func duration(name string, d time.Duration, field func(*options) *time.Duration) Option {
-	return func(o *options) {
-		if d < 0 {
-			o.errs = append(o.errs, invalid(name, d, "0 (the default) or a positive duration"))
-			return
-		}
-		*field(o) = d
-	}
-}
+func WithQueueTarget(d time.Duration) Option { return func(o *options) { o.target = d } }
 
 // WithRetryAfter sets the retry delay a shed call is given (ShedError's
 // RetryAfter). The default, 0, is 200 ms, two control steps. A repeated
 // call replaces it.
-func WithRetryAfter(d time.Duration) Option {
-	return duration("WithRetryAfter", d, func(o *options) *time.Duration { return &o.retry })
-}
+func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retry = d } }
 
 // WithOnChange sets a function called after every change of state or of
 // the limit, with the new snapshot, outside the controller's lock, from
@@ -223,7 +201,7 @@ func New(opts ...Option) (*Controller, error) {
 			opt(&o)
 		}
 	}
-	if err := errors.Join(o.errs...); err != nil {
+	if err := o.validate(); err != nil {
 		return nil, err
 	}
 	if o.retry == 0 {
@@ -234,6 +212,20 @@ func New(opts ...Option) (*Controller, error) {
 	c.st = law.Start(c.bounds(), now)
 	c.since = now
 	return c, nil
+}
+
+// validate names the first option New was given an invalid value.
+func (o *options) validate() error {
+	const positive = "0 (the default) or a positive duration"
+	switch {
+	case o.minLimit < 0 || o.maxLimit < 0 || (o.maxLimit > 0 && o.maxLimit < max(o.minLimit, 1)):
+		return invalid("WithLimits", [2]int{o.minLimit, o.maxLimit}, "0 ≤ least ≤ most, or 0 for the defaults")
+	case o.target < 0:
+		return invalid("WithQueueTarget", o.target, positive)
+	case o.retry < 0:
+		return invalid("WithRetryAfter", o.retry, positive)
+	}
+	return nil
 }
 
 // bounds returns the limit's bounds in force.

@@ -40,8 +40,9 @@ const (
 	LabelNone = labels.None
 )
 
-// An Option configures a Collector. New applies the options to a copy of
-// the defaults, then validates the result.
+// An Option configures a Collector. New applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of floodgate.ErrInvalidOption).
 type Option func(*options)
 
 type options struct {
@@ -87,8 +88,11 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // calls were shed: its state, concurrency limit, calls in flight and
 // waiting, the latency of the last interval against its probed baseline,
 // the queueing delay, what set the limit last, and the calls it admitted,
-// made wait and shed by cause. A nil c, the default, exports none; a
-// repeated call replaces c.
+// made wait and shed by cause; and the calls that reached it without the
+// tap handle (floodgate_overload_untapped_total), which should stay 0: a
+// server wired without the tap handle (middleware's Limiter.ServerOptions
+// installs it) lets calls queue where the controller cannot bound them. A
+// nil c, the default, exports none; a repeated call replaces c.
 func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRegistry exports the tenant registry's config loads by outcome
@@ -122,8 +126,12 @@ func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
 
 // WithCodes tells the collector the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code label. The defaults are
-// the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE. Neither may be OK.
+// as given to middleware.WithCodes, for the code label: quota for the
+// rejections of reason quota, overload for the others (the overload
+// controller's sheds, the tap handle's rejections and those while the CPU
+// gate scales limits down, all of reason overload, and a failed store's).
+// The defaults are the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE.
+// Neither may be OK.
 // Behind go-grpc-middleware's ratelimit interceptors (Limiter.Limit) every
 // rejection reaches the client as RESOURCE_EXHAUSTED: pass that code twice.
 // A repeated call replaces both.
@@ -199,7 +207,7 @@ type descs struct {
 	ovState, ovLimit, ovInflight, ovQueued, ovRTT, ovBaseline *prometheus.Desc
 	ovQueueCap, ovAdmitted, ovShed                            *prometheus.Desc
 	ovTarget, ovThroughput                                    *prometheus.Desc
-	ovWait                                                    *prometheus.Desc
+	ovWait, ovUntapped                                        *prometheus.Desc
 
 	configLoads, configLoaded *prometheus.Desc
 }
@@ -210,7 +218,9 @@ type descs struct {
 func New(opts ...Option) (*Collector, error) {
 	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -260,6 +270,7 @@ func New(opts ...Option) (*Collector, error) {
 		ovWait:         d("overload_wait_seconds", "Mean wait for a slot of the calls that waited in the overload controller's latest step."),
 		ovAdmitted:     d("overload_admitted_total", "Calls the overload controller admitted, by whether they waited for a slot.", "waited"),
 		ovShed:         d("overload_shed_total", "Calls the overload controller shed, by cause (queue_full, displaced, wait_timeout, deadline, tap).", "cause"),
+		ovUntapped:     d("overload_untapped_total", "Calls that reached the overload controller without the tap handle counting them as they entered: a server wired without the tap handle, whose calls can queue where the controller cannot bound them. It should stay 0."),
 		configLoads:    d("config_loads_total", "Loads of the tenant config by outcome: applied (a new table put in force) or rejected (unreadable or invalid; the table in force stays).", "outcome"),
 		configLoaded:   d("config_loaded_timestamp_seconds", "When the tenant table in force was put in force, in Unix seconds; 0 while no config has loaded."),
 	}
@@ -339,7 +350,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.o.overload != nil {
 		for _, d := range []*prometheus.Desc{c.descs.ovState, c.descs.ovLimit, c.descs.ovInflight, c.descs.ovQueued, c.descs.ovQueueCap,
-			c.descs.ovRTT, c.descs.ovBaseline, c.descs.ovTarget, c.descs.ovThroughput, c.descs.ovWait, c.descs.ovAdmitted, c.descs.ovShed} {
+			c.descs.ovRTT, c.descs.ovBaseline, c.descs.ovTarget, c.descs.ovThroughput, c.descs.ovWait, c.descs.ovAdmitted, c.descs.ovShed,
+			c.descs.ovUntapped} {
 			ch <- d
 		}
 	}
@@ -409,6 +421,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for i, n := range s.Shed {
 			counter(c.descs.ovShed, n, overload.ShedCause(i).String())
 		}
+		counter(c.descs.ovUntapped, s.Untapped)
 	}
 	if r := c.o.registry; r != nil {
 		st := r.Stats()

@@ -37,7 +37,8 @@ const DefaultOffenders = 64
 const HashedKeyLen = 12
 
 // An OffendersOption configures an Offenders. NewOffenders applies the
-// options to a copy of the defaults, then validates the result.
+// options in order to a copy of the defaults, skipping nil ones, then
+// validates the result (the convention of floodgate.ErrInvalidOption).
 type OffendersOption func(*offendersOptions)
 
 type offendersOptions struct {
@@ -76,8 +77,8 @@ func WithHashSecret(secret []byte) OffendersOption {
 }
 
 // WithKeyFunc sets how UnaryServerInterceptor names the caller of a rejected
-// call. The default, PeerIP, is the client's address; a repeated call
-// replaces f.
+// call. The default, PeerIP, is the client's address; f must not be nil.
+// A repeated call replaces f.
 func WithKeyFunc(f func(ctx context.Context, fullMethod string) string) OffendersOption {
 	return func(o *offendersOptions) { o.key = f }
 }
@@ -133,7 +134,9 @@ func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
 	o := offendersOptions{k: DefaultOffenders, key: PeerIP, quota: codes.ResourceExhausted,
 		over: codes.Unavailable, domain: middleware.DefaultDomain}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.validate(); err != nil {
 		return nil, err

@@ -2,12 +2,15 @@ package promfloodgate
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -91,7 +94,59 @@ floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get
 	}
 	if n := testutil.CollectAndCount(c, "floodgate_overload_latency_seconds", "floodgate_overload_baseline_seconds",
 		"floodgate_overload_admitted_total", "floodgate_overload_queued", "floodgate_overload_queue_cap", "floodgate_overload_wait_seconds",
-		"floodgate_overload_queue_target_seconds", "floodgate_overload_throughput"); n != 1+1+2+1+1+1+1+1 {
-		t.Errorf("%d series of the other overload metrics, want 9", n)
+		"floodgate_overload_queue_target_seconds", "floodgate_overload_throughput", "floodgate_overload_untapped_total"); n != 1+1+2+1+1+1+1+1+1 {
+		t.Errorf("%d series of the other overload metrics, want 10", n)
 	}
+}
+
+// TestOverloadUntapped: a call that reaches the controller without the tap
+// handle counting it in moves floodgate_overload_untapped_total; one the
+// tap handle counted does not.
+func TestOverloadUntapped(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	untapped := func(want string) {
+		t.Helper()
+		exp := `
+# HELP floodgate_overload_untapped_total Calls that reached the overload controller without the tap handle counting them as they entered: a server wired without the tap handle, whose calls can queue where the controller cannot bound them. It should stay 0.
+# TYPE floodgate_overload_untapped_total counter
+floodgate_overload_untapped_total ` + want + "\n"
+		if err := testutil.CollectAndCompare(c, strings.NewReader(exp), "floodgate_overload_untapped_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	untapped("0")
+	icpt := lim.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
+	// Through the tap handle first, as a server built with
+	// Limiter.ServerOptions calls it.
+	ctx := callCtx(proKey)
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx, err = lim.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: md})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := icpt(ctx, nil, info, noop); err != nil {
+		t.Fatal(err)
+	}
+	untapped("0")
+	// The interceptor alone: a server without the tap handle.
+	if _, err := icpt(callCtx(proKey), nil, info, noop); err != nil {
+		t.Fatal(err)
+	}
+	untapped("1")
 }

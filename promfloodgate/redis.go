@@ -18,7 +18,8 @@ import (
 var DefaultCallBuckets = labels.CallBuckets()
 
 // A RedisOption configures RedisMetrics. NewRedisMetrics applies the
-// options to a copy of the defaults, then validates the result.
+// options in order to a copy of the defaults, skipping nil ones, then
+// validates the result (the convention of floodgate.ErrInvalidOption).
 type RedisOption func(*redisOptions)
 
 type redisOptions struct {
@@ -65,7 +66,9 @@ func NewRedisMetrics(opts ...RedisOption) (*RedisMetrics, error) {
 	// variable anyone can change.
 	o := redisOptions{buckets: slices.Clone(DefaultCallBuckets)}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.validate(); err != nil {
 		return nil, err

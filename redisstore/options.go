@@ -43,8 +43,10 @@ func (p Policy) String() string {
 	return "unknown"
 }
 
-// An Option configures a [Store]. Options apply in order to a copy of the
-// defaults; a repeated option replaces the earlier one's value.
+// An Option configures a [Store]. [New] applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]); a repeated option replaces
+// the earlier one's value.
 type Option func(*options)
 
 type options struct {
@@ -82,12 +84,13 @@ func defaults() options {
 
 // WithPrefix sets the first part of every key, "floodgate" by default. The
 // prefix must be non-empty and must not contain '{' or '}', which would move
-// the Cluster hash tag.
+// the Cluster hash tag. A repeated call replaces it.
 func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
 
 // WithName sets the limit id, the last part of every key, "b" by default.
 // Stores that share a Redis and a prefix but apply different limits to the
-// same subjects need different names. The same rules as for the prefix apply.
+// same subjects need different names. The same rules as for the prefix
+// apply. A repeated call replaces it.
 func WithName(name string) Option { return func(o *options) { o.name = name } }
 
 // WithClientClock makes the store send c's time (as µs since the Unix
@@ -119,11 +122,11 @@ func WithClientClock(c floodgate.Clock) Option { return func(o *options) { o.clo
 // not held against Redis (see [Local]). So a decision returns within the
 // deadline (or the caller's earlier one), plus that stretch while the
 // process is starved, plus however late the runtime runs the caller's
-// goroutine again.
+// goroutine again. It must be positive; a repeated call replaces it.
 func WithDeadline(d time.Duration) Option { return func(o *options) { o.deadline = d } }
 
 // WithFailurePolicy sets what decides while Redis cannot: [Local] (the
-// default), [Open] or [Closed].
+// default), [Open] or [Closed]. A repeated call replaces it.
 func WithFailurePolicy(p Policy) Option { return func(o *options) { o.policy = p } }
 
 // WithLocalDivisor sets the least divisor of the [Local] policy, 1 by
@@ -148,7 +151,8 @@ func WithFailurePolicy(p Policy) Option { return func(o *options) { o.policy = p
 func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divisor = divisor } }
 
 // WithFallback sets the store that decides under the [Local] policy, a
-// keyed.Map of default capacity by default. It receives the scaled limit.
+// keyed.Map of default capacity by default; nil restores the default. It
+// receives the scaled limit. A repeated call replaces it.
 func WithFallback(s floodgate.Store) Option { return func(o *options) { o.fallback = s } }
 
 // WithBreaker configures the circuit breaker: after failures consecutive
@@ -164,6 +168,7 @@ func WithFallback(s floodgate.Store) Option { return func(o *options) { o.fallba
 // starved of CPU, are not failures; such a timeout instead has a probe with
 // the same budget check Redis, and opens the breaker if it fails too. The
 // defaults are 5 failures and 500 ms. failures must be ≥ 1 and cooldown > 0.
+// A repeated call replaces both.
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(o *options) { o.failures, o.cooldown = failures, cooldown }
 }
@@ -172,7 +177,7 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 // max decisions: decisions on a standalone server, or on one Cluster slot,
 // become a single script call; the rest are pipelined. Accounting stays
 // exact; only latency changes. max = 0 (the default) turns batching off:
-// every decision is its own call.
+// every decision is its own call. A repeated call replaces it.
 func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 
 // WithDenyCache keeps the size buckets Redis most recently denied in
@@ -180,7 +185,8 @@ func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 // bucket cannot yet hold the requested tokens. A cached denial never admits
 // and never denies a request Redis would admit, except that a Refund, Reset
 // or raised limit elsewhere is seen only once the entry expires (at the
-// denied request's retry-after). size = 0 (the default) turns it off.
+// denied request's retry-after). size = 0 (the default) turns it off. A
+// repeated call replaces it.
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 
 // WithLeases lets hot buckets (two decisions on one key within d) take up to
@@ -188,7 +194,8 @@ func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = si
 // window of length t, all instances together admit at most
 // burst + rate×(t+d): the bound grows by rate×d. Tokens unused when a lease
 // expires are lost, which under-admits. At most keys keys are tracked, the
-// ones decided on most recently. d = 0 (the default) turns leases off.
+// ones decided on most recently. d = 0 (the default) turns leases off. A
+// repeated call replaces both.
 func WithLeases(d time.Duration, keys int) Option {
 	return func(o *options) { o.leaseTime, o.leaseKeys = d, keys }
 }
@@ -196,7 +203,8 @@ func WithLeases(d time.Duration, keys int) Option {
 // WithOnError sets a function called with every error from Redis that made
 // the failure policy decide: for logging and metrics. It runs on the
 // decision's goroutine and must be fast. The error text is Redis's; it never
-// reaches a Result or a returned error.
+// reaches a Result or a returned error. A repeated call replaces it; nil
+// removes it.
 func WithOnError(f func(error)) Option { return func(o *options) { o.onError = f } }
 
 // WithObserver sets the [Observer] that receives the store's round trips to

@@ -98,7 +98,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	o := defaults()
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if err := o.validate(); err != nil {
 		return nil, err

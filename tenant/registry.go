@@ -73,7 +73,9 @@ type source struct {
 	sum  [32]byte
 }
 
-// An Option configures a Registry.
+// An Option configures a Registry. [New] applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 type options struct {
@@ -104,7 +106,7 @@ func WithLogger(l *slog.Logger) Option {
 // on success, or with the table still in force and the error on failure.
 // It runs on the reloading goroutine, after the registry's lock is
 // released; it must not block for long. A repeated call replaces the
-// earlier function.
+// earlier function; nil removes it.
 func WithOnReload(f func(path string, t *Table, err error)) Option {
 	return func(o *options) { o.onReload = f }
 }
@@ -115,7 +117,9 @@ func WithOnReload(f func(path string, t *Table, err error)) Option {
 func New(opts ...Option) (*Registry, error) {
 	o := options{interval: DefaultPollInterval, logger: slog.Default()}
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if o.interval <= 0 {
 		return nil, fmt.Errorf("%w: tenant: WithPollInterval = %v, want > 0", floodgate.ErrInvalidOption, o.interval)

@@ -84,10 +84,10 @@ func New(opts ...Option) (*Throttle, error) {
 	case o.backoff <= 0:
 		return nil, invalid("WithBackoff", o.backoff, "> 0")
 	}
-	if err := checkK(o.k); err != nil {
+	if err := checkK("WithK", o.k); err != nil {
 		return nil, err
 	}
-	if err := checkBudget(o.ratio, o.minRetry); err != nil {
+	if err := checkBudget("WithRetryBudget", o.ratio, o.minRetry); err != nil {
 		return nil, err
 	}
 	return &Throttle{o: o, budget: newBudget(o.ratio, o.minRetry, o), targets: make(map[string]*Adaptive)}, nil

@@ -61,15 +61,16 @@ func NewAdaptive(k float64, opts ...Option) (*Adaptive, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkK(k); err != nil {
+	if err := checkK("K", k); err != nil {
 		return nil, err
 	}
 	return newAdaptive(k, o), nil
 }
 
-func checkK(k float64) error {
+// checkK checks the multiplier k, which the error calls name.
+func checkK(name string, k float64) error {
 	if !(k >= 1) || math.IsInf(k, 1) {
-		return invalid("K", k, "a finite value ≥ 1")
+		return invalid(name, k, "a finite value ≥ 1")
 	}
 	return nil
 }
@@ -139,18 +140,23 @@ func NewBudget(ratio, minPerSecond float64, opts ...Option) (*Budget, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkBudget(ratio, minPerSecond); err != nil {
+	if err := checkBudget("", ratio, minPerSecond); err != nil {
 		return nil, err
 	}
 	return newBudget(ratio, minPerSecond, o), nil
 }
 
-func checkBudget(ratio, minPerSecond float64) error {
+// checkBudget checks a budget's arguments; the error names them after
+// option, the option that gave them, if any.
+func checkBudget(option string, ratio, minPerSecond float64) error {
+	if option != "" {
+		option += ": "
+	}
 	if !(ratio >= 0 && ratio <= 1) {
-		return invalid("retry ratio", ratio, "a value in [0, 1]")
+		return invalid(option+"retry ratio", ratio, "a value in [0, 1]")
 	}
 	if !(minPerSecond >= 0) || math.IsInf(minPerSecond, 1) {
-		return invalid("minimum retries per second", minPerSecond, "a finite value ≥ 0")
+		return invalid(option+"minimum retries per second", minPerSecond, "a finite value ≥ 0")
 	}
 	return nil
 }
@@ -182,7 +188,9 @@ func (b *Budget) Retry() bool {
 }
 
 // An Option configures [New], [NewAdaptive] and [NewBudget]; each says
-// which options it uses.
+// which options it uses. Each applies the options in order to a copy of the
+// defaults, skipping nil ones, then validates the result (the convention of
+// [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 type options struct {

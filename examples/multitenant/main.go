@@ -208,7 +208,8 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	err = srv.run(ctx, grace)
 	st := srv.limiter.Stats()
-	log.Info("stopped", "admitted", st.Admitted, "quota", st.Quota, "overload", st.Overload, "tap", st.Tap, "exempt", st.Exempt)
+	// The controller's sheds are calls the quota admitted (Stats).
+	log.Info("stopped", "admitted", st.Admitted-st.Shed, "quota", st.Quota, "overload", st.Overload+st.Shed, "tap", st.Tap, "exempt", st.Exempt)
 	return err
 }
 

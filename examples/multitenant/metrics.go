@@ -205,8 +205,8 @@ func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.D
 		}
 		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
 		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
-		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
-			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
+		attrs := []any{"admitted", rate(st.Admitted-st.Shed, prev.Admitted-prev.Shed), "quota", rate(st.Quota, prev.Quota),
+			"overload", rate(st.Overload+st.Shed, prev.Overload+prev.Shed), "tap", rate(st.Tap, prev.Tap)}
 		if srv.ctrl != nil {
 			// The controller's own names for its signals, as in its log
 			// lines and metrics.

@@ -278,7 +278,7 @@ func TestProbeCapacity(t *testing.T) {
 		t.Errorf("probeCapacity = %+v, want a positive capacity from 2 callers", p)
 	}
 	// The unlimited tenant was never limited while probing.
-	if st := srv.limiter.Stats(); st.Quota+st.Overload+st.Tap != 0 {
+	if st := srv.limiter.Stats(); st.Quota+st.Overload+st.Shed+st.Tap != 0 {
 		t.Errorf("limiter stats %+v after probing, want no rejection", st)
 	}
 	// A tenant with a quota is limited: the probe reports the rejection.
@@ -395,8 +395,8 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 	if got := srv.ctrl.Snapshot().ShedTotal(); got != 1 {
 		t.Errorf("controller shed %d calls, want 1", got)
 	}
-	if st := srv.limiter.Stats(); st.Overload != 1 {
-		t.Errorf("limiter stats %+v, want 1 overload rejection", st)
+	if st := srv.limiter.Stats(); st.Shed != 1 {
+		t.Errorf("limiter stats %+v, want 1 call shed by the controller", st)
 	}
 
 	// Slots free again: the same call is served.

@@ -394,8 +394,9 @@ func (s *Summary) Write(w io.Writer) {
 		b.WriteString("\n")
 	}
 	if st := s.Server; st != nil {
+		// The controller's sheds are calls the quota admitted (Stats).
 		fmt.Fprintf(&b, "server: admitted %d, over quota %d, overload %d, tap handle %d, exempt %d\n",
-			st.Admitted, st.Quota, st.Overload, st.Tap, st.Exempt)
+			st.Admitted-st.Shed, st.Quota, st.Overload+st.Shed, st.Tap, st.Exempt)
 	}
 	if s.ChartPath != "" {
 		fmt.Fprintf(&b, "chart: %s\n", s.ChartPath)
