@@ -4,7 +4,7 @@
 #               go test -race over every package of every module, and the
 #               allocation tests again without the race detector
 #   make bench  the side-by-side benchmarks against peer libraries
-#   make overload  the overload experiment (about 15 minutes; BENCHMARKS.md)
+#   make overload  the overload experiment (about 30 minutes; BENCHMARKS.md)
 
 GO        ?= go
 # Each module is vetted and tested against its own go.mod, as its users
@@ -13,7 +13,7 @@ GO        ?= go
 export GOWORK := off
 # The core module (the root) and the modules that carry heavier
 # dependencies, so that importing the core never pulls them in.
-MODULES   := . redisstore promfloodgate otelfloodgate examples bench
+MODULES   := . redisstore promfloodgate otelfloodgate internal/plot examples bench
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -46,7 +46,9 @@ bench: deps
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 90m . | tee results.txt
 	cd bench && $(GO) run ./cmd/memory
 
-# Rewrites BENCHMARKS.md, bench/results/overload.json and docs/benchmarks/.
+# Rewrites BENCHMARKS.md, bench/results/overload.json (the summary the
+# report is rendered from), bench/results/raw/ (which git ignores) and the
+# charts in docs/benchmarks/.
 # As root it pins the server and the load generator to different CPUs and
 # gives the server its own cgroup with a CPU quota; otherwise it says so in
 # the report and runs without.

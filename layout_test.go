@@ -140,7 +140,7 @@ var heavy = map[string]string{
 	"github.com/prometheus/":  "promfloodgate",
 	"go.opentelemetry.io/":    "otelfloodgate",
 	"github.com/redis/":       "redisstore",
-	"gonum.org/v1/plot":       "examples",
+	"gonum.org/v1/plot":       "internal/plot",
 	"connectrpc.com/":         "examples",
 	"github.com/go-redis/":    "bench",
 	"github.com/sethvargo/":   "bench",

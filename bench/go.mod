@@ -4,14 +4,14 @@ go 1.26.0
 
 replace (
 	github.com/floodgate-go/floodgate => ../
-	github.com/floodgate-go/floodgate/examples => ../examples
+	github.com/floodgate-go/floodgate/internal/plot => ../internal/plot
 	github.com/floodgate-go/floodgate/promfloodgate => ../promfloodgate
 	github.com/floodgate-go/floodgate/redisstore => ../redisstore
 )
 
 require (
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
-	github.com/floodgate-go/floodgate/examples v0.0.0-00010101000000-000000000000
+	github.com/floodgate-go/floodgate/internal/plot v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000
 	github.com/go-kratos/aegis v0.2.0
 	github.com/go-redis/redis_rate/v10 v10.0.1

@@ -4,6 +4,7 @@ go 1.26.0
 
 replace (
 	github.com/floodgate-go/floodgate => ../
+	github.com/floodgate-go/floodgate/internal/plot => ../internal/plot
 	github.com/floodgate-go/floodgate/otelfloodgate => ../otelfloodgate
 	github.com/floodgate-go/floodgate/promfloodgate => ../promfloodgate
 	github.com/floodgate-go/floodgate/redisstore => ../redisstore
@@ -12,6 +13,7 @@ replace (
 require (
 	connectrpc.com/connect v1.19.1
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
+	github.com/floodgate-go/floodgate/internal/plot v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/otelfloodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/promfloodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000

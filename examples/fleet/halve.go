@@ -10,7 +10,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/floodgate-go/floodgate/examples/plot"
+	"github.com/floodgate-go/floodgate/internal/plot"
 )
 
 // halveRun drives the fleet at 0.6× under weighted_round_robin while the

@@ -115,10 +115,13 @@ type Window struct {
 type Run struct {
 	Scenario string      `json:"scenario"`
 	Variant  string      `json:"variant"`
-	Ready    serverReady `json:"server"`
-	Seconds  []Second    `json:"seconds"`
-	Gate     []GatePoint `json:"gate"`
+	Ready    serverReady `json:"server,omitzero"`
+	Seconds  []Second    `json:"seconds,omitempty"`
+	Gate     []GatePoint `json:"gate,omitempty"`
 	Windows  []Window    `json:"windows"`
+	// Calls is the calls sent over the run, which the summary computes
+	// from the seconds.
+	Calls int `json:"calls,omitempty"`
 	// Reversals is the admission control's reversals of direction per
 	// minute over the run: of the gate's scale for C and D (every change
 	// of direction), of the concurrency limit for E (a change of direction

@@ -29,8 +29,11 @@
 // clients that retry naively, then through package throttle) against every
 // variant, one fresh server process per pair (the rejection-cost scenario,
 // rejcost, only against the variants that reject: B, C, D, E and P1), and
-// writes the raw results as JSON (-out), BENCHMARKS.md (-md) and charts
-// (-charts). -render re-renders the report and charts from saved JSON.
+// writes the results' summary as JSON (-out) and the raw results, every
+// second of every run, in raw/ beside it, then BENCHMARKS.md (-md),
+// rendered from the summary with report.md.tmpl, and the charts (-charts),
+// drawn from the raw results. -render re-renders the report from saved
+// results: the committed summary reproduces the committed report.
 // -quick runs a tiny version. -scenarios runs only some scenarios, and
 // -variants only some variants, for example
 //
@@ -43,7 +46,7 @@
 // against A, E and the peers, with a capacity measured per handler and
 // placement; -matrix quick runs two of its cells, -cells some of them.
 // Its results replace the matrix of the results at -out and keep the
-// rest, and the report renders them in a section of their own:
+// rest, and the report renders them beside the scenarios':
 //
 //	go run ./cmd/overload -matrix full
 //	go run ./cmd/overload -matrix quick -variants A,E,P1
@@ -58,7 +61,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -125,6 +127,10 @@ type Results struct {
 	Scenarios []Scenario     `json:"scenarios"`
 	Runs      []Run          `json:"runs"`
 	Fits      map[string]Fit `json:"cpu_fits"`
+	// SweepCosts are the sweep's estimate of a rejection's CPU by variant
+	// (rejectionCost), which the summary computes from the sweep's
+	// seconds.
+	SweepCosts map[string]Fit `json:"sweep_cpu_fits,omitempty"`
 	// RejCosts are the rejection-cost scenario's measurements, one per
 	// variant that rejects.
 	RejCosts []RejCost `json:"rejection_costs,omitempty"`
@@ -380,10 +386,10 @@ func main() {
 	variants := flag.String("variants", "", "comma-separated variants (default: all this build can run; A,E with -quick)")
 	scens := flag.String("scenarios", "", "comma-separated scenarios: "+strings.Join(append(scenarioNames(false), rejcostName), ", ")+" (default: all, or "+strings.Join(quickScenarios, ", ")+" with -quick; the capacity is measured unless -capacity is given)")
 	flag.IntVar(&cfg.NeighbourWorkers, "neighbour-workers", neighbourWorkers, "spinning threads of the neighbour scenarios' CPU-burning neighbour")
-	out := flag.String("out", "results/overload.json", "raw results (JSON); with -quick, a temporary directory unless set")
+	out := flag.String("out", "results/overload.json", "the results' summary (JSON), from which the report is rendered; the raw results, from which the charts are drawn, go to raw/ beside it; with -quick, a temporary directory unless set")
 	md := flag.String("md", "../BENCHMARKS.md", "the report; with -quick, a temporary directory unless set")
 	charts := flag.String("charts", "../docs/benchmarks", "directory of the charts; with -quick, a temporary directory unless set")
-	render := flag.String("render", "", "re-render the report and charts from this JSON file, without running")
+	render := flag.String("render", "", "re-render the report from these results, a summary or raw results, without running; raw results also rewrite the summary at -out and redraw the charts")
 	matrix := flag.String("matrix", "", "run the scenario matrix instead of the scenarios: "+strings.Join(matrixNames, " or ")+"; its results replace the matrix of -out's results, if any, and keep the rest")
 	cellList := flag.String("cells", "", "with -matrix, comma-separated cells to run (default: all of the matrix)")
 	ghzPath := flag.String("ghz", "auto", "with -matrix, the ghz binary for the cells it drives: auto (on PATH, else in GOPATH/bin), off, or a path")
@@ -392,6 +398,9 @@ func main() {
 
 	if *render != "" {
 		res, err := readResults(*render)
+		if err == nil && res.raw() {
+			err = writeSummary(res, *out)
+		}
 		if err == nil {
 			err = renderAll(res, *md, *charts)
 		}
@@ -451,25 +460,46 @@ func main() {
 	}
 	res.Command = "cd bench && go run ./cmd/overload " + strings.Join(os.Args[1:], " ")
 	res.Command = strings.TrimSpace(res.Command)
-	if prev, err := readResults(*out); err == nil {
+	if prev, err := previous(*out); err == nil {
 		res.Matrix = prev.Matrix
 	}
-	if err := writeResults(res, *out); err == nil {
-		cfg.Log("wrote %s", *out)
-	} else {
+	if err := save(res, *out, *md, *charts); err != nil {
 		fmt.Fprintln(os.Stderr, "overload:", err)
 		os.Exit(1)
 	}
-	if err := renderAll(res, *md, *charts); err != nil {
-		fmt.Fprintln(os.Stderr, "overload:", err)
-		os.Exit(1)
+	cfg.Log("wrote %s, %s, %s and the charts in %s", *out, rawPath(*out), *md, *charts)
+}
+
+// rawPath returns where the raw results of the summary at out go: raw/
+// beside it.
+func rawPath(out string) string { return filepath.Join(filepath.Dir(out), "raw", filepath.Base(out)) }
+
+// previous returns the results a run adds to: the raw results of the
+// summary at out, or else the summary (a clone has only the summary).
+func previous(out string) (*Results, error) {
+	res, err := readResults(rawPath(out))
+	if errors.Is(err, os.ErrNotExist) {
+		res, err = readResults(out)
 	}
-	cfg.Log("wrote %s and the charts in %s", *md, *charts)
+	return res, err
+}
+
+// save writes res's summary to out and res to rawPath(out), then the
+// report to md and the charts to charts.
+func save(res *Results, out, md, charts string) error {
+	if err := writeSummary(res, out); err != nil {
+		return err
+	}
+	if err := writeResults(res, rawPath(out)); err != nil {
+		return err
+	}
+	return renderAll(res, md, charts)
 }
 
 // matrixMain runs the scenario matrix called name and returns the exit
-// code: it writes the results into those at out (a new file when there are
-// none), renders the report and prints the matrix table.
+// code: it writes the results into those at out (see previous; new
+// results when there are none), renders the report and prints the matrix
+// table.
 func matrixMain(cfg Config, name, cellList, variants, scens, ghzSetting, ghzProto, out, md, charts string) int {
 	fail := func(code int, err error) int {
 		fmt.Fprintln(os.Stderr, "overload:", err)
@@ -529,7 +559,7 @@ func matrixMain(cfg Config, name, cellList, variants, scens, ghzSetting, ghzProt
 		return fail(1, err)
 	}
 	m.Command = strings.TrimSpace("cd bench && go run ./cmd/overload " + strings.Join(os.Args[1:], " "))
-	res, err := readResults(out)
+	res, err := previous(out)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			return fail(1, fmt.Errorf("the results to add the matrix to: %w", err))
@@ -537,39 +567,12 @@ func matrixMain(cfg Config, name, cellList, variants, scens, ghzSetting, ghzProt
 		res = &Results{Config: cfg, Fits: map[string]Fit{}}
 	}
 	res.Matrix = m
-	if err := writeResults(res, out); err != nil {
+	if err := save(res, out, md, charts); err != nil {
 		return fail(1, err)
 	}
-	if err := renderAll(res, md, charts); err != nil {
-		return fail(1, err)
-	}
-	cfg.Log("wrote %s and %s", out, md)
-	var b strings.Builder
-	m.table(&b)
-	fmt.Print(b.String())
+	cfg.Log("wrote %s, %s and %s", out, rawPath(out), md)
+	fmt.Print(m.Table())
 	return 0
-}
-
-func writeResults(res *Results, path string) error {
-	if dir := filepath.Dir(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	b, err := json.MarshalIndent(res, "", " ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-func readResults(path string) (*Results, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	res := &Results{}
-	return res, json.Unmarshal(b, res)
 }
 
 // fillDefaults sets what a run needs and cfg leaves out: a logger that

@@ -131,7 +131,7 @@ func TestQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Overload experiment", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost", "## Targets for E, the new default", "a rejection costs ≤ 1% of a served request"} {
+	for _, want := range []string{"# Benchmarks", "## Sweep", "## Step", "measured capacity", "## Cost of a rejection", "rejcost", "| scenario | target | E |", "| cost of a rejection | ≤ 1% of a served call's CPU |"} {
 		if !bytes.Contains(report, []byte(want)) {
 			t.Errorf("the report lacks %q", want)
 		}

@@ -55,13 +55,6 @@ const (
 	placeMisread = "misread"
 )
 
-// placementNames describe the placements in the report.
-var placementNames = map[string]string{
-	placeOwn:     "own CPU: `taskset -c 0`, cgroup quota 1 CPU, GOMAXPROCS=1; the load generator on CPU 1",
-	placeShared:  "shared: no pinning, no quota (a cgroup of its own with the load generator's cpu.shares), GOMAXPROCS by default; both processes on both CPUs",
-	placeMisread: "misread: `taskset -c 0` and GOMAXPROCS=1 inside a cgroup whose quota allows 2 CPUs; the load generator on CPU 1",
-}
-
 // Shapes of a cell's offered load.
 const (
 	shapeSteady = "steady"
@@ -381,7 +374,7 @@ type CellCapacity struct {
 	InFlight int     `json:"in_flight"`
 	// Capacity is what the cells' loads are multiples of, calls/s.
 	Capacity float64        `json:"capacity"`
-	Steps    []CapacityStep `json:"steps"`
+	Steps    []CapacityStep `json:"steps,omitempty"`
 	// Note says what went wrong, if anything.
 	Note string `json:"note,omitempty"`
 }
@@ -397,7 +390,7 @@ type CellRun struct {
 	Cell    string      `json:"cell"`
 	Variant string      `json:"variant"`
 	Driver  string      `json:"driver"`
-	Server  serverReady `json:"server"`
+	Server  serverReady `json:"server,omitzero"`
 	// Capacity is the cell's capacity, calls/s, and Offered the load
 	// offered in the judged window, calls/s.
 	Capacity float64 `json:"capacity"`

@@ -267,7 +267,7 @@ func TestMatrixReport(t *testing.T) {
 	report, _ := renderReport(t, &Results{Matrix: m})
 	for _, want := range []string{
 		"## Scenario matrix", "### Capacity of each handler and placement", "| 2ms/misread | 1, 1, 1.00 (cgroup) |",
-		"### Cells", "| 2 ms · warm · own · 4× | centre | 400 |",
+		"| 2 ms · warm · own · 4× | goodput ≥ 95% of 400/s, p99 ≤ 100 ms |",
 		"2 ms · cold · misread · 4×", "step 0.5× → 3× → 0.5×", "burst (0.6×, heavy tenant 5×)",
 		"0% ✗ · – ms ✗", "first 2 s 0% ✗", "shed never ✗ · recovery never ✗", "light 0.0% ✗",
 		"| A | 0/4 |", "| E | 3/4 |",

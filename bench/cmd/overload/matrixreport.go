@@ -142,62 +142,52 @@ func cellLabel(c Cell) string {
 	return strings.Join([]string{h, start, c.Placement, load}, " · ")
 }
 
-// markdown writes the matrix's section of the report.
-func (m *MatrixResults) markdown(b *strings.Builder) {
-	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	vs := m.variants()
-	f("## Scenario matrix\n\n")
-	f("Where each variant stops working: one axis at a time away from a centre cell (a 2 ms handler, a warm server on its own CPU, 2× and 4× its capacity), and the corners known to be hard. ")
-	f("Each cell runs against every variant, one fresh server each, with the experiment's ten tenants, a %v deadline and a %v SLO. ", m.Deadline, m.SLO)
-	f("A warm server is idle for %s before the load; a cold one gets it as soon as it listens (the load generator dials it and sends at once). ", seconds(warmIdle))
-	f("A steady cell lasts %s and is judged on its last %s; a cold one also on its first %s. ", seconds(cellDur), seconds(cellDur-cellSkip), seconds(coldWindow))
-	f("The step offers %s for 3 s, then 3× for 5 s, then %s for 5 s, judged on the high segment after its first second; the burst offers %s, the heavy tenant %d× its rate for 7 s, judged after the burst's first second. ", loadName(stepLow), loadName(stepLow), loadName(burstBase), burstX)
-	f("The blocking handler holds one of %d pooled connections for %v while asleep, using no CPU.\n\n", blockPool, blockHold)
-	f("Placements:\n\n")
-	for _, p := range []string{placeOwn, placeShared, placeMisread} {
-		f("- %s\n", placementNames[p])
+// Minutes is how long the matrix took.
+func (m *MatrixResults) Minutes() string { return fmt.Sprintf("%.0f min", m.Elapsed/60) }
+
+// RunTable says where and how the matrix ran.
+func (m *MatrixResults) RunTable() string {
+	rows := [][]string{
+		{"matrix", fmt.Sprintf("%s: %d cells, variants %s", m.Name, len(m.Cells), strings.Join(m.Variants, ", "))},
+		{"date", m.Date},
+		{"duration", fmt.Sprintf("%.1f min", m.Elapsed/60)},
+		{"machine", fmt.Sprintf("%d CPUs, %s, %s", m.Machine.CPUs, m.Machine.Model, m.Machine.Go)},
+		{"load average", fmt.Sprintf("%s at the start, %s at the end", m.Machine.LoadAvg, m.Machine.LoadEnd)},
 	}
-	f("\n```sh\n%s\n```\n\n", m.Command)
-	f("| | |\n|---|---|\n")
-	f("| matrix | %s: %d cells, variants %s |\n", m.Name, len(m.Cells), strings.Join(m.Variants, ", "))
-	f("| date | %s |\n", m.Date)
-	f("| duration | %.1f min |\n", m.Elapsed/60)
-	f("| machine | %d CPUs, %s, %s |\n", m.Machine.CPUs, m.Machine.Model, m.Machine.Go)
-	f("| load average | %s at the start, %s at the end |\n", m.Machine.LoadAvg, m.Machine.LoadEnd)
 	if iso := m.Isolation; iso != nil {
 		applied := "pinning " + map[bool]string{true: "applied", false: "not applied"}[iso.Taskset != ""] + ", cgroup " + map[bool]string{true: "applied", false: "not applied"}[iso.CgroupCPU != ""]
 		if len(iso.Notes) > 0 {
 			applied += " (" + strings.Join(iso.Notes, "; ") + ")"
 		}
-		f("| isolation | %s |\n", applied)
+		rows = append(rows, []string{"isolation", applied})
 	}
 	if m.Ghz != "" {
-		f("| ghz | %s |\n", m.Ghz)
+		rows = append(rows, []string{"ghz", m.Ghz})
 	} else if m.GhzNote != "" {
-		f("| ghz | no ghz runs: %s |\n", m.GhzNote)
+		rows = append(rows, []string{"ghz", "no ghz runs: " + m.GhzNote})
 	}
-	f("\n")
+	return mdTable("ll", nil, rows)
+}
 
-	f("### Capacity of each handler and placement\n\n")
-	f("Measured once per run against a server without admission control: the p99 of calls sent one at a time (unloaded), the rate with %d calls in flight (%d for the blocking handler: the ceiling), then open-loop Poisson steps from %.0f%% of the ceiling down until one keeps the accepted p99 within the SLO and 97%% of calls within it; the capacity is that step's goodput. ", capInFlight, 2*blockPool, 100*capFractions[0])
-	f("The p99 limit is the larger of the SLO and %d× the unloaded p99.\n\n", matrixP99X)
-	f("| handler / placement | server: GOMAXPROCS, CPUs allowed, CPU budget read | unloaded p50 / p99, ms | p99 limit, ms | ceiling, calls/s | capacity, calls/s |\n|---|---|---:|---:|---:|---:|\n")
+// CapacityTable is the capacity of each handler and placement.
+func (m *MatrixResults) CapacityTable() string {
+	var rows [][]string
 	for _, c := range m.Capacities {
 		note := ""
 		if c.Note != "" {
 			note = " (" + c.Note + ")"
 		}
-		f("| %s | %d, %d, %.2f (%s) | %.2f / %.2f | %.0f | %.0f | %.0f%s |\n", c.Key, c.Server.GOMAXPROCS, c.Server.Affinity, c.Server.Budget, c.Server.Source, c.UnloadedP50, c.UnloadedP99, c.p99Limit(m.SLO), c.Ceiling, c.Capacity, note)
+		rows = append(rows, []string{c.Key, fmt.Sprintf("%d, %d, %.2f (%s)", c.Server.GOMAXPROCS, c.Server.Affinity, c.Server.Budget, c.Server.Source),
+			fmt.Sprintf("%.2f / %.2f", c.UnloadedP50, c.UnloadedP99), fmt.Sprintf("%.0f", c.p99Limit(m.SLO)), fmt.Sprintf("%.0f", c.Ceiling), fmt.Sprintf("%.0f%s", c.Capacity, note)})
 	}
-	f("\n")
+	return mdTable("llrrrr", []string{"handler / placement", "server: GOMAXPROCS, CPUs allowed, CPU budget read", "unloaded p50 / p99, ms", "p99 limit, ms", "ceiling, calls/s", "capacity, calls/s"}, rows)
+}
 
-	f("### Cells\n\n")
-	m.table(b)
-	f("\nEach entry: goodput within the SLO as a share of the cell's capacity · the admitted (OK) calls' p99; then, in a cold cell, goodput over its first %s; in the step, the time from the step up to the first quarter second with at least %.0f%% of calls rejected (shed) and from the step down to the first 2 s in which every quarter second had 99%% of its calls succeed within the SLO (recovery); in the burst, the light tenants' success. ", seconds(coldWindow), 100*shedStartShare)
-	f("✗ marks a target missed: goodput ≥ %.0f%% of the capacity (≥ %.0f%% over a cold cell's first %s), admitted p99 ≤ the p99 limit, shedding within %.1f s, recovery within %.0f s, light tenants ≥ %.0f%% success. ", 100*matrixGoodput, 100*matrixFirst, seconds(coldWindow), matrixShed, matrixRecover, 100*matrixLight)
-	f("† marks a run whose load generator sent less than %.0f%% of the offered load: it was short of CPU, and its figures are for what it sent.\n\n", 100*generatorShort)
-	f("| variant | cells meeting every target | goodput missed | p99 missed | first %s missed | shed missed | recovery missed | light tenants missed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", seconds(coldWindow))
-	for _, v := range vs {
+// Counts is, per variant, the cells that met every target and the targets
+// missed.
+func (m *MatrixResults) Counts() string {
+	var rows [][]string
+	for _, v := range m.variants() {
 		var n, met, g, fi, p, sh, rc, li int
 		for _, c := range m.Cells {
 			r, ok := m.run(c.Name, v, driverOwn)
@@ -216,26 +206,23 @@ func (m *MatrixResults) markdown(b *strings.Builder) {
 				}
 			}
 		}
-		f("| %s | %d/%d | %d | %d | %d | %d | %d | %d |\n", v, met, n, g, p, fi, sh, rc, li)
+		rows = append(rows, []string{v, fmt.Sprintf("%d/%d", met, n), fmt.Sprint(g), fmt.Sprint(p), fmt.Sprint(fi), fmt.Sprint(sh), fmt.Sprint(rc), fmt.Sprint(li)})
 	}
-	f("\n")
+	return mdTable("lrrrrrrr", []string{"variant", "cells meeting every target", "goodput missed", "p99 missed", fmt.Sprintf("first %s missed", seconds(coldWindow)), "shed missed", "recovery missed", "light tenants missed"}, rows)
+}
 
-	if !slices.ContainsFunc(m.Cells, func(c Cell) bool { return c.Ghz }) {
-		return
-	}
-	f("### ghz beside our load generator\n\n")
-	if m.Ghz == "" {
-		f("No ghz runs: %s.\n\n", m.GhzNote)
-		return
-	}
-	f("The same cells driven by %s: `--async` at the offered rate (constant, not Poisson) for %s, %d connections, the tenants' keys drawn per call in our proportions, the same deadline; judged on calls that began from %s on, as ours, until a deadline and %s before ghz stopped (it fails the calls still in flight when it stops). Entries as above: goodput as a share of the capacity · admitted p99; sent is calls/s sent in the window.\n\n", m.Ghz, seconds(cellDur), numTenants, seconds(cellSkip), seconds(ghzCut))
-	f("| cell | variant | offered/s | ours: sent/s, goodput · p99 | ghz: sent/s, goodput · p99 |\n|---|---|---:|---|---|\n")
+// HasGhzCells reports whether some cells are also driven by ghz.
+func (m *MatrixResults) HasGhzCells() bool {
+	return slices.ContainsFunc(m.Cells, func(c Cell) bool { return c.Ghz })
+}
+
+// GhzTable puts the ghz runs beside our load generator's.
+func (m *MatrixResults) GhzTable() string {
+	var rows [][]string
+	vs := m.variants()
 	for _, c := range m.Cells {
-		if !c.Ghz {
-			continue
-		}
 		capy, ok := m.capacity(c.key())
-		if !ok {
+		if !c.Ghz || !ok {
 			continue
 		}
 		for _, v := range vs {
@@ -250,38 +237,30 @@ func (m *MatrixResults) markdown(b *strings.Builder) {
 				}
 				return fmt.Sprintf("%.0f, %s", r.Judged.Sent, entry(r, c, capy, m.SLO))
 			}
-			f("| %s | %s | %.0f | %s | %s |\n", cellLabel(c), v, c.Load*capy.Capacity, side(own, ok1), side(gz, ok2))
+			rows = append(rows, []string{cellLabel(c), v, fmt.Sprintf("%.0f", c.Load*capy.Capacity), side(own, ok1), side(gz, ok2)})
 		}
 	}
-	f("\n")
+	return mdTable("llrll", []string{"cell", "variant", "offered/s", "ours: sent/s, goodput · p99", "ghz: sent/s, goodput · p99"}, rows)
 }
 
-// table writes the matrix table: a row per cell, a column per variant.
-func (m *MatrixResults) table(b *strings.Builder) {
-	f := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+// Table is the matrix table: a row per cell, a column per variant.
+func (m *MatrixResults) Table() string {
 	vs := m.variants()
-	f("| cell | axis | capacity, calls/s |")
-	for _, v := range vs {
-		f(" %s |", v)
-	}
-	f("\n|---|---|---:|")
-	for range vs {
-		f("---|")
-	}
-	f("\n")
+	var rows [][]string
 	for _, c := range m.Cells {
 		capy, ok := m.capacity(c.key())
 		if !ok {
 			continue
 		}
-		f("| %s | %s | %.0f |", cellLabel(c), c.Axis, capy.Capacity)
+		cells := []string{cellLabel(c), c.Axis, fmt.Sprintf("%.0f", capy.Capacity)}
 		for _, v := range vs {
+			e := "–"
 			if r, ok := m.run(c.Name, v, driverOwn); ok {
-				f(" %s |", entry(r, c, capy, m.SLO))
-			} else {
-				f(" – |")
+				e = entry(r, c, capy, m.SLO)
 			}
+			cells = append(cells, e)
 		}
-		f("\n")
+		rows = append(rows, cells)
 	}
+	return mdTable("llr"+strings.Repeat("l", len(vs)), append([]string{"cell", "axis", "capacity, calls/s"}, vs...), rows)
 }

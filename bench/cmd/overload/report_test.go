@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -121,23 +122,23 @@ func TestReportSections(t *testing.T) {
 
 	report, dir := renderReport(t, res)
 	for _, want := range []string{
-		"## Targets for E, the new default",
-		"goodput at 2× ≥ 95% of the measured capacity",
-		"after the request cost doubles, goodput ≥ 90% of the new capacity",
-		"reversals of the admission rate or concurrency limit per minute at steady load",
-		"the heavy tenant gets the rest of the capacity",
-		"| idle server + neighbour: 0 calls shed | 0 of",
-		"health probes 100% in every scenario",
-		"E ahead of P3 on goodput: sweep 2×",
+		"| scenario | target | E | P3 |",
+		"| sweep, 2× | goodput ≥ 95%, p99 ≤ 100 ms |",
+		"| capacity change at 1.2× (the cost doubles) | ≥ 90% of the new capacity",
+		"| reversals at steady load | ≤ 2 a minute |",
+		"| tenant burst: the heavy tenant | ≥ 95% of its max-min fair share |",
+		"| idle server beside a CPU-burning neighbour | no call rejected | 0 of",
+		"| health probes, every scenario |",
+		"| goodput, E against each peer | E ahead in every scenario | ahead in",
 		"## CPU-burning neighbour",
-		"### Idle server beside the neighbour",
-		"### Overload beside the neighbour",
+		"![idle server beside the neighbour]",
+		"![overload beside the neighbour]",
 		"Jain's index, shares of fair share",
 		"aegis takes any cgroup path other than `/`",
 		"P4, platinummonkey/go-concurrency-limits",
 		"## Retry storm",
 		"| E | throttled: `throttle.New(throttle.WithRetries(3))` |",
-		"retry storm at 3×: with throttled clients, ≤ 1.5× capacity on the wire",
+		"| retry storm at 3×, throttled clients | ≤ 1.5× the capacity on the wire",
 		"for want of a sweep at 3×",
 	} {
 		if !strings.Contains(report, want) {
@@ -204,7 +205,7 @@ func TestOutOfTreeVariant(t *testing.T) {
 		res.Runs = append(res.Runs, run)
 	}
 	report, _ := renderReport(t, res)
-	for _, want := range []string{"P4 is platinummonkey/go-concurrency-limits", p4Commit, "E ahead of P4 on goodput"} {
+	for _, want := range []string{"P4 is platinummonkey/go-concurrency-limits", p4Commit, "| scenario | target | E | P4 |", "| goodput, E against each peer |"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q", want)
 		}
@@ -240,5 +241,117 @@ func TestCapacityMethod(t *testing.T) {
 				t.Errorf("%q says %q", c.text, w)
 			}
 		}
+	}
+}
+
+// TestCommittedReport: the committed summary renders the committed
+// BENCHMARKS.md byte for byte, so that neither changes without the other.
+// After editing report.md.tmpl or the tables, re-render with
+// `go run ./cmd/overload -render results/overload.json`.
+func TestCommittedReport(t *testing.T) {
+	res, err := readResults("../../results/overload.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := res.report("docs/benchmarks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("../../../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(got, want) {
+		return
+	}
+	g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+	for i := range max(len(g), len(w)) {
+		if i >= len(g) || i >= len(w) || g[i] != w[i] {
+			t.Fatalf("BENCHMARKS.md is not the rendering of results/overload.json (re-render with -render): line %d is\n%q\nwant\n%q",
+				i+1, line(g, i), line(w, i))
+		}
+	}
+}
+
+func line(lines []string, i int) string {
+	if i < len(lines) {
+		return lines[i]
+	}
+	return "(end of file)"
+}
+
+// TestResultsFile: a window is a row of the results file, one line of it;
+// files written when windows were objects still read.
+func TestResultsFile(t *testing.T) {
+	w := Window{Name: "2×", From: 2, To: 7, Load: 2, Goodput: 431.5, P99: 22.4, FairJain: -1, TenantSent: []float64{1, 2.5}, HealthOK: 5, Wire: 3}
+	res := &Results{Capacity: 440, Runs: []Run{{Scenario: "sweep", Variant: "E", Windows: []Window{w, {Name: "all"}}}}}
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := writeResults(res, path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `    ["2×", 2, 7, 2, 0, 431.5, 0, 0, 0, 0, 22.4, 0, 0, 0, 0, 0, 0, 0, [1, 2.5], null, -1, 0, 0, 0, 5, 0, 0, 0, 3, 0, 0, 0],`; !strings.Contains(string(b), want+"\n") {
+		t.Errorf("the file lacks the window's row %s:\n%s", want, b)
+	}
+	back, err := readResults(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Runs[0].Windows[0]; !reflect.DeepEqual(got, w) {
+		t.Errorf("read back %+v, want %+v", got, w)
+	}
+
+	old := filepath.Join(t.TempDir(), "old.json")
+	if err := os.WriteFile(old, []byte(`{"runs": [{"windows": [{"name": "2×", "goodput": 431.5, "tenant_sent": [1, 2.5]}]}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, err = readResults(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Runs[0].Windows[0]; got.Name != "2×" || got.Goodput != 431.5 || len(got.TenantSent) != 2 {
+		t.Errorf("an object window read as %+v", got)
+	}
+
+	other := filepath.Join(t.TempDir(), "other.json")
+	if err := os.WriteFile(other, []byte(`{"window_columns": ["name"], "runs": []}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readResults(other); err == nil {
+		t.Error("results of other window columns read without an error")
+	}
+}
+
+// TestSummary: the summary drops the seconds, keeps what the tables take
+// from them, and is its own summary.
+func TestSummary(t *testing.T) {
+	w := Window{Name: "all", TenantSent: []float64{1}, TenantGood: []float64{1}}
+	res := &Results{Runs: []Run{
+		{Scenario: "sweep", Variant: "E", Ready: serverReady{GRPC: "127.0.0.1:1"}, Seconds: []Second{{Sent: 3}, {Sent: 4}}, Gate: []GatePoint{{T: 1}}, Windows: []Window{w}},
+		{Scenario: "burst", Variant: "E", Windows: []Window{w}},
+	}}
+	sum, err := res.summary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sum.Runs[0]
+	if r.Calls != 7 || r.Seconds != nil || r.Gate != nil || r.Ready != (serverReady{}) || r.Windows[0].TenantSent != nil {
+		t.Errorf("the sweep's summary: %+v", r)
+	}
+	if sum.Runs[1].Windows[0].TenantSent == nil {
+		t.Error("the burst's summary lost the tenants' rates")
+	}
+	again, err := sum.summary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(again, sum) {
+		t.Errorf("the summary's summary differs:\n%+v\n%+v", again, sum)
+	}
+	if sum.raw() || !res.raw() {
+		t.Errorf("raw(): summary %v, results %v", sum.raw(), res.raw())
 	}
 }

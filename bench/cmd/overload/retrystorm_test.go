@@ -192,7 +192,7 @@ func TestRetryStormQuick(t *testing.T) {
 	}
 
 	report, _ := renderReport(t, res)
-	for _, want := range []string{"## Retry storm", "| E | naive: ", "retry storm at 3×: with throttled clients"} {
+	for _, want := range []string{"## Retry storm", "| E | naive: ", "| retry storm at 3×, throttled clients |"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q", want)
 		}

@@ -9,7 +9,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	fgplot "github.com/floodgate-go/floodgate/examples/plot"
+	fgplot "github.com/floodgate-go/floodgate/internal/plot"
 	"github.com/floodgate-go/floodgate/overload"
 )
 

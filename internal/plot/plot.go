@@ -1,8 +1,9 @@
 // Package plot draws the time-series and sweep charts of floodgate's
 // examples and of the overload experiment (bench/cmd/overload) with
-// gonum.org/v1/plot: panels of lines stacked into one PNG. It lives in the
-// examples module so that the library modules do not depend on gonum; it is
-// not part of floodgate's API.
+// gonum.org/v1/plot: panels of lines stacked into one PNG. It is a module
+// of its own, which the examples and bench modules require, so that neither
+// needs the other and the core module does not depend on gonum; it is not
+// part of floodgate's API.
 package plot
 
 import (
