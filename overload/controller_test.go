@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -770,6 +771,44 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		first.Done()
 		if r := <-waiting; r.err == nil {
 			r.p.Done()
+		}
+	})
+}
+
+// A first control step at the instant the controller was made (calls that
+// took no time on the clock) leaves the throughput unknown rather than
+// infinite, so that the equal split, and the protection of the flows
+// within it, still works after the next step.
+func TestWithinSplitAfterAnInstantStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t)
+		for range 16 { // the clock does not move: the first step at dt = 0
+			p, err := c.Acquire(t.Context(), Flow{Key: "teach"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Done()
+		}
+		teach(t, c, 10*ms) // about 100 calls/s
+		if got := c.Snapshot().Throughput; !(got > 0) || math.IsInf(got, 0) {
+			t.Fatalf("Throughput = %v after 16 calls of 10 ms, want a positive, finite rate", got)
+		}
+		light := Flow{Key: "light"}
+		for range 10 { // 10/s for a second
+			ctx, in := c.Enter(t.Context(), light)
+			if !in {
+				t.Fatal("Enter(light) = false in an empty server")
+			}
+			c.Leave(ctx)
+			time.Sleep(100 * ms)
+		}
+		for { // a flood fills every place
+			if _, in := c.Enter(t.Context(), Flow{Key: "heavy"}); !in {
+				break
+			}
+		}
+		if _, in := c.Enter(t.Context(), light); !in {
+			t.Error("Enter(light) = false with the places held by a flood; want it let in within its split")
 		}
 	})
 }

@@ -148,9 +148,13 @@ func Step(s State, x Sample, b Bounds, now time.Time) State {
 	dt := now.Sub(s.Last).Seconds()
 	s.Last = now
 	mean := x.Sum / time.Duration(x.N)
-	if s.Throughput == 0 {
+	switch {
+	case dt <= 0:
+		// No time since the last step (a clock that has not moved): the
+		// sample says nothing of a rate, and N/dt would be infinite.
+	case s.Throughput == 0:
 		s.Throughput = float64(x.N) / dt
-	} else if dt > 0 {
+	default:
 		s.Throughput += (float64(x.N)/dt - s.Throughput) / 2
 	}
 	s.Latency = mean

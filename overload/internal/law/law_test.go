@@ -164,6 +164,25 @@ func TestThroughput(t *testing.T) {
 	}
 }
 
+// A step taken at the same instant as the one before (a clock that has not
+// moved, as in a test's bubble or at a server's first calls) tells nothing
+// of the throughput and must not make it infinite: the next step would
+// turn it into NaN, and a NaN throughput holds every flow over its split.
+func TestThroughputAfterAnInstantStep(t *testing.T) {
+	s := Step(Start(b, t0), Sample{N: 20, Sum: 20 * 2 * time.Millisecond}, b, t0)
+	if got := s.Throughput; got != 0 {
+		t.Errorf("Throughput after a first step at dt = 0: %v, want 0 (nothing measured)", got)
+	}
+	s = steps(s, 1, 2, false) // 20 calls in 100 ms
+	if got, want := s.Throughput, 200.0; got != want {
+		t.Errorf("Throughput a step later = %v, want %v", got, want)
+	}
+	s = Step(s, Sample{N: 20, Sum: 20 * 2 * time.Millisecond}, b, s.Last)
+	if got, want := s.Throughput, 200.0; got != want {
+		t.Errorf("Throughput after a later step at dt = 0 = %v, want %v (unchanged)", got, want)
+	}
+}
+
 func TestDue(t *testing.T) {
 	cold := Start(b, t0)
 	warm := cold
