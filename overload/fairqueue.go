@@ -1,0 +1,112 @@
+package overload
+
+import (
+	"time"
+)
+
+type waiter struct {
+	ch      chan struct{}
+	f       *flow
+	at      time.Time
+	granted bool
+	evicted bool
+	grantAt time.Time
+}
+
+func (c *Controller) enqueue(w *waiter) {
+	fl := w.f
+	if len(fl.q) == 0 {
+		i := prioIndex(fl.k.prio)
+		c.active[i] = append(c.active[i], fl)
+		fl.vt = max(fl.vt, c.vclock[i])
+	}
+	fl.q = append(fl.q, w)
+	c.queued++
+}
+
+// dequeue removes w from its flow's queue.
+func (c *Controller) dequeue(w *waiter) {
+	fl := w.f
+	for i, x := range fl.q {
+		if x == w {
+			copy(fl.q[i:], fl.q[i+1:])
+			fl.q[len(fl.q)-1] = nil
+			fl.q = fl.q[:len(fl.q)-1]
+			c.queued--
+			break
+		}
+	}
+	if len(fl.q) == 0 {
+		a := c.active[prioIndex(fl.k.prio)]
+		for i, x := range a {
+			if x == fl {
+				a[i] = a[len(a)-1]
+				a[len(a)-1] = nil
+				c.active[prioIndex(fl.k.prio)] = a[:len(a)-1]
+				break
+			}
+		}
+	}
+}
+
+// dispatch hands free slots to waiting calls: the highest priority first,
+// then, by start-time fair queueing, the flow whose virtual time is least
+// (each call it starts advances it by 1/weight), so that flows get slots in
+// proportion to their weights however many calls each has waiting.
+func (c *Controller) dispatch(now time.Time) {
+	for c.queued > 0 && c.inflight < c.st.Slots() {
+		var best *flow
+		p := nPriorities - 1
+		for ; p >= 0 && best == nil; p-- {
+			for _, fl := range c.active[p] {
+				if best == nil || fl.vt < best.vt || (fl.vt == best.vt && fl.q[0].at.Before(best.q[0].at)) {
+					best = fl
+				}
+			}
+		}
+		c.vclock[p+1] = best.vt
+		best.vt += 1 / best.weight
+		w := best.q[0]
+		c.dequeue(w)
+		c.grant(best)
+		w.granted, w.grantAt = true, now
+		c.waitSum += now.Sub(w.at)
+		c.waitN++
+		w.ch <- struct{}{}
+	}
+}
+
+func (c *Controller) grant(fl *flow) {
+	fl.inflight++
+	c.inflight++
+	c.running[prioIndex(fl.k.prio)]++
+}
+
+// overtakes reports whether a call of fl takes a slot at once although
+// every slot is taken: lower-priority calls hold some, its own and higher
+// priorities hold fewer than the limit, and none of those waits. Calls of
+// a priority never wait for slots held by lower ones: they run beside
+// them, and no slot goes to a waiting call until the calls running are
+// back within the limit, so the lower-priority calls give theirs back as
+// they end.
+func (c *Controller) overtakes(fl *flow, slots int) bool {
+	p := prioIndex(fl.k.prio)
+	above := 0
+	for i := p; i < nPriorities; i++ {
+		if len(c.active[i]) > 0 {
+			return false
+		}
+		above += c.running[i]
+	}
+	return above < slots && above < c.inflight
+}
+
+// release ends a call of fl that held a slot and, unless inside is nil, a
+// place Enter counted.
+func (c *Controller) release(fl *flow, inside *flow) {
+	fl.inflight--
+	c.inflight--
+	c.running[prioIndex(fl.k.prio)]--
+	c.exit(inside)
+	c.listIdle(fl)
+}
