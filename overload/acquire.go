@@ -22,7 +22,7 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		c.warnUntapped()
 	}
 	c.mu.Lock()
-	fl := c.flow(f, now)
+	fl := c.flowLocked(f, now)
 	if inside == nil {
 		c.offered.add(now, 1) // Enter did not count it
 		fl.offered.add(now, 1)
@@ -32,29 +32,26 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		// entered: this one goes instead.
 		inside.owed--
 		c.owed--
-		c.arrive(inside)
-		return Permit{}, c.shedUnlock(fl, inside, ShedDisplaced, now)
+		c.arriveLocked(inside)
+		return Permit{}, c.shedAndUnlock(fl, inside, ShedDisplaced, now)
 	}
-	c.arrive(inside)
+	c.arriveLocked(inside)
 	if err := ctx.Err(); err != nil {
-		c.exit(inside)
-		c.listIdle(fl)
+		c.exitLocked(inside)
+		c.listIdleLocked(fl)
 		c.mu.Unlock()
 		return Permit{}, err
 	}
 	slots := c.st.Slots()
-	if c.queued == 0 && c.inflight < slots || c.overtakes(fl, slots) {
+	if c.queued == 0 && c.inflight < slots || c.overtakesLocked(fl, slots) {
 		// A call that starts at once counts for fair queueing too.
 		i := prioIndex(fl.k.prio)
 		fl.vt = max(fl.vt, c.vclock[i]) + 1/fl.weight
-		c.grant(fl)
-		c.admitted++
-		p := Permit{c: c, f: fl, start: now, inside: inside}
-		c.unlockYield()
-		return p, nil
+		c.grantLocked(fl)
+		return c.admitAndUnlock(Permit{c: c, f: fl, start: now, inside: inside}), nil
 	}
 	c.bound = true
-	floor := c.floor(now)
+	floor := c.floorLocked(now)
 	wait := 2 * c.st.Target(floor)
 	if dl, ok := ctx.Deadline(); ok {
 		// Expect to wait for the calls ahead to start, then to run as
@@ -64,20 +61,20 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 		left := dl.Sub(now) - c.st.Baseline
 		expect := time.Duration(float64(c.st.Latency) * float64(c.queued) / float64(slots))
 		if left <= min(expect, wait) {
-			return Permit{}, c.shedUnlock(fl, inside, ShedDeadline, now)
+			return Permit{}, c.shedAndUnlock(fl, inside, ShedDeadline, now)
 		}
 		wait = min(wait, left)
 	}
 	if c.queued >= c.st.QueueCap(floor) {
-		switch v := c.victim(fl, now); {
+		switch v := c.victimLocked(fl, now); {
 		case v != nil:
-			c.evict(v)
-		case !c.withinSplit(fl, now):
-			return Permit{}, c.shedUnlock(fl, inside, ShedQueueFull, now)
+			c.evictLocked(v)
+		case !c.withinSplitLocked(fl, now):
+			return Permit{}, c.shedAndUnlock(fl, inside, ShedQueueFull, now)
 		}
 	}
 	w := &waiter{ch: make(chan struct{}, 1), f: fl, at: now}
-	c.enqueue(w)
+	c.enqueueLocked(w)
 	c.mu.Unlock()
 
 	t := time.NewTimer(wait)
@@ -93,28 +90,25 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	c.mu.Lock()
 	switch {
 	case w.granted && ctxErr == nil:
-		c.admitted++
 		c.waited++
-		p := Permit{c: c, f: fl, start: w.grantAt, inside: inside, wait: w.grantAt.Sub(w.at)}
-		c.unlockYield()
-		return p, nil
+		return c.admitAndUnlock(Permit{c: c, f: fl, start: w.grantAt, inside: inside, wait: w.grantAt.Sub(w.at)}), nil
 	case w.granted:
 		// Admitted as the context ended: give the slot to the next.
-		c.release(fl, inside)
-		c.dispatch(c.o.now())
+		c.releaseLocked(fl, inside)
+		c.dispatchLocked(c.o.now())
 		c.mu.Unlock()
 		return Permit{}, ctxErr
 	case w.evicted:
-		return Permit{}, c.shedUnlock(fl, inside, ShedDisplaced, c.o.now())
+		return Permit{}, c.shedAndUnlock(fl, inside, ShedDisplaced, c.o.now())
 	}
-	c.dequeue(w)
+	c.dequeueLocked(w)
 	if ctxErr != nil {
-		c.exit(inside)
-		c.listIdle(fl)
+		c.exitLocked(inside)
+		c.listIdleLocked(fl)
 		c.mu.Unlock()
 		return Permit{}, ctxErr
 	}
-	return Permit{}, c.shedUnlock(fl, inside, ShedTimeout, c.o.now())
+	return Permit{}, c.shedAndUnlock(fl, inside, ShedTimeout, c.o.now())
 }
 
 // A Permit is an admitted call's slot. Call Done exactly once, when the
@@ -140,14 +134,14 @@ func (p Permit) Done() {
 	}
 	now := c.o.now()
 	c.mu.Lock()
-	c.release(p.f, p.inside)
+	c.releaseLocked(p.f, p.inside)
 	c.n++
 	c.sum += now.Sub(p.start)
 	var ev event
 	if law.Due(c.st, c.n, c.bound, now) {
-		ev = c.step(now)
+		ev = c.stepLocked(now)
 	}
-	c.dispatch(now)
+	c.dispatchLocked(now)
 	c.mu.Unlock()
 	c.emit(ev)
 }
@@ -164,16 +158,19 @@ func (p Permit) Done() {
 // run 8).
 const yieldAbove = time.Millisecond
 
-// unlockYield releases the lock and, when calls take yieldAbove or more,
-// yields the CPU before the admitted call runs. The call's service time
-// includes the yield: the time a call waits for the CPU behind others is
-// the signal that the limit is above what the CPUs run at once.
-func (c *Controller) unlockYield() {
+// admitAndUnlock, called with c.mu held, counts p's call admitted,
+// releases the lock and, when calls take yieldAbove or more, yields the CPU
+// before the call runs; it returns p. The call's service time includes the
+// yield: the time a call waits for the CPU behind others is the signal that
+// the limit is above what the CPUs run at once.
+func (c *Controller) admitAndUnlock(p Permit) Permit {
+	c.admitted++
 	long := c.st.Baseline >= yieldAbove
 	c.mu.Unlock()
 	if long {
 		runtime.Gosched()
 	}
+	return p
 }
 
 // warnUntapped logs, once, that calls reach Acquire without Enter.

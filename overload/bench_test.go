@@ -111,7 +111,7 @@ func BenchmarkFlows(b *testing.B) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			now := c.o.now()
-			wait := func(fl *flow) { c.enqueue(&waiter{ch: make(chan struct{}, 1), f: fl, at: now}) }
+			wait := func(fl *flow) { c.enqueueLocked(&waiter{ch: make(chan struct{}, 1), f: fl, at: now}) }
 			fls := make([]*flow, n)
 			for i, f := range lights {
 				fls[i] = c.flows[flowKey{key: f.Key}]
@@ -121,7 +121,7 @@ func BenchmarkFlows(b *testing.B) {
 				wait(fls[i])
 			}
 			s, fl := fls[0], c.flows[flowKey{key: flood.Key}]
-			c.dispatch(now)
+			c.dispatchLocked(now)
 			wait(s)
 			if s.inflight != 1 || c.queued != n {
 				b.Fatalf("inflight %d, queued %d; want s's call running and %d waiting", s.inflight, c.queued, n)
@@ -129,14 +129,14 @@ func BenchmarkFlows(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
-				if v := c.displaced(fls[i%n], now); v != fl {
+				if v := c.displacedLocked(fls[i%n], now); v != fl {
 					b.Fatalf("a light flow's call would take a place of %v, want the flood's", v)
 				}
-				if v := c.victim(fl, now); v != s {
+				if v := c.victimLocked(fl, now); v != s {
 					b.Fatalf("the flood's call would displace a call of %v, want s's", v)
 				}
-				c.release(s, nil)
-				c.dispatch(now)
+				c.releaseLocked(s, nil)
+				c.dispatchLocked(now)
 				wait(s)
 				i++
 			}

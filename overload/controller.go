@@ -21,6 +21,8 @@ import (
 type Controller struct {
 	o options
 
+	// mu guards every field below but untapped. A method named …Locked
+	// expects it held and leaves it held; one named …AndUnlock releases it.
 	mu       sync.Mutex
 	st       law.State
 	inflight int

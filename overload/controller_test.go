@@ -732,7 +732,7 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		c.mu.Lock()
 		within := map[string]bool{}
 		for _, k := range []string{"light", "heavy"} {
-			within[k] = c.withinSplit(c.flows[flowKey{key: k}], c.o.now())
+			within[k] = c.withinSplitLocked(c.flows[flowKey{key: k}], c.o.now())
 		}
 		c.mu.Unlock()
 		if !within["light"] || within["heavy"] {
@@ -741,9 +741,9 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		// A flow the controller has just met has shown nothing yet: it
 		// gets a place only from a flow over its split, as any flow.
 		c.mu.Lock()
-		fresh := c.flow(Flow{Key: "fresh"}, c.o.now())
+		fresh := c.flowLocked(Flow{Key: "fresh"}, c.o.now())
 		fresh.offered.add(c.o.now(), 1)
-		if c.withinSplit(fresh, c.o.now()) {
+		if c.withinSplitLocked(fresh, c.o.now()) {
 			t.Error("a flow met a moment ago is within its split")
 		}
 		c.mu.Unlock()
@@ -763,7 +763,7 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 			t.Fatalf("queued %d, want the second critical call waiting", s.Queued)
 		}
 		c.mu.Lock()
-		if c.withinSplit(c.flows[flowKey{key: "light"}], c.o.now()) {
+		if c.withinSplitLocked(c.flows[flowKey{key: "light"}], c.o.now()) {
 			t.Error("light is within its split while a critical call waits")
 		}
 		c.mu.Unlock()

@@ -13,7 +13,7 @@ type waiter struct {
 	grantAt time.Time
 }
 
-func (c *Controller) enqueue(w *waiter) {
+func (c *Controller) enqueueLocked(w *waiter) {
 	fl := w.f
 	if len(fl.q) == 0 {
 		i := prioIndex(fl.k.prio)
@@ -24,8 +24,8 @@ func (c *Controller) enqueue(w *waiter) {
 	c.queued++
 }
 
-// dequeue removes w from its flow's queue.
-func (c *Controller) dequeue(w *waiter) {
+// dequeueLocked removes w from its flow's queue.
+func (c *Controller) dequeueLocked(w *waiter) {
 	fl := w.f
 	for i, x := range fl.q {
 		if x == w {
@@ -49,11 +49,11 @@ func (c *Controller) dequeue(w *waiter) {
 	}
 }
 
-// dispatch hands free slots to waiting calls: the highest priority first,
+// dispatchLocked hands free slots to waiting calls: the highest priority first,
 // then, by start-time fair queueing, the flow whose virtual time is least
 // (each call it starts advances it by 1/weight), so that flows get slots in
 // proportion to their weights however many calls each has waiting.
-func (c *Controller) dispatch(now time.Time) {
+func (c *Controller) dispatchLocked(now time.Time) {
 	for c.queued > 0 && c.inflight < c.st.Slots() {
 		var best *flow
 		p := nPriorities - 1
@@ -67,8 +67,8 @@ func (c *Controller) dispatch(now time.Time) {
 		c.vclock[p+1] = best.vt
 		best.vt += 1 / best.weight
 		w := best.q[0]
-		c.dequeue(w)
-		c.grant(best)
+		c.dequeueLocked(w)
+		c.grantLocked(best)
 		w.granted, w.grantAt = true, now
 		c.waitSum += now.Sub(w.at)
 		c.waitN++
@@ -76,20 +76,20 @@ func (c *Controller) dispatch(now time.Time) {
 	}
 }
 
-func (c *Controller) grant(fl *flow) {
+func (c *Controller) grantLocked(fl *flow) {
 	fl.inflight++
 	c.inflight++
 	c.running[prioIndex(fl.k.prio)]++
 }
 
-// overtakes reports whether a call of fl takes a slot at once although
+// overtakesLocked reports whether a call of fl takes a slot at once although
 // every slot is taken: lower-priority calls hold some, its own and higher
 // priorities hold fewer than the limit, and none of those waits. Calls of
 // a priority never wait for slots held by lower ones: they run beside
 // them, and no slot goes to a waiting call until the calls running are
 // back within the limit, so the lower-priority calls give theirs back as
 // they end.
-func (c *Controller) overtakes(fl *flow, slots int) bool {
+func (c *Controller) overtakesLocked(fl *flow, slots int) bool {
 	p := prioIndex(fl.k.prio)
 	above := 0
 	for i := p; i < nPriorities; i++ {
@@ -101,12 +101,12 @@ func (c *Controller) overtakes(fl *flow, slots int) bool {
 	return above < slots && above < c.inflight
 }
 
-// release ends a call of fl that held a slot and, unless inside is nil, a
+// releaseLocked ends a call of fl that held a slot and, unless inside is nil, a
 // place Enter counted.
-func (c *Controller) release(fl *flow, inside *flow) {
+func (c *Controller) releaseLocked(fl *flow, inside *flow) {
 	fl.inflight--
 	c.inflight--
 	c.running[prioIndex(fl.k.prio)]--
-	c.exit(inside)
-	c.listIdle(fl)
+	c.exitLocked(inside)
+	c.listIdleLocked(fl)
 }

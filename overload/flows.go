@@ -71,13 +71,13 @@ const overflowKey = "\x00overflow"
 // decayed to a twentieth, and a flow that comes back starts afresh.
 const forgetAfter = 3 * entryMemory
 
-// flow returns f's flow as of now, making it if needed.
-func (c *Controller) flow(f Flow, now time.Time) *flow {
+// flowLocked returns f's flow as of now, making it if needed.
+func (c *Controller) flowLocked(f Flow, now time.Time) *flow {
 	// A priority outside the three counts as the nearest of them.
 	k := flowKey{f.Key, min(max(f.Priority, floodgate.Sheddable), floodgate.Critical)}
 	fl, ok := c.flows[k]
 	if !ok {
-		c.sweep(now)
+		c.sweepLocked(now)
 		if len(c.flows) >= maxFlows {
 			k.key = overflowKey
 			fl, ok = c.flows[k]
@@ -97,9 +97,9 @@ func (c *Controller) flow(f Flow, now time.Time) *flow {
 	return fl
 }
 
-// listIdle lists fl to be forgotten (sweep) when nothing of it is in flight,
-// inside or waiting.
-func (c *Controller) listIdle(fl *flow) {
+// listIdleLocked lists fl to be forgotten (sweepLocked) when nothing of it
+// is in flight, inside or waiting.
+func (c *Controller) listIdleLocked(fl *flow) {
 	if fl.busy() || fl.listed || c.flows[fl.k] != fl {
 		return
 	}
@@ -107,10 +107,10 @@ func (c *Controller) listIdle(fl *flow) {
 	c.idle = append(c.idle, fl)
 }
 
-// sweep forgets the flows listed idle whose latest call came forgetAfter
+// sweepLocked forgets the flows listed idle whose latest call came forgetAfter
 // or more before now, looking at a few of the list at most: a flow busy
 // again leaves the list, one idle but recent goes to its end.
-func (c *Controller) sweep(now time.Time) {
+func (c *Controller) sweepLocked(now time.Time) {
 	for range min(len(c.idle)-c.idleHead, 16) {
 		fl := c.idle[c.idleHead]
 		c.idle[c.idleHead] = nil
@@ -139,8 +139,8 @@ func (c *Controller) sweep(now time.Time) {
 	}
 }
 
-// unhold removes fl, which has no call inside any more, from holding.
-func (c *Controller) unhold(fl *flow) {
+// unholdLocked removes fl, which has no call inside any more, from holding.
+func (c *Controller) unholdLocked(fl *flow) {
 	last := c.holding[len(c.holding)-1]
 	c.holding[fl.held], last.held = last, fl.held
 	c.holding[len(c.holding)-1] = nil

@@ -22,18 +22,18 @@ import (
 func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) {
 	now := c.o.now()
 	c.mu.Lock()
-	fl := c.flow(f, now)
+	fl := c.flowLocked(f, now)
 	c.offered.add(now, 1)
 	fl.offered.add(now, 1)
-	if places := c.places(now); c.inside-c.owed >= places {
+	if places := c.placesLocked(now); c.inside-c.owed >= places {
 		// The call takes a place of v's: v's waiting call if it has one,
 		// else the next of v's calls to reach Acquire, else (all of v's
 		// calls are running) one beyond the places until one of v's ends.
-		switch v := c.displaced(fl, now); {
-		case v == nil && !c.withinSplit(fl, now):
-			c.countShed(ShedTap, now)
-			c.listIdle(fl)
-			ev := c.enter(now)
+		switch v := c.displacedLocked(fl, now); {
+		case v == nil && !c.withinSplitLocked(fl, now):
+			c.countShedLocked(ShedTap, now)
+			c.listIdleLocked(fl)
+			ev := c.startSheddingLocked(now)
 			c.mu.Unlock()
 			c.emit(ev)
 			return ctx, false
@@ -41,7 +41,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 			// fl asks for no more than an equal split: it enters
 			// beyond the places.
 		case len(v.q) > 0:
-			c.evict(v)
+			c.evictLocked(v)
 		case v.pending > v.owed:
 			v.owed++
 			c.owed++
@@ -59,7 +59,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	c.mu.Unlock()
 	t := &ticket{c: c, f: fl}
 	ctx = context.WithValue(ctx, ticketKey{}, t)
-	t.stop = context.AfterFunc(ctx, t.leave)
+	t.stop = context.AfterFunc(ctx, t.expire)
 	return ctx, true
 }
 
@@ -69,10 +69,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 // Enter did not mark, and when called again.
 func (c *Controller) Leave(ctx context.Context) {
 	if in := c.claim(ctx); in != nil {
-		c.mu.Lock()
-		c.arrive(in)
-		c.exit(in)
-		c.mu.Unlock()
+		c.returnPlace(in)
 	}
 }
 
@@ -97,19 +94,23 @@ func (c *Controller) claim(ctx context.Context) *flow {
 	return nil
 }
 
-// leave gives back a place Enter counted, for a call that never claimed it.
-func (t *ticket) leave() {
-	c := t.c
+// expire gives back the place of a call whose context ended before it
+// claimed the place (Acquire, Leave).
+func (t *ticket) expire() { t.c.returnPlace(t.f) }
+
+// returnPlace gives back a place of flow in, for a call that will not
+// Acquire.
+func (c *Controller) returnPlace(in *flow) {
 	c.mu.Lock()
-	c.arrive(t.f)
-	c.exit(t.f)
+	c.arriveLocked(in)
+	c.exitLocked(in)
 	c.mu.Unlock()
 }
 
-// arrive records that a call of flow in (nil: none) that Enter let in is
+// arriveLocked records that a call of flow in (nil: none) that Enter let in is
 // no longer pending: it reached Acquire, or left without. A flow owes no
 // more places than it has calls pending; the rest is forgiven.
-func (c *Controller) arrive(in *flow) {
+func (c *Controller) arriveLocked(in *flow) {
 	if in == nil {
 		return
 	}
@@ -120,33 +121,33 @@ func (c *Controller) arrive(in *flow) {
 	}
 }
 
-// exit gives back a place of flow in (nil: none) among the calls Enter let
-// in, and lists the flow idle if that was all it held.
-func (c *Controller) exit(in *flow) {
+// exitLocked gives back a place of flow in (nil: none) among the calls
+// Enter let in, and lists the flow idle if that was all it held.
+func (c *Controller) exitLocked(in *flow) {
 	if in == nil {
 		return
 	}
 	in.inside--
 	c.inside--
 	if in.inside == 0 {
-		c.unhold(in)
+		c.unholdLocked(in)
 	}
-	c.listIdle(in)
+	c.listIdleLocked(in)
 }
 
-// places returns how many calls the server may hold: what it runs at once,
-// and what those complete in the queue target.
-func (c *Controller) places(now time.Time) int {
-	return c.st.Slots() + c.st.QueueCap(c.floor(now))
+// placesLocked returns how many calls the server may hold: what it runs at
+// once, and what those complete in the queue target.
+func (c *Controller) placesLocked(now time.Time) int {
+	return c.st.Slots() + c.st.QueueCap(c.floorLocked(now))
 }
 
-// floor returns the least queue target in force: the configured one
+// floorLocked returns the least queue target in force: the configured one
 // (WithQueueTarget); else law.MinTarget while the server is overloaded,
 // shedding more than overloadShare of the calls offered lately, and
 // law.OpenTarget otherwise, so that a server below its capacity absorbs the
 // bursts of random arrivals instead of shedding them (Facebook's adaptive
 // queue timeout: a long one, and a short one once the queue stands).
-func (c *Controller) floor(now time.Time) time.Duration {
+func (c *Controller) floorLocked(now time.Time) time.Duration {
 	switch {
 	case c.o.target > 0:
 		return c.o.target

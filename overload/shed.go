@@ -55,17 +55,17 @@ func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String(
 // Unwrap returns ErrShed.
 func (e *ShedError) Unwrap() error { return ErrShed }
 
-// displaced returns the flow that gives up a place so that a call of fl
+// displacedLocked returns the flow that gives up a place so that a call of fl
 // may enter a full server, or nil when fl's call should be shed. A flow of
 // a lower priority than fl's goes first. Within fl's priority, fl may enter
 // when, with this call, it would still have been let in fewer calls lately
 // for its weight than the flow let in the most (which may have nothing
 // inside at the moment), and the flow that gives up a place is the one
 // let in the most of those holding one not yet given up, if it was let in
-// more than fl and asks for more than its split (withinSplit). So a flow
+// more than fl and asks for more than its split (withinSplitLocked). So a flow
 // under its weighted max-min fair share keeps its calls while another
 // floods, and the flood gets what is left.
-func (c *Controller) displaced(fl *flow, now time.Time) *flow {
+func (c *Controller) displacedLocked(fl *flow, now time.Time) *flow {
 	own := (fl.entered.value(now) + 1) / fl.weight
 	if own >= c.top.value(now) {
 		return nil
@@ -82,7 +82,7 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 			}
 			continue
 		}
-		if l := g.entered.value(now) / g.weight; l > most && !c.withinSplit(g, now) {
+		if l := g.entered.value(now) / g.weight; l > most && !c.withinSplitLocked(g, now) {
 			most, victim = l, g
 		}
 	}
@@ -95,11 +95,11 @@ func (c *Controller) displaced(fl *flow, now time.Time) *flow {
 	return nil
 }
 
-// withinSplit reports whether fl asks for no more, for its weight, than an
-// equal split of what the server completes among the flows remembered,
-// and no call of a higher priority waits. Such a flow is never shed for
+// withinSplitLocked reports whether fl asks for no more, for its weight,
+// than an equal split of what the server completes among the flows
+// remembered, and no call of a higher priority waits. Such a flow is never shed for
 // room nor displaced: what all of them ask fits in the capacity.
-func (c *Controller) withinSplit(fl *flow, now time.Time) bool {
+func (c *Controller) withinSplitLocked(fl *flow, now time.Time) bool {
 	for i := prioIndex(fl.k.prio) + 1; i < nPriorities; i++ {
 		if len(c.active[i]) > 0 {
 			return false
@@ -112,18 +112,18 @@ func (c *Controller) withinSplit(fl *flow, now time.Time) bool {
 	return fl.offered.value(now) <= fl.weight*c.st.Throughput*entryMemory.Seconds()*seen/c.weights
 }
 
-// victim returns the flow that should lose a waiting call so that a call
+// victimLocked returns the flow that should lose a waiting call so that a call
 // of fl can wait, or nil when fl's call should be shed instead: the lowest
 // priority first, then the flow holding the most slots and queue places
-// for its weight, save flows within their split (withinSplit). A flow no
+// for its weight, save flows within their split (withinSplitLocked). A flow no
 // further under its share than the victim does not displace it.
-func (c *Controller) victim(fl *flow, now time.Time) *flow {
+func (c *Controller) victimLocked(fl *flow, now time.Time) *flow {
 	p := prioIndex(fl.k.prio)
 	for i := range p + 1 {
 		var worst *flow
 		var worstLoad float64
 		for _, v := range c.active[i] {
-			if i == p && c.withinSplit(v, now) {
+			if i == p && c.withinSplitLocked(v, now) {
 				continue
 			}
 			if l := float64(v.inflight+len(v.q)) / v.weight; worst == nil || l > worstLoad {
@@ -143,31 +143,31 @@ func (c *Controller) victim(fl *flow, now time.Time) *flow {
 	return nil
 }
 
-// evict displaces v's oldest waiting call, the one closest to its wait
+// evictLocked displaces v's oldest waiting call, the one closest to its wait
 // running out.
-func (c *Controller) evict(v *flow) {
+func (c *Controller) evictLocked(v *flow) {
 	w := v.q[0]
-	c.dequeue(w)
+	c.dequeueLocked(w)
 	w.evicted = true
 	w.ch <- struct{}{}
 }
 
-// countShed counts a shed call of cause.
-func (c *Controller) countShed(cause ShedCause, now time.Time) {
+// countShedLocked counts a shed call of cause.
+func (c *Controller) countShedLocked(cause ShedCause, now time.Time) {
 	c.shed[cause]++
 	c.shedLately.add(now, 1)
 	c.lastShed = now
 }
 
-// shedUnlock, called with c.mu held, counts a shed call of fl, gives back
+// shedAndUnlock, called with c.mu held, counts a shed call of fl, gives back
 // its place Enter counted, lists fl idle if it is empty, releases the lock,
 // logs a change of state and returns the call's error. (A …Locked helper
 // expects the lock held and leaves it held; this one releases it.)
-func (c *Controller) shedUnlock(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
-	c.countShed(cause, now)
-	c.exit(inside)
-	c.listIdle(fl)
-	ev := c.enter(now)
+func (c *Controller) shedAndUnlock(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
+	c.countShedLocked(cause, now)
+	c.exitLocked(inside)
+	c.listIdleLocked(fl)
+	ev := c.startSheddingLocked(now)
 	c.mu.Unlock()
 	c.emit(ev)
 	return &ShedError{Cause: cause, RetryAfter: c.o.retry}

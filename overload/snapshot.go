@@ -76,12 +76,12 @@ func (s Snapshot) ShedTotal() uint64 {
 func (c *Controller) Snapshot() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.snapshot()
+	return c.snapshotLocked()
 }
 
-// snapshot is Snapshot under the lock.
-func (c *Controller) snapshot() Snapshot {
-	floor := c.floor(c.o.now())
+// snapshotLocked is Snapshot under the lock.
+func (c *Controller) snapshotLocked() Snapshot {
+	floor := c.floorLocked(c.o.now())
 	return Snapshot{
 		State: c.state, Since: c.since,
 		Limit: c.st.Limit, Inflight: c.inflight, Queued: c.queued, QueueCap: c.st.QueueCap(floor), Inside: c.inside,

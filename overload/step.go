@@ -20,22 +20,22 @@ type event struct {
 	state, limit bool
 }
 
-// enter returns the event of entering Shedding, or none when the
+// startSheddingLocked returns the event of entering Shedding, or none when the
 // controller is shedding already.
-func (c *Controller) enter(now time.Time) event {
+func (c *Controller) startSheddingLocked(now time.Time) event {
 	if c.state == Shedding {
 		return event{}
 	}
 	c.state, c.since = Shedding, now
-	return event{state: true, snap: c.snapshot()}
+	return event{state: true, snap: c.snapshotLocked()}
 }
 
-// step feeds the law the calls completed since the latest step.
-func (c *Controller) step(now time.Time) event {
+// stepLocked feeds the law the calls completed since the latest step.
+func (c *Controller) stepLocked(now time.Time) event {
 	if g := c.o.guard; g != nil {
 		c.cpu, c.sched = g.Reading()
 	}
-	c.sweep(now)
+	c.sweepLocked(now)
 	prev := c.st.Limit
 	c.st = law.Step(c.st, law.Sample{N: c.n, Sum: c.sum, Bound: c.bound}, c.bounds(), now)
 	c.wait = 0
@@ -50,7 +50,7 @@ func (c *Controller) step(now time.Time) event {
 	}
 	ev.limit = c.st.Slots() != int(max(1, prev))
 	if ev.state || ev.limit {
-		ev.snap = c.snapshot()
+		ev.snap = c.snapshotLocked()
 	}
 	return ev
 }
