@@ -12,9 +12,10 @@ import (
 // Acquire admits a call of flow f, waiting for a slot if every one is
 // taken, or sheds it. It returns a Permit whose Done must be called when
 // the call ends, or a *[ShedError], or ctx's error when ctx ends while the
-// call waits. A call waits at most twice the queue target, and is shed at
-// once when ctx's deadline leaves less than its expected wait plus the
-// service time of a call that does not queue (the baseline).
+// call waits. A call waits at most twice the queue target
+// ([WithQueueTarget]), and is shed at once when ctx's deadline leaves less
+// than its expected wait plus the service time of a call that does not
+// queue (the baseline).
 func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	now := c.o.now()
 	inside := c.claim(ctx)
@@ -52,18 +53,11 @@ func (c *Controller) Acquire(ctx context.Context, f Flow) (Permit, error) {
 	}
 	c.bound = true
 	floor := c.floorLocked(now)
-	wait := 2 * c.st.Target(floor)
+	wait := c.st.MaxWait(floor)
 	if dl, ok := ctx.Deadline(); ok {
-		// Expect to wait for the calls ahead to start, then to run as
-		// long as a call that does not queue (the baseline: a latency
-		// inflated by an overload must not shed every call that waits,
-		// or nothing would complete to correct it).
-		left := dl.Sub(now) - c.st.Baseline
-		expect := time.Duration(float64(c.st.Latency) * float64(c.queued) / float64(slots))
-		if left <= min(expect, wait) {
+		if wait, ok = c.st.DeadlineWait(dl.Sub(now), wait, c.queued); !ok {
 			return Permit{}, c.shedAndUnlock(fl, inside, ShedDeadline, now)
 		}
-		wait = min(wait, left)
 	}
 	if c.queued >= c.st.QueueCap(floor) {
 		switch v := c.victimLocked(fl, now); {
@@ -146,28 +140,14 @@ func (p Permit) Done() {
 	c.emit(ev)
 }
 
-// yieldAbove is the least baseline service time at which an admitted call
-// yields the CPU once before it runs. In the Go scheduler, a goroutine that
-// was just made runnable (a call's, by its connection's reader or by Done)
-// runs ahead of those already waiting, the connections' readers and
-// writers among them; a 10 ms handler run ahead of each made them wait
-// 60–80 ms (the median, from a trace of one CPU at 4× its capacity) and
-// held the admitted p99 at 300 ms. Yielding puts the call behind them. It
-// costs a reschedule and smaller read batches: 5–10% of the goodput of
-// 0.2–0.5 ms calls, and no loss that showed with 2 ms calls (BENCHMARKS.md,
-// run 8).
-const yieldAbove = time.Millisecond
-
 // admitAndUnlock, called with c.mu held, counts p's call admitted,
-// releases the lock and, when calls take yieldAbove or more, yields the CPU
-// before the call runs; it returns p. The call's service time includes the
-// yield: the time a call waits for the CPU behind others is the signal that
-// the limit is above what the CPUs run at once.
+// releases the lock and yields the CPU once if the law says the call
+// should (law.State.Yields); it returns p.
 func (c *Controller) admitAndUnlock(p Permit) Permit {
 	c.admitted++
-	long := c.st.Baseline >= yieldAbove
+	yield := c.st.Yields()
 	c.mu.Unlock()
-	if long {
+	if yield {
 		runtime.Gosched()
 	}
 	return p

@@ -73,7 +73,7 @@ func New(opts ...Option) (*Controller, error) {
 		return nil, err
 	}
 	if o.retry == 0 {
-		o.retry = 2 * law.Interval
+		o.retry = defaultRetryAfter
 	}
 	c := &Controller{o: o, flows: make(map[flowKey]*flow)}
 	now := o.now()
@@ -81,6 +81,11 @@ func New(opts ...Option) (*Controller, error) {
 	c.since = now
 	return c, nil
 }
+
+// defaultRetryAfter is the retry delay of a shed call (WithRetryAfter):
+// two control steps, by when the limit has been decided again with the
+// load the shed calls left.
+const defaultRetryAfter = 2 * law.Interval
 
 // bounds returns the limit's bounds in force.
 func (c *Controller) bounds() law.Bounds {

@@ -111,7 +111,7 @@ func (c *Controller) listIdleLocked(fl *flow) {
 // or more before now, looking at a few of the list at most: a flow busy
 // again leaves the list, one idle but recent goes to its end.
 func (c *Controller) sweepLocked(now time.Time) {
-	for range min(len(c.idle)-c.idleHead, 16) {
+	for range min(len(c.idle)-c.idleHead, sweepBatch) {
 		fl := c.idle[c.idleHead]
 		c.idle[c.idleHead] = nil
 		c.idleHead++
@@ -127,17 +127,26 @@ func (c *Controller) sweepLocked(now time.Time) {
 				c.weights = 0 // no rounding left over
 			}
 			fl.listed = false
-			if len(c.free) < 64 {
+			if len(c.free) < maxFree {
 				c.free = append(c.free, fl)
 			}
 		}
 	}
-	if c.idleHead > len(c.idle)/2 {
+	if c.idleHead > len(c.idle)-c.idleHead { // more swept than left: compact
 		n := copy(c.idle, c.idle[c.idleHead:])
 		clear(c.idle[n:])
 		c.idle, c.idleHead = c.idle[:n], 0
 	}
 }
+
+// sweepBatch is how many flows listed idle a sweep looks at, at most: a
+// bounded cost per new flow or step, and more than the one flow a new flow
+// adds, so the list drains faster than it fills.
+const sweepBatch = 16
+
+// maxFree is how many forgotten flows are kept to be reused: a step's
+// churn of flows without holding the memory of a flood of addresses.
+const maxFree = 64
 
 // unholdLocked removes fl, which has no call inside any more, from holding.
 func (c *Controller) unholdLocked(fl *flow) {

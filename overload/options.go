@@ -77,10 +77,11 @@ func WithLimits(least, most int) Option {
 
 // WithQueueTarget sets the least queue target: the server holds, beyond
 // the calls it runs, what those complete in the target, and a call waits
-// for a slot at most twice the target. The default, 0, is 5 ms while calls
-// are being shed and 25 ms otherwise, so that a server that is not
-// overloaded absorbs a burst; one completion's worth when that is longer.
-// A repeated call replaces it.
+// for a slot at most twice the target. The default, 0, is 5 ms while the
+// controller sheds more than a tenth of the calls offered lately and 25 ms
+// otherwise, so that a server that is not overloaded absorbs a burst; the
+// target is one completion's worth when that is longer. A repeated call
+// replaces it.
 func WithQueueTarget(d time.Duration) Option {
 	return duration("WithQueueTarget", d, func(o *options) *time.Duration { return &o.target })
 }

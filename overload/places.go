@@ -135,31 +135,15 @@ func (c *Controller) exitLocked(in *flow) {
 	c.listIdleLocked(in)
 }
 
-// placesLocked returns how many calls the server may hold: what it runs at
-// once, and what those complete in the queue target.
-func (c *Controller) placesLocked(now time.Time) int {
-	return c.st.Slots() + c.st.QueueCap(c.floorLocked(now))
-}
+// placesLocked returns how many calls the server may hold (law.State.Places).
+func (c *Controller) placesLocked(now time.Time) int { return c.st.Places(c.floorLocked(now)) }
 
 // floorLocked returns the least queue target in force: the configured one
-// (WithQueueTarget); else law.MinTarget while the server is overloaded,
-// shedding more than overloadShare of the calls offered lately, and
-// law.OpenTarget otherwise, so that a server below its capacity absorbs the
-// bursts of random arrivals instead of shedding them (Facebook's adaptive
-// queue timeout: a long one, and a short one once the queue stands).
+// (WithQueueTarget), else the law's for the calls offered and shed lately
+// (law.Floor).
 func (c *Controller) floorLocked(now time.Time) time.Duration {
-	switch {
-	case c.o.target > 0:
+	if c.o.target > 0 {
 		return c.o.target
-	case c.shedLately.value(now) > overloadShare*c.offered.value(now):
-		return law.MinTarget
 	}
-	return law.OpenTarget
+	return law.Floor(c.shedLately.value(now), c.offered.value(now))
 }
-
-// overloadShare is the share of the calls offered lately that a server
-// sheds once it is overloaded: a tenth, an offered load a ninth above what
-// it completes. The bursts of random (Poisson) arrivals at 80–90% of a
-// server's capacity shed a few percent at most with the long target, and
-// shed more with the short one, which a shed alone would switch to.
-const overloadShare = 0.1

@@ -20,7 +20,8 @@ const (
 	// ShedDisplaced: the call waited, and a call of a flow further under
 	// its fair share (or of a higher priority) took its place.
 	ShedDisplaced
-	// ShedTimeout: the call waited for a slot for the longest wait.
+	// ShedTimeout: the call waited for a slot as long as a call may:
+	// twice the queue target.
 	ShedTimeout
 	// ShedDeadline: the call's deadline left less than its expected wait
 	// plus its service time: the work would have been wasted.

@@ -42,7 +42,8 @@ type Snapshot struct {
 	// recent steps: what a call costs when it does not queue.
 	Latency, Baseline time.Duration
 	// Wait is the mean wait for a slot of the calls that waited in the
-	// latest step, and Target the longest a call may wait.
+	// latest step, and Target the queue target: the queue holds what the
+	// slots complete in it, and a call waits for a slot at most twice it.
 	Wait, Target time.Duration
 	// Throughput is how many calls per second complete, smoothed: while
 	// calls are shed, the server's capacity.

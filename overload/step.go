@@ -36,7 +36,7 @@ func (c *Controller) stepLocked(now time.Time) event {
 		c.cpu, c.sched = g.Reading()
 	}
 	c.sweepLocked(now)
-	prev := c.st.Limit
+	prev := c.st.Slots()
 	c.st = law.Step(c.st, law.Sample{N: c.n, Sum: c.sum, Bound: c.bound}, c.bounds(), now)
 	c.wait = 0
 	if c.waitN > 0 {
@@ -48,7 +48,7 @@ func (c *Controller) stepLocked(now time.Time) event {
 		c.state, c.since = Open, now
 		ev.state = true
 	}
-	ev.limit = c.st.Slots() != int(max(1, prev))
+	ev.limit = c.st.Slots() != prev
 	if ev.state || ev.limit {
 		ev.snap = c.snapshotLocked()
 	}
@@ -63,7 +63,7 @@ func (c *Controller) emit(ev event) {
 	if l := c.o.logger; l != nil {
 		s := ev.snap
 		attrs := []slog.Attr{
-			slog.Float64("limit", math.Round(s.Limit*10)/10),
+			slog.Float64("limit", round(s.Limit, 1)),
 			slog.Int("inflight", s.Inflight),
 			slog.Int("queued", s.Queued),
 			slog.Int("queue_cap", s.QueueCap),
@@ -72,10 +72,10 @@ func (c *Controller) emit(ev event) {
 			slog.Duration("target", s.Target),
 			slog.Duration("latency", s.Latency),
 			slog.Duration("baseline", s.Baseline),
-			slog.Float64("throughput", math.Round(s.Throughput)),
+			slog.Float64("throughput", round(s.Throughput, 0)),
 		}
 		if c.o.guard != nil {
-			attrs = append(attrs, slog.Float64("cpu", math.Round(s.CPU*1000)/1000), slog.Duration("sched_p99", s.SchedP99))
+			attrs = append(attrs, slog.Float64("cpu", round(s.CPU, 3)), slog.Duration("sched_p99", s.SchedP99))
 		}
 		ctx := context.Background()
 		switch {
@@ -91,4 +91,10 @@ func (c *Controller) emit(ev event) {
 	if c.o.onChange != nil {
 		c.o.onChange(ev.snap)
 	}
+}
+
+// round returns x rounded to digits decimals, for a log line.
+func round(x float64, digits int) float64 {
+	p := math.Pow10(digits)
+	return math.Round(x*p) / p
 }

@@ -231,3 +231,58 @@ func TestTargetAndQueueCap(t *testing.T) {
 		}
 	}
 }
+
+func TestFloor(t *testing.T) {
+	for _, c := range []struct {
+		shed, offered float64
+		want          time.Duration
+	}{
+		{0, 0, OpenTarget},
+		{0, 100, OpenTarget},
+		{10, 100, OpenTarget}, // a tenth: not yet an overload
+		{10.5, 100, MinTarget},
+		{1, 0, MinTarget},
+	} {
+		if got := Floor(c.shed, c.offered); got != c.want {
+			t.Errorf("Floor(%v shed of %v offered) = %v, want %v", c.shed, c.offered, got, c.want)
+		}
+	}
+}
+
+// A call waits at most Patience targets, less when its deadline comes
+// sooner than that plus the time it then needs to run, and none when its
+// deadline leaves no more than its expected wait.
+func TestWaits(t *testing.T) {
+	s := State{Limit: 2, Latency: 20 * time.Millisecond, Baseline: 10 * time.Millisecond}
+	if got, want := s.MaxWait(MinTarget), 2*s.Target(MinTarget); got != want {
+		t.Fatalf("MaxWait = %v, want %v", got, want)
+	}
+	if got, want := s.Places(MinTarget), s.Slots()+s.QueueCap(MinTarget); got != want {
+		t.Errorf("Places = %v, want %v", got, want)
+	}
+	wait := s.MaxWait(MinTarget) // 20 ms: two 10 ms targets
+	for _, c := range []struct {
+		left   time.Duration
+		queued int
+		want   time.Duration
+		ok     bool
+	}{
+		{time.Second, 4, wait, true},                            // the longest wait
+		{25 * time.Millisecond, 0, 15 * time.Millisecond, true}, // its deadline less the baseline
+		{40 * time.Millisecond, 4, 20 * time.Millisecond, true}, // 40 ms of expected wait, but within the longest
+		{29 * time.Millisecond, 4, 0, false},                    // 19 ms to wait 40 ms, or 20 ms
+		{30 * time.Millisecond, 4, 0, false},                    // 20 ms: no more than the longest wait
+		{10 * time.Millisecond, 0, 0, false},                    // no time to run
+	} {
+		got, ok := s.DeadlineWait(c.left, wait, c.queued)
+		if got != c.want || ok != c.ok {
+			t.Errorf("DeadlineWait(%v left, %d queued) = %v, %v; want %v, %v", c.left, c.queued, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestYields(t *testing.T) {
+	if (State{Baseline: YieldAbove - 1}).Yields() || !(State{Baseline: YieldAbove}).Yields() {
+		t.Errorf("Yields: want calls of %v or more to yield, and only those", YieldAbove)
+	}
+}
