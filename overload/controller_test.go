@@ -189,9 +189,9 @@ func TestFullQueueDisplacesTheFlowOverItsShare(t *testing.T) {
 			t.Errorf("order %s, want %s", g, w)
 		}
 		s := c.Snapshot()
-		if s.Shed[ShedQueueFull] != 1 || s.Shed[ShedDisplaced] != 2 || s.Admitted != 6 || s.Waited != 4 {
-			t.Errorf("counts: shed %v admitted %d waited %d, want 1 queue_full, 2 displaced, 6 admitted, 4 waited",
-				s.Shed, s.Admitted, s.Waited)
+		if s.ShedBy(ShedQueueFull) != 1 || s.ShedBy(ShedDisplaced) != 2 || s.Admitted != 6 || s.Waited != 4 {
+			t.Errorf("counts: shed %d queue_full, %d displaced; admitted %d, waited %d; want 1, 2; 6, 4",
+				s.ShedBy(ShedQueueFull), s.ShedBy(ShedDisplaced), s.Admitted, s.Waited)
 		}
 	})
 }
@@ -227,7 +227,7 @@ func TestTimeoutDeadlineAndCancel(t *testing.T) {
 		}
 		held.Done()
 		s := c.Snapshot()
-		if s.Queued != 0 || s.Inflight != 0 || s.Shed[ShedTimeout] != 2 || s.ShedTotal() != 2 {
+		if s.Queued != 0 || s.Inflight != 0 || s.ShedBy(ShedTimeout) != 2 || s.ShedTotal() != 2 {
 			t.Errorf("snapshot %+v, want nothing queued or in flight and 2 timeouts", s)
 		}
 	})
@@ -275,7 +275,7 @@ func TestDeadlineAwareAdmission(t *testing.T) {
 				r.p.Done()
 			}
 		}
-		if got := c.Snapshot().Shed[ShedDeadline]; got != 1 {
+		if got := c.Snapshot().ShedBy(ShedDeadline); got != 1 {
 			t.Errorf("deadline sheds = %d, want 1", got)
 		}
 	})
@@ -383,8 +383,8 @@ func TestEnter(t *testing.T) {
 		if _, in := c.Enter(t.Context(), heavy); in {
 			t.Fatal("Enter(heavy) = true with all five places held by heavy")
 		}
-		if s := c.Snapshot(); s.Inside != 5 || s.Shed[ShedTap] != 1 || s.State != Shedding {
-			t.Fatalf("inside %d, tap sheds %d, state %v; want 5, 1, shedding", s.Inside, s.Shed[ShedTap], s.State)
+		if s := c.Snapshot(); s.Inside != 5 || s.ShedBy(ShedTap) != 1 || s.State != Shedding {
+			t.Fatalf("inside %d, tap sheds %d, state %v; want 5, 1, shedding", s.Inside, s.ShedBy(ShedTap), s.State)
 		}
 		// light holds nothing: it takes a place of heavy's, and the next
 		// heavy call to reach Acquire goes instead.
@@ -525,8 +525,8 @@ func TestEveryPlaceComesBack(t *testing.T) {
 			t.Errorf("owed %d, flows holding places %d after every call ended; want 0, 0", c.owed, len(c.holding))
 		}
 		forgets(t, c)
-		if s.Shed[ShedTap] == 0 || s.Shed[ShedDisplaced] == 0 {
-			t.Errorf("sheds %v: the mix should reach the tap's and the displacement's paths", s.Shed)
+		if s.ShedBy(ShedTap) == 0 || s.ShedBy(ShedDisplaced) == 0 {
+			t.Errorf("%d tap and %d displaced sheds: the mix should reach both paths", s.ShedBy(ShedTap), s.ShedBy(ShedDisplaced))
 		}
 		for i := range 3 {
 			if _, in := c.Enter(t.Context(), Flow{Key: "a"}); !in {

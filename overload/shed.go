@@ -34,6 +34,17 @@ const (
 
 var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline", "tap"}
 
+// ShedCauses returns every cause this release sheds calls for, in order:
+// the labels of a count by cause ([Snapshot.ShedBy]). Later releases may
+// add causes.
+func ShedCauses() []ShedCause {
+	causes := make([]ShedCause, nShedCauses)
+	for i := range causes {
+		causes[i] = ShedCause(i)
+	}
+	return causes
+}
+
 // String returns the cause's lower-case name, such as "queue_full", fit for
 // a metric label.
 func (s ShedCause) String() string {

@@ -52,22 +52,33 @@ type Snapshot struct {
 	// without a guard.
 	CPU      float64
 	SchedP99 time.Duration
-	// Admitted counts admitted calls, Waited those of them that waited for
-	// a slot, and Shed the shed calls by cause, since the controller was
-	// made.
+	// Admitted counts admitted calls and Waited those of them that waited
+	// for a slot, since the controller was made; ShedBy and ShedTotal
+	// count the shed calls.
 	Admitted, Waited uint64
-	Shed             [nShedCauses]uint64
 	// Untapped counts calls that reached Acquire without Enter having
 	// counted them as they entered: a gRPC server without the tap handle
 	// (use middleware's Limiter.ServerOptions), whose calls can queue in
 	// the Go scheduler where the controller cannot bound them.
 	Untapped uint64
+
+	shed [nShedCauses]uint64 // by cause
 }
 
-// ShedTotal returns the shed calls of every cause.
+// ShedBy returns the calls shed for cause since the controller was made: 0
+// for a cause this release does not know.
+func (s Snapshot) ShedBy(cause ShedCause) uint64 {
+	if int(cause) < len(s.shed) {
+		return s.shed[cause]
+	}
+	return 0
+}
+
+// ShedTotal returns the calls shed for every cause since the controller
+// was made.
 func (s Snapshot) ShedTotal() uint64 {
 	var n uint64
-	for _, v := range s.Shed {
+	for _, v := range s.shed {
 		n += v
 	}
 	return n
@@ -88,6 +99,6 @@ func (c *Controller) snapshotLocked() Snapshot {
 		Limit: c.st.Limit, Inflight: c.inflight, Queued: c.queued, QueueCap: c.st.QueueCap(floor), Inside: c.inside,
 		Latency: c.st.Latency, Baseline: c.st.Baseline, Wait: c.wait, Target: c.st.Target(floor),
 		Throughput: c.st.Throughput, CPU: c.cpu, SchedP99: c.sched,
-		Admitted: c.admitted, Waited: c.waited, Shed: c.shed, Untapped: c.untapped.Load(),
+		Admitted: c.admitted, Waited: c.waited, Untapped: c.untapped.Load(), shed: c.shed,
 	}
 }
