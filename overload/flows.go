@@ -169,14 +169,17 @@ type decayed struct {
 	at time.Time
 }
 
-// value returns the count decayed to now, and records it as of now.
-func (d *decayed) value(now time.Time) float64 {
+// value returns the count decayed to now. It records nothing: a count
+// read often and one read once hold the same value to the last bit.
+func (d decayed) value(now time.Time) float64 {
 	if dt := now.Sub(d.at); dt > 0 && !d.at.IsZero() {
-		d.v *= math.Exp(-float64(dt) / float64(entryMemory))
+		return d.v * math.Exp(-float64(dt)/float64(entryMemory))
 	}
-	d.at = now
 	return d.v
 }
 
 // add counts n more as of now.
-func (d *decayed) add(now time.Time, n float64) { d.v = d.value(now) + n }
+func (d *decayed) add(now time.Time, n float64) { d.set(now, d.value(now)+n) }
+
+// set makes the count v as of now.
+func (d *decayed) set(now time.Time, v float64) { d.v, d.at = v, now }

@@ -55,7 +55,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	fl.pending++
 	c.inside++
 	fl.entered.add(now, 1)
-	c.top.v = max(c.top.value(now), fl.entered.v/fl.weight)
+	c.top.set(now, max(c.top.value(now), fl.entered.v/fl.weight))
 	c.mu.Unlock()
 	t := &ticket{c: c, f: fl}
 	ctx = context.WithValue(ctx, ticketKey{}, t)
