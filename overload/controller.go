@@ -32,13 +32,15 @@ type Controller struct {
 	top      decayed // the most calls any flow was let in lately, per weight
 	flows    map[flowKey]*flow
 	weights  float64 // the weights of the flows remembered, summed
-	holding  []*flow // the flows with calls inside
+	holding  []*flow // the flows with calls inside; their order breaks ties
 	idle     []*flow // from idle[idleHead]: flows to forget once idle for forgetAfter, oldest first
 	idleHead int
 	free     []*flow
-	active   [nPriorities][]*flow // flows with waiting calls, by priority
-	running  [nPriorities]int     // calls holding a slot, by priority
-	vclock   [nPriorities]float64 // start-time fair queueing's virtual time
+	active   [nPriorities][]*flow            // flows with waiting calls, by priority; their order breaks ties
+	index    [nPriorities][nIndexes]flowHeap // the flows by what is asked of them (index.go)
+	epoch    time.Time                       // the origin of the byEntered keys
+	running  [nPriorities]int                // calls holding a slot, by priority
+	vclock   [nPriorities]float64            // start-time fair queueing's virtual time
 
 	// Since the latest step.
 	n       int
@@ -76,9 +78,12 @@ func New(opts ...Option) (*Controller, error) {
 		o.retry = defaultRetryAfter
 	}
 	c := &Controller{o: o, flows: make(map[flowKey]*flow)}
+	for i := range c.index {
+		c.index[i] = newIndexes()
+	}
 	now := o.now()
 	c.st = law.Start(c.bounds(), now)
-	c.since = now
+	c.since, c.epoch = now, now
 	return c, nil
 }
 

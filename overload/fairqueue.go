@@ -16,12 +16,11 @@ type waiter struct {
 func (c *Controller) enqueueLocked(w *waiter) {
 	fl := w.f
 	if len(fl.q) == 0 {
-		i := prioIndex(fl.k.prio)
-		c.active[i] = append(c.active[i], fl)
-		fl.vt = max(fl.vt, c.vclock[i])
+		fl.vt = max(fl.vt, c.vclock[prioIndex(fl.k.prio)])
 	}
 	fl.q = append(fl.q, w)
 	c.queued++
+	c.indexWaitingLocked(fl)
 }
 
 // dequeueLocked removes w from its flow's queue.
@@ -36,38 +35,21 @@ func (c *Controller) dequeueLocked(w *waiter) {
 			break
 		}
 	}
-	if len(fl.q) == 0 {
-		a := c.active[prioIndex(fl.k.prio)]
-		for i, x := range a {
-			if x == fl {
-				a[i] = a[len(a)-1]
-				a[len(a)-1] = nil
-				c.active[prioIndex(fl.k.prio)] = a[:len(a)-1]
-				break
-			}
-		}
-	}
+	c.indexWaitingLocked(fl)
 }
 
-// dispatchLocked hands free slots to waiting calls: the highest priority first,
-// then, by start-time fair queueing, the flow whose virtual time is least
-// (each call it starts advances it by 1/weight), so that flows get slots in
-// proportion to their weights however many calls each has waiting.
+// dispatchLocked hands free slots to waiting calls: the highest priority
+// first, then, by start-time fair queueing, the flow whose virtual time is
+// least (each call it starts advances it by 1/weight), so that flows get
+// slots in proportion to their weights however many calls each has
+// waiting (nextLocked).
 func (c *Controller) dispatchLocked(now time.Time) {
 	for c.queued > 0 && c.inflight < c.st.Slots() {
-		var best *flow
-		p := nPriorities - 1
-		for ; p >= 0 && best == nil; p-- {
-			for _, fl := range c.active[p] {
-				if best == nil || fl.vt < best.vt || (fl.vt == best.vt && fl.q[0].at.Before(best.q[0].at)) {
-					best = fl
-				}
-			}
-		}
-		c.vclock[p+1] = best.vt
+		best, p := c.nextLocked()
+		c.vclock[p] = best.vt
 		best.vt += 1 / best.weight
 		w := best.q[0]
-		c.dequeueLocked(w)
+		c.dequeueLocked(w) // places best anew by its virtual start time
 		c.grantLocked(best)
 		w.granted, w.grantAt = true, now
 		c.waitSum += now.Sub(w.at)
@@ -76,19 +58,32 @@ func (c *Controller) dispatchLocked(now time.Time) {
 	}
 }
 
+// nextLocked returns the flow whose waiting call the next free slot goes
+// to, and its priority's index: of the highest priority with calls
+// waiting, the flow of the least virtual start time, then of the oldest
+// waiting call, then first in c.active.
+func (c *Controller) nextLocked() (*flow, int) {
+	p := nPriorities - 1
+	for c.index[p][byStart].len() == 0 {
+		p--
+	}
+	return c.index[p][byStart].top(), p
+}
+
 func (c *Controller) grantLocked(fl *flow) {
 	fl.inflight++
 	c.inflight++
 	c.running[prioIndex(fl.k.prio)]++
+	c.indexWaitingLocked(fl)
 }
 
-// overtakesLocked reports whether a call of fl takes a slot at once although
-// every slot is taken: lower-priority calls hold some, its own and higher
-// priorities hold fewer than the limit, and none of those waits. Calls of
-// a priority never wait for slots held by lower ones: they run beside
-// them, and no slot goes to a waiting call until the calls running are
-// back within the limit, so the lower-priority calls give theirs back as
-// they end.
+// overtakesLocked reports whether a call of fl takes a slot at once
+// although every slot is taken: lower-priority calls hold some, its own
+// and higher priorities hold fewer than the limit, and none of those
+// waits. Calls of a priority never wait for slots held by lower ones: they
+// run beside them, and no slot goes to a waiting call until the calls
+// running are back within the limit, so the lower-priority calls give
+// theirs back as they end.
 func (c *Controller) overtakesLocked(fl *flow, slots int) bool {
 	p := prioIndex(fl.k.prio)
 	above := 0
@@ -101,12 +96,13 @@ func (c *Controller) overtakesLocked(fl *flow, slots int) bool {
 	return above < slots && above < c.inflight
 }
 
-// releaseLocked ends a call of fl that held a slot and, unless inside is nil, a
-// place Enter counted.
+// releaseLocked ends a call of fl that held a slot and, unless inside is
+// nil, a place Enter counted.
 func (c *Controller) releaseLocked(fl *flow, inside *flow) {
 	fl.inflight--
 	c.inflight--
 	c.running[prioIndex(fl.k.prio)]--
+	c.indexWaitingLocked(fl)
 	c.exitLocked(inside)
 	c.listIdleLocked(fl)
 }

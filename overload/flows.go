@@ -42,6 +42,10 @@ type flow struct {
 	listed   bool      // in idle
 	q        []*waiter
 	vt       float64 // virtual start time of the flow's next call
+
+	ai   int           // the flow's index in its priority's active, or -1
+	pos  [nIndexes]int // its position in each of its priority's indexes, or -1
+	ekey float64       // its key in byEntered (enteredKey)
 }
 
 func (fl *flow) busy() bool { return fl.inflight > 0 || fl.inside > 0 || len(fl.q) > 0 }
@@ -89,7 +93,7 @@ func (c *Controller) flowLocked(f Flow, now time.Time) *flow {
 		} else {
 			fl = new(flow)
 		}
-		*fl = flow{k: k, weight: weight(f.Weight), held: -1, born: now, q: fl.q[:0]}
+		*fl = flow{k: k, weight: weight(f.Weight), held: -1, ai: -1, pos: notIndexed, born: now, q: fl.q[:0]}
 		c.flows[k] = fl
 		c.weights += fl.weight
 	}
@@ -155,6 +159,9 @@ func (c *Controller) unholdLocked(fl *flow) {
 	c.holding[len(c.holding)-1] = nil
 	c.holding = c.holding[:len(c.holding)-1]
 	fl.held = -1
+	if ix := &c.index[prioIndex(last.k.prio)][byHeld]; last != fl && ix.has(last) {
+		ix.fix(last)
+	}
 }
 
 // entryMemory is how long the controller remembers the calls it was

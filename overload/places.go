@@ -45,6 +45,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 		case v.pending > v.owed:
 			v.owed++
 			c.owed++
+			c.indexHoldingLocked(v)
 		}
 	}
 	if fl.inside == 0 {
@@ -56,6 +57,7 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	c.inside++
 	fl.entered.add(now, 1)
 	c.top.set(now, max(c.top.value(now), fl.entered.v/fl.weight))
+	c.indexHoldingLocked(fl)
 	c.mu.Unlock()
 	t := &ticket{c: c, f: fl}
 	ctx = context.WithValue(ctx, ticketKey{}, t)
@@ -119,6 +121,7 @@ func (c *Controller) arriveLocked(in *flow) {
 		in.owed -= d
 		c.owed -= d
 	}
+	c.indexHoldingLocked(in) // its owed places may have been forgiven, or taken back (Acquire)
 }
 
 // exitLocked gives back a place of flow in (nil: none) among the calls
@@ -129,6 +132,7 @@ func (c *Controller) exitLocked(in *flow) {
 	}
 	in.inside--
 	c.inside--
+	c.indexHoldingLocked(in)
 	if in.inside == 0 {
 		c.unholdLocked(in)
 	}

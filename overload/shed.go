@@ -67,50 +67,58 @@ func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String(
 // Unwrap returns ErrShed.
 func (e *ShedError) Unwrap() error { return ErrShed }
 
-// displacedLocked returns the flow that gives up a place so that a call of fl
-// may enter a full server, or nil when fl's call should be shed. A flow of
-// a lower priority than fl's goes first. Within fl's priority, fl may enter
-// when, with this call, it would still have been let in fewer calls lately
-// for its weight than the flow let in the most (which may have nothing
-// inside at the moment), and the flow that gives up a place is the one
-// let in the most of those holding one not yet given up, if it was let in
-// more than fl and asks for more than its split (withinSplitLocked). So a flow
-// under its weighted max-min fair share keeps its calls while another
-// floods, and the flood gets what is left.
+// displacedLocked returns the flow that gives up a place so that a call of
+// fl may enter a full server, or nil when fl's call should be shed. A flow
+// of a lower priority than fl's goes first. Within fl's priority, fl may
+// enter when, with this call, it would still have been let in fewer calls
+// lately for its weight than the flow let in the most (which may have
+// nothing inside at the moment), and the flow that gives up a place is the
+// one let in the most of those holding one not yet given up, if it was let
+// in more than fl and asks for more than its split (withinSplitLocked). So
+// a flow under its weighted max-min fair share keeps its calls while
+// another floods, and the flood gets what is left.
+//
+// It looks at the flows let in more than fl would be, the most first, and
+// stops at the first not within its split (and those tied with it): its
+// cost grows with the flows within their split let in more than fl, not
+// with the flows remembered.
 func (c *Controller) displacedLocked(fl *flow, now time.Time) *flow {
 	own := (fl.entered.value(now) + 1) / fl.weight
 	if own >= c.top.value(now) {
 		return nil
 	}
-	var victim, lower *flow
-	var most float64
-	for _, g := range c.holding {
-		if g.inside-g.owed <= 0 || g == fl || g.k.prio > fl.k.prio {
-			continue
+	p := prioIndex(fl.k.prio)
+	for i := range p {
+		if g := c.index[i][byHeld].top(); g != nil {
+			return g // the first in c.holding of the lowest priority
 		}
-		if g.k.prio < fl.k.prio {
-			if lower == nil || g.k.prio < lower.k.prio {
-				lower = g
-			}
-			continue
+	}
+	// The flow let in the most, of those let in more than own: visited
+	// from the most by key, until a key's bound on its count falls short
+	// of what the victim must beat. Ties go to the first in c.holding.
+	var victim *flow
+	most := own
+	nowKey := c.keyTime(now)
+	slack := keySlack(nowKey)
+	c.index[p][byEntered].each(func(g *flow) bool {
+		if g.ekey-nowKey < math.Log(most)-slack {
+			return false
 		}
-		if l := g.entered.value(now) / g.weight; l > most && !c.withinSplitLocked(g, now) {
+		if g == fl || c.withinSplitLocked(g, now) {
+			return true
+		}
+		if l := g.entered.value(now) / g.weight; l > most || l == most && victim != nil && g.held < victim.held {
 			most, victim = l, g
 		}
-	}
-	switch {
-	case lower != nil:
-		return lower
-	case most > own:
-		return victim
-	}
-	return nil
+		return true
+	})
+	return victim
 }
 
 // withinSplitLocked reports whether fl asks for no more, for its weight,
 // than an equal split of what the server completes among the flows
-// remembered, and no call of a higher priority waits. Such a flow is never shed for
-// room nor displaced: what all of them ask fits in the capacity.
+// remembered, and no call of a higher priority waits. Such a flow is never
+// shed for room nor displaced: what all of them ask fits in the capacity.
 func (c *Controller) withinSplitLocked(fl *flow, now time.Time) bool {
 	for i := prioIndex(fl.k.prio) + 1; i < nPriorities; i++ {
 		if len(c.active[i]) > 0 {
@@ -124,35 +132,38 @@ func (c *Controller) withinSplitLocked(fl *flow, now time.Time) bool {
 	return fl.offered.value(now) <= fl.weight*c.st.Throughput*entryMemory.Seconds()*seen/c.weights
 }
 
-// victimLocked returns the flow that should lose a waiting call so that a call
-// of fl can wait, or nil when fl's call should be shed instead: the lowest
-// priority first, then the flow holding the most slots and queue places
-// for its weight, save flows within their split (withinSplitLocked). A flow no
-// further under its share than the victim does not displace it.
+// victimLocked returns the flow that should lose a waiting call so that a
+// call of fl can wait, or nil when fl's call should be shed instead: the
+// lowest priority first, then the flow holding the most slots and queue
+// places for its weight, save flows within their split
+// (withinSplitLocked). A flow no further under its share than the victim
+// does not displace it.
+//
+// It looks at the flows that hold more than fl would with this call, the
+// most first, and stops at the first not within its split.
 func (c *Controller) victimLocked(fl *flow, now time.Time) *flow {
 	p := prioIndex(fl.k.prio)
-	for i := range p + 1 {
-		var worst *flow
-		var worstLoad float64
-		for _, v := range c.active[i] {
-			if i == p && c.withinSplitLocked(v, now) {
-				continue
-			}
-			if l := float64(v.inflight+len(v.q)) / v.weight; worst == nil || l > worstLoad {
-				worst, worstLoad = v, l
-			}
+	for i := range p {
+		if v := c.index[i][byLoad].top(); v != nil {
+			return v
 		}
-		switch {
-		case worst == nil:
-			continue
-		case i < p:
-			return worst
-		case float64(fl.inflight+len(fl.q)+1)/fl.weight < worstLoad && worst != fl:
-			return worst
-		}
-		return nil
 	}
-	return nil
+	// In fl's priority, the flow that holds the most (the first in
+	// c.active of those), unless it is within its split: then the next.
+	// None that holds no more than fl would with this call displaces it.
+	need := float64(fl.inflight+len(fl.q)+1) / fl.weight
+	var worst *flow
+	c.index[p][byLoad].each(func(v *flow) bool {
+		if !(need < v.load()) {
+			return false
+		}
+		if c.withinSplitLocked(v, now) {
+			return true
+		}
+		worst = v
+		return false
+	})
+	return worst
 }
 
 // evictLocked displaces v's oldest waiting call, the one closest to its wait
