@@ -33,7 +33,7 @@ type Controller struct {
 	flows    map[flowKey]*flow
 	weights  float64 // the weights of the flows remembered, summed
 	holding  []*flow // the flows with calls inside; their order breaks ties
-	idle     []*flow // from idle[idleHead]: flows to forget once idle for forgetAfter, oldest first
+	idle     []*flow // from idleHead on: flows to forget once idle for forgetAfter, oldest first
 	idleHead int
 	free     []*flow
 	active   [nPriorities][]*flow            // flows with waiting calls, by priority; their order breaks ties

@@ -111,9 +111,9 @@ func (c *Controller) listIdleLocked(fl *flow) {
 	c.idle = append(c.idle, fl)
 }
 
-// sweepLocked forgets the flows listed idle whose latest call came forgetAfter
-// or more before now, looking at a few of the list at most: a flow busy
-// again leaves the list, one idle but recent goes to its end.
+// sweepLocked forgets the flows listed idle whose latest call came
+// forgetAfter or more before now, looking at a few of the list at most: a
+// flow busy again leaves the list, one idle but recent goes to its end.
 func (c *Controller) sweepLocked(now time.Time) {
 	for range min(len(c.idle)-c.idleHead, sweepBatch) {
 		fl := c.idle[c.idleHead]

@@ -23,8 +23,8 @@ const (
 var notIndexed = [nIndexes]int{-1, -1, -1, -1}
 
 // A flowHeap is a binary heap of flows, each of which knows its position in
-// it (pos[slot]), so that a flow whose key changed moves, or leaves, in
-// O(log n).
+// it (its pos at the heap's slot), so that a flow whose key changed moves,
+// or leaves, in O(log n).
 type flowHeap struct {
 	fs   []*flow
 	slot int                   // which of a flow's pos this heap keeps

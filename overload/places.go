@@ -109,8 +109,8 @@ func (c *Controller) returnPlace(in *flow) {
 	c.mu.Unlock()
 }
 
-// arriveLocked records that a call of flow in (nil: none) that Enter let in is
-// no longer pending: it reached Acquire, or left without. A flow owes no
+// arriveLocked records that a call of flow in (nil: none) that Enter let in
+// is no longer pending: it reached Acquire, or left without. A flow owes no
 // more places than it has calls pending; the rest is forgiven.
 func (c *Controller) arriveLocked(in *flow) {
 	if in == nil {

@@ -20,8 +20,8 @@ type event struct {
 	state, limit bool
 }
 
-// startSheddingLocked returns the event of entering Shedding, or none when the
-// controller is shedding already.
+// startSheddingLocked returns the event of entering Shedding, or none when
+// the controller is shedding already.
 func (c *Controller) startSheddingLocked(now time.Time) event {
 	if c.state == Shedding {
 		return event{}

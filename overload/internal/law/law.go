@@ -1,45 +1,45 @@
 // Package law is the overload controller's control law, stated here once:
 // how many calls the server runs at once (the concurrency limit), how many
 // more it holds, how long a call may wait for a slot, and which calls are
-// shed at once. It is pure: Step maps the previous State and what the calls
-// measured since to the next State, so a trace of samples replays exactly.
-// Package overload holds the calls, their queue and their flows, and asks
-// the law each question below.
+// shed at once. It is pure: [Step] maps the previous [State] and what the
+// calls measured since to the next State, so a trace of samples replays
+// exactly. Package overload holds the calls, their queue and their flows,
+// and asks the law each question below.
 //
-//  1. Run at most a limit of calls at once (State.Slots). Calls admitted
+//  1. Run at most a limit of calls at once ([State.Slots]). Calls admitted
 //     beyond what the server runs at once do not make it faster: they
 //     queue in the Go scheduler, on a lock or in a pool, where no one sees
 //     their wait, and every call slows down.
 //  2. Hold the slots plus what they complete in the queue target
-//     (State.Places), counting every call from the moment it enters the
+//     ([State.Places]), counting every call from the moment it enters the
 //     server to its end (package overload's Controller.Enter, the tap
 //     handle's), and shed the rest before its request is read. A
 //     CPU-bound handler runs to its end before the next call's goroutine
 //     starts, so a CPU-bound server's queue is the scheduler's run queue,
-//     where no interceptor sees it. The target is Completions
-//     completions' worth of time (State.Target), at least MinTarget while
-//     the server is overloaded, shedding more than OverloadShare of the
-//     calls offered lately, and OpenTarget otherwise (Floor), so that a
+//     where no interceptor sees it. The target is [Completions]
+//     completions' worth of time ([State.Target]), at least [MinTarget] while
+//     the server is overloaded, shedding more than [OverloadShare] of the
+//     calls offered lately, and [OpenTarget] otherwise ([Floor]), so that a
 //     server below its capacity absorbs the bursts of random arrivals.
 //  3. The limit starts at what the CPUs run at once (GOMAXPROCS, the
-//     controller's Bounds.Min) and never goes below it. In a step (Due:
-//     every Interval with MinSamples completions) in which a call found
-//     every slot taken, it grows (by SlowStart until the first cut, then
-//     by Growth) while the step's mean service time stays within Tolerance
-//     of the least of the last Window steps' means (the baseline), and is
-//     cut to what the throughput needs at the baseline when it does not:
-//     the limit times baseline over mean (Little's law). After a growth
-//     that was cut, it holds for HoldFactor times as many bound steps as
-//     the last such hold, from FirstHold up to MaxHold, before it grows
-//     again, so that a server at its capacity rarely slows its calls to
-//     probe for more. A step in which no call waited changes nothing, so
-//     an idle server is never cut (Step).
-//  4. A call waits for a slot at most Patience targets (State.MaxWait),
+//     controller's [Bounds].Min) and never goes below it. In a step ([Due]:
+//     every [Interval] with [MinSamples] completions) in which a call found
+//     every slot taken, it grows (by [SlowStart] until the first cut, then
+//     by [Growth]) while the step's mean service time stays within
+//     [Tolerance] of the least of the last [Window] steps' means (the
+//     baseline), and is cut to what the throughput needs at the baseline
+//     when it does not: the limit times baseline over mean (Little's law).
+//     After a growth that was cut, it holds for [HoldFactor] times as many
+//     bound steps as the last such hold, from [FirstHold] up to [MaxHold],
+//     before it grows again, so that a server at its capacity rarely slows
+//     its calls to probe for more. A step in which no call waited changes
+//     nothing, so an idle server is never cut ([Step]).
+//  4. A call waits for a slot at most [Patience] targets ([State.MaxWait]),
 //     and is shed at once when its deadline leaves less than its expected
 //     wait plus the baseline: its work would be wasted
-//     (State.DeadlineWait).
-//  5. An admitted call of YieldAbove or more yields the CPU once before it
-//     runs (State.Yields), so that the connections' readers and writers,
+//     ([State.DeadlineWait]).
+//  5. An admitted call of [YieldAbove] or more yields the CPU once before it
+//     runs ([State.Yields]), so that the connections' readers and writers,
 //     which the Go scheduler would run after it, read requests and send
 //     replies first.
 //
