@@ -710,7 +710,7 @@ func TestOverloadShedsAsRequestsEnter(t *testing.T) {
 	}
 	// One slot and, before any request has completed, four places a
 	// slot: five requests inside, the rest shed as they enter.
-	for deadline := time.Now().Add(10 * time.Second); ctrl.Snapshot().Shed[overload.ShedTap] < n-5; {
+	for deadline := time.Now().Add(10 * time.Second); ctrl.Snapshot().ShedBy(overload.ShedTap) < n-5; {
 		if time.Now().After(deadline) {
 			t.Fatalf("snapshot %+v: want %d shed as they entered", ctrl.Snapshot(), n-5)
 		}

@@ -134,8 +134,8 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 		t.Errorf("details %v, want ErrorInfo %s and a RetryInfo", s.Details(), middleware.ErrorReasonOverloaded)
 	}
 	// Turned away at the tap: the controller counts it as its own.
-	if snap := ctrl.Snapshot(); snap.Shed[overload.ShedTap] != 1 || l.Stats().Tap != 1 {
-		t.Errorf("tap sheds: controller %d, limiter %d, want 1 and 1", snap.Shed[overload.ShedTap], l.Stats().Tap)
+	if snap := ctrl.Snapshot(); snap.ShedBy(overload.ShedTap) != 1 || l.Stats().Tap != 1 {
+		t.Errorf("tap sheds: controller %d, limiter %d, want 1 and 1", snap.ShedBy(overload.ShedTap), l.Stats().Tap)
 	}
 
 	// acme, under its share, displaces globex's oldest waiting call and

@@ -156,8 +156,8 @@ func (s *observables) register(m metric.Meter, o *options, limiter *atomic.Point
 		s.ovStateIs = withEach("state", overload.Open.String(), overload.Shedding.String())
 		s.waited = withEach("waited", "false", "true")
 		var causes []string
-		for i := range len(overload.Snapshot{}.Shed) {
-			causes = append(causes, overload.ShedCause(i).String())
+		for _, cause := range overload.ShedCauses() {
+			causes = append(causes, cause.String())
 		}
 		s.shedBy = withEach("cause", causes...)
 	}
@@ -216,8 +216,8 @@ func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 		ob.ObserveFloat64(s.ovWait, snap.Wait.Seconds())
 		ob.ObserveInt64(s.ovAdmitted, int64(snap.Admitted-snap.Waited), s.waited[0])
 		ob.ObserveInt64(s.ovAdmitted, int64(snap.Waited), s.waited[1])
-		for i, n := range snap.Shed {
-			ob.ObserveInt64(s.ovShed, int64(n), s.shedBy[i])
+		for i, cause := range overload.ShedCauses() {
+			ob.ObserveInt64(s.ovShed, int64(snap.ShedBy(cause)), s.shedBy[i])
 		}
 		ob.ObserveInt64(s.ovUntapped, int64(snap.Untapped))
 	}

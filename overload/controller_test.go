@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -188,9 +189,9 @@ func TestFullQueueDisplacesTheFlowOverItsShare(t *testing.T) {
 			t.Errorf("order %s, want %s", g, w)
 		}
 		s := c.Snapshot()
-		if s.Shed[ShedQueueFull] != 1 || s.Shed[ShedDisplaced] != 2 || s.Admitted != 6 || s.Waited != 4 {
-			t.Errorf("counts: shed %v admitted %d waited %d, want 1 queue_full, 2 displaced, 6 admitted, 4 waited",
-				s.Shed, s.Admitted, s.Waited)
+		if s.ShedBy(ShedQueueFull) != 1 || s.ShedBy(ShedDisplaced) != 2 || s.Admitted != 6 || s.Waited != 4 {
+			t.Errorf("counts: shed %d queue_full, %d displaced; admitted %d, waited %d; want 1, 2; 6, 4",
+				s.ShedBy(ShedQueueFull), s.ShedBy(ShedDisplaced), s.Admitted, s.Waited)
 		}
 	})
 }
@@ -226,7 +227,7 @@ func TestTimeoutDeadlineAndCancel(t *testing.T) {
 		}
 		held.Done()
 		s := c.Snapshot()
-		if s.Queued != 0 || s.Inflight != 0 || s.Shed[ShedTimeout] != 2 || s.ShedTotal() != 2 {
+		if s.Queued != 0 || s.Inflight != 0 || s.ShedBy(ShedTimeout) != 2 || s.ShedTotal() != 2 {
 			t.Errorf("snapshot %+v, want nothing queued or in flight and 2 timeouts", s)
 		}
 	})
@@ -274,7 +275,7 @@ func TestDeadlineAwareAdmission(t *testing.T) {
 				r.p.Done()
 			}
 		}
-		if got := c.Snapshot().Shed[ShedDeadline]; got != 1 {
+		if got := c.Snapshot().ShedBy(ShedDeadline); got != 1 {
 			t.Errorf("deadline sheds = %d, want 1", got)
 		}
 	})
@@ -382,8 +383,8 @@ func TestEnter(t *testing.T) {
 		if _, in := c.Enter(t.Context(), heavy); in {
 			t.Fatal("Enter(heavy) = true with all five places held by heavy")
 		}
-		if s := c.Snapshot(); s.Inside != 5 || s.Shed[ShedTap] != 1 || s.State != Shedding {
-			t.Fatalf("inside %d, tap sheds %d, state %v; want 5, 1, shedding", s.Inside, s.Shed[ShedTap], s.State)
+		if s := c.Snapshot(); s.Inside != 5 || s.ShedBy(ShedTap) != 1 || s.State != Shedding {
+			t.Fatalf("inside %d, tap sheds %d, state %v; want 5, 1, shedding", s.Inside, s.ShedBy(ShedTap), s.State)
 		}
 		// light holds nothing: it takes a place of heavy's, and the next
 		// heavy call to reach Acquire goes instead.
@@ -524,8 +525,8 @@ func TestEveryPlaceComesBack(t *testing.T) {
 			t.Errorf("owed %d, flows holding places %d after every call ended; want 0, 0", c.owed, len(c.holding))
 		}
 		forgets(t, c)
-		if s.Shed[ShedTap] == 0 || s.Shed[ShedDisplaced] == 0 {
-			t.Errorf("sheds %v: the mix should reach the tap's and the displacement's paths", s.Shed)
+		if s.ShedBy(ShedTap) == 0 || s.ShedBy(ShedDisplaced) == 0 {
+			t.Errorf("%d tap and %d displaced sheds: the mix should reach both paths", s.ShedBy(ShedTap), s.ShedBy(ShedDisplaced))
 		}
 		for i := range 3 {
 			if _, in := c.Enter(t.Context(), Flow{Key: "a"}); !in {
@@ -731,7 +732,7 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		c.mu.Lock()
 		within := map[string]bool{}
 		for _, k := range []string{"light", "heavy"} {
-			within[k] = c.withinSplit(c.flows[flowKey{key: k}], c.o.now())
+			within[k] = c.withinSplitLocked(c.flows[flowKey{key: k}], c.o.now())
 		}
 		c.mu.Unlock()
 		if !within["light"] || within["heavy"] {
@@ -740,9 +741,9 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		// A flow the controller has just met has shown nothing yet: it
 		// gets a place only from a flow over its split, as any flow.
 		c.mu.Lock()
-		fresh := c.flow(Flow{Key: "fresh"}, c.o.now())
+		fresh := c.flowLocked(Flow{Key: "fresh"}, c.o.now())
 		fresh.offered.add(c.o.now(), 1)
-		if c.withinSplit(fresh, c.o.now()) {
+		if c.withinSplitLocked(fresh, c.o.now()) {
 			t.Error("a flow met a moment ago is within its split")
 		}
 		c.mu.Unlock()
@@ -762,7 +763,7 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 			t.Fatalf("queued %d, want the second critical call waiting", s.Queued)
 		}
 		c.mu.Lock()
-		if c.withinSplit(c.flows[flowKey{key: "light"}], c.o.now()) {
+		if c.withinSplitLocked(c.flows[flowKey{key: "light"}], c.o.now()) {
 			t.Error("light is within its split while a critical call waits")
 		}
 		c.mu.Unlock()
@@ -770,6 +771,44 @@ func TestWithinSplitEntersBeyondThePlaces(t *testing.T) {
 		first.Done()
 		if r := <-waiting; r.err == nil {
 			r.p.Done()
+		}
+	})
+}
+
+// A first control step at the instant the controller was made (calls that
+// took no time on the clock) leaves the throughput unknown rather than
+// infinite, so that the equal split, and the protection of the flows
+// within it, still works after the next step.
+func TestWithinSplitAfterAnInstantStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t)
+		for range 16 { // the clock does not move: the first step at dt = 0
+			p, err := c.Acquire(t.Context(), Flow{Key: "teach"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Done()
+		}
+		teach(t, c, 10*ms) // about 100 calls/s
+		if got := c.Snapshot().Throughput; !(got > 0) || math.IsInf(got, 0) {
+			t.Fatalf("Throughput = %v after 16 calls of 10 ms, want a positive, finite rate", got)
+		}
+		light := Flow{Key: "light"}
+		for range 10 { // 10/s for a second
+			ctx, in := c.Enter(t.Context(), light)
+			if !in {
+				t.Fatal("Enter(light) = false in an empty server")
+			}
+			c.Leave(ctx)
+			time.Sleep(100 * ms)
+		}
+		for { // a flood fills every place
+			if _, in := c.Enter(t.Context(), Flow{Key: "heavy"}); !in {
+				break
+			}
+		}
+		if _, in := c.Enter(t.Context(), light); !in {
+			t.Error("Enter(light) = false with the places held by a flood; want it let in within its split")
 		}
 	})
 }

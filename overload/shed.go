@@ -2,10 +2,8 @@ package overload
 
 import (
 	"errors"
-	"fmt"
+	"math"
 	"time"
-
-	"github.com/floodgate-go/floodgate"
 )
 
 // ErrShed is wrapped by every [ShedError]: errors.Is(err, ErrShed) tells a
@@ -22,7 +20,8 @@ const (
 	// ShedDisplaced: the call waited, and a call of a flow further under
 	// its fair share (or of a higher priority) took its place.
 	ShedDisplaced
-	// ShedTimeout: the call waited for a slot for the longest wait.
+	// ShedTimeout: the call waited for a slot as long as a call may:
+	// twice the queue target.
 	ShedTimeout
 	// ShedDeadline: the call's deadline left less than its expected wait
 	// plus its service time: the work would have been wasted.
@@ -34,6 +33,17 @@ const (
 )
 
 var shedNames = [...]string{"queue_full", "displaced", "wait_timeout", "deadline", "tap"}
+
+// ShedCauses returns every cause this release sheds calls for, in order:
+// the labels of a count by cause ([Snapshot.ShedBy]). Later releases may
+// add causes.
+func ShedCauses() []ShedCause {
+	causes := make([]ShedCause, nShedCauses)
+	for i := range causes {
+		causes[i] = ShedCause(i)
+	}
+	return causes
+}
 
 // String returns the cause's lower-case name, such as "queue_full", fit for
 // a metric label.
@@ -57,95 +67,131 @@ func (e *ShedError) Error() string { return "overload: shed (" + e.Cause.String(
 // Unwrap returns ErrShed.
 func (e *ShedError) Unwrap() error { return ErrShed }
 
-const nPriorities = 3
-
-// prioIndex returns the index of p, one of the three priorities (a flow
-// key's: Controller.flow clamps any other value to the nearest).
-func prioIndex(p floodgate.Priority) int { return int(p) + 1 }
-
-// A Flow says whose a call is, for fairness: calls of one Key share a fair
-// share of the server in proportion to Weight.
-type Flow struct {
-	// Key names the flow: a tenant, or an anonymous caller's address. The
-	// controller keeps it only while the flow has calls in flight or
-	// waiting, so it must not be a buffer the caller reuses.
-	Key string
-	// Weight is the flow's share relative to other flows; ≤ 0 means 1.
-	Weight float64
-	// Priority ranks the call: a waiting call of a higher priority is
-	// admitted before any of a lower one, and the queue makes room for it
-	// by displacing the lowest. Within a priority, fairness decides.
-	Priority floodgate.Priority
-}
-
-// State is the controller's regime.
-type State uint8
-
-const (
-	// Open: nothing has been shed for a second.
-	Open State = iota
-	// Shedding: calls are being shed.
-	Shedding
-)
-
-var stateNames = [...]string{"open", "shedding"}
-
-// String returns the state's lower-case name.
-func (s State) String() string {
-	if int(s) < len(stateNames) {
-		return stateNames[s]
+// displacedLocked returns the flow that gives up a place so that a call of
+// fl may enter a full server, or nil when fl's call should be shed. A flow
+// of a lower priority than fl's goes first. Within fl's priority, fl may
+// enter when, with this call, it would still have been let in fewer calls
+// lately for its weight than the flow let in the most (which may have
+// nothing inside at the moment), and the flow that gives up a place is the
+// one let in the most of those holding one not yet given up, if it was let
+// in more than fl and asks for more than its split (withinSplitLocked). So
+// a flow under its weighted max-min fair share keeps its calls while
+// another floods, and the flood gets what is left.
+//
+// It looks at the flows let in more than fl would be, the most first, and
+// stops at the first not within its split (and those tied with it): its
+// cost grows with the flows within their split let in more than fl, not
+// with the flows remembered.
+func (c *Controller) displacedLocked(fl *flow, now time.Time) *flow {
+	own := (fl.entered.value(now) + 1) / fl.weight
+	if own >= c.top.value(now) {
+		return nil
 	}
-	return "unknown"
-}
-
-// A Snapshot is the controller's observable state. Its fields keep their
-// meaning from release to release; new ones may be added.
-type Snapshot struct {
-	// State is the regime and Since when it began.
-	State State
-	Since time.Time
-	// Limit is the concurrency limit, Inflight the calls holding a slot,
-	// Queued those waiting for one in the controller and QueueCap how
-	// many may wait; Inside counts the calls Enter let in that have not
-	// ended, wherever they wait.
-	Limit                    float64
-	Inflight, Queued, Inside int
-	QueueCap                 int
-	// Latency is the mean service time (from admission to Done) of the
-	// latest control step's calls, Baseline the least such mean of the
-	// recent steps: what a call costs when it does not queue.
-	Latency, Baseline time.Duration
-	// Wait is the mean wait for a slot of the calls that waited in the
-	// latest step, and Target the longest a call may wait.
-	Wait, Target time.Duration
-	// Throughput is how many calls per second complete, smoothed: while
-	// calls are shed, the server's capacity.
-	Throughput float64
-	// CPU and SchedP99 are the guard's latest readings (WithGuard); 0
-	// without a guard.
-	CPU      float64
-	SchedP99 time.Duration
-	// Admitted counts admitted calls, Waited those of them that waited for
-	// a slot, and Shed the shed calls by cause, since the controller was
-	// made.
-	Admitted, Waited uint64
-	Shed             [nShedCauses]uint64
-	// Untapped counts calls that reached Acquire without Enter having
-	// counted them as they entered: a gRPC server without the tap handle
-	// (use middleware's Limiter.ServerOptions), whose calls can queue in
-	// the Go scheduler where the controller cannot bound them.
-	Untapped uint64
-}
-
-// ShedTotal returns the shed calls of every cause.
-func (s Snapshot) ShedTotal() uint64 {
-	var n uint64
-	for _, v := range s.Shed {
-		n += v
+	p := prioIndex(fl.k.prio)
+	for i := range p {
+		if g := c.index[i][byHeld].top(); g != nil {
+			return g // the first in c.holding of the lowest priority
+		}
 	}
-	return n
+	// The flow let in the most, of those let in more than own: visited
+	// from the most by key, until a key's bound on its count falls short
+	// of what the victim must beat. Ties go to the first in c.holding.
+	var victim *flow
+	most := own
+	nowKey := c.keyTime(now)
+	slack := keySlack(nowKey)
+	c.index[p][byEntered].each(func(g *flow) bool {
+		if g.ekey-nowKey < math.Log(most)-slack {
+			return false
+		}
+		if g == fl || c.withinSplitLocked(g, now) {
+			return true
+		}
+		if l := g.entered.value(now) / g.weight; l > most || l == most && victim != nil && g.held < victim.held {
+			most, victim = l, g
+		}
+		return true
+	})
+	return victim
 }
 
-func invalid(name string, v any, want string) error {
-	return fmt.Errorf("%w: overload: %s = %v, want %s", floodgate.ErrInvalidOption, name, v, want)
+// withinSplitLocked reports whether fl asks for no more, for its weight,
+// than an equal split of what the server completes among the flows
+// remembered, and no call of a higher priority waits. Such a flow is never
+// shed for room nor displaced: what all of them ask fits in the capacity.
+func (c *Controller) withinSplitLocked(fl *flow, now time.Time) bool {
+	for i := prioIndex(fl.k.prio) + 1; i < nPriorities; i++ {
+		if len(c.active[i]) > 0 {
+			return false
+		}
+	}
+	// The flow's calls offered lately, against what an equal split would
+	// have let in over the part of entryMemory it has been remembered:
+	// a flow new to the controller has shown nothing yet.
+	seen := -math.Expm1(-float64(now.Sub(fl.born)) / float64(entryMemory))
+	return fl.offered.value(now) <= fl.weight*c.st.Throughput*entryMemory.Seconds()*seen/c.weights
+}
+
+// victimLocked returns the flow that should lose a waiting call so that a
+// call of fl can wait, or nil when fl's call should be shed instead: the
+// lowest priority first, then the flow holding the most slots and queue
+// places for its weight, save flows within their split
+// (withinSplitLocked). A flow no further under its share than the victim
+// does not displace it.
+//
+// It looks at the flows that hold more than fl would with this call, the
+// most first, and stops at the first not within its split.
+func (c *Controller) victimLocked(fl *flow, now time.Time) *flow {
+	p := prioIndex(fl.k.prio)
+	for i := range p {
+		if v := c.index[i][byLoad].top(); v != nil {
+			return v
+		}
+	}
+	// In fl's priority, the flow that holds the most (the first in
+	// c.active of those), unless it is within its split: then the next.
+	// None that holds no more than fl would with this call displaces it.
+	need := float64(fl.inflight+len(fl.q)+1) / fl.weight
+	var worst *flow
+	c.index[p][byLoad].each(func(v *flow) bool {
+		if !(need < v.load()) {
+			return false
+		}
+		if c.withinSplitLocked(v, now) {
+			return true
+		}
+		worst = v
+		return false
+	})
+	return worst
+}
+
+// evictLocked displaces v's oldest waiting call, the one closest to its wait
+// running out.
+func (c *Controller) evictLocked(v *flow) {
+	w := v.q[0]
+	c.dequeueLocked(w)
+	w.evicted = true
+	w.ch <- struct{}{}
+}
+
+// countShedLocked counts a shed call of cause.
+func (c *Controller) countShedLocked(cause ShedCause, now time.Time) {
+	c.shed[cause]++
+	c.shedLately.add(now, 1)
+	c.lastShed = now
+}
+
+// shedAndUnlock, called with c.mu held, counts a shed call of fl, gives back
+// its place Enter counted, lists fl idle if it is empty, releases the lock,
+// logs a change of state and returns the call's error. (A …Locked helper
+// expects the lock held and leaves it held; this one releases it.)
+func (c *Controller) shedAndUnlock(fl *flow, inside *flow, cause ShedCause, now time.Time) error {
+	c.countShedLocked(cause, now)
+	c.exitLocked(inside)
+	c.listIdleLocked(fl)
+	ev := c.startSheddingLocked(now)
+	c.mu.Unlock()
+	c.emit(ev)
+	return &ShedError{Cause: cause, RetryAfter: c.o.retry}
 }

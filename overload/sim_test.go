@@ -260,7 +260,7 @@ func TestSimulatedOverload(t *testing.T) {
 				if cold, _, _ := window(rs, start, 0, 2*time.Second, slo); cold < 0.9*capacity {
 					t.Errorf("goodput over the first 2 s %.0f/s = %.0f%% of the capacity, want ≥ 90%%", cold, 100*cold/capacity)
 				}
-				t.Logf("goodput %.0f%%, p99 %v, limit %.1f, snapshot %+v", 100*good/capacity, p99, ctrl.Snapshot().Limit, ctrl.Snapshot().Shed)
+				t.Logf("goodput %.0f%%, p99 %v, limit %.1f, shed %d", 100*good/capacity, p99, ctrl.Snapshot().Limit, ctrl.Snapshot().ShedTotal())
 			})
 		})
 	}

@@ -418,8 +418,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.descs.ovWait, s.Wait.Seconds())
 		counter(c.descs.ovAdmitted, s.Admitted-s.Waited, "false")
 		counter(c.descs.ovAdmitted, s.Waited, "true")
-		for i, n := range s.Shed {
-			counter(c.descs.ovShed, n, overload.ShedCause(i).String())
+		for _, cause := range overload.ShedCauses() {
+			counter(c.descs.ovShed, s.ShedBy(cause), cause.String())
 		}
 		counter(c.descs.ovUntapped, s.Untapped)
 	}

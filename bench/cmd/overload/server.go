@@ -417,12 +417,15 @@ func variantServer(name string, capacity float64, gate *cpugate.Gate) (variant, 
 }
 
 // controllerStats fills in E's fields of the stats from a snapshot of its
-// controller. Admitted and Shed are the snapshot's lasting API; the other
+// controller. Admitted and ShedBy are the snapshot's lasting API; the other
 // fields are its law's, which changes with the controller: this is the
 // only place the bench reads them.
 func controllerStats(st *serverStats, ctrl *overload.Controller) {
 	snap := ctrl.Snapshot()
-	st.Shed, st.Admitted = snap.Shed[:], snap.Admitted
+	st.Shed, st.Admitted = nil, snap.Admitted
+	for _, cause := range overload.ShedCauses() {
+		st.Shed = append(st.Shed, snap.ShedBy(cause))
+	}
 	st.State = snap.State.String()
 	st.Limit, st.Inflight, st.Queued = snap.Limit, snap.Inflight, snap.Queued
 	st.Inside, st.Places = snap.Inside, int(snap.Limit)+snap.QueueCap

@@ -164,6 +164,25 @@ func TestThroughput(t *testing.T) {
 	}
 }
 
+// A step taken at the same instant as the one before (a clock that has not
+// moved, as in a test's bubble or at a server's first calls) tells nothing
+// of the throughput and must not make it infinite: the next step would
+// turn it into NaN, and a NaN throughput holds every flow over its split.
+func TestThroughputAfterAnInstantStep(t *testing.T) {
+	s := Step(Start(b, t0), Sample{N: 20, Sum: 20 * 2 * time.Millisecond}, b, t0)
+	if got := s.Throughput; got != 0 {
+		t.Errorf("Throughput after a first step at dt = 0: %v, want 0 (nothing measured)", got)
+	}
+	s = steps(s, 1, 2, false) // 20 calls in 100 ms
+	if got, want := s.Throughput, 200.0; got != want {
+		t.Errorf("Throughput a step later = %v, want %v", got, want)
+	}
+	s = Step(s, Sample{N: 20, Sum: 20 * 2 * time.Millisecond}, b, s.Last)
+	if got, want := s.Throughput, 200.0; got != want {
+		t.Errorf("Throughput after a later step at dt = 0 = %v, want %v (unchanged)", got, want)
+	}
+}
+
 func TestDue(t *testing.T) {
 	cold := Start(b, t0)
 	warm := cold
@@ -210,5 +229,60 @@ func TestTargetAndQueueCap(t *testing.T) {
 		if got := s.QueueCap(MinTarget); got != c.cap {
 			t.Errorf("QueueCap(limit %v, latency %v) = %v, want %v", c.limit, c.latency, got, c.cap)
 		}
+	}
+}
+
+func TestFloor(t *testing.T) {
+	for _, c := range []struct {
+		shed, offered float64
+		want          time.Duration
+	}{
+		{0, 0, OpenTarget},
+		{0, 100, OpenTarget},
+		{10, 100, OpenTarget}, // a tenth: not yet an overload
+		{10.5, 100, MinTarget},
+		{1, 0, MinTarget},
+	} {
+		if got := Floor(c.shed, c.offered); got != c.want {
+			t.Errorf("Floor(%v shed of %v offered) = %v, want %v", c.shed, c.offered, got, c.want)
+		}
+	}
+}
+
+// A call waits at most Patience targets, less when its deadline comes
+// sooner than that plus the time it then needs to run, and none when its
+// deadline leaves no more than its expected wait.
+func TestWaits(t *testing.T) {
+	s := State{Limit: 2, Latency: 20 * time.Millisecond, Baseline: 10 * time.Millisecond}
+	if got, want := s.MaxWait(MinTarget), 2*s.Target(MinTarget); got != want {
+		t.Fatalf("MaxWait = %v, want %v", got, want)
+	}
+	if got, want := s.Places(MinTarget), s.Slots()+s.QueueCap(MinTarget); got != want {
+		t.Errorf("Places = %v, want %v", got, want)
+	}
+	wait := s.MaxWait(MinTarget) // 20 ms: two 10 ms targets
+	for _, c := range []struct {
+		left   time.Duration
+		queued int
+		want   time.Duration
+		ok     bool
+	}{
+		{time.Second, 4, wait, true},                            // the longest wait
+		{25 * time.Millisecond, 0, 15 * time.Millisecond, true}, // its deadline less the baseline
+		{40 * time.Millisecond, 4, 20 * time.Millisecond, true}, // 40 ms of expected wait, but within the longest
+		{29 * time.Millisecond, 4, 0, false},                    // 19 ms to wait 40 ms, or 20 ms
+		{30 * time.Millisecond, 4, 0, false},                    // 20 ms: no more than the longest wait
+		{10 * time.Millisecond, 0, 0, false},                    // no time to run
+	} {
+		got, ok := s.DeadlineWait(c.left, wait, c.queued)
+		if got != c.want || ok != c.ok {
+			t.Errorf("DeadlineWait(%v left, %d queued) = %v, %v; want %v, %v", c.left, c.queued, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestYields(t *testing.T) {
+	if (State{Baseline: YieldAbove - 1}).Yields() || !(State{Baseline: YieldAbove}).Yields() {
+		t.Errorf("Yields: want calls of %v or more to yield, and only those", YieldAbove)
 	}
 }

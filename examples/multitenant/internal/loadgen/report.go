@@ -382,9 +382,9 @@ func (s *Summary) Write(w io.Writer) {
 		}
 		fmt.Fprintf(&b, "; shed %d", c.ShedTotal())
 		sep := " ("
-		for i, n := range c.Shed {
-			if n > 0 {
-				fmt.Fprintf(&b, "%s%s %d", sep, overload.ShedCause(i), n)
+		for _, cause := range overload.ShedCauses() {
+			if n := c.ShedBy(cause); n > 0 {
+				fmt.Fprintf(&b, "%s%s %d", sep, cause, n)
 				sep = ", "
 			}
 		}
