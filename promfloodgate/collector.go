@@ -86,13 +86,14 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // WithOverload exports the overload controller's signals, the values its
 // log lines give for each change of state, so that a dashboard can say why
 // calls were shed: its state, concurrency limit, calls in flight and
-// waiting, the latency of the last interval against its probed baseline,
-// the queueing delay, what set the limit last, and the calls it admitted,
-// made wait and shed by cause; and the calls that reached it without the
-// tap handle (floodgate_overload_untapped_total), which should stay 0: a
-// server wired without the tap handle (middleware's Limiter.ServerOptions
-// installs it) lets calls queue where the controller cannot bound them. A
-// nil c, the default, exports none; a repeated call replaces c.
+// waiting and the queue's cap, the latency of the latest step against its
+// baseline, the queue target, the mean wait, the throughput, and the calls
+// it admitted, made wait and shed by cause; and the calls that reached it
+// without the tap handle (floodgate_overload_untapped_total), which should
+// stay 0: a server wired without the tap handle (middleware's
+// Limiter.ServerOptions installs it) lets calls queue where the controller
+// cannot bound them. A nil c, the default, exports none; a repeated call
+// replaces c.
 func WithOverload(c Controller) Option { return func(o *options) { o.overload = c } }
 
 // WithRegistry exports the tenant registry's config loads by outcome
