@@ -186,7 +186,7 @@ type Sample struct {
 	Bound bool
 }
 
-// Bounds are the least and the greatest limit (MinLimit ≥ 1).
+// Bounds are the least and the greatest limit (Min ≥ 1).
 type Bounds struct{ Min, Max float64 }
 
 // Start returns the state of a new controller at now.
