@@ -42,7 +42,7 @@ func tenantID(i int) string { return fmt.Sprintf("tenant-%d", i) }
 //     (0.75 × capacity): it can use half the server and then some;
 //   - each light tenant's quota is lightHeadroom × its share of capacity
 //     (4/18 ≈ 0.22 × capacity), sized in the spirit of
-//     examples/multitenant/tenants.yaml's steady tenants: even at Fixed's
+//     testdata/multitenant/tenants.yaml's steady tenants: even at Fixed's
 //     factor (scale 0.2) the quota still covers the tenant's traffic at
 //     0.8× capacity.
 //
