@@ -60,7 +60,10 @@ func skuNames(n int) []string {
 // newInventory returns an inventory of the given SKUs, each with units in
 // stock, whose allocations each burn cost of CPU time with b (package burn,
 // shared with the overload experiment); a nil b is calibrated here.
-func newInventory(skus []string, units int64, cost time.Duration, b *burn.Burner) *inventory {
+// burner is the calibrated CPU loop an Allocate spends its cost in.
+type burner = burn.Burner
+
+func newInventory(skus []string, units int64, cost time.Duration, b *burner) *inventory {
 	if b == nil {
 		b = burn.Calibrate()
 	}

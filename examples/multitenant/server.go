@@ -22,7 +22,6 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
-	"github.com/floodgate-go/floodgate/internal/burn"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -59,7 +58,7 @@ type serverConfig struct {
 	// the controller, and bare, which holds tenants to their quotas alone.
 	sampler      cpugate.Sampler
 	gateInterval time.Duration
-	burner       *burn.Burner
+	burner       *burner
 	ctrlOpts     []overload.Option
 	bare         bool
 }
