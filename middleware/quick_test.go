@@ -243,7 +243,15 @@ func TestNewFromFileLogsTheWatch(t *testing.T) {
 		if _, err := middleware.NewFromFile(ctx, path); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(path, []byte("anonymous:\n  default: {rate: -1, burst: 1}\n"), 0o600); err != nil {
+		// The watch reads the file as it starts: let it, then replace the
+		// file whole, as editors and config managers do, so that no poll
+		// reads it half-written.
+		synctest.Wait()
+		next := path + ".new"
+		if err := os.WriteFile(next, []byte("anonymous:\n  default: {rate: -1, burst: 1}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(next, path); err != nil {
 			t.Fatal(err)
 		}
 		// Past the watch's next poll (tenant.DefaultPollInterval).
