@@ -107,7 +107,18 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		res.Remaining += x
 		l.mu.Lock()
 		e := l.entryLocked(key)
-		e.lim, e.tokens, e.expires, e.remaining = lim, x, now+l.d, res.Remaining-x
+		if e.lim == lim && now < e.expires && e.tokens > 0 {
+			// Another lease of this key landed while this one was in
+			// flight (both were sent while the lease ran short): keep its
+			// tokens, which the shared bucket no longer holds, and spend
+			// them all by the earlier expiry, so that no token is spent
+			// later than d after the request that took it was sent.
+			e.tokens += x
+			e.expires = min(e.expires, now+l.d)
+		} else {
+			e.tokens, e.expires = x, now+l.d
+		}
+		e.lim, e.remaining = lim, res.Remaining-x
 		l.mu.Unlock()
 	} else if s.cache != nil && !r.allowed {
 		s.cache.insert(key, lim, r.tokens*unit, now, res.RetryAfter)

@@ -430,6 +430,39 @@ func TestLeasesBounded(t *testing.T) {
 	}
 }
 
+// TestConcurrentLeasesKeepTheirTokens: leases of one key that land while
+// another is in flight add up, so that a burst spent by concurrent callers
+// admits the whole burst, as without leases. Overwriting the lease dropped
+// the tokens of the one before, taken from the shared bucket but never
+// spent: a first burst of 50 admitted 36–40.
+func TestConcurrentLeasesKeepTheirTokens(t *testing.T) {
+	srv := sharedServer(t)
+	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(newFakeClock()), // no refill
+		redisstore.WithLeases(100*time.Millisecond, 16))
+	lim := floodgate.PerSecond(50, 50) // a lease is 5 tokens
+	for round := range 100 {
+		key := fmt.Sprint("burst", round)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 20 {
+					if res, err := s.TakeN(bg, key, lim, 1); err != nil {
+						t.Error(err)
+						return
+					} else if res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if got, want := admitted.Load(), int64(lim.Burst); got != want {
+			t.Fatalf("round %d: 8 callers admitted %d of a burst of %d with leases and no refill, want all of it", round, got, want)
+		}
+	}
+}
+
 // TestLeaseBound checks the documented bound under concurrency from several
 // stores on real time: admitted ≤ burst + rate·(t + lease time).
 func TestLeaseBound(t *testing.T) {
