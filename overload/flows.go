@@ -45,11 +45,13 @@ type flow struct {
 
 	ai   int           // the flow's index in its priority's active, or -1
 	pos  [nIndexes]int // its position in each of its priority's indexes, or -1
-	ekey float64       // its key in byEntered (enteredKey)
+	ekey float64       // its key in byEntered (enteredKeyLocked)
 }
 
 func (fl *flow) busy() bool { return fl.inflight > 0 || fl.inside > 0 || len(fl.q) > 0 }
 
+// nPriorities is the number of priorities a flow can have: sheddable,
+// default and critical (floodgate.Priority).
 const nPriorities = 3
 
 // prioIndex returns the index of p, one of the three priorities (a flow
@@ -64,7 +66,9 @@ func weight(w float64) float64 {
 }
 
 // maxFlows bounds the flows the controller tracks: calls of further flows
-// (a flood of made-up addresses) share one.
+// (a flood of made-up addresses) share one. 16,384 covers the tenants of
+// any one server many times over, and keeps the flow table (a few hundred
+// bytes a flow) within a few MB.
 const maxFlows = 1 << 14
 
 // overflowKey is the flow of calls beyond maxFlows.

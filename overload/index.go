@@ -232,14 +232,14 @@ func (c *Controller) indexHoldingLocked(fl *flow) {
 	ix := &c.index[prioIndex(fl.k.prio)]
 	switch in := ix[byHeld].has(fl); {
 	case fl.inside > fl.owed && !in:
-		fl.ekey = c.enteredKey(fl)
+		fl.ekey = c.enteredKeyLocked(fl)
 		ix[byHeld].push(fl)
 		ix[byEntered].push(fl)
 	case fl.inside <= fl.owed && in:
 		ix[byHeld].remove(fl)
 		ix[byEntered].remove(fl)
 	case in:
-		fl.ekey = c.enteredKey(fl)
+		fl.ekey = c.enteredKeyLocked(fl)
 		ix[byHeld].fix(fl)
 		ix[byEntered].fix(fl)
 	}
@@ -248,18 +248,18 @@ func (c *Controller) indexHoldingLocked(fl *flow) {
 // enteredKey returns the log of fl's calls let in lately, for its weight,
 // as they were at c.epoch: the order of the keys is the order of the
 // decayed counts at any time, since every count decays at the same rate,
-// and exp(key - keyTime(now)) bounds the count at now from above (equal to
+// and exp(key - keyTimeLocked(now)) bounds the count at now from above (equal to
 // it but for rounding, unless the clock went back past the count's latest
 // call, when the count did not decay).
-func (c *Controller) enteredKey(fl *flow) float64 {
+func (c *Controller) enteredKeyLocked(fl *flow) float64 {
 	if fl.entered.at.IsZero() {
 		return math.Inf(1) // never decays: no bound below infinity
 	}
-	return math.Log(fl.entered.v/fl.weight) + c.keyTime(fl.entered.at)
+	return math.Log(fl.entered.v/fl.weight) + c.keyTimeLocked(fl.entered.at)
 }
 
 // keyTime returns t in entryMemory since c.epoch.
-func (c *Controller) keyTime(t time.Time) float64 {
+func (c *Controller) keyTimeLocked(t time.Time) float64 {
 	return float64(t.Sub(c.epoch)) / float64(entryMemory)
 }
 

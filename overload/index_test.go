@@ -123,8 +123,8 @@ func (c *Controller) checkIndexesLocked(now time.Time) error {
 		}
 		if in {
 			holders[i]++
-			if f.ekey != c.enteredKey(f) {
-				return fmt.Errorf("flow %q: key %v, want %v", f.k.key, f.ekey, c.enteredKey(f))
+			if f.ekey != c.enteredKeyLocked(f) {
+				return fmt.Errorf("flow %q: key %v, want %v", f.k.key, f.ekey, c.enteredKeyLocked(f))
 			}
 		}
 	}

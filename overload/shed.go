@@ -98,7 +98,7 @@ func (c *Controller) displacedLocked(fl *flow, now time.Time) *flow {
 	// of what the victim must beat. Ties go to the first in c.holding.
 	var victim *flow
 	most := own
-	nowKey := c.keyTime(now)
+	nowKey := c.keyTimeLocked(now)
 	slack := keySlack(nowKey)
 	c.index[p][byEntered].each(func(g *flow) bool {
 		if g.ekey-nowKey < math.Log(most)-slack {
