@@ -98,6 +98,12 @@
 // default): the Event carries no key, by design. Tap rejections reach no
 // interceptor and are not recorded.
 //
+// Beside the rejections, Offenders ranks the callers whose calls cost most
+// under metered quotas, one ranking per unit (tokens, bytes; at most
+// MaxCostUnits), by the same algorithm weighted by each call's cost
+// (RecordCost): a caller with more than 1/k of a unit's cost is listed. The
+// handler's JSON holds them under "costs".
+//
 // # Logs
 //
 // With WithLogger, the observer logs a rejection at most once per interval,
