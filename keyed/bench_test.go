@@ -32,6 +32,7 @@ func filled(b *testing.B, n int) (*Map, []string) {
 	}
 	return m, keys
 }
+
 // scrambled returns 2^20 indexes below n in a fixed pseudo-random order
 // (xorshift), so that takes do not walk the table in order.
 func scrambled(n int) []uint32 {

@@ -40,20 +40,25 @@ func (m *Map) reserveNone(res *floodgate.Result, key string, lim floodgate.Limit
 		*res = floodgate.Result{Limit: lim, RetryAfter: floodgate.Never}
 		return
 	}
+	// The bucket is made, as by a take: the settle will charge it, and a
+	// key the Map has no room for is decided by its shard's overflow
+	// bucket, which may owe.
 	s, k := m.hash(key)
-	b, _, _ := m.lock(s, k, false, lim, now)
-	if b.st == nil { // untracked: a full bucket
-		*res = floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst}
-		return
+	b, ev, evicted := m.lock(s, k, true, lim, now)
+	tokens, at := b.st.refill(lim, now)
+	reset := waitFor(lim, less(int64(lim.Burst)*unit, tokens))
+	if tokens < 0 {
+		b.st.owing(reset, at) // as a refused take does
 	}
-	tokens, _ := b.st.refill(lim, now)
 	b.meta |= refBit
 	b.unlock()
-	*res = floodgate.Result{Allowed: tokens >= 0, Limit: lim}
+	if evicted && m.onEvict != nil {
+		m.onEvict(ev)
+	}
+	*res = floodgate.Result{Allowed: tokens >= 0, Limit: lim, ResetAfter: toDuration(reset)}
 	if tokens < 0 {
 		res.RetryAfter = toDuration(waitFor(lim, less(0, tokens)))
 	}
-	res.ResetAfter = toDuration(waitFor(lim, less(int64(lim.Burst)*unit, tokens)))
 	count(res, tokens)
 }
 

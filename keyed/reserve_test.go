@@ -440,3 +440,22 @@ func TestReserveSettleZeroAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveOverflowDebt: new keys a full Map has no room for share their
+// shard's overflow bucket, debt included: an overrun charged to it holds
+// back every such key, reservations of nothing too.
+func TestReserveOverflowDebt(t *testing.T) {
+	m, _ := clocked(t, WithCapacity(1), WithShards(1))
+	lim := floodgate.PerSecond(1, 5)
+	reserve(t, m, "resident", lim, 1) // not full: protected
+	r := reserve(t, m, "x", lim, 2)   // the overflow bucket's
+	if _, err := r.Settle(bg, 8); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Stats().Overflowed; got == 0 {
+		t.Fatalf("Stats().Overflowed = 0: the overflow bucket decided nothing")
+	}
+	if r, err := m.ReserveN(bg, "y", lim, 0); err != nil || r.Result.Allowed || r.Result.Owed != 3 {
+		t.Errorf("ReserveN(y, 0) = %+v, %v; want refused for the overflow bucket's 3 owed", r.Result, err)
+	}
+}

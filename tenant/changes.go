@@ -73,8 +73,22 @@ func appendMethods(b []byte, m map[string]MethodSpec) []byte {
 		b = appendLimit(b, ms.Limit)
 		b = strconv.AppendInt(b, int64(ms.Cost), 10)
 		b = append(append(b, ms.Priority...), 0)
+		b = appendMetered(b, ms.Metered)
 	}
 	return append(b, 1)
+}
+
+func appendMetered(b []byte, m *MeteredSpec) []byte {
+	if m == nil {
+		return append(b, '-', 0)
+	}
+	b = append(append(b, m.Unit...), 0)
+	b = appendLimit(b, &LimitSpec{Rate: m.Rate, Burst: m.Burst, Per: m.Per})
+	for _, n := range []int{m.Debt, m.Estimate, m.Chunk} {
+		b = strconv.AppendInt(b, int64(n), 10)
+		b = append(b, ',')
+	}
+	return append(append(b, m.EstimateHeader...), 0)
 }
 
 func appendShare(b []byte, w float64, prio string) []byte {

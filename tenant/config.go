@@ -61,7 +61,8 @@ type TenantSpec struct {
 	Priority string
 }
 
-// MethodSpec is the entry for one method pattern: a limit, a cost, or both.
+// MethodSpec is the entry for one method pattern: a limit, a cost, a
+// metered quota, a priority, or any of them together.
 type MethodSpec struct {
 	// Limit, when set, is one bucket shared by every method the pattern
 	// covers: "/pkg.Svc/*" limits the service as a whole, not each method.
@@ -70,6 +71,11 @@ type MethodSpec struct {
 	// (from a less specific entry, else 1). Costs resolve independently of
 	// limits, so an entry may set only a cost and keep the inherited bucket.
 	Cost int
+	// Metered, when set, is a quota in a unit of its own (tokens, bytes,
+	// rows) beside the call limit, charged at what each call turns out to
+	// cost: one bucket shared by every method the pattern covers, as for
+	// Limit. It resolves independently of limits and costs.
+	Metered *MeteredSpec
 	// Priority, when set, overrides the tenant's priority for the methods
 	// the pattern covers (see [TierSpec]): a batch export can be
 	// "sheddable" while the rest of a tenant's calls are not.
@@ -87,4 +93,46 @@ type LimitSpec struct {
 	Burst int
 	// Per is the period Rate is counted over; 0 means one second.
 	Per time.Duration
+}
+
+// MeteredSpec is a metered quota: a token bucket of Rate units per Per,
+// holding at most Burst, whose calls are charged what they actually cost,
+// known only when they end (the tokens of a model's reply, the bytes a
+// stream sent). A call reserves its estimate as it is admitted and settles
+// at its actual cost when it ends: the difference is refunded, or charged
+// below zero, down to Debt units owed; while the bucket owes, the
+// tenant's calls under the quota are refused. A stream reserves Chunk
+// units at a time as it runs.
+type MeteredSpec struct {
+	// Unit names what is counted ("tokens", "bytes"): letters, digits,
+	// '.', '_' and '-', at most 64 bytes. Required. It names the bucket
+	// together with the pattern, and appears in rejections and events.
+	Unit string
+	// Rate is the units gained per Per: > 0, or +Inf for no limit at all
+	// (the other fields but Unit are then ignored).
+	Rate float64
+	// Burst is the bucket's capacity, 1 ≤ Burst ≤ floodgate.MaxBurst.
+	Burst int
+	// Per is the period Rate is counted over; 0 means one second.
+	Per time.Duration
+	// Debt is the most units the bucket may owe, as floodgate.Limit's
+	// Debt: 0 means one Burst, floodgate.NoDebt none, else at most
+	// floodgate.MaxBurst. (In a config file, debt: 0 means none and
+	// leaving it out means one burst.)
+	Debt int
+	// Estimate is what a call reserves when nothing better is known: no
+	// EstimateHeader in the request and no estimate function in the
+	// middleware. 0 ≤ Estimate ≤ Burst. A call estimated at 0 reserves
+	// nothing but is still refused while the bucket owes.
+	Estimate int
+	// EstimateHeader, when set, names the request header (gRPC metadata)
+	// from which a caller states its call's estimate, such as
+	// "x-max-tokens": lower case, neither binary ("-bin") nor reserved
+	// ("grpc-"). A value that is not a whole number within [0, Burst]
+	// refuses the call (see package middleware).
+	EstimateHeader string
+	// Chunk is how many units a stream reserves each time its
+	// reservations run out: 1 ≤ Chunk ≤ Burst; 0 means the estimate, or a
+	// tenth of the burst (at least 1) when the estimate is 0.
+	Chunk int
 }

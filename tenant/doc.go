@@ -101,10 +101,57 @@
 // Fields: top level tiers, tenants, anonymous; a tier has default and
 // methods; a tenant (and anonymous) has tier, keys, default and methods; a
 // limit has rate, burst and per (a Go duration such as 500ms, 1m, 1h); a
-// method entry has rate, burst, per and cost. Tier names and tenant IDs
+// method entry has rate, burst, per, cost, priority and metered (see
+// Metered quotas); tiers and tenants also take weight and priority. Tier names and tenant IDs
 // use letters, digits, '.', '_' and '-'. Without an anonymous policy,
 // anonymous callers are admitted nothing. A program can build the same
 // structure as a [Config] and [Compile] it.
+//
+// # Metered quotas
+//
+// Some calls cost what they cost: the tokens of a model's reply, the rows
+// a query scanned, the bytes a download sent, known only once the call is
+// done. A method entry's metered quota counts them in a unit of its own,
+// per second, minute or hour, beside the call limit (which still counts
+// calls, as above):
+//
+//	tiers:
+//	  pro:
+//	    default: {rate: 50, burst: 100}          # calls
+//	    methods:
+//	      "/llm.v1.Completions/*":
+//	        metered:
+//	          unit: tokens                       # required: what is counted
+//	          rate: 100000
+//	          per: 1m
+//	          burst: 20000
+//	          debt: 20000                        # the default, one burst; 0: none
+//	          estimate: 4000                     # required: reserved per call
+//	          estimate_header: x-max-tokens      # optional: the caller states it
+//	          chunk: 4000                        # streams; default the estimate
+//
+// A call reserves its estimate from the metered bucket as it is admitted,
+// and the middleware settles it at the actual cost when it ends: what was
+// not used is refunded, and an overrun is charged below zero, down to debt
+// units owed. While the bucket owes, every call under the quota is
+// refused, until the debt is repaid at the quota's rate; so over any
+// window of t, a tenant's calls cost at most burst + rate × t + debt. The
+// estimate is the config's, unless the request's estimate_header, or a
+// function the middleware is given, says otherwise. A stream reserves
+// chunk units each time what it reported used up what it reserved, and
+// ends at the first chunk it cannot have.
+//
+// Metered quotas resolve as limits do, the most specific entry of the
+// precedence first, independently of limits and costs: an entry may set
+// only a metered quota and keep its inherited call limit. [Rule.Meter]
+// holds the compiled quota. Its bucket is named by the pattern and the
+// unit alone ([Meter.ID]): a reload that changes the rate or the burst, or
+// moves the tenant to another tier with the same pattern, keeps the
+// bucket, and its debt with it; a new unit is a new bucket. The estimate
+// and the chunk must fit the burst, and rate may be "inf" to lift a
+// tier's quota for one tenant. Only a store that settles
+// (floodgate.Reserver: keyed, redisstore) serves a table with metered
+// quotas ([Table.Metered]).
 //
 // # Security of API keys
 //

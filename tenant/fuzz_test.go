@@ -47,7 +47,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for _, tn := range append(tbl.Tenants(), tbl.Anonymous()) {
-			for _, m := range []string{"/a.B/C", "/x.Y/Z", "*", "", "/"} {
+			for _, m := range []string{"/a.B/C", "/x.Y/Z", "/llm.v1.Completions/Generate", "*", "", "/"} {
 				r := tn.Rule(m)
 				if err := r.Limit.Validate(); err != nil {
 					t.Fatalf("%q.Rule(%q).Limit = %v: %v", tn.ID(), m, r.Limit, err)
@@ -57,6 +57,14 @@ func FuzzParse(f *testing.F) {
 				}
 				if !r.Limit.IsInf() && !r.Limit.IsZero() && r.Cost > r.Limit.Burst {
 					t.Fatalf("%q.Rule(%q) = %+v: cost exceeds burst", tn.ID(), m, r)
+				}
+				if mt := r.Meter; mt != nil {
+					if err := mt.Limit.Validate(); err != nil || mt.Unit == "" || len(mt.ID) != 8 || mt.ID == r.ID {
+						t.Fatalf("%q.Rule(%q).Meter = %+v: bad limit (%v), unit or ID", tn.ID(), m, mt, err)
+					}
+					if !mt.Limit.IsInf() && (mt.Estimate < 0 || mt.Estimate > mt.Limit.Burst || mt.Chunk < 1 || mt.Chunk > mt.Limit.Burst) {
+						t.Fatalf("%q.Rule(%q).Meter = %+v: estimate or chunk outside the burst", tn.ID(), m, mt)
+					}
 				}
 			}
 		}

@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/floodgate-go/floodgate"
 )
 
 // MaxConfigSize is the largest config Parse accepts, in bytes. Real configs
@@ -318,7 +320,8 @@ var (
 	tierFields   = []string{"default", "methods", "weight", "priority"}
 	tenantFields = []string{"tier", "keys", "default", "methods", "weight", "priority"}
 	limitFields  = []string{"rate", "burst", "per"}
-	methodFields = []string{"rate", "burst", "per", "cost", "priority"}
+	methodFields = []string{"rate", "burst", "per", "cost", "priority", "metered"}
+	meterFields  = []string{"unit", "rate", "burst", "per", "debt", "estimate", "estimate_header", "chunk"}
 )
 
 func (d *decoder) config(n *yaml.Node, cfg *Config) {
@@ -452,6 +455,10 @@ func (d *decoder) method(n *yaml.Node, path string) MethodSpec {
 			ms.Priority, _ = d.str(v, path)
 			return
 		}
+		if name == "metered" {
+			ms.Metered = d.metered(v, path)
+			return
+		}
 		if name == "cost" {
 			c, ok := d.int(v, path)
 			switch {
@@ -472,6 +479,55 @@ func (d *decoder) method(n *yaml.Node, path string) MethodSpec {
 		ms.Limit = &l
 	}
 	return ms
+}
+
+// metered decodes a metered quota. A field of the wrong type is reported
+// here and left neutral, so that validation does not report it again.
+func (d *decoder) metered(n *yaml.Node, path string) *MeteredSpec {
+	if isNull(n) {
+		return nil
+	}
+	if !d.kind(n, path, yaml.MappingNode, "must be a mapping") {
+		return nil
+	}
+	var (
+		m MeteredSpec
+		l LimitSpec
+	)
+	d.fields(n, path, meterFields, func(name, path string, v *yaml.Node) {
+		switch name {
+		case "unit":
+			m.Unit, _ = d.str(v, path)
+		case "estimate_header":
+			m.EstimateHeader, _ = d.str(v, path)
+		case "debt":
+			switch c, ok := d.int(v, path); {
+			case !ok:
+				d.p.broken[path] = true
+			case c == 0:
+				// Written, 0 means no debt; left out, one burst.
+				m.Debt = floodgate.NoDebt
+			case c < 0:
+				d.p.add(path, "must be ≥ 0 (0 for no debt)")
+			default:
+				m.Debt = c
+			}
+		case "estimate", "chunk":
+			c, ok := d.int(v, path)
+			if !ok {
+				d.p.broken[path] = true
+			}
+			if name == "estimate" {
+				m.Estimate = c
+			} else {
+				m.Chunk = c
+			}
+		default:
+			d.limitField(&l, name, path, v)
+		}
+	})
+	m.Rate, m.Burst, m.Per = l.Rate, l.Burst, l.Per
+	return &m
 }
 
 func (d *decoder) limit(n *yaml.Node, path string) *LimitSpec {

@@ -22,6 +22,7 @@ type Table struct {
 	tenants  []*Tenant // sorted by ID
 	anon     *Tenant
 	sums     sums // what the specs were, for saying what a reload changed
+	metered  bool // some rule has a Meter
 }
 
 // A Tenant is a compiled tenant or the anonymous policy: its identity and
@@ -95,7 +96,8 @@ func (t *Tenant) Rule(fullMethod string) Rule {
 }
 
 // A Rule is what one call must pass: take Cost tokens from the bucket
-// identified by ID under Limit.
+// identified by ID under Limit and, when it has a Meter, reserve its
+// estimate from the metered bucket (see [Meter]).
 type Rule struct {
 	// Limit is the bucket's limit in tokens per second. The zero Limit
 	// (anonymous callers without an anonymous policy) admits nothing.
@@ -118,6 +120,38 @@ type Rule struct {
 	// (Tenant.Priority).
 	Priority floodgate.Priority
 	Ranked   bool
+	// Meter is the calls' metered quota, from the most specific entry
+	// that sets one (in the precedence of limits), or nil when none does.
+	// It is shared and must not be modified.
+	Meter *Meter
+}
+
+// A Meter is a compiled metered quota ([MeteredSpec]): a bucket in a unit
+// of its own, from which each call reserves an estimate as it is admitted
+// and which it settles at its actual cost when it ends.
+type Meter struct {
+	// Unit names what the bucket counts, such as "tokens".
+	Unit string
+	// Limit is the bucket's limit in units per second, with its debt
+	// limit (Limit.DebtLimit).
+	Limit floodgate.Limit
+	// Estimate is what a call reserves when neither its request header
+	// nor the middleware's estimate function says otherwise.
+	Estimate int
+	// EstimateHeader names the request header that may state a call's
+	// estimate, or "".
+	EstimateHeader string
+	// Chunk is how many units a stream reserves each time its
+	// reservations run out, ≥ 1.
+	Chunk int
+	// ID names the bucket among the tenant's buckets, as Rule.ID does: 8
+	// lower-case hex digits derived from the pattern and the unit alone,
+	// so that reloads, tier changes and new limit values keep the
+	// bucket's state, its debt included. It differs from every Rule.ID
+	// of the tenant.
+	ID string
+	// Pattern is the method pattern of the entry that set the quota.
+	Pattern string
 }
 
 // ruleSet is the resolved rules of one tenant. Tenants without overrides
@@ -281,7 +315,32 @@ func compile(cfg *Config, p *problems) (*Table, error) {
 		return nil, err
 	}
 	t.sums = sumsOf(cfg)
+	t.metered = hasMetered(cfg)
 	return t, nil
+}
+
+// hasMetered reports whether some method entry of cfg sets a metered
+// quota. An entry no rule resolves to (shadowed by a more specific one)
+// counts too: the answer errs toward needing a Reserver.
+func hasMetered(cfg *Config) bool {
+	levels := make([]map[string]MethodSpec, 0, len(cfg.Tiers)+len(cfg.Tenants)+1)
+	for _, t := range cfg.Tiers {
+		levels = append(levels, t.Methods)
+	}
+	for _, t := range cfg.Tenants {
+		levels = append(levels, t.Methods)
+	}
+	if a := cfg.Anonymous; a != nil {
+		levels = append(levels, a.Methods)
+	}
+	for _, ms := range levels {
+		for _, m := range ms {
+			if m.Metered != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkSound resolves the parts of an invalid config that are sound by
@@ -367,10 +426,16 @@ func resolve(p *problems, cfg *Config, path string, spec TenantSpec) *ruleSet {
 	ids := map[string]string{}
 	rule := func(candidates ...string) Rule {
 		r := pick(p, levels, candidates)
-		if other, ok := ids[r.ID]; ok && other != r.Pattern {
-			p.add(path, "rule IDs of "+strconv.Quote(other)+" and "+strconv.Quote(r.Pattern)+" collide: rename one pattern")
+		claim := func(id, name string) {
+			if other, ok := ids[id]; ok && other != name {
+				p.add(path, "rule IDs of "+strconv.Quote(other)+" and "+strconv.Quote(name)+" collide: rename one pattern")
+			}
+			ids[id] = name
 		}
-		ids[r.ID] = r.Pattern
+		claim(r.ID, r.Pattern)
+		if m := r.Meter; m != nil {
+			claim(m.ID, m.Pattern+" metered in "+m.Unit)
+		}
 		return r
 	}
 	if len(exact) > 0 {
@@ -402,6 +467,8 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 		cost             int
 		costPath         string
 		prio             string
+		meter            *MeteredSpec
+		meterPattern     string
 	)
 	for _, l := range levels {
 		mpath := fieldPath(l.path, "methods")
@@ -419,6 +486,9 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 			if prio == "" {
 				prio = m.Priority
 			}
+			if meter == nil && m.Metered != nil {
+				meter, meterPattern = m.Metered, c
+			}
 		}
 		if lim == nil && l.def != nil {
 			lim, pattern, limPath = l.def, defaultPattern, fieldPath(l.path, "default")
@@ -428,6 +498,9 @@ func pick(p *problems, levels []level, candidates []string) Rule {
 		cost = 1
 	}
 	r := Rule{Cost: cost, ID: ruleID(pattern), Pattern: pattern}
+	if meter != nil {
+		r.Meter = toMeter(*meter, meterPattern)
+	}
 	if prio != "" {
 		r.Priority, _ = floodgate.ParsePriority(prio) // validated
 		r.Ranked = true
@@ -450,3 +523,16 @@ func ruleID(pattern string) string {
 	sum := sha256.Sum256([]byte(pattern))
 	return hex.EncodeToString(sum[:4])
 }
+
+// meterID derives a metered bucket's short name from its pattern and unit
+// alone, as ruleID does: "pattern unit", which no pattern is (patterns
+// hold no space), so that it names another bucket than the pattern's
+// call limit.
+func meterID(pattern, unit string) string {
+	return ruleID(pattern + " " + unit)
+}
+
+// Metered reports whether some rule of the table has a metered quota
+// (Rule.Meter), which only a store that can settle (floodgate.Reserver)
+// can serve.
+func (t *Table) Metered() bool { return t.metered }

@@ -107,8 +107,11 @@ func checkLevel(p *problems, path string, def *LimitSpec, methods map[string]Met
 		if !validPattern(pat) {
 			p.add(ep, `invalid method pattern: want "/package.Service/Method", "/package.Service/*" or "*"`)
 		}
-		if m.Limit == nil && m.Cost == 0 && m.Priority == "" {
-			p.add(ep, "sets neither a limit, a cost nor a priority")
+		if m.Limit == nil && m.Cost == 0 && m.Priority == "" && m.Metered == nil && !p.broken[fieldPath(ep, "metered")] {
+			p.add(ep, "sets neither a limit, a cost, a metered quota nor a priority")
+		}
+		if m.Metered != nil {
+			checkMetered(p, fieldPath(ep, "metered"), *m.Metered)
 		}
 		checkPriority(p, fieldPath(ep, "priority"), m.Priority)
 		if m.Cost < 0 {
@@ -168,6 +171,91 @@ func checkLimit(p *problems, path string, l LimitSpec) {
 	}
 	if err := lim.Validate(); err != nil {
 		p.add(path, strings.TrimPrefix(err.Error(), floodgate.ErrInvalidLimit.Error()+": "))
+	}
+}
+
+// checkMetered checks a metered quota: its unit, its limit, and its
+// estimate, header and chunk against the limit.
+func checkMetered(p *problems, path string, m MeteredSpec) {
+	if up := fieldPath(path, "unit"); !p.broken[up] {
+		switch {
+		case m.Unit == "" && p.lines != nil && !p.has(up):
+			p.add(up, "required: name what is counted, such as tokens or bytes")
+		case !validName(m.Unit):
+			p.add(up, "invalid unit: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+		}
+	}
+	n := len(p.errs)
+	checkLimit(p, path, LimitSpec{Rate: m.Rate, Burst: m.Burst, Per: m.Per})
+	if math.IsInf(m.Rate, 1) {
+		return
+	}
+	// The estimate and the chunk are compared with a burst only when the
+	// limit is sound.
+	sound := len(p.errs) == n
+	dp := fieldPath(path, "debt")
+	if m.Debt < floodgate.NoDebt {
+		p.add(dp, "must be ≥ 0 (0 for no debt)")
+	} else if m.Debt > floodgate.MaxBurst {
+		p.add(dp, "must be ≤ "+strconv.Itoa(floodgate.MaxBurst))
+	}
+	if hp := fieldPath(path, "estimate_header"); m.EstimateHeader != "" && !validHeader(m.EstimateHeader) {
+		p.add(hp, "invalid header name: want lower-case letters, digits, '-', '_' or '.', neither binary (-bin) nor reserved (grpc-)")
+	}
+	ep, cp := fieldPath(path, "estimate"), fieldPath(path, "chunk")
+	switch {
+	case p.broken[ep]:
+	case m.Estimate == 0 && p.lines != nil && !p.has(ep):
+		p.add(ep, "required: what a call reserves when nothing better is known (0 to reserve nothing)")
+	case m.Estimate < 0:
+		p.add(ep, "must be ≥ 0")
+	case sound && m.Estimate > m.Burst:
+		p.add(ep, "estimate "+strconv.Itoa(m.Estimate)+" exceeds burst "+strconv.Itoa(m.Burst)+": such calls could never be admitted")
+	}
+	switch {
+	case p.broken[cp]:
+	case m.Chunk < 0 || m.Chunk == 0 && p.has(cp):
+		p.add(cp, "must be ≥ 1")
+	case sound && m.Chunk > m.Burst:
+		p.add(cp, "chunk "+strconv.Itoa(m.Chunk)+" exceeds burst "+strconv.Itoa(m.Burst)+": a stream could never reserve it")
+	}
+}
+
+// validHeader reports whether name can carry an estimate: a lower-case
+// gRPC metadata key, not binary and not reserved, of at most 64 bytes.
+func validHeader(name string) bool {
+	if len(name) == 0 || len(name) > maxNameLen || strings.HasSuffix(name, "-bin") || strings.HasPrefix(name, "grpc-") {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// toMeter compiles a checked metered quota found at pattern.
+func toMeter(m MeteredSpec, pattern string) *Meter {
+	lim := toLimit(LimitSpec{Rate: m.Rate, Burst: m.Burst, Per: m.Per})
+	if !lim.IsInf() {
+		lim.Debt = m.Debt
+	}
+	chunk := m.Chunk
+	if chunk == 0 {
+		chunk = m.Estimate
+		if chunk == 0 {
+			chunk = max(m.Burst/10, 1)
+		}
+	}
+	return &Meter{
+		Unit:           m.Unit,
+		Limit:          lim,
+		Estimate:       m.Estimate,
+		EstimateHeader: m.EstimateHeader,
+		Chunk:          chunk,
+		ID:             meterID(pattern, m.Unit),
+		Pattern:        pattern,
 	}
 }
 
