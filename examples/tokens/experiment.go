@@ -228,7 +228,7 @@ func experiment(ctx context.Context, cfg config, start starter) (*report, error)
 		sc := newSimClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 		l.clock, l.start = sc, sc.Now()
 		for _, s := range cfg.Strategies {
-			t := &simTarget{clock: sc, start: l.start}
+			t := &simTarget{clock: sc, start: l.start, model: &model{clock: sc}}
 			for i := range cfg.Workers {
 				st, err := newStore(cfg, s, client, prefix, sc)
 				if err != nil {
@@ -316,7 +316,7 @@ func serveWorker(ctx context.Context, cfg config, prefix string, ready func(map[
 			return err
 		}
 		srv := grpc.NewServer(grpc.StreamInterceptor(interceptor(s, st, cfg.quota())))
-		completionv1.RegisterCompletionServer(srv, model{})
+		completionv1.RegisterCompletionServer(srv, &model{clock: &wallClock{}})
 		servers = append(servers, srv)
 		addrs[s] = lis.Addr().String()
 		go func() { errs <- srv.Serve(lis) }()

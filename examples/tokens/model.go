@@ -45,29 +45,26 @@ func lasts(n int) time.Duration {
 }
 
 // model is the Completion service: a simulated model that streams a reply
-// of the length it is asked for, in chunks every chunkEvery, and reports
-// each chunk's tokens as the call's cost as it sends it.
+// of the length it is asked for, in chunks every chunkEvery on its clock,
+// and reports each chunk's tokens as the call's cost once it is sent.
 type model struct {
 	completionv1.UnimplementedCompletionServer
+	clock clock
 }
 
-func (model) Complete(req *completionv1.CompleteRequest, stream grpc.ServerStreamingServer[completionv1.CompleteResponse]) error {
+func (m *model) Complete(req *completionv1.CompleteRequest, stream grpc.ServerStreamingServer[completionv1.CompleteResponse]) error {
 	n := int(req.GetReplyTokens())
 	if n < 1 {
 		return status.Error(codes.InvalidArgument, "reply_tokens must be at least 1")
 	}
 	ctx := stream.Context()
-	d, start := lasts(n), time.Now()
-	tick := time.NewTicker(chunkEvery)
-	defer tick.Stop()
+	d, start := lasts(n), m.clock.Now()
 	for sent := 0; sent < n; {
-		select {
-		case <-ctx.Done():
+		if m.clock.Sleep(ctx, chunkEvery); ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
-		case <-tick.C:
 		}
 		due := n
-		if el := time.Since(start); el < d {
+		if el := m.clock.Now().Sub(start); el < d {
 			due = int(int64(n) * int64(el) / int64(d))
 		}
 		if due == sent {

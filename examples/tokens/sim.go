@@ -16,12 +16,13 @@ import (
 )
 
 // simTarget calls a strategy's interceptor directly, in simulated time,
-// with a handler that takes as long as the model would and reports the
-// reply's tokens at its end: the server's decisions without gRPC's
-// transport, for runs of minutes in seconds.
+// over the service's own handler and model, on the simulated clock: the
+// server's decisions and streams without gRPC's transport, for runs of
+// minutes in seconds.
 type simTarget struct {
 	clock   *simClock
 	start   time.Time
+	model   *model
 	workers []simWorker
 }
 
@@ -34,47 +35,55 @@ type simWorker struct {
 
 var completeInfo = &grpc.StreamServerInfo{FullMethod: completionv1.Completion_Complete_FullMethodName, IsServerStream: true}
 
+// completeHandler is the generated handler of Complete.
+var completeHandler = completionv1.Completion_ServiceDesc.Streams[0].Handler
+
 func (s *simTarget) call(ctx context.Context, w int, tenant string, n, estimate int) (int, outcome) {
 	wk := s.workers[w]
-	now := s.clock.Now().Sub(s.start)
-	if wk.killAt > 0 && now >= wk.killAt {
+	if wk.killAt > 0 && s.since() >= wk.killAt {
 		return 0, failed // connection refused
 	}
 	md := metadata.Pairs(tenantHeader, tenant)
 	if estimate != noEstimate {
 		md.Append(estimateHeader, strconv.Itoa(estimate))
 	}
-	got := 0
-	err := wk.intercept(nil, &simStream{ctx: metadata.NewIncomingContext(ctx, md)}, completeInfo,
-		func(_ any, stream grpc.ServerStream) error {
-			d := lasts(n)
-			if left := wk.killAt - now; wk.killAt > 0 && left < d {
-				// The process dies midway: the caller has what was sent.
-				s.clock.Sleep(ctx, left)
-				got = int(int64(n) * int64(left) / int64(d))
-				return status.Error(codes.Unavailable, "worker killed")
-			}
-			s.clock.Sleep(ctx, d)
-			reportCost(stream.Context(), n)
-			got = n
-			return nil
-		})
-	if err != nil {
-		return got, classify(err)
+	ss := &simStream{ctx: metadata.NewIncomingContext(ctx, md), n: n, dead: func() bool {
+		return wk.killAt > 0 && s.since() >= wk.killAt
+	}}
+	if err := wk.intercept(s.model, ss, completeInfo, completeHandler); err != nil {
+		return ss.got, classify(err)
 	}
-	return got, served
+	return ss.got, served
 }
 
-// simStream is the server stream of a simulated call: it carries the
-// call's context and sends nowhere.
+func (s *simTarget) since() time.Duration { return s.clock.Now().Sub(s.start) }
+
+// simStream is the server stream of a simulated call: it reads a request
+// for a reply of n tokens, and counts the tokens the handler sends, until
+// its worker is dead.
 type simStream struct {
 	grpc.ServerStream // nil: only the methods below are called
 	ctx               context.Context
+	n                 int
+	dead              func() bool
+	got               int
 }
 
-func (s *simStream) Context() context.Context     { return s.ctx }
-func (s *simStream) SendMsg(any) error            { return nil }
-func (s *simStream) RecvMsg(any) error            { return nil }
+func (s *simStream) Context() context.Context { return s.ctx }
+
+func (s *simStream) RecvMsg(m any) error {
+	m.(*completionv1.CompleteRequest).ReplyTokens = int32(s.n)
+	return nil
+}
+
+func (s *simStream) SendMsg(m any) error {
+	if s.dead() {
+		return status.Error(codes.Unavailable, "worker killed")
+	}
+	s.got += int(m.(*completionv1.CompleteResponse).GetTokens())
+	return nil
+}
+
 func (s *simStream) SetHeader(metadata.MD) error  { return nil }
 func (s *simStream) SendHeader(metadata.MD) error { return nil }
 func (s *simStream) SetTrailer(metadata.MD)       {}
