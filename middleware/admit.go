@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/overload"
 )
 
@@ -38,6 +39,10 @@ type Call struct {
 	// connection's first verified chain), or nil. An unverified certificate
 	// must not be passed: anyone can present one.
 	Cert *x509.Certificate
+	// Request is what the WithCostEstimate function estimates a metered
+	// call's cost from: a unary gRPC call's request message, the
+	// *http.Request of package httplimit, or nil.
+	Request any
 
 	// peer stands in for Addr in the interceptors' calls: parsed only for
 	// the anonymous callers who need it.
@@ -59,6 +64,7 @@ type Admission struct {
 	v      verdict // v.r is nil for an exempt call
 	permit overload.Permit
 	e      *entry // the rejection, or nil
+	m      *meter // a metered call's account, in ctx; or nil
 }
 
 // Context returns the context the call runs with: the caller's, carrying
@@ -66,9 +72,35 @@ type Admission struct {
 func (a *Admission) Context() context.Context { return a.ctx }
 
 // Done ends an admitted call, giving its overload controller slot
-// (WithOverload) to the next: call it once, when the handler returns. It
-// does nothing for a call that holds no slot.
-func (a *Admission) Done() { a.permit.Done() }
+// (WithOverload) to the next, and settles a metered call (tenant.Meter) at
+// the cost it reported (ReportCost, WithActualCost), or at its estimate
+// when it reported nothing: call it once, when the handler returns,
+// deferred so that a panic settles too. The settle outlives the call's
+// context. Done does nothing for a call that holds no slot and no
+// reservation, and nothing more when called again.
+func (a *Admission) Done() {
+	a.permit.Done()
+	if a.m != nil {
+		a.m.settle()
+	}
+}
+
+// Send accounts for a message an admitted metered call is about to send
+// (a stream's message, the bytes of an HTTP response's Write): what the
+// WithActualCost function says msg costs, with what the call reported so
+// far, must fit what it reserved, or the call reserves the next chunks
+// (tenant.Meter.Chunk) from its metered bucket. Send returns the
+// rejection status error, RESOURCE_EXHAUSTED with the time until the
+// chunk is back (or IN_DEBT), when a chunk is refused, and from then on:
+// the message must not be sent, and the call should end. A call without
+// a metered quota, or in dry-run mode, always may send. Send is safe for
+// concurrent use.
+func (a *Admission) Send(msg any) error {
+	if a.m == nil {
+		return nil
+	}
+	return a.m.send(msg)
+}
 
 // Decision returns the Limiter's decision, and false for an exempt call,
 // which has none. A call the overload controller shed has Allowed false
@@ -132,15 +164,26 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 	if l.o.dryRun {
 		ctl = nil
 	}
-	if a.e = l.decide(ctx, c, ctl != nil, &a.v); a.e != nil {
+	var rsv floodgate.Reservation
+	if a.e = l.decide(ctx, c, ctl != nil, &a.v, &rsv); a.e != nil {
 		return a.e.err
 	}
-	a.ctx = &decisionCtx{Context: ctx, v: a.v}
+	if rsv.Result.Allowed {
+		mc := l.metered(ctx, &a.v, &rsv, c, nil)
+		a.ctx, a.m = mc, &mc.m
+	} else {
+		a.ctx = &decisionCtx{Context: ctx, v: a.v}
+	}
 	if ctl == nil {
 		return nil
 	}
 	var err error
-	if a.permit, a.e, err = l.acquire(ctx, ctl, &a.v); a.e != nil {
+	a.permit, a.e, err = l.acquire(ctx, ctl, &a.v)
+	if a.m != nil && (a.e != nil || err != nil) {
+		a.m.release() // the call does not run: its estimate goes back
+		a.m = nil
+	}
+	if a.e != nil {
 		a.v.allowed, a.v.reason = false, ReasonOverload
 		a.ctx = ctx
 		return a.e.err
@@ -164,13 +207,13 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 		return p, nil, status.FromContextError(err).Err()
 	}
 	if shed == nil {
-		l.observe(v, ReasonAdmitted, true, Event{Context: ctx, Wait: p.Wait()})
+		l.observe(v, ReasonAdmitted, true, Event{Context: ctx, Wait: p.Wait(), Reserved: v.reserved})
 		return p, nil, nil
 	}
 	// Its quota admitted it, and Admitted keeps it: a counter never falls.
 	l.c.shed.Add(1)
-	e := l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note)
-	l.observe(v, ReasonOverload, false, Event{Context: ctx, RetryAfter: e.d, Shed: true, Cause: shed.Cause})
+	e := l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note, nil)
+	l.observe(v, ReasonOverload, false, Event{Context: ctx, RetryAfter: e.d, Shed: true, Cause: shed.Cause, Reserved: v.reserved})
 	if f := l.o.rejected; f != nil {
 		f(r.subject)
 	}

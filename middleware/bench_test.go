@@ -222,3 +222,55 @@ func BenchmarkTapFloor(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMetered is an admitted call with a metered quota, reserved and
+// settled at the cost its handler reports, beside the same call without
+// one, through the interceptor.
+func BenchmarkMetered(b *testing.B) {
+	key := "open-key-0123456789"
+	huge := tenant.MeteredSpec{Unit: "tokens", Rate: 1e12, Burst: 1e9, Estimate: 4000}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tenants: map[string]tenant.TenantSpec{"open": {
+			Default: &tenant.LimitSpec{Rate: 1e9, Burst: 1e9}, Keys: []string{hashKey(b, key)},
+			Methods: map[string]tenant.MethodSpec{"/llm.v1.Completions/*": {Metered: &huge}},
+		}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	report := func(ctx context.Context, req any) (any, error) {
+		middleware.ReportCost(ctx, 1000)
+		return req, nil
+	}
+	for _, bc := range []struct {
+		name, method string
+	}{{"plain", methodGet}, {"metered", "/llm.v1.Completions/Generate"}} {
+		b.Run(bc.name, func(b *testing.B) {
+			store, err := keyed.New()
+			if err != nil {
+				b.Fatal(err)
+			}
+			l, err := middleware.New(store, middleware.Static(tbl))
+			if err != nil {
+				b.Fatal(err)
+			}
+			icpt := l.UnaryServerInterceptor()
+			ctx := benchCtx(apiKeyMD(key))
+			info := &grpc.UnaryServerInfo{FullMethod: bc.method}
+			if _, err := icpt(ctx, nil, info, report); err != nil {
+				b.Fatalf("fixture rejects: %v", err)
+			}
+			if got, want := l.Stats().Settled > 0, bc.method != methodGet; got != want {
+				b.Fatalf("settled a call: %v, want %v", got, want)
+			}
+			b.ReportAllocs()
+			reportCPU(b, func() {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						sink, _ = icpt(ctx, nil, info, report)
+					}
+				})
+			})
+		})
+	}
+}

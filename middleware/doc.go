@@ -14,8 +14,10 @@
 //	               it)? → reject before the body is read.
 //	handler g. ─►  interceptor: identity ─► tenant and method rule ─►
 //	               store.TakeN(key, limit (× gate scale), cost) ─►
+//	               metered quota: store.ReserveN(estimate) (see below) ─►
 //	               controller.Acquire(the tenant's flow) (WithOverload)
-//	               admitted → handler, with the Decision in the context
+//	               admitted → handler, with the Decision in the context,
+//	                          then a metered call's settle
 //	               rejected → status and trailer; the handler never runs
 //
 // The Limiter joins three parts built elsewhere: a floodgate.Store holding
@@ -71,10 +73,14 @@
 // overload controller, or rejected while the CPU gate sheds load, gets
 // UNAVAILABLE (WithCodes changes both). The
 // status carries details a client can decode with status.FromError and
-// Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED, OVERLOADED, or
-// LIMITER_UNAVAILABLE for a failed store under WithFailClosed,
-// domain from WithDomain), errdetails.RetryInfo with the wait until the
-// caller's tokens return, and errdetails.QuotaFailure for quota rejections.
+// Status.Details: errdetails.ErrorInfo (reason RATE_LIMITED, OVERLOADED,
+// IN_DEBT for a metered quota in debt, or LIMITER_UNAVAILABLE for a failed
+// store under WithFailClosed, domain from WithDomain; a metered quota's
+// rejection names its unit under the metadata key quota_unit),
+// errdetails.RetryInfo with the wait until the caller's tokens return, and
+// errdetails.QuotaFailure for quota rejections. An estimate header that is
+// not a whole number within the burst gets INVALID_ARGUMENT, reason
+// INVALID_COST_ESTIMATE and an errdetails.BadRequest naming the header.
 // Messages are short and static: never a key, an address, a method or a
 // store's error text.
 //
@@ -100,6 +106,58 @@
 // same Limiter as the gRPC server, so that a tenant's calls share their
 // buckets whichever way they come.
 //
+// # Cost known after the call
+//
+// A method's metered quota (tenant.Meter, "metered" in the tenant config)
+// counts what its calls cost in a unit of its own, tokens or bytes,
+// beside the call limit. A call reserves its estimate from the metered
+// bucket as it is admitted, after its call limit admitted it, and settles
+// at its actual cost when its handler returns: the difference is refunded,
+// never above the burst, or charged below zero, down to the quota's debt
+// limit. While the bucket owes, every call under the quota is refused
+// (ReasonDebt, IN_DEBT), with RetryInfo the time until the debt is repaid
+// and the estimate is back. So over any window of t a tenant's calls cost
+// at most burst + rate × t + debt, and a refund never makes a token.
+//
+// The estimate is, in order: what the WithCostEstimate function returns
+// for the request; the number the caller states in the quota's estimate
+// header (x-max-tokens, say), which must be one whole number of units from
+// 0 to the burst (no sign, point or exponent, so no NaN, Inf, negative or
+// fraction): anything else refuses the call with INVALID_ARGUMENT before
+// anything is taken, for it is the caller's bug, which a fallback would
+// hide; and the config's estimate. An estimate above the burst that the
+// function gives is refused as a cost above the burst is, with no retry.
+//
+// The handler reports what the call cost with ReportCost(ctx, n), which
+// adds n to what it reported, or the WithActualCost function says it from
+// the response; both add up. A call that reports nothing settles at its
+// estimate, whether it returned, failed, panicked or ran out of time: the
+// settle runs after the handler, panics included, with the call's values
+// and without its deadline (as context.WithoutCancel). A call the overload
+// controller does not run gets its estimate back. A settle that the debt
+// limit cuts short counts the rest in Stats.Uncharged and
+// Event.Uncharged; one the store fails leaves the estimate charged.
+//
+// A stream reserves its estimate as it starts, then chunks
+// (tenant.Meter.Chunk) as it runs: before each message it sends, what it
+// reported and what WithActualCost says the message costs must fit what it
+// reserved, and before each message it receives, what it reported; else
+// it reserves the chunks it needs. A chunk refused ends the stream: SendMsg
+// or RecvMsg returns the rejection, with RetryInfo and pushback, without
+// sending or receiving, and from then on. So a stream runs past its
+// reservations only by what its handler reported after sending, and never
+// past its quota by more than one such message. Only the last of its
+// reservations is settled: a stream reserves more only once its reports
+// pass what it reserved before, so its actual cost is never less. Package
+// httplimit does the same for HTTP (Admission.Send on each Write).
+//
+// In dry-run mode metered quotas take from buckets of their own (their
+// keys prefixed "dry:"), which mirror what enforcement would do: a call
+// they refuse runs, holds nothing and is charged nothing, as enforcement
+// would not have run it. The debt a dry run's overruns build stays there:
+// a Limiter that enforces over the same store finds the metered buckets
+// as enforcement last left them, and admits the tenant at once.
+//
 // # Composing with go-grpc-middleware
 //
 // The Limiter implements go-grpc-middleware/v2's ratelimit.Limiter
@@ -122,6 +180,8 @@
 // WithDryRun makes the Limiter decide, take tokens, count and report as
 // usual, but admit every call: the Decision, the Event and Stats say what
 // would have been rejected. Roll out a new quota in dry run first.
+// Metered quotas keep buckets of their own in dry run (see Cost known
+// after the call), so that enforcement never inherits a dry run's debt.
 //
 // # Observing
 //
@@ -129,7 +189,10 @@
 // how they add up); WithObserver reports each decision as
 // an Event: its reason, method, tier, tenant and the store's deciding
 // source (memory, Redis, deny cache, lease, fallback or a failure policy),
-// never a key or an address. Method, tier and source are bounded sets; a
+// never a key or an address. A metered call's events carry its unit and
+// what it reserved, and its end is one more Event, of ReasonSettled, with
+// the cost it settled at: sum Event.Settled by tenant to rank tenants by
+// what they cost as well as by their calls. Method, tier and source are bounded sets; a
 // metrics adapter that labels by tenant must cap its labels, as
 // promfloodgate does.
 //

@@ -65,9 +65,22 @@ const (
 	ReasonOverload
 	// ReasonStoreError: the store could not decide.
 	ReasonStoreError
+	// ReasonDebt: the caller's metered bucket (tenant.Meter) owes units:
+	// its calls cost more than they reserved, and every call under the
+	// quota is refused until the debt is repaid at the quota's rate.
+	ReasonDebt
+	// ReasonInvalidEstimate: the call's estimate header
+	// (tenant.Meter.EstimateHeader) was not a whole number of units
+	// within the quota's burst. Nothing was taken.
+	ReasonInvalidEstimate
+	// ReasonSettled is no decision: it marks the Event of a metered
+	// call's end, which reports what the call reserved and the cost it
+	// was settled at (Event.Reserved, Event.Settled), with Allowed true
+	// (the call ran). An observer that counts decisions skips it.
+	ReasonSettled
 )
 
-var reasonNames = [...]string{"admitted", "exempt", "quota", "overload", "store_error"}
+var reasonNames = [...]string{"admitted", "exempt", "quota", "overload", "store_error", "debt", "invalid_estimate", "settled"}
 
 // String returns the reason's lower-case name, such as "quota", fit for a
 // metric label.
@@ -95,13 +108,23 @@ type Decision struct {
 	Tier string
 	// Rule is the rule the call was held to, with its unscaled limit.
 	Rule tenant.Rule
-	// Result is the store's answer; Result.Limit is the rule's limit as
-	// scaled by the CPU gate. It is the zero Result after a store error.
+	// Result is the store's answer from the call limit's bucket;
+	// Result.Limit is the rule's limit as scaled by the CPU gate. It is
+	// the zero Result when the store failed to take from it, or the call
+	// was refused for an invalid estimate.
 	Result floodgate.Result
 	// Priority is the priority the call was admitted at: its method's or
 	// its tenant's, or the one a trusted caller named in PriorityHeader.
 	// PropagatePriority passes it on to the calls made for this one.
 	Priority floodgate.Priority
+	// Reserved is the estimate the call reserved from its metered quota
+	// (Rule.Meter), in the quota's unit: 0 without a metered quota, and
+	// when the reservation was refused.
+	Reserved int64
+	// Metered is the metered bucket's answer to the reservation, its
+	// Owed the units the bucket owes; the zero Result without a metered
+	// quota, or when the call never got as far as the reservation.
+	Metered floodgate.Result
 }
 
 // An Event reports one decision to the observer (WithObserver). Its strings
@@ -122,10 +145,12 @@ type Event struct {
 	Reason Reason
 	// Source is what decided in the store (floodgate.Result.Source: the
 	// memory bucket, Redis, the deny cache, a lease, the local fallback, or
-	// a failure policy). It is meaningful only for the interceptors'
-	// decisions with reason ReasonAdmitted, ReasonQuota or ReasonOverload;
-	// after a store error and in the tap handle's events no store decided,
-	// and it is the zero Source.
+	// a failure policy): the metered bucket's answer when it refused the
+	// call, or settled it (ReasonSettled), else the call limit's. It is
+	// meaningful only for the interceptors' events with reason
+	// ReasonAdmitted, ReasonQuota, ReasonOverload, ReasonDebt or
+	// ReasonSettled; after a store error, for an invalid estimate and in
+	// the tap handle's events no store decided, and it is the zero Source.
 	Source floodgate.Source
 	// Allowed reports whether the limiter admitted the call. In dry-run
 	// mode the call runs either way.
@@ -147,6 +172,21 @@ type Event struct {
 	// Wait is how long an admitted call waited for a slot of the overload
 	// controller; 0 when it started at once.
 	Wait time.Duration
+	// Unit is the unit of the call's metered quota (tenant.Meter.Unit),
+	// "" when its method has none. The cost fields below are in it.
+	Unit string
+	// Reserved is what the call reserved from its metered quota: the
+	// estimate, in the decision that admitted it; everything it reserved,
+	// its stream's chunks included, in its ReasonSettled event; and what
+	// a stream had reserved when a chunk was refused.
+	Reserved int64
+	// Settled is the cost the call was settled at, in its ReasonSettled
+	// event: what it reported, or its estimate when it reported nothing.
+	// Rank tenants by its sum to find who costs most.
+	Settled int64
+	// Uncharged is the part of Settled that the bucket's debt limit left
+	// uncharged (floodgate.DebtLimitError), in a ReasonSettled event.
+	Uncharged int64
 	// Context is the call's context, for what it carries, such as a trace
 	// span; the observer must not keep it. It is nil in the tap handle's
 	// events, made before the call's context is.
@@ -155,9 +195,10 @@ type Event struct {
 
 // Stats are the Limiter's counters since it was made; each only grows.
 //
-// Each limited call is counted once in Admitted, Quota, Overload or
-// StoreErrors, by what its quota decided (an exempt call in Exempt
-// instead). The overload controller (WithOverload) then decides the calls
+// Each limited call is counted once in Admitted, Quota, Overload,
+// StoreErrors, Debt or InvalidEstimates, by what its quota decided (an
+// exempt call in Exempt instead); a stream that a chunk of its metered
+// quota ends is counted again, in the chunk's reason. The overload controller (WithOverload) then decides the calls
 // the quota let through, those in Admitted and the store errors failing
 // open, and Shed counts those it shed: without store errors, Admitted −
 // Shed calls passed both (less those whose context ended while they
@@ -189,11 +230,30 @@ type Stats struct {
 	// key header was ignored, leaving the caller anonymous: it had more
 	// than one value, or a value longer than any key.
 	RepeatedKeys, LongKeys uint64
+	// Debt counts the rejections of callers whose metered bucket owed
+	// units (ReasonDebt), dry-run ones and streams' chunks included.
+	Debt uint64
+	// InvalidEstimates counts calls whose estimate header was not a whole
+	// number within the quota's burst (ReasonInvalidEstimate), dry-run
+	// ones included.
+	InvalidEstimates uint64
+	// Settled counts metered calls settled as they ended (ReasonSettled
+	// events), and SettleErrors those whose settle the store failed,
+	// which leave their reservations charged.
+	Settled, SettleErrors uint64
+	// Uncharged sums the units that settles could not charge because
+	// their buckets reached their debt limits (Event.Uncharged).
+	Uncharged uint64
+	// InvalidCosts counts negative costs the WithCostEstimate and
+	// WithActualCost functions returned or ReportCost was given, all
+	// ignored.
+	InvalidCosts uint64
 }
 
 // counters are the Limiter's counts, one atomic word each (see Stats).
 type counters struct {
 	admitted, exempt, quota, overload, shed, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
+	debt, badEstimates, settled, settleErrs, uncharged, badCosts                           atomic.Uint64
 }
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
@@ -210,22 +270,29 @@ type counters struct {
 // "a:<address prefix>:<rule ID>" for an anonymous caller ("a:-:<rule ID>"
 // when the connection has no IP address), so methods under different rules
 // use different buckets and all anonymous callers from one address share
-// theirs. Limiters with different configs must not share a store.
+// theirs; a metered quota's bucket (tenant.Meter) is "<subject>:<meter
+// ID>", with "dry:" before it in dry-run mode. Limiters with different
+// configs must not share a store. A table with metered quotas needs a
+// store that settles, a floodgate.Reserver (keyed, redisstore).
 type Limiter struct {
-	store  floodgate.Store
-	tables Tables
-	o      options
-	rej    *rejecter
-	keys   *keyCache
-	routes *lru.Cache[routeKey, *route]
-	pen    *penalties
-	c      counters
+	store    floodgate.Store
+	reserver floodgate.Reserver // the store, when it can settle
+	tables   Tables
+	o        options
+	rej      *rejecter
+	keys     *keyCache
+	routes   *lru.Cache[routeKey, *route]
+	pen      *penalties
+	c        counters
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.
 // It returns an error wrapping floodgate.ErrInvalidOption when store or
-// tables is nil, when tables supplies no table, or when an option is
-// invalid; the message names the option.
+// tables is nil, when tables supplies no table, when that table has
+// metered quotas (tenant.Table.Metered) and the store is no
+// floodgate.Reserver, or when an option is invalid; the message names the
+// option. (Over such a store, metered calls of a table loaded later are
+// store errors.)
 func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error) {
 	switch {
 	case store == nil:
@@ -235,6 +302,10 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		return nil, fmt.Errorf("%w: middleware: New: nil tables", floodgate.ErrInvalidOption)
 	case tables.Table() == nil:
 		return nil, fmt.Errorf("%w: middleware: New: the tables supply no table", floodgate.ErrInvalidOption)
+	}
+	reserver, _ := store.(floodgate.Reserver)
+	if reserver == nil && tables.Table().Metered() {
+		return nil, fmt.Errorf("%w: middleware: New: the table has metered quotas and the store cannot settle (it is no floodgate.Reserver)", floodgate.ErrInvalidOption)
 	}
 	o := defaults()
 	for _, opt := range opts {
@@ -246,12 +317,13 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 		return nil, err
 	}
 	l := &Limiter{
-		store:  store,
-		tables: tables,
-		o:      o,
-		keys:   newKeyCache(),
-		routes: newLRU[routeKey, *route](routeCacheSize),
-		pen:    newPenalties(),
+		store:    store,
+		reserver: reserver,
+		tables:   tables,
+		o:        o,
+		keys:     newKeyCache(),
+		routes:   newLRU[routeKey, *route](routeCacheSize),
+		pen:      newPenalties(),
 	}
 	l.rej = newRejecter(&l.o)
 	return l, nil
@@ -271,6 +343,13 @@ func (l *Limiter) Stats() Stats {
 		Tap:          l.c.tap.Load(),
 		RepeatedKeys: l.c.repeatedKeys.Load(),
 		LongKeys:     l.c.longKeys.Load(),
+
+		Debt:             l.c.debt.Load(),
+		InvalidEstimates: l.c.badEstimates.Load(),
+		Settled:          l.c.settled.Load(),
+		SettleErrors:     l.c.settleErrs.Load(),
+		Uncharged:        l.c.uncharged.Load(),
+		InvalidCosts:     l.c.badCosts.Load(),
 	}
 }
 
@@ -300,6 +379,14 @@ type verdict struct {
 	note keyNote
 	res  floodgate.Result
 	prio floodgate.Priority
+	// The metered quota's part, when the rule has a Meter: the estimate
+	// and whether the header that stated it was invalid, the bucket's
+	// answer, and the estimate reserved when it admitted the call.
+	est      int64
+	badEst   bool
+	mres     floodgate.Result
+	reserved int64
+	byMeter  bool // the metered bucket refused the call
 }
 
 func (v *verdict) decision() Decision {
@@ -311,6 +398,8 @@ func (v *verdict) decision() Decision {
 		Rule:     v.r.rule,
 		Result:   v.res,
 		Priority: v.prio,
+		Reserved: v.reserved,
+		Metered:  v.mres,
 	}
 	if v.r.found {
 		d.Tenant = v.r.ten.ID()
@@ -404,12 +493,19 @@ func (l *Limiter) tapIdentify(c *Call, table *tenant.Table) (ten *tenant.Tenant,
 
 // decide decides one call into v, and returns the rejection when the call
 // must not run. It allocates nothing for a caller whose route is cached.
-// gated says the overload controller decides an admitted call next.
-func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict) *entry {
+// gated says the overload controller decides an admitted call next. A
+// metered call's reservation goes to rsv, which holds its tokens when
+// rsv.Result.Allowed.
+func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict, rsv *floodgate.Reservation) *entry {
 	ten, found, note := l.identify(ctx, c, l.tables.Table())
 	*v = verdict{r: l.route(ten, found, c), method: c.Method, dryRun: l.o.dryRun, gated: gated, note: note}
 	v.prio = l.priority(c, v.r)
-	return l.take(ctx, v)
+	if m := v.r.rule.Meter; m != nil {
+		var ok bool
+		v.est, ok = l.estimate(ctx, c, m)
+		v.badEst = !ok
+	}
+	return l.take(ctx, v, rsv)
 }
 
 // observe reports v's call to the observer, if there is one, as decided
@@ -420,17 +516,35 @@ func (l *Limiter) observe(v *verdict, reason Reason, allowed bool, e Event) {
 	if obs == nil {
 		return
 	}
-	e.Method, e.Tier, e.Reason, e.Source, e.Allowed, e.DryRun = v.method, v.r.ten.Tier(), reason, v.res.Source, allowed, v.dryRun
-	if v.r.found {
-		e.Tenant = v.r.ten.ID()
-	}
+	l.event(v, reason, allowed, &e)
 	obs(e)
 }
 
-// take takes the route's cost from its bucket and records the outcome
-// in v. It returns the rejection when the call must not run.
-func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
+// event fills in e, an Event of v's call, as decided for reason.
+func (l *Limiter) event(v *verdict, reason Reason, allowed bool, e *Event) {
+	e.Method, e.Tier, e.Reason, e.Source, e.Allowed, e.DryRun = v.method, v.r.ten.Tier(), reason, v.res.Source, allowed, v.dryRun
+	if v.byMeter {
+		e.Source = v.mres.Source
+	}
+	if v.r.found {
+		e.Tenant = v.r.ten.ID()
+	}
+	if m := v.r.rule.Meter; m != nil {
+		e.Unit = m.Unit
+	}
+}
+
+// take takes the route's cost from its bucket and, for a metered rule
+// when rsv is not nil, reserves the call's estimate into rsv; it records
+// the outcome in v and returns the rejection when the call must not run.
+func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservation) *entry {
 	r := v.r
+	if v.badEst && !v.dryRun {
+		// Refused before anything is taken: the caller's bug costs it
+		// nothing but the call.
+		v.res, v.allowed, v.reason = floodgate.Result{}, false, ReasonInvalidEstimate
+		return l.decided(ctx, v, 0)
+	}
 	scale := 1.0
 	if l.o.gate != nil {
 		scale = l.o.gate.Scale()
@@ -446,6 +560,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 		// default). It can come back once the gate gives limits back.
 		res, err = floodgate.Result{Limit: lim, RetryAfter: floodgate.Never}, nil
 	}
+	retry := res.RetryAfter
 	switch {
 	case err != nil:
 		v.res = floodgate.Result{}
@@ -453,32 +568,46 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 		// open on it would leave its caller unlimited.
 		v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
 		v.reason = ReasonStoreError
-		l.c.storeErr.Add(1)
 	case res.Allowed:
 		v.res = res
 		v.allowed = true
 		v.reason = ReasonAdmitted
-		l.c.admitted.Add(1)
+		if rsv != nil && r.rule.Meter != nil {
+			retry = l.reserve(ctx, v, rsv, scale)
+		}
 	default:
 		v.res = res
 		v.allowed = false
+		v.reason = ReasonQuota
 		if scale < 1 {
 			v.reason = ReasonOverload
-			l.c.overload.Add(1)
-		} else {
-			v.reason = ReasonQuota
-			l.c.quota.Add(1)
 		}
 	}
+	if v.badEst { // in dry-run mode, which ran the call on the config's estimate
+		v.allowed, v.reason = false, ReasonInvalidEstimate
+	}
+	return l.decided(ctx, v, retry)
+}
+
+// decided counts v's decision, reports it unless the overload controller
+// decides next, and returns its rejection, after retry, when the call must
+// not run.
+func (l *Limiter) decided(ctx context.Context, v *verdict, retry time.Duration) *entry {
+	r := v.r
+	l.count(v.reason)
 	if !v.allowed && v.dryRun {
 		l.c.dryRun.Add(1)
 	}
 	var e *entry
 	if !v.allowed && !v.dryRun {
-		e = l.rej.lookup(v.reason, res.RetryAfter, v.note)
+		var m *tenant.Meter // when the metered quota refused the call
+		if v.byMeter || v.reason == ReasonInvalidEstimate {
+			m = r.rule.Meter
+		}
+		e = l.rej.lookup(v.reason, retry, v.note, m)
 	}
 	if !(v.allowed && v.gated) {
-		ev := Event{Context: ctx}
+		ev := Event{Context: ctx, Reserved: v.reserved}
 		if e != nil {
 			ev.RetryAfter = e.d
 		}
@@ -493,8 +622,26 @@ func (l *Limiter) take(ctx context.Context, v *verdict) *entry {
 	// The tap handle acts only while the gate sheds, so only then is the
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.
-	if v.reason == ReasonOverload && res.RetryAfter > 0 {
-		l.pen.note(r.subject, l.o.clock.Now().Add(min(res.RetryAfter, l.o.maxPushback)))
+	if v.reason == ReasonOverload && retry > 0 {
+		l.pen.note(r.subject, l.o.clock.Now().Add(min(retry, l.o.maxPushback)))
 	}
 	return e
+}
+
+// count counts a decision for reason.
+func (l *Limiter) count(reason Reason) {
+	switch reason {
+	case ReasonAdmitted:
+		l.c.admitted.Add(1)
+	case ReasonQuota:
+		l.c.quota.Add(1)
+	case ReasonOverload:
+		l.c.overload.Add(1)
+	case ReasonStoreError:
+		l.c.storeErr.Add(1)
+	case ReasonDebt:
+		l.c.debt.Add(1)
+	case ReasonInvalidEstimate:
+		l.c.badEstimates.Add(1)
+	}
 }

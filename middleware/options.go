@@ -90,6 +90,8 @@ type options struct {
 	clock       floodgate.Clock
 	prioPeers   []netip.Prefix
 	prioTenants map[string]bool
+	estimate    EstimateFunc
+	actualCost  CostFunc
 }
 
 func defaults() options {
@@ -320,8 +322,10 @@ func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHead
 
 // WithDryRun sets whether the Limiter only decides and reports: every call
 // is admitted, and the decision (in the context, the Event and Stats) says
-// what would have happened. Tokens are still taken. The tap handle rejects
-// nothing in dry-run mode. A repeated call replaces the setting.
+// what would have happened. Tokens are still taken; those of metered
+// quotas from buckets of the dry run's own (see the package doc), so that
+// enforcement never inherits its debt. The tap handle rejects nothing in
+// dry-run mode. A repeated call replaces the setting.
 func WithDryRun(on bool) Option { return func(o *options) { o.dryRun = on } }
 
 // WithExemptions sets the full-method prefixes that are never limited, such

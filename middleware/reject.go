@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // PushbackKey is the trailer through which a rejection tells grpc-go's
@@ -33,7 +34,21 @@ const (
 	// ErrorReasonUnavailable: the store could not decide, and the Limiter
 	// fails closed (WithFailClosed).
 	ErrorReasonUnavailable = "LIMITER_UNAVAILABLE"
+	// ErrorReasonInDebt: the caller's metered quota is in debt
+	// (ReasonDebt): its calls cost more than they reserved. RetryInfo
+	// says when the debt is repaid and the call's estimate is back.
+	ErrorReasonInDebt = "IN_DEBT"
+	// ErrorReasonInvalidEstimate: the call's estimate header was not a
+	// whole number within the quota's burst (ReasonInvalidEstimate); a
+	// BadRequest detail names the header and the values it may hold.
+	ErrorReasonInvalidEstimate = "INVALID_COST_ESTIMATE"
 )
+
+// MetadataKeyUnit is the ErrorInfo metadata key of a rejection by a
+// metered quota (tenant.Meter): its value is the quota's unit, such as
+// "tokens", so that a client can tell it from a rejection by its call
+// limit, which carries no unit.
+const MetadataKeyUnit = "quota_unit"
 
 // MetadataKeyIgnored is the ErrorInfo metadata key of a rejection whose
 // caller sent an API key header the Limiter ignored, which made it
@@ -56,6 +71,8 @@ const (
 	msgQuota    = "rate limit exceeded"
 	msgOverload = "server overloaded"
 	msgStore    = "rate limiter unavailable"
+	msgDebt     = "quota in debt"
+	msgEstimate = "invalid cost estimate"
 )
 
 // Retry delays are rounded up onto a grid, so that each rejection status
@@ -100,9 +117,13 @@ type entry struct {
 }
 
 type entryKey struct {
-	k Reason // ReasonQuota, ReasonOverload or ReasonStoreError
+	k Reason // a rejection's: ReasonQuota, ReasonOverload, ReasonStoreError, ReasonDebt or ReasonInvalidEstimate
 	n keyNote
 	d time.Duration // on the grid, or 0 for no retry delay
+	// For a metered quota's rejection, its unit; and for an invalid
+	// estimate, the header and the largest estimate it may state.
+	unit, header string
+	max          int
 }
 
 // entryCacheSize bounds the rejections kept built: distinct retry delays,
@@ -125,8 +146,11 @@ func newRejecter(o *options) *rejecter {
 }
 
 func (r *rejecter) code(k Reason) codes.Code {
-	if k == ReasonQuota {
+	switch k {
+	case ReasonQuota, ReasonDebt:
 		return r.o.quotaCode
+	case ReasonInvalidEstimate:
+		return codes.InvalidArgument
 	}
 	return r.o.overCode
 }
@@ -137,6 +161,10 @@ func message(k Reason) string {
 		return msgQuota
 	case ReasonOverload:
 		return msgOverload
+	case ReasonDebt:
+		return msgDebt
+	case ReasonInvalidEstimate:
+		return msgEstimate
 	}
 	return msgStore
 }
@@ -147,30 +175,57 @@ func reasonOf(k Reason) string {
 		return ErrorReasonRateLimited
 	case ReasonOverload:
 		return ErrorReasonOverloaded
+	case ReasonDebt:
+		return ErrorReasonInDebt
+	case ReasonInvalidEstimate:
+		return ErrorReasonInvalidEstimate
 	}
 	return ErrorReasonUnavailable
 }
 
-// build returns the rejection error for reason k with a retry delay of d, or
-// without RetryInfo for d == 0, for a caller whose key was ignored as n
-// says.
-func (r *rejecter) build(k Reason, d time.Duration, n keyNote) error {
+// build returns the rejection error of key: for reason key.k with a retry
+// delay of key.d, or without RetryInfo for 0, for a caller whose key was
+// ignored as key.n says, by a metered quota in key.unit or else by the
+// call limit.
+func (r *rejecter) build(key entryKey) error {
+	k, d, n := key.k, key.d, key.n
 	st := status.New(r.code(k), message(k))
 	if !r.o.details {
 		return st.Err()
 	}
 	info := &errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}
-	if n != noteNone {
-		info.Metadata = map[string]string{MetadataKeyIgnored: noteNames[n]}
+	if n != noteNone || key.unit != "" {
+		info.Metadata = map[string]string{}
+		if n != noteNone {
+			info.Metadata[MetadataKeyIgnored] = noteNames[n]
+		}
+		if key.unit != "" {
+			info.Metadata[MetadataKeyUnit] = key.unit
+		}
 	}
 	details := []protoadapt.MessageV1{info}
 	if d > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
 	}
-	if k == ReasonQuota {
+	quota := "request"
+	if key.unit != "" {
+		quota = key.unit
+	}
+	switch k {
+	case ReasonQuota:
 		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject:     "client",
-			Description: "the caller's request quota is exhausted",
+			Description: "the caller's " + quota + " quota is exhausted",
+		}}})
+	case ReasonDebt:
+		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     "client",
+			Description: "the caller's " + quota + " quota is in debt: its calls cost more than they reserved",
+		}}})
+	case ReasonInvalidEstimate:
+		details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+			Field:       key.header,
+			Description: "must be a whole number of " + quota + " from 0 to " + strconv.Itoa(key.max),
 		}}})
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {
@@ -181,18 +236,27 @@ func (r *rejecter) build(k Reason, d time.Duration, n keyNote) error {
 
 // lookup returns the shared rejection of a call rejected for reason k,
 // whose caller may retry after d (none when d ≤ 0 or Never), and whose key
-// was ignored as n says. A store error offers no retry delay and no
-// pushback, so that clients back off by their own policy.
-func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote) *entry {
+// was ignored as n says; m is the call's metered quota, or nil, for the
+// rejections it decided (debt, quota and overload, whose unit they name,
+// and an invalid estimate). A store error offers no retry delay and no
+// pushback, so that clients back off by their own policy; an invalid
+// estimate neither, and a pushback that says not to retry.
+func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote, m *tenant.Meter) *entry {
 	key := entryKey{k: k, n: n}
-	if d > 0 && d != floodgate.Never && k != ReasonStoreError {
+	if d > 0 && d != floodgate.Never && k != ReasonStoreError && k != ReasonInvalidEstimate {
 		key.d = gridCeil(d)
+	}
+	if m != nil && k != ReasonStoreError {
+		key.unit = m.Unit
+		if k == ReasonInvalidEstimate {
+			key.header, key.max = m.EstimateHeader, m.Limit.Burst
+		}
 	}
 	if e, ok := r.entries.Get(key); ok {
 		return e
 	}
 	// Racing builders make equal entries; whichever is added last stays.
-	e := &entry{d: key.d, err: r.build(k, key.d, n)}
+	e := &entry{d: key.d, err: r.build(key)}
 	switch {
 	case k == ReasonStoreError:
 	case key.d == 0:

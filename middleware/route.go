@@ -16,7 +16,10 @@ type route struct {
 	rule    tenant.Rule
 	subject string // "t:<tenant ID>" or "a:<address prefix>"
 	key     string // subject + ":" + rule ID
-	flow    overload.Flow
+	// meterKey is the metered bucket's key, subject + ":" + meter ID
+	// (prefixed "dry:" in dry-run mode), or "" when the rule has no meter.
+	meterKey string
+	flow     overload.Flow
 }
 
 // routeKey names a route: a tenant, or the anonymous policy and the
@@ -24,9 +27,10 @@ type route struct {
 // Methods under one rule share a route, so made-up method names add none.
 // A reload makes new tenants, so the old routes stop matching and age out.
 type routeKey struct {
-	ten    *tenant.Tenant
-	addr   netip.Addr
-	ruleID string
+	ten     *tenant.Tenant
+	addr    netip.Addr
+	ruleID  string
+	meterID string // methods under one rule may have different meters
 }
 
 // routeCacheSize bounds the routes cached: tenants and anonymous addresses
@@ -39,6 +43,9 @@ const routeCacheSize = 8192
 func (l *Limiter) route(ten *tenant.Tenant, found bool, c *Call) *route {
 	rule := ten.Rule(c.Method)
 	k := routeKey{ten: ten, ruleID: rule.ID}
+	if rule.Meter != nil {
+		k.meterID = rule.Meter.ID
+	}
 	if !found {
 		k.addr = l.aggregate(l.forwarded(c))
 	}
@@ -53,6 +60,14 @@ func (l *Limiter) route(ten *tenant.Tenant, found bool, c *Call) *route {
 		r.subject = "a:" + k.addr.String()
 	}
 	r.key = r.subject + ":" + rule.ID
+	if rule.Meter != nil {
+		r.meterKey = r.subject + ":" + rule.Meter.ID
+		if l.o.dryRun {
+			// A dry run meters in buckets of its own, so that the debt
+			// its overruns build is never inherited by enforcement.
+			r.meterKey = dryRunPrefix + r.meterKey
+		}
+	}
 	r.flow = flowOf(ten, rule, r.subject)
 	l.routes.Add(k, r)
 	return r

@@ -31,20 +31,36 @@ var ErrNotServerCall = errors.New("middleware: Limit needs a server call's conte
 // promfloodgate's Offenders interceptor, and before anything that sets
 // header metadata, so that a rejection is a Trailers-Only response whose
 // pushback grpc-go's retry honours.
+//
+// A call under a metered quota (tenant.Meter) reserves its estimate as it
+// is admitted and settles when its handler returns, panics included, at
+// what it reported (ReportCost, WithActualCost of its response), or at its
+// estimate when it reported nothing.
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		c := serverCall(ctx, info.FullMethod, incoming(ctx))
+		c.Request = req
 		var a Admission
 		if err := l.admit(ctx, &c, l.o.overload, &a); err != nil {
 			return nil, l.reject(ctx, a.e, err)
 		}
-		if l.o.overload != nil {
+		if l.o.overload != nil || a.m != nil {
 			defer a.Done()
 		}
 		if l.o.rateHeaders && a.v.r != nil {
 			_ = grpc.SetHeader(ctx, rateHeaders(a.v.res))
 		}
-		return handler(a.ctx, req)
+		resp, err := handler(a.ctx, req)
+		if f := l.o.actualCost; f != nil && a.m != nil && err == nil {
+			if n, ok := f(a.ctx, info.FullMethod, resp); ok {
+				if n < 0 {
+					l.c.badCosts.Add(1)
+				} else {
+					a.m.add(n)
+				}
+			}
+		}
+		return resp, err
 	}
 }
 
@@ -77,6 +93,19 @@ func (l *Limiter) reject(ctx context.Context, e *entry, err error) error {
 // handler runs. With WithPerMessage, every message the client sends takes
 // the cost again and a message over quota ends the stream. The stream's
 // context carries the Decision of its start.
+//
+// A stream under a metered quota (tenant.Meter) reserves its estimate as
+// it starts, then chunks (tenant.Meter.Chunk) as it runs: before each
+// message it sends, what it reported (ReportCost) and what WithActualCost
+// says the message costs must fit what it reserved, and before each
+// message it receives, what it reported; else it reserves the chunks it
+// needs. When a chunk is refused, SendMsg (or RecvMsg) returns the
+// rejection, RESOURCE_EXHAUSTED with the time until the chunk is back (or
+// IN_DEBT), without sending (or receiving): return it to end the stream,
+// which can then have run past its reservations by no more than what its
+// handler reported after sending. The stream settles when its handler
+// returns, at what it reported, or at its estimate when it reported
+// nothing.
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
@@ -94,17 +123,21 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if err := l.admit(ctx, &c, nil, &a); err != nil {
 			return l.reject(ctx, a.e, err)
 		}
-		dc, ok := a.ctx.(*decisionCtx)
-		if !ok { // exempt
+		if a.v.r == nil { // exempt
 			return handler(srv, ss)
 		}
 		if l.o.rateHeaders {
-			_ = ss.SetHeader(rateHeaders(dc.v.res))
+			_ = ss.SetHeader(rateHeaders(a.v.res))
 		}
-		if !l.o.perMessage {
-			return handler(srv, &stream{ServerStream: ss, dc: dc})
+		st := &stream{ServerStream: ss, ctx: a.ctx, dc: a.ctx.Value(decisionKey{}).(*decisionCtx), m: a.m}
+		if a.m != nil {
+			a.m.table = table
+			defer a.m.settle()
 		}
-		return handler(srv, &stream{ServerStream: ss, l: l, dc: dc, table: table, r: dc.v.r})
+		if l.o.perMessage {
+			st.l, st.table, st.r = l, table, a.v.r
+		}
+		return handler(srv, st)
 	}
 }
 
@@ -113,17 +146,34 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 // route of the tenant table in force: a reload that lowers the caller's
 // limit or revokes its key applies to the streams already open. gRPC does
 // not call RecvMsg from two goroutines at once, so the fields need no lock.
+// A metered stream (m set) covers each message with its reservations.
 type stream struct {
 	grpc.ServerStream
+	ctx   context.Context // dc, or the metered context around it
 	l     *Limiter
 	dc    *decisionCtx
 	table *tenant.Table // the table r was resolved in
 	r     *route
+	m     *meter
 }
 
-func (s *stream) Context() context.Context { return s.dc }
+func (s *stream) Context() context.Context { return s.ctx }
+
+func (s *stream) SendMsg(m any) error {
+	if s.m != nil {
+		if err := s.m.send(m); err != nil {
+			return err
+		}
+	}
+	return s.ServerStream.SendMsg(m)
+}
 
 func (s *stream) RecvMsg(m any) error {
+	if s.m != nil {
+		if err := s.m.cover(0, false); err != nil {
+			return err
+		}
+	}
 	if err := s.ServerStream.RecvMsg(m); err != nil || s.l == nil {
 		return err
 	}
@@ -134,10 +184,12 @@ func (s *stream) RecvMsg(m any) error {
 		s.r, s.table = s.l.route(ten, found, &c), t
 	}
 	// The decision in the context stays the stream's start; a message's
-	// decision is reported to the observer and counted.
+	// decision is reported to the observer and counted. It takes from the
+	// call limit only: the metered quota is the stream's chunks.
 	v := s.dc.v
 	v.r = s.r
-	if e := s.l.take(ctx, &v); e != nil {
+	v.badEst, v.mres, v.reserved, v.byMeter = false, floodgate.Result{}, 0, false
+	if e := s.l.take(ctx, &v, nil); e != nil {
 		return s.l.reject(ctx, e, e.err)
 	}
 	return nil
@@ -229,7 +281,7 @@ func (l *Limiter) tapReject(method, subject string, retry time.Duration, note ke
 	if l.o.observer != nil {
 		l.o.observer(Event{Method: method, Reason: ReasonOverload, Tap: true})
 	}
-	return l.rej.lookup(ReasonOverload, retry, note)
+	return l.rej.lookup(ReasonOverload, retry, note, nil)
 }
 
 // tapOverload counts a call into the overload controller as it enters the
@@ -279,7 +331,9 @@ func (l *Limiter) enter(ctx context.Context, c *overload.Controller, call *Call)
 // A context that is not a server call's (the ratelimit package's client
 // interceptors pass one) names no method, peer or caller: Limit returns
 // ErrNotServerCall rather than judge every such call as one anonymous
-// caller. Use UnaryClientInterceptor to limit outgoing calls.
+// caller. Use UnaryClientInterceptor to limit outgoing calls. Limit sees
+// no end of the call, so a metered quota (tenant.Meter) charges each call
+// its estimate and never settles it.
 func (l *Limiter) Limit(ctx context.Context) error {
 	method, ok := grpc.Method(ctx)
 	if !ok {
@@ -291,7 +345,10 @@ func (l *Limiter) Limit(ctx context.Context) error {
 	}
 	c := serverCall(ctx, method, incoming(ctx))
 	var v verdict
-	if e := l.decide(ctx, &c, false, &v); e != nil {
+	// A metered quota's reservation is never settled here: the call is
+	// charged its estimate.
+	var rsv floodgate.Reservation
+	if e := l.decide(ctx, &c, false, &v, &rsv); e != nil {
 		return l.reject(ctx, e, e.err)
 	}
 	return nil
