@@ -117,7 +117,8 @@ func (o *offendersOptions) validate() error {
 // listed, and each count is an upper bound, off by at most Err. Beside it,
 // one summary per unit of metered quotas (tokens, bytes) ranks the callers
 // whose calls cost most, by the same algorithm over k keys, weighted by
-// each call's settled cost (RecordCost). It is safe for concurrent use.
+// each call's settled cost (RecordCost, ObserveCost). It is safe for
+// concurrent use.
 type Offenders struct {
 	o offendersOptions
 	s *topk.Summary
@@ -245,6 +246,21 @@ func (f *Offenders) RecordCost(subject, unit string, cost int64) {
 		s.Add(subject, uint64(cost))
 	default:
 		s.Add("a:"+f.HashKey(strings.TrimPrefix(subject, "a:")), uint64(cost))
+	}
+}
+
+// ObserveCost records the cost of each metered call's settle, an Event of
+// reason middleware.ReasonSettled, by its tenant ("t:<tenant ID>"), in its
+// unit, as RecordCost does, and ignores every other Event. Anonymous
+// callers, whose events name no tenant, are not ranked. Call it from the
+// Limiter's observer (Collector's WithCostOffenders does); it allocates
+// nothing but a subject's string as it enters the ranking.
+func (f *Offenders) ObserveCost(e middleware.Event) {
+	if e.Reason != middleware.ReasonSettled || e.Tenant == "" || e.Settled <= 0 {
+		return
+	}
+	if s := f.costSummary(e.Unit); s != nil {
+		s.AddPrefixed("t:", e.Tenant, uint64(e.Settled))
 	}
 }
 
