@@ -20,6 +20,7 @@ import (
 	"github.com/floodgate-go/floodgate/keyed"
 	completionv1 "github.com/floodgate-go/floodgate/proto/completion/v1"
 	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // The strategies, by name, in the order of the report.
@@ -179,15 +180,36 @@ func newStore(cfg config, strategy string, client redis.UniversalClient, prefix 
 	return redisstore.New(client, opts...)
 }
 
-// interceptor returns strategy's interceptor over st.
-func interceptor(strategy string, st store, q quota) grpc.StreamServerInterceptor {
+// interceptor returns strategy's interceptor over st, whose Limiter (for
+// floodgate) reads clk (nil: the wall clock).
+func interceptor(cfg config, strategy string, st store, clk floodgate.Clock) (grpc.StreamServerInterceptor, error) {
 	switch strategy {
 	case stratChargeAtEnd:
-		return chargeAtEnd(st, q)
+		return chargeAtEnd(st, cfg.quota()), nil
 	case stratCheckThenCount:
-		return checkThenCount(st, q)
+		return checkThenCount(st, cfg.quota()), nil
 	}
-	return reserveSettle(st, q)
+	table, err := tenant.Parse("tenants.yaml", []byte(cfg.tenantConfig()))
+	if err != nil {
+		return nil, err
+	}
+	lim, err := reserveSettle(st, table, clk)
+	if err != nil {
+		return nil, err
+	}
+	return lim.StreamServerInterceptor(), nil
+}
+
+// tenantConfig is floodgate's tenant config of cfg's tenants and quota.
+func (c *config) tenantConfig() string {
+	debt := "" // one burst
+	switch {
+	case c.Debt == floodgate.NoDebt:
+		debt = "0"
+	case c.Debt > 0:
+		debt = strconv.Itoa(c.Debt)
+	}
+	return tenantConfig(c.tenants(), c.Quota, c.Burst, debt)
 }
 
 // runPrefix returns a Redis key prefix of this run's own, so that a run
@@ -241,7 +263,9 @@ func experiment(ctx context.Context, cfg config, start starter) (*report, error)
 				if wk.killAt > 0 {
 					st = &mortal{store: st, dead: func() bool { return sc.Now().Sub(l.start) >= wk.killAt }}
 				}
-				wk.intercept = interceptor(s, st, cfg.quota())
+				if wk.intercept, err = interceptor(cfg, s, st, sc); err != nil {
+					return nil, err
+				}
 				t.workers = append(t.workers, wk)
 			}
 			targets = append(targets, t)
@@ -315,7 +339,11 @@ func serveWorker(ctx context.Context, cfg config, prefix string, ready func(map[
 		if err != nil {
 			return err
 		}
-		srv := grpc.NewServer(grpc.StreamInterceptor(interceptor(s, st, cfg.quota())))
+		icpt, err := interceptor(cfg, s, st, nil)
+		if err != nil {
+			return err
+		}
+		srv := grpc.NewServer(grpc.StreamInterceptor(icpt))
 		completionv1.RegisterCompletionServer(srv, &model{clock: &wallClock{}})
 		servers = append(servers, srv)
 		addrs[s] = lis.Addr().String()

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate/middleware"
 	completionv1 "github.com/floodgate-go/floodgate/proto/completion/v1"
 )
 
@@ -47,7 +48,7 @@ func classify(err error) outcome {
 		return failed
 	}
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == reasonDebt {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == middleware.ErrorReasonInDebt {
 			return rejectedDebt
 		}
 	}

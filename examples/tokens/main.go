@@ -8,12 +8,14 @@
 //     agentgateway);
 //   - check-then-count: admit when the bucket holds the call's estimate,
 //     without taking it, count the tokens after (LiteLLM);
-//   - floodgate: reserve the estimate, settle the actual (a
-//     floodgate.Reserver), into bounded debt when the actual is more.
+//   - floodgate: the middleware's metered quota (tenant.MeteredSpec), which
+//     reserves the estimate as a call starts and settles the actual as it
+//     ends, into bounded debt when the actual is more.
 //
 // The first two are written as a user would write them with floodgate's
 // buckets without reservations (strategies.go, between the "user code"
-// markers), so that the three differ in the strategy alone. Each call
+// markers), so that the three differ in the strategy alone; -print-config
+// prints floodgate's tenant config. Each call
 // draws its reply: 200 to 4,000 tokens, 1,000 on average, streamed in 0.1
 // to 1 s; the estimate is the most a reply costs, 4,000, unless callers
 // state one (-estimate).
@@ -97,6 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Chart, "chart", cfg.Chart, "the chart `file` (PNG) to draw; empty draws none")
 	worker := fs.Bool("worker", false, "serve the strategies for the load of another process (what -workers starts)")
 	prefix := fs.String("prefix", "", "with -worker, the Redis key prefix of the run")
+	printConfig := fs.Bool("print-config", false, "print floodgate's tenant config of the quota and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -104,6 +107,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg.Strategies = strings.Split(*strategies, ",")
+	if *printConfig {
+		_, err := io.WriteString(stdout, cfg.tenantConfig())
+		return err
+	}
 	if *worker {
 		return serveWorker(ctx, cfg, *prefix, func(addrs map[string]string) {
 			var b strings.Builder

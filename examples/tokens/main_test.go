@@ -15,7 +15,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/redistest"
+	completionv1 "github.com/floodgate-go/floodgate/proto/completion/v1"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // workerEnv makes the test binary a worker process (processStarter runs
@@ -283,5 +286,36 @@ func checkRealBound(t *testing.T, cfg config, rep *report, elapsed time.Duration
 	fg := rep.rowOf(t, stratFloodgate)
 	if max := cfg.Burst + int(cfg.limit().Rate*elapsed.Seconds()); fg.tokens > max {
 		t.Errorf("floodgate delivered %d tokens, want at most %d (a burst and the rate over the run)", fg.tokens, max)
+	}
+}
+
+// TestTenantConfig: floodgate's tenant config holds each tenant to the
+// quota the other strategies' buckets apply, with the debt limit asked
+// for.
+func TestTenantConfig(t *testing.T) {
+	for _, debt := range []int{0, floodgate.NoDebt, 5000} {
+		cfg := defaultConfig()
+		cfg.Tenants, cfg.Debt = 2, debt
+		table, err := tenant.Parse("tenants.yaml", []byte(cfg.tenantConfig()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range cfg.tenants() {
+			ten, ok := table.TenantByID(id)
+			if !ok {
+				t.Fatalf("debt %d: no tenant %s", debt, id)
+			}
+			m := ten.Rule(completionv1.Completion_Complete_FullMethodName).Meter
+			if m == nil {
+				t.Fatalf("debt %d: %s has no metered quota", debt, id)
+			}
+			want := cfg.limit()
+			if m.Limit.Burst != want.Burst || m.Limit.DebtLimit() != want.DebtLimit() || math.Abs(m.Limit.Rate-want.Rate) > 1e-9 {
+				t.Errorf("debt %d: %s's limit = %v, want %v", debt, id, m.Limit, want)
+			}
+			if m.Estimate != maxReply || m.EstimateHeader != estimateHeader {
+				t.Errorf("debt %d: %s's estimate = %d from %q, want %d from %q", debt, id, m.Estimate, m.EstimateHeader, maxReply, estimateHeader)
+			}
+		}
 	}
 }

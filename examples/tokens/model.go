@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -46,7 +45,8 @@ func lasts(n int) time.Duration {
 
 // model is the Completion service: a simulated model that streams a reply
 // of the length it is asked for, in chunks every chunkEvery on its clock,
-// and reports each chunk's tokens as the call's cost once it is sent.
+// and reports the tokens it sent as the call's cost once the stream is
+// over, as a model behind it would say in the usage of its last message.
 type model struct {
 	completionv1.UnimplementedCompletionServer
 	clock clock
@@ -59,7 +59,11 @@ func (m *model) Complete(req *completionv1.CompleteRequest, stream grpc.ServerSt
 	}
 	ctx := stream.Context()
 	d, start := lasts(n), m.clock.Now()
-	for sent := 0; sent < n; {
+	sent := 0
+	// What was sent is what the call cost, whether or not it got to the
+	// end: known once the stream is over.
+	defer func() { reportCost(ctx, sent) }()
+	for sent < n {
 		if m.clock.Sleep(ctx, chunkEvery); ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
 		}
@@ -75,18 +79,9 @@ func (m *model) Complete(req *completionv1.CompleteRequest, stream grpc.ServerSt
 			return err
 		}
 		sent = due
-		reportCost(ctx, k)
 	}
 	return stream.Send(&completionv1.CompleteResponse{Usage: &completionv1.Usage{CompletionTokens: int32(n)}})
 }
 
 // words returns a text of n tokens.
 func words(n int) string { return strings.Repeat("lorem ", n) }
-
-// reportCost reports n more tokens of the call's cost to the interceptor
-// in front of the handler.
-func reportCost(ctx context.Context, n int) {
-	if u, ok := ctx.Value(usageKey{}).(*usage); ok {
-		u.n.Add(int64(n))
-	}
-}

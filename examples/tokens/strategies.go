@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // ---- user code ----
@@ -20,7 +23,9 @@ import (
 // Three ways to hold tenants to a quota of tokens a minute when a call's
 // tokens are known only when it ends. The first two are what gateways do
 // today, written with floodgate's buckets as they stand without
-// reservations; the third reserves an estimate and settles the actual.
+// reservations; the third is floodgate's metered quota, which reserves an
+// estimate and settles the actual. The model reports a call's tokens to
+// all three with reportCost (model.go).
 
 const (
 	// tenantHeader names the caller's tenant.
@@ -59,7 +64,7 @@ func chargeAtEnd(store bucketStore, q quota) grpc.StreamServerInterceptor {
 		case err != nil:
 			return status.Error(codes.Unavailable, "token quota: "+err.Error())
 		case res.Remaining < 1:
-			return rejected(false)
+			return errOverQuota
 		}
 		ctx, u := withUsage(ctx)
 		err = handler(srv, &usageStream{ss, ctx})
@@ -82,7 +87,7 @@ func checkThenCount(store bucketStore, q quota) grpc.StreamServerInterceptor {
 		case err != nil:
 			return status.Error(codes.Unavailable, "token quota: "+err.Error())
 		case res.Remaining < estimateOf(ctx, q.Estimate):
-			return rejected(false)
+			return errOverQuota
 		}
 		ctx, u := withUsage(ctx)
 		err = handler(srv, &usageStream{ss, ctx})
@@ -100,28 +105,49 @@ func charge(ctx context.Context, store floodgate.Store, tenant string, lim flood
 	}
 }
 
-// reserveSettle reserves the call's estimate from the tenant's bucket
-// before it runs and settles at the tokens it cost when it ends: it refunds
-// what the call did not use and charges what it used beyond, below zero if
-// need be, down to the limit's debt limit. A bucket in debt admits no call
-// until the debt is repaid, so over any time t a tenant gets at most
-// Burst + Rate·t + DebtLimit tokens, however many calls run at once.
-func reserveSettle(store floodgate.Reserver, q quota) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx := ss.Context()
-		r, err := store.ReserveN(ctx, tenantOf(ctx), q.Limit, estimateOf(ctx, q.Estimate))
-		switch {
-		case err != nil:
-			return status.Error(codes.Unavailable, "token quota: "+err.Error())
-		case !r.Result.Allowed:
-			return rejected(r.Result.Owed > 0)
+// tenantConfig is floodgate's tenant config for tenants with a quota of
+// rate tokens a minute in bursts of burst, owing at most debt tokens
+// (empty: the default, one burst; "0": none), each call reserving 4,000
+// tokens unless it states its estimate in estimateHeader. Calls are not
+// limited: the tokens are the quota.
+func tenantConfig(tenants []string, rate, burst int, debt string) string {
+	var b strings.Builder
+	b.WriteString("tenants:\n")
+	for _, t := range tenants {
+		fmt.Fprintf(&b, `  %s:
+    default: {rate: inf}
+    methods:
+      "/completion.v1.Completion/*":
+        metered:
+          unit: tokens
+          rate: %d
+          per: 1m
+          burst: %d
+          estimate: %d
+          estimate_header: %s
+`, t, rate, burst, maxReply, estimateHeader)
+		if debt != "" {
+			fmt.Fprintf(&b, "          debt: %s\n", debt)
 		}
-		ctx, u := withUsage(ctx)
-		err = handler(srv, &usageStream{ss, ctx})
-		// The call's context may have ended with it: settle all the same.
-		_, _ = r.Settle(context.WithoutCancel(ctx), u.tokens())
-		return err
 	}
+	return b.String()
+}
+
+// reserveSettle is floodgate's Limiter over the metered quotas of table:
+// each call reserves its estimate from its tenant's bucket as it starts,
+// and settles at the tokens it reported (middleware.ReportCost) when it
+// ends, refunding what it did not use and charging what it used beyond,
+// below zero if need be, down to the quota's debt limit. A bucket in debt
+// admits no call until the debt is repaid, so over any time t a tenant
+// gets at most burst + rate·t + debt tokens, however many calls run at
+// once. The caller names its tenant in tenantHeader (behind a gateway that
+// sets it; API keys are middleware.WithAPIKeyHeaders).
+func reserveSettle(store floodgate.Reserver, table *tenant.Table, clk floodgate.Clock) (*middleware.Limiter, error) {
+	return middleware.New(store, middleware.Static(table), middleware.WithClock(clk),
+		middleware.WithKeyFunc(func(ctx context.Context, _ string) (string, bool) {
+			id := tenantOf(ctx)
+			return id, id != ""
+		}))
 }
 
 // tenantOf returns the caller's tenant, "" when it names none (a bucket of
@@ -143,21 +169,16 @@ func estimateOf(ctx context.Context, max int) int {
 	return max
 }
 
-// The reasons of a rejection's ErrorInfo.
-const (
-	reasonQuota = "TOKEN_QUOTA"
-	reasonDebt  = "TOKEN_DEBT"
-)
+// errOverQuota is the error of a call the quota refused.
+var errOverQuota = status.Error(codes.ResourceExhausted, "tenant over its tokens-per-minute quota")
 
-// rejected returns the error of a call the quota refused: for the debt,
-// when the tenant's bucket owes tokens, or for want of tokens.
-func rejected(debt bool) error {
-	reason, msg := reasonQuota, "tenant over its tokens-per-minute quota"
-	if debt {
-		reason, msg = reasonDebt, "tenant in debt to its tokens-per-minute quota"
+// reportCost reports that the call of ctx cost n more tokens: to
+// floodgate's Limiter, and to the usage of the first two strategies.
+func reportCost(ctx context.Context, n int) {
+	middleware.ReportCost(ctx, int64(n))
+	if u, ok := ctx.Value(usageKey{}).(*usage); ok {
+		u.n.Add(int64(n))
 	}
-	st, _ := status.New(codes.ResourceExhausted, msg).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: "tokens.example"})
-	return st.Err()
 }
 
 // usage counts the tokens a call reports (reportCost).
