@@ -37,9 +37,10 @@
 //	go run ./examples/tokens -redis local -workers 4 -kill-after 1m
 //
 // -sim runs in simulated time: the load calls each strategy's interceptor
-// directly, without gRPC's transport, with handlers that take the model's
-// time on a simulated clock the stores read as well (keyed.WithClock,
-// redisstore.WithClientClock), so that ten minutes take seconds. -redis
+// directly, without gRPC's transport, over the service's own handler, whose
+// model streams on a simulated clock that the stores and the Limiter read
+// as well (keyed.WithClock, redisstore.WithClientClock,
+// middleware.WithClock), so that ten minutes take seconds. -redis
 // keeps the buckets on Redis ("local" starts a redis-server on loopback);
 // -workers N starts N server processes sharing them (this command, run
 // with -worker), the callers spread over them, and -kill-after kills the
