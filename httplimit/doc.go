@@ -61,6 +61,25 @@
 // Limiter shares (one per retry delay on its grid) and kept for the 1024
 // used last.
 //
+// # Cost known after the call
+//
+// A request to a method with a metered quota (tenant.Meter) reserves its
+// estimate as it is admitted: the middleware.WithCostEstimate function's,
+// which gets the *http.Request, else the quota's estimate header's, else
+// the config's. Its handler reports what it cost with
+// middleware.ReportCost(r.Context(), n), or the middleware.WithActualCost
+// function says it from each Write's bytes; the request settles when the
+// handler returns, panics included, at what was reported, or at its
+// estimate when nothing was. Each Write of a streamed response is covered
+// by the request's reservations first: when they run out, the Write
+// reserves the next chunk, and when that is refused it writes nothing and
+// returns the rejection's status error (status.FromError reads it), which
+// the handler should end on: the response has begun, so the client sees
+// it cut short. A request refused for debt gets 429, like one over its
+// quota; one whose estimate header is no whole number within the burst
+// gets 400 and no RateLimit fields. The RateLimit fields describe the
+// call limit only.
+//
 // # Browsers
 //
 // A gRPC-Web or Connect client in a browser reads a response only when

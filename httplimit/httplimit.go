@@ -132,7 +132,9 @@ func New(l *middleware.Limiter, opts ...Option) (*Middleware, error) {
 // it, or answers it with a rejection (see the package doc) without calling
 // next. An admitted request reaches next with a context carrying its
 // Decision (middleware.FromContext), and holds its overload controller
-// slot (middleware.WithOverload) until next returns.
+// slot (middleware.WithOverload) until next returns. A request under a
+// metered quota settles when next returns, and its Writes reserve chunks
+// (see the package doc).
 func (m *Middleware) Handle(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if m.o.origins != nil && r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
@@ -159,15 +161,42 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 		if ctx := a.Context(); ctx != r.Context() {
 			r = r.WithContext(ctx)
 		}
+		if a.Metered() {
+			w = &meteredWriter{ResponseWriter: w, a: &a}
+		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// meteredWriter covers each Write of a metered request with its
+// reservations (middleware.Admission.Send), so that a streamed response
+// reserves its quota in chunks as it is written.
+type meteredWriter struct {
+	http.ResponseWriter
+	a *middleware.Admission
+}
+
+// Write writes p once the request's reservations cover it, or returns the
+// rejection's status error, writing nothing, once they cannot.
+func (w *meteredWriter) Write(p []byte) (int, error) {
+	if err := w.a.Send(p); err != nil {
+		return 0, err
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush flushes the response when the ResponseWriter underneath can (gRPC's
+// ServeHTTP needs an http.Flusher).
+func (w *meteredWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+// Unwrap returns the ResponseWriter underneath, for http.ResponseController.
+func (w *meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // call describes r for the Limiter: its method, the connection's peer
 // (which, when it is a trusted proxy, the forwarding headers may look
 // behind), its headers and its verified client certificate.
 func (m *Middleware) call(r *http.Request) middleware.Call {
-	c := middleware.Call{Method: r.URL.Path, Header: header(r.Header)}
+	c := middleware.Call{Method: r.URL.Path, Header: header(r.Header), Request: r}
 	if m.o.method != nil {
 		if name := m.o.method(r); name != "" {
 			c.Method = name

@@ -51,8 +51,12 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, a *middlewar
 		return
 	}
 	code := http.StatusServiceUnavailable
-	if decided && d.Reason == middleware.ReasonQuota {
+	switch {
+	case !decided:
+	case d.Reason == middleware.ReasonQuota, d.Reason == middleware.ReasonDebt:
 		code = http.StatusTooManyRequests
+	case d.Reason == middleware.ReasonInvalidEstimate:
+		code = http.StatusBadRequest
 	}
 	if ra := a.RetryAfter(); ra > 0 {
 		h["Retry-After"] = []string{strconv.FormatInt(seconds(ra), 10)}
@@ -166,7 +170,7 @@ func percentEncode(s string) string {
 // quota.
 func setRateLimit(h http.Header, d middleware.Decision) {
 	rule, res := d.Rule, d.Result
-	if d.Reason == middleware.ReasonStoreError || rule.Limit.IsInf() || rule.Cost < 1 {
+	if d.Reason == middleware.ReasonStoreError || d.Reason == middleware.ReasonInvalidEstimate || rule.Limit.IsInf() || rule.Cost < 1 {
 		return
 	}
 	// Both fields in one string and their values in one slice: two

@@ -85,6 +85,10 @@ func (a *Admission) Done() {
 	}
 }
 
+// Metered reports whether the call holds a reservation of a metered quota
+// (tenant.Meter), which Send covers and Done settles.
+func (a *Admission) Metered() bool { return a.m != nil }
+
 // Send accounts for a message an admitted metered call is about to send
 // (a stream's message, the bytes of an HTTP response's Write): what the
 // WithActualCost function says msg costs, with what the call reported so

@@ -185,3 +185,54 @@ func mustStore() *keyed.Map {
 	}
 	return m
 }
+
+// A quota of model tokens beside the call limit: each call reserves its
+// estimate and settles at the tokens its reply used, which its handler
+// reports; a reply that overruns puts the caller in debt, and its next
+// call is refused until the debt is repaid.
+func ExampleReportCost() {
+	tbl, err := tenant.Parse("tenants.yaml", []byte(`
+anonymous:
+  default: {rate: 50, burst: 100}
+  methods:
+    "/llm.v1.Completions/*":
+      metered: {unit: tokens, rate: 100000, per: 1m, burst: 20000, estimate: 4000}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := floodgate.ClockFunc(func() time.Time { return now }) // time stands still
+	store, _ := keyed.New(keyed.WithClock(clock))
+	lim, err := middleware.New(store, middleware.Static(tbl), middleware.WithClock(clock))
+	if err != nil {
+		log.Fatal(err)
+	}
+	generate := func(tokens int64) grpc.UnaryHandler {
+		return func(ctx context.Context, req any) (any, error) {
+			// … the model writes its reply; now its usage is known.
+			middleware.ReportCost(ctx, tokens)
+			return &emptypb.Empty{}, nil
+		}
+	}
+	icpt := lim.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: "/llm.v1.Completions/Generate"}
+	for _, tokens := range []int64{1000, 29000, 1000} {
+		_, err := icpt(context.Background(), nil, info, generate(tokens))
+		st := status.Convert(err)
+		fmt.Print(st.Code())
+		for _, d := range st.Details() {
+			switch d := d.(type) {
+			case *errdetails.ErrorInfo:
+				fmt.Print(" ", d.Reason)
+			case *errdetails.RetryInfo:
+				fmt.Print(" retry in ", d.RetryDelay.AsDuration())
+			}
+		}
+		fmt.Println()
+	}
+	// Output:
+	// OK
+	// OK
+	// ResourceExhausted IN_DEBT retry in 8.4s
+}

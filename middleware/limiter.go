@@ -211,9 +211,10 @@ type Stats struct {
 	Admitted uint64
 	// Exempt counts calls to exempt methods.
 	Exempt uint64
-	// Quota and Overload count the quota's rejections, dry-run ones
-	// included: Quota at full limits, Overload while the CPU gate
-	// (WithGate) scales them down.
+	// Quota and Overload count the quota's rejections, by the call limit
+	// or a metered quota's empty bucket, dry-run ones included: Quota at
+	// full limits, Overload while the CPU gate (WithGate) scales them
+	// down.
 	Quota, Overload uint64
 	// Shed counts calls the quota let through (Admitted, or a store error
 	// failing open) that the overload controller then shed (reason

@@ -129,3 +129,26 @@ func ExampleRegistry() {
 	// reload: 1 tenants, error true
 	// acme true
 }
+
+// A metered quota beside the call limit: the rule's Meter, with its own
+// bucket, estimate and chunk.
+func ExampleMeter() {
+	tbl, err := tenant.Parse("tenants.yaml", []byte(`
+anonymous:
+  default: {rate: 50, burst: 100}
+  methods:
+    "/llm.v1.Completions/*":
+      metered: {unit: tokens, rate: 100000, per: 1m, burst: 20000, estimate: 4000, estimate_header: x-max-tokens}
+`))
+	if err != nil {
+		panic(err)
+	}
+	r := tbl.Anonymous().Rule("/llm.v1.Completions/Generate")
+	m := r.Meter
+	fmt.Printf("calls: %v, bucket %s\n", r.Limit, r.ID)
+	fmt.Printf("%s: %v, debt limit %d, estimate %d (or %s), chunk %d, bucket %s\n",
+		m.Unit, m.Limit, m.Limit.DebtLimit(), m.Estimate, m.EstimateHeader, m.Chunk, m.ID)
+	// Output:
+	// calls: 50/s burst 100, bucket 37a8eec1
+	// tokens: 1666.6666666666667/s burst 20000, debt limit 20000, estimate 4000 (or x-max-tokens), chunk 4000, bucket 4f5a08a0
+}

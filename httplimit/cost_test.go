@@ -1,0 +1,161 @@
+package httplimit_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-go/floodgate/httplimit"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+const (
+	generate = "/llm.v1.Completions/Generate"
+	download = "/files.v1.Files/Download"
+)
+
+// metered is a Limiter on which acme's Completions are metered in tokens
+// (100,000 a minute, bursts of 20,000, estimate 4,000 or x-max-tokens)
+// and its Files in bytes (10,000 a second, bursts of 10,000, reserved 1,000
+// at a time), on a clock that never moves, with the Map to read the
+// buckets from.
+func metered(t *testing.T, opts ...middleware.Option) (*middleware.Limiter, *keyed.Map, *tenant.Table) {
+	t.Helper()
+	h, err := tenant.HashKey(acmeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tenants: map[string]tenant.TenantSpec{"acme": {
+			Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000},
+			Keys:    []string{h},
+			Methods: map[string]tenant.MethodSpec{
+				"/llm.v1.Completions/*": {Metered: &tenant.MeteredSpec{Unit: "tokens", Rate: 100000, Per: time.Minute,
+					Burst: 20000, Estimate: 4000, EstimateHeader: "x-max-tokens"}},
+				"/files.v1.Files/*": {Metered: &tenant.MeteredSpec{Unit: "bytes", Rate: 10000, Burst: 10000, Estimate: 1000}},
+			},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	store, err := keyed.New(keyed.WithClock(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, middleware.Static(tbl), append([]middleware.Option{middleware.WithClock(c)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, store, tbl
+}
+
+// bucket returns what acme's metered bucket of method holds.
+func bucket(store *keyed.Map, tbl *tenant.Table, method string) float64 {
+	acme, _ := tbl.TenantByID("acme")
+	m := acme.Rule(method).Meter
+	return store.Tokens("t:acme:"+m.ID, m.Limit)
+}
+
+// TestMeteredRequest: a request reserves its estimate (the header's, or
+// the function's from the request) and settles at what its handler
+// reported through the request's context when the handler returns.
+func TestMeteredRequest(t *testing.T) {
+	l, store, tbl := metered(t, middleware.WithCostEstimate(func(_ context.Context, _ string, req any) (int64, bool) {
+		r, ok := req.(*http.Request)
+		if !ok || r.URL.Query().Get("estimate") == "" {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(r.URL.Query().Get("estimate"), 10, 64)
+		return n, err == nil
+	}))
+	var reserved int64
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := middleware.FromContext(r.Context())
+		reserved = d.Reserved
+		n, _ := strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
+		if !middleware.ReportCost(r.Context(), n) {
+			t.Error("ReportCost in a metered request = false")
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	hdr := http.Header{"X-Api-Key": {acmeKey}, "X-Max-Tokens": {"3000"}}
+	if r := do(t, ts, http.MethodPost, generate+"?cost=1000", hdr); r.code != http.StatusOK || reserved != 3000 {
+		t.Fatalf("status %d, reserved %d; want 200 and the header's 3000", r.code, reserved)
+	}
+	if got, want := bucket(store, tbl, generate), 19000.0; got != want {
+		t.Errorf("bucket holds %v after the settle, want %v", got, want)
+	}
+	if r := do(t, ts, http.MethodPost, generate+"?cost=500&estimate=700", hdr); r.code != http.StatusOK || reserved != 700 {
+		t.Fatalf("status %d, reserved %d; want 200 and the function's 700", r.code, reserved)
+	}
+	// Into debt: refused with 429, the Connect or gRPC status as usual, and
+	// Retry-After the time until the debt is repaid.
+	if r := do(t, ts, http.MethodPost, generate+"?cost=40000", hdr); r.code != http.StatusOK {
+		t.Fatalf("status %d, want 200", r.code)
+	}
+	r := do(t, ts, http.MethodPost, generate, hdr)
+	if r.code != http.StatusTooManyRequests || r.header.Get("Retry-After") != "14" {
+		t.Errorf("in debt: status %d, Retry-After %q; want 429 and 14 (the debt limit of 20,000 owed and 3,000 to reserve: 13.8 s)", r.code, r.header.Get("Retry-After"))
+	}
+	// An estimate header that is no whole number: 400, nothing taken.
+	before := bucket(store, tbl, generate)
+	hdr.Set("X-Max-Tokens", "NaN")
+	if r := do(t, ts, http.MethodPost, generate, hdr); r.code != http.StatusBadRequest || r.header.Get("Ratelimit") != "" {
+		t.Errorf("invalid estimate: status %d, RateLimit %q; want 400 without the fields", r.code, r.header.Get("Ratelimit"))
+	}
+	if got := bucket(store, tbl, generate); got != before {
+		t.Errorf("an invalid estimate took tokens: %v → %v", before, got)
+	}
+}
+
+// TestMeteredWrites: a streamed response reserves its quota in chunks as
+// it is written, and a Write its reservations cannot cover fails with the
+// rejection, writing nothing.
+func TestMeteredWrites(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	l, store, tbl := metered(t, middleware.WithActualCost(bytesOf))
+	m, err := httplimit.New(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	h := m.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(http.Flusher); !ok {
+			t.Error("the metered ResponseWriter is no http.Flusher")
+		}
+		chunk := make([]byte, 600)
+		for {
+			if _, werr = w.Write(chunk); werr != nil {
+				return
+			}
+		}
+	}))
+	req := httptest.NewRequest(http.MethodGet, download, nil)
+	req.Header.Set("X-Api-Key", acmeKey)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if st, _ := status.FromError(werr); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("the last Write failed with %v, want RESOURCE_EXHAUSTED", werr)
+	}
+	// 10,000 bytes reserved, 1,000 at a time: 16 writes of 600.
+	if got, want := rec.Body.Len(), 9600; got != want {
+		t.Errorf("%d bytes written, want %d", got, want)
+	}
+	if got, want := bucket(store, tbl, download), 400.0; got != want {
+		t.Errorf("bucket holds %v after the response, want %v: what was not written given back", got, want)
+	}
+}
