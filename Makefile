@@ -5,6 +5,8 @@
 #               allocation tests again without the race detector
 #   make bench  the side-by-side benchmarks against peer libraries
 #   make overload  the overload experiment (about 30 minutes; BENCHMARKS.md)
+#   make generate  regenerate the Go code of proto/ (needs protoc and its
+#               Go plugins: proto/README.md)
 
 GO        ?= go
 # Each module is vetted and tested against its own go.mod, as its users
@@ -54,6 +56,11 @@ bench: deps
 # the report and runs without.
 overload:
 	cd bench && $(GO) run ./cmd/overload
+
+# The generated code is committed; after editing a .proto file, regenerate
+# it with protoc and the plugins at the versions of proto/README.md.
+generate:
+	$(GO) generate ./proto/...
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
 fuzz:

@@ -86,11 +86,15 @@ func TestObserverAllocs(t *testing.T) {
 		rejected := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, RetryAfter: time.Second, Context: unsampled}
 		overCap := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Allowed: true}
 		traced := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Allowed: true, Context: recording}
-		for _, e := range []middleware.Event{accepted, rejected, overCap, traced} {
+		debt := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", Reason: middleware.ReasonDebt, Context: unsampled}
+		settled := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Context: recording}
+		for _, e := range []middleware.Event{accepted, rejected, overCap, traced, debt, settled} {
 			obs(e) // the series' first event makes its attribute set
 		}
 		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected, span not recording": rejected,
-			"over the tenant cap, no context": overCap, "accepted, span recording": traced} {
+			"over the tenant cap, no context": overCap, "accepted, span recording": traced,
+			"rejected for debt, span not recording": debt, "settled, span recording": settled} {
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
 				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
 			}

@@ -19,15 +19,25 @@
 // code, source, tier, method, stage and, with WithTenantLabels, tenant,
 // from the same bounded sets (methods registered with WithMethods, the
 // first WithMaxTiers tiers and WithTenantLabels tenants seen, "other"
-// beyond them, "none" for anonymous callers and the tap). The state of the
-// sources given to New is read by one callback, registered once, at each
-// collection. For the Redis store, NewRedisMetrics returns a
+// beyond them, "none" for anonymous callers and the tap); its reasons
+// include a metered quota's (tenant.MeteredSpec) debt and
+// invalid_estimate. Each metered call's settle adds what it reserved, the
+// cost it settled at, what it reserved beyond that and what the debt limit
+// left uncharged to the cost instruments, by the quota's unit (the first
+// MaxUnitLabels units seen, "other" beyond), tier, method and, with
+// WithTenantLabels, tenant: promfloodgate's floodgate_cost_* series. The
+// state of the sources given to New is read by one callback, registered
+// once, at each collection. For the Redis store, NewRedisMetrics returns a
 // redisstore.Observer. The instruments, and the series OTel's Prometheus
 // exporter (go.opentelemetry.io/otel/exporters/prometheus, default
 // translation) makes of them:
 //
 //	instrument                           kind                unit          Prometheus series (attributes)
 //	floodgate.decisions                  async counter       {call}        floodgate_decisions_total (as above)
+//	floodgate.cost.reserved              async counter       {unit}        floodgate_cost_reserved_total (unit, tier, method, tenant)
+//	floodgate.cost.settled               async counter       {unit}        floodgate_cost_settled_total (unit, tier, method, tenant)
+//	floodgate.cost.refunded              async counter       {unit}        floodgate_cost_refunded_total (unit, tier, method, tenant)
+//	floodgate.cost.uncharged             async counter       {unit}        floodgate_cost_uncharged_total (unit, tier, method, tenant)
 //	floodgate.tap.rejections             async counter       {call}        floodgate_tap_rejections_total
 //	floodgate.exempt                     async counter       {call}        floodgate_exempt_total
 //	floodgate.api_keys.ignored           async counter       {call}        floodgate_api_keys_ignored_total (reason)
@@ -81,7 +91,8 @@
 // and when the span records, adds
 //
 //   - floodgate.rejected to a call the Limiter rejected (or in dry-run mode
-//     would have), with floodgate.reason (quota, overload, store_error),
+//     would have), with floodgate.reason (quota, overload, store_error,
+//     and a metered quota's debt and invalid_estimate),
 //     floodgate.tier and floodgate.tenant when the caller has them,
 //     floodgate.retry_delay (seconds) when the rejection states one,
 //     floodgate.overload.cause when the overload controller shed it
@@ -102,7 +113,8 @@
 // adds one to the series' count, an atomic word reported at collection
 // through an asynchronous counter: the SDK's synchronous Add would hash the
 // series' seven attributes on every call (about 300 ns). It allocates
-// nothing but a new series' attribute set (TestObserverAllocs), and
+// nothing but a new series' attribute set (TestObserverAllocs; a metered
+// call's settle adds its cost to its series alike), and
 // without a recording span, or for a call admitted at once, it adds no
 // event. On an admitted call through the interceptor, with the SDK's meter
 // provider, it adds about 90 ns, as promfloodgate's observer does

@@ -23,6 +23,10 @@ import (
 // name but where the doc says otherwise.
 var mapping = []struct{ otel, prom string }{
 	{"floodgate.decisions", "floodgate_decisions_total"},
+	{"floodgate.cost.reserved", "floodgate_cost_reserved_total"},
+	{"floodgate.cost.settled", "floodgate_cost_settled_total"},
+	{"floodgate.cost.refunded", "floodgate_cost_refunded_total"},
+	{"floodgate.cost.uncharged", "floodgate_cost_uncharged_total"},
 	{"floodgate.tap.rejections", "floodgate_tap_rejections_total"},
 	{"floodgate.exempt", "floodgate_exempt_total"},
 	{"floodgate.api_keys.ignored", "floodgate_api_keys_ignored_total"},
@@ -103,6 +107,7 @@ func TestPrometheusNames(t *testing.T) {
 	}
 	r.SetLimiter(lim)
 	r.Observer()(middleware.Event{Method: methodGet, Allowed: true})
+	r.Observer()(middleware.Event{Method: methodGet, Unit: "tokens", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Settled: 1000})
 	rm, err := NewRedisMetrics(mp)
 	if err != nil {
 		t.Fatal(err)

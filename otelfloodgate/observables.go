@@ -87,6 +87,9 @@ type observables struct {
 	series    *labels.Map[labels.Series, *counter]
 	decisions metric.Int64ObservableCounter
 
+	costs                                  *labels.Map[labels.CostSeries, *costCounter]
+	reserved, settled, refunded, uncharged metric.Int64ObservableCounter
+
 	tap, exempt, keysIgnored metric.Int64ObservableCounter
 	ignoredBy                []metric.MeasurementOption // repeated, too_long
 
@@ -113,10 +116,14 @@ type observables struct {
 // register makes the instruments of the Limiter and of the sources o
 // names, and registers the one callback that reads them all.
 func (s *observables) register(m metric.Meter, o *options, limiter *atomic.Pointer[middleware.Limiter],
-	series *labels.Map[labels.Series, *counter]) (metric.Registration, error) {
-	s.o, s.limiter, s.series = o, limiter, series
+	series *labels.Map[labels.Series, *counter], costs *labels.Map[labels.CostSeries, *costCounter]) (metric.Registration, error) {
+	s.o, s.limiter, s.series, s.costs = o, limiter, series, costs
 	b := &builder{m: m}
 	s.decisions = b.counter("floodgate.decisions", "{call}", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.")
+	s.reserved = b.counter("floodgate.cost.reserved", "{unit}", "Units metered calls reserved, their estimates and their streams' chunks, counted as they settle, by unit, tier, method and, opt-in, tenant.")
+	s.settled = b.counter("floodgate.cost.settled", "{unit}", "Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.")
+	s.refunded = b.counter("floodgate.cost.refunded", "{unit}", "Units metered calls reserved beyond the cost they settled at, given back to their buckets (a bucket keeps what fits under its burst).")
+	s.uncharged = b.counter("floodgate.cost.uncharged", "{unit}", "Units of settles that their buckets' debt limits left uncharged: the only units a metered quota does not count.")
 	s.tap = b.counter("floodgate.tap.rejections", "{call}", "Calls rejected by the tap handle before their request was read.")
 	s.exempt = b.counter("floodgate.exempt", "{call}", "Calls to exempt methods, which take no tokens and are not in floodgate.decisions.")
 	s.keysIgnored = b.counter("floodgate.api_keys.ignored", "{call}", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.")
@@ -173,6 +180,12 @@ func (s *observables) register(m metric.Meter, o *options, limiter *atomic.Point
 func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 	for _, c := range s.series.Load() {
 		ob.ObserveInt64(s.decisions, c.n.Load(), c.set)
+	}
+	for _, c := range s.costs.Load() {
+		ob.ObserveInt64(s.reserved, c.reserved.Load(), c.set)
+		ob.ObserveInt64(s.settled, c.settled.Load(), c.set)
+		ob.ObserveInt64(s.refunded, c.refunded.Load(), c.set)
+		ob.ObserveInt64(s.uncharged, c.uncharged.Load(), c.set)
 	}
 	if l := s.limiter.Load(); l != nil {
 		st := l.Stats()

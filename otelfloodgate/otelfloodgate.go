@@ -30,10 +30,13 @@ const (
 	MaxMethods = labels.MaxMethods
 	// MaxTenantLabels is the largest cap WithTenantLabels accepts.
 	MaxTenantLabels = labels.MaxTenants
+	// MaxUnitLabels is the most units of metered quotas whose cost
+	// instruments carry their own unit attribute; later units are "other".
+	MaxUnitLabels = labels.MaxUnits
 
 	// LabelOther labels a method not registered with WithMethods, a tier
-	// beyond the WithMaxTiers cap, or a tenant beyond the WithTenantLabels
-	// cap.
+	// beyond the WithMaxTiers cap, a tenant beyond the WithTenantLabels
+	// cap, or a unit beyond MaxUnitLabels.
 	LabelOther = labels.Other
 	// LabelNone labels the tier and tenant of an anonymous caller, and the
 	// source of a decision no store made (a store error, the tap handle).
@@ -109,8 +112,8 @@ func WithMethods(fullMethods ...string) Option {
 // DefaultMaxTiers; a repeated call replaces the cap.
 func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 
-// WithTenantLabels adds a tenant attribute to floodgate.decisions for the
-// first n tenants seen, in [0, MaxTenantLabels]; later ones are "other",
+// WithTenantLabels adds a tenant attribute to floodgate.decisions and the
+// cost instruments (floodgate.cost.*) for the first n tenants seen, in [0, MaxTenantLabels]; later ones are "other",
 // anonymous callers and tap rejections "none". The default, 0, is no tenant
 // attribute. A repeated call replaces the cap.
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
@@ -147,8 +150,10 @@ func ServiceMethods(desc *grpc.ServiceDesc) []string { return labels.ServiceMeth
 type Recorder struct {
 	o      options
 	labels *labels.Labeler
-	// series holds each decision series' count, reported at collection.
+	// series holds each decision series' count, reported at collection,
+	// and costs each cost series' sums.
 	series  labels.Map[labels.Series, *counter]
+	costs   labels.Map[labels.CostSeries, *costCounter]
 	limiter atomic.Pointer[middleware.Limiter]
 	obs     observables
 	reg     metric.Registration
@@ -174,7 +179,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 	m := mp.Meter(ScopeName)
 	r := &Recorder{o: o, labels: labels.NewLabeler(o.labels())}
 	var err error
-	if r.reg, err = r.obs.register(m, &r.o, &r.limiter, &r.series); err != nil {
+	if r.reg, err = r.obs.register(m, &r.o, &r.limiter, &r.series, &r.costs); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -187,8 +192,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 func (r *Recorder) SetLimiter(l *middleware.Limiter) { r.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision, allocating nothing but a series' first attribute
-// set, and adds span events to a recording span in the call's context.
+// counts each decision, and sums each metered call's settle in the cost
+// instruments, allocating nothing but a series' first attribute set, and
+// adds span events to a recording span in the call's context.
 func (r *Recorder) Observer() func(middleware.Event) { return r.observe }
 
 // A counter is one decision series' count and its attribute set, made
@@ -201,6 +207,10 @@ type counter struct {
 }
 
 func (r *Recorder) observe(e middleware.Event) {
+	if e.Reason == middleware.ReasonSettled {
+		r.observeCost(e)
+		return
+	}
 	if !r.o.noSpans {
 		spanEvent(e)
 	}
@@ -215,6 +225,40 @@ func (r *Recorder) observe(e middleware.Event) {
 		})
 	}
 	c.n.Add(1)
+}
+
+// A costCounter is one cost series' sums and its attribute set, made
+// once, counted as counter's counts are.
+type costCounter struct {
+	reserved, settled, refunded, uncharged atomic.Int64
+	set                                    metric.MeasurementOption
+}
+
+// observeCost sums a metered call's settle.
+func (r *Recorder) observeCost(e middleware.Event) {
+	k, v, ok := r.labels.Cost(e)
+	if !ok {
+		return
+	}
+	c, ok := r.costs.Get(k)
+	if !ok {
+		c, _ = r.costs.Add(k, math.MaxInt, func(int) *costCounter {
+			values := r.labels.CostLabels(v)
+			kvs := make([]attribute.KeyValue, len(values))
+			for i, val := range values {
+				kvs[i] = attribute.String(labels.CostNames[i], val)
+			}
+			return &costCounter{set: metric.WithAttributeSet(attribute.NewSet(kvs...))}
+		})
+	}
+	c.reserved.Add(max(e.Reserved, 0))
+	c.settled.Add(max(e.Settled, 0))
+	if e.Reserved > e.Settled {
+		c.refunded.Add(e.Reserved - max(e.Settled, 0))
+	}
+	if e.Uncharged > 0 {
+		c.uncharged.Add(e.Uncharged)
+	}
 }
 
 // attributes returns the attribute set of series k, whose tier, method and

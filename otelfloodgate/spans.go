@@ -16,7 +16,8 @@ const (
 	// slot of the overload controller.
 	EventWaited = "floodgate.waited"
 
-	// AttrReason is the rejection's reason: quota, overload, store_error.
+	// AttrReason is the rejection's reason: quota, overload, store_error,
+	// and a metered quota's debt and invalid_estimate.
 	AttrReason = attribute.Key("floodgate.reason")
 	// AttrTier is the caller's tier, absent when it has none.
 	AttrTier = attribute.Key("floodgate.tier")

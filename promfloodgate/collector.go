@@ -30,10 +30,13 @@ const (
 	DefaultLogInterval = time.Second
 	// MaxTenantLabels is the largest cap WithTenantLabels accepts.
 	MaxTenantLabels = labels.MaxTenants
+	// MaxUnitLabels is the most units of metered quotas that label the
+	// cost series as themselves; later units are labelled "other".
+	MaxUnitLabels = labels.MaxUnits
 
 	// LabelOther labels a method not registered with WithMethods, a tier
-	// beyond the WithMaxTiers cap, or a tenant beyond the WithTenantLabels
-	// cap.
+	// beyond the WithMaxTiers cap, a tenant beyond the WithTenantLabels
+	// cap, or a unit beyond MaxUnitLabels.
 	LabelOther = labels.Other
 	// LabelNone labels the tier and tenant of an anonymous caller, and the
 	// source of a decision no store made (a store error, the tap handle).
@@ -57,6 +60,7 @@ type options struct {
 	logger      *slog.Logger
 	logInterval time.Duration
 	clock       floodgate.Clock
+	offenders   *Offenders
 }
 
 // The sources a Collector reads at each scrape are small interfaces, so
@@ -116,7 +120,8 @@ func WithMethods(fullMethods ...string) Option {
 // a repeated call replaces the cap.
 func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 
-// WithTenantLabels adds a tenant label to floodgate_decisions_total, for
+// WithTenantLabels adds a tenant label to floodgate_decisions_total and the
+// cost series (floodgate_cost_*), for
 // at most n tenants, in [0, MaxTenantLabels]: the first n tenants seen
 // label themselves, later ones "other", and anonymous callers (and the tap
 // handle's rejections, which resolve no tenant) "none". Tiers stay labelled
@@ -150,6 +155,12 @@ func WithCodes(quota, overload codes.Code) Option {
 func WithLogger(l *slog.Logger, interval time.Duration) Option {
 	return func(o *options) { o.logger, o.logInterval = l, interval }
 }
+
+// WithCostOffenders makes the observer record each metered call's
+// settled cost in f's cost ranking, by tenant (Offenders.ObserveCost), so
+// that one observer feeds both. A nil f, the default, records none; a
+// repeated call replaces f.
+func WithCostOffenders(f *Offenders) Option { return func(o *options) { o.offenders = f } }
 
 // WithClock sets the clock the rejection log's interval is measured on. A
 // nil c, the default, reads time.Now, whose monotonic reading no step of the
@@ -190,8 +201,11 @@ type Collector struct {
 	decisions *prometheus.CounterVec
 	// series finds a decision's counter without the CounterVec's hashing
 	// and lock.
-	series  labels.Map[labels.Series, prometheus.Counter]
-	limiter atomic.Pointer[middleware.Limiter]
+	series labels.Map[labels.Series, prometheus.Counter]
+	// costs are the metered calls' counters, by cost series.
+	costs                                  labels.Map[labels.CostSeries, *costCounters]
+	reserved, settled, refunded, uncharged *prometheus.CounterVec
+	limiter                                atomic.Pointer[middleware.Limiter]
 
 	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
 	logBase    time.Time    // read from the clock at New: monotonic by default
@@ -242,6 +256,18 @@ func New(opts ...Option) (*Collector, error) {
 		Help: "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.",
 	}, names)
 
+	costNames := labels.CostNames[:len(labels.CostNames)-1]
+	if c.labels.Tenants() {
+		costNames = labels.CostNames
+	}
+	costVec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "floodgate_cost_" + name, Help: help}, costNames)
+	}
+	c.reserved = costVec("reserved_total", "Units metered calls reserved, their estimates and their streams' chunks, counted as they settle, by unit, tier, method and, opt-in, tenant.")
+	c.settled = costVec("settled_total", "Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.")
+	c.refunded = costVec("refunded_total", "Units metered calls reserved beyond the cost they settled at, given back to their buckets (a bucket keeps what fits under its burst).")
+	c.uncharged = costVec("uncharged_total", "Units of settles that their buckets' debt limits left uncharged: the only units a metered quota does not count.")
+
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
 	}
@@ -288,11 +314,17 @@ func New(opts ...Option) (*Collector, error) {
 func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision, allocating nothing but a series' first counter; a
+// counts each decision, and each metered call's settle in the cost series,
+// allocating nothing but a series' first counters (and, with
+// WithCostOffenders, a subject's string as it enters the cost ranking); a
 // rejection may also be logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) { return c.observe }
 
 func (c *Collector) observe(e middleware.Event) {
+	if e.Reason == middleware.ReasonSettled {
+		c.observeCost(e)
+		return
+	}
 	k, v, ok := c.labels.Series(e)
 	if !ok {
 		return
@@ -306,6 +338,36 @@ func (c *Collector) observe(e middleware.Event) {
 	ctr.Inc()
 	if !e.Allowed && c.o.logger != nil {
 		c.logRejection(e)
+	}
+}
+
+// costCounters are one cost series' counters.
+type costCounters struct{ reserved, settled, refunded, uncharged prometheus.Counter }
+
+// observeCost counts a metered call's settle.
+func (c *Collector) observeCost(e middleware.Event) {
+	if f := c.o.offenders; f != nil {
+		f.ObserveCost(e)
+	}
+	k, v, ok := c.labels.Cost(e)
+	if !ok {
+		return
+	}
+	cc, ok := c.costs.Get(k)
+	if !ok {
+		cc, _ = c.costs.Add(k, math.MaxInt, func(int) *costCounters {
+			lv := c.labels.CostLabels(v)
+			return &costCounters{c.reserved.WithLabelValues(lv...), c.settled.WithLabelValues(lv...),
+				c.refunded.WithLabelValues(lv...), c.uncharged.WithLabelValues(lv...)}
+		})
+	}
+	cc.reserved.Add(float64(max(e.Reserved, 0)))
+	cc.settled.Add(float64(max(e.Settled, 0)))
+	if e.Reserved > e.Settled {
+		cc.refunded.Add(float64(e.Reserved - max(e.Settled, 0)))
+	}
+	if e.Uncharged > 0 {
+		cc.uncharged.Add(float64(e.Uncharged))
 	}
 }
 
@@ -335,6 +397,9 @@ func (c *Collector) logRejection(e middleware.Event) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.decisions.Describe(ch)
+	for _, v := range []*prometheus.CounterVec{c.reserved, c.settled, c.refunded, c.uncharged} {
+		v.Describe(ch)
+	}
 	ch <- c.descs.tap
 	ch <- c.descs.exempt
 	ch <- c.descs.keysIgnored
@@ -366,6 +431,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // their count is non-zero.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.decisions.Collect(ch)
+	for _, v := range []*prometheus.CounterVec{c.reserved, c.settled, c.refunded, c.uncharged} {
+		v.Collect(ch)
+	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}

@@ -274,7 +274,11 @@ floodgate_decisions_total{code="OK",method="other",outcome="admitted",reason="ad
 
 func TestObserverAllocs(t *testing.T) {
 	for _, tenants := range []bool{false, true} {
-		opts := []Option{WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour)}
+		offenders, err := NewOffenders()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []Option{WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour), WithCostOffenders(offenders)}
 		if tenants {
 			opts = append(opts, WithTenantLabels(1))
 		}
@@ -286,10 +290,14 @@ func TestObserverAllocs(t *testing.T) {
 		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
 		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
 		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
-		obs(accepted)
-		obs(rejected) // logs once; later rejections are suppressed
-		obs(overCap)
-		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "over the tenant cap": overCap} {
+		debt := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", Reason: middleware.ReasonDebt}
+		settled := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10}
+		for _, e := range []middleware.Event{accepted, rejected, overCap, debt, settled} {
+			obs(e) // the first makes the series; a rejection logs once, later ones are suppressed
+		}
+		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "over the tenant cap": overCap,
+			"rejected for debt": debt, "settled": settled} {
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
 				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
 			}

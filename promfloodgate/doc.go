@@ -16,14 +16,31 @@
 // A Collector is a prometheus.Collector. Its observer (Collector.Observer,
 // for middleware.WithObserver) counts every decision of the Limiter in
 // floodgate_decisions_total, labelled by outcome (admitted, rejected,
-// dry_run_rejected), reason (admitted, quota, overload, store_error), code
+// dry_run_rejected), reason (admitted, quota, overload, store_error, and
+// for metered quotas debt and invalid_estimate), code
 // (the status code the client got), source (what decided in the store:
 // memory, redis, cache, lease, fallback, fail_open, fail_closed; none after
 // a store error and in the tap), tier, method, stage (interceptor or tap)
 // and, with WithTenantLabels, tenant. Exempt calls are not observed by the
 // Limiter; SetLimiter exports them (floodgate_exempt_total) with the tap
-// rejections (floodgate_tap_rejections_total). The sources given to New are
-// read at each scrape, and only they are exported:
+// rejections (floodgate_tap_rejections_total).
+//
+// A metered quota (tenant.MeteredSpec: tokens, bytes) refuses a call whose
+// tenant's bucket owes units with reason debt and the quota's code, and a
+// call whose estimate header is not a whole number within the burst with
+// reason invalid_estimate and INVALID_ARGUMENT. As each metered call ends,
+// the observer counts its settle, by unit, tier, method and, with
+// WithTenantLabels, tenant: floodgate_cost_reserved_total (its estimate and
+// its stream's chunks), floodgate_cost_settled_total (the cost it
+// reported, or its estimate when it reported none),
+// floodgate_cost_refunded_total (what it reserved beyond that) and
+// floodgate_cost_uncharged_total (what the debt limit left uncharged, the
+// only units the quota did not count). Rank tenants by
+// floodgate_cost_settled_total to find who costs most, or by Offenders'
+// cost ranking, which WithCostOffenders feeds, across every tenant.
+//
+// The sources given to New are read at each scrape, and only they are
+// exported:
 //
 //   - WithKeyed: floodgate_keyed_keys, floodgate_keyed_evictions_total,
 //     floodgate_keyed_evicted_not_full_total, floodgate_keyed_overflowed_total;
@@ -65,11 +82,13 @@
 // WithTenantLabels(n) names the first n tenants seen and labels later ones
 // "other" (anonymous callers and tap rejections "none"). The source label
 // has nine values (none, the seven sources and "unknown"), of which a
-// deployment meets few. The decision series are therefore bounded by 40
-// combinations of reason and flags (5 reasons × 8 settings of Allowed,
+// deployment meets few. The decision series are therefore bounded by 56
+// combinations of reason and flags (7 reasons × 8 settings of Allowed,
 // DryRun and Tap) × 9 sources × (tiers + 2) × (methods + 1) × (n + 2), and
 // in practice are the few combinations that occur: a series exists from
-// its first count.
+// its first count. The cost series are bounded likewise, by the first
+// MaxUnitLabels units seen (later ones "other") × (tiers + 2) × (methods +
+// 1) × (n + 2).
 //
 // # Cost
 //
@@ -77,7 +96,8 @@
 // map built by New, the tier's and (with tenant labels) the tenant's in
 // maps read without a lock, and the series' counter in another, keyed by
 // the labels' numbers, and increments it. It allocates nothing but a new
-// series' counter. On an admitted call through the interceptor it adds
+// series' counter. A metered call's settle costs about as much again, in
+// the cost series. On an admitted call through the interceptor it adds
 // about 90 ns (BenchmarkObserverOverhead measures it: the median difference
 // over alternating blocks of calls without and with it): under 0.2% of a
 // gRPC call's cost (about 60 µs on loopback). A rejection also reads the
@@ -97,6 +117,13 @@
 // the callers of the Limiter's rejections by a key function (the peer's IP by
 // default): the Event carries no key, by design. Tap rejections reach no
 // interceptor and are not recorded.
+//
+// Beside the rejections, Offenders ranks the callers whose calls cost most
+// under metered quotas, one ranking per unit (tokens, bytes; at most
+// MaxCostUnits), by the same algorithm weighted by each call's cost
+// (RecordCost; ObserveCost, or WithCostOffenders, from the Limiter's
+// settles, by tenant): a caller with more than 1/k of a unit's cost is
+// listed. The handler's JSON holds them under "costs".
 //
 // # Logs
 //

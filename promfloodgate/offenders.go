@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +37,10 @@ const DefaultOffenders = 64
 // HashedKeyLen is the length of a hashed key: the first 12 hex digits
 // (48 bits) of its HMAC-SHA-256.
 const HashedKeyLen = 12
+
+// MaxCostUnits is the most units an Offenders ranks costs in, each apart:
+// the costs of units past the first MaxCostUnits recorded are not ranked.
+const MaxCostUnits = 16
 
 // An OffendersOption configures an Offenders. NewOffenders applies the
 // options in order to a copy of the defaults, skipping nil ones, then
@@ -108,11 +114,16 @@ func (o *offendersOptions) validate() error {
 // Offenders is a bounded summary of the callers rejected most often
 // (Space-Saving over k keys): memory stays fixed however many distinct
 // callers there are, every caller with more than 1/k of the rejections is
-// listed, and each count is an upper bound, off by at most Err. It is safe
-// for concurrent use.
+// listed, and each count is an upper bound, off by at most Err. Beside it,
+// one summary per unit of metered quotas (tokens, bytes) ranks the callers
+// whose calls cost most, by the same algorithm over k keys, weighted by
+// each call's settled cost (RecordCost, ObserveCost). It is safe for
+// concurrent use.
 type Offenders struct {
 	o offendersOptions
 	s *topk.Summary
+	// costs holds the cost rankings by unit.
+	costs labels.Map[string, *topk.Summary]
 	// macs holds keyed HMACs for reuse: a new one costs several
 	// allocations and a hash of the secret, per rejection.
 	macs sync.Pool
@@ -193,15 +204,110 @@ func (f *Offenders) Top(n int) []Offender {
 	items := f.s.Top(n)
 	out := make([]Offender, len(items))
 	for i, it := range items {
-		key := it.Key
-		if !utf8.ValidString(key) {
-			// JSON would turn every invalid byte into U+FFFD, and distinct
-			// keys into one.
-			key = strconv.Quote(key)
-		}
-		out[i] = Offender{Key: key, Rejections: it.Count, Err: it.Err}
+		out[i] = Offender{Key: shown(it.Key), Rejections: it.Count, Err: it.Err}
 	}
 	return out
+}
+
+// shown returns a key as the summary shows it: Go-quoted unless valid
+// UTF-8, since JSON would turn every invalid byte into U+FFFD, and
+// distinct keys into one.
+func shown(key string) string {
+	if !utf8.ValidString(key) {
+		return strconv.Quote(key)
+	}
+	return key
+}
+
+// A CostOffender is one entry of a cost ranking.
+type CostOffender struct {
+	// Key is the subject, as RecordSubject keeps it: "t:<tenant ID>", or
+	// "a:" and the address, hashed unless WithRawKeys.
+	Key string `json:"key"`
+	// Cost is an upper bound of the units the subject's calls cost.
+	Cost uint64 `json:"cost"`
+	// Err bounds the overestimate: they cost at least Cost − Err.
+	Err uint64 `json:"err"`
+}
+
+// RecordCost counts cost units of unit (a metered quota's, such as
+// "tokens") against subject, in that unit's ranking. Subjects are those
+// of RecordSubject, kept alike: "t:<tenant ID>" as it is, "a:<address
+// prefix>" hashed unless WithRawKeys. A cost ≤ 0, an empty subject or
+// unit, and a unit past the first MaxCostUnits recorded are ignored.
+func (f *Offenders) RecordCost(subject, unit string, cost int64) {
+	if subject == "" || cost <= 0 {
+		return
+	}
+	s := f.costSummary(unit)
+	switch {
+	case s == nil:
+	case f.o.raw || strings.HasPrefix(subject, "t:"):
+		s.Add(subject, uint64(cost))
+	default:
+		s.Add("a:"+f.HashKey(strings.TrimPrefix(subject, "a:")), uint64(cost))
+	}
+}
+
+// ObserveCost records the cost of each metered call's settle, an Event of
+// reason middleware.ReasonSettled, by its tenant ("t:<tenant ID>"), in its
+// unit, as RecordCost does, and ignores every other Event. Anonymous
+// callers, whose events name no tenant, are not ranked. Call it from the
+// Limiter's observer (Collector's WithCostOffenders does); it allocates
+// nothing but a subject's string as it enters the ranking.
+func (f *Offenders) ObserveCost(e middleware.Event) {
+	if e.Reason != middleware.ReasonSettled || e.Tenant == "" || e.Settled <= 0 {
+		return
+	}
+	if s := f.costSummary(e.Unit); s != nil {
+		s.AddPrefixed("t:", e.Tenant, uint64(e.Settled))
+	}
+}
+
+// costSummary returns unit's ranking, made on the unit's first cost, or
+// nil for an empty unit or one past the first MaxCostUnits.
+func (f *Offenders) costSummary(unit string) *topk.Summary {
+	if unit == "" {
+		return nil
+	}
+	if s, ok := f.costs.Get(unit); ok {
+		return s
+	}
+	s, _ := f.costs.Add(strings.Clone(unit), MaxCostUnits, func(int) *topk.Summary {
+		s, _ := topk.New(f.o.k) // k is validated
+		return s
+	})
+	return s
+}
+
+// TopCost returns up to n subjects whose calls cost most in unit, most
+// first; all of them for n ≤ 0.
+func (f *Offenders) TopCost(unit string, n int) []CostOffender {
+	s, ok := f.costs.Get(unit)
+	if !ok {
+		return []CostOffender{}
+	}
+	items := s.Top(n)
+	out := make([]CostOffender, len(items))
+	for i, it := range items {
+		out[i] = CostOffender{Key: shown(it.Key), Cost: it.Count, Err: it.Err}
+	}
+	return out
+}
+
+// CostTotal returns the units of unit recorded.
+func (f *Offenders) CostTotal(unit string) uint64 {
+	if s, ok := f.costs.Get(unit); ok {
+		return s.Total()
+	}
+	return 0
+}
+
+// CostUnits returns the units costs were recorded in, sorted.
+func (f *Offenders) CostUnits() []string {
+	units := slices.Collect(maps.Keys(f.costs.Load()))
+	slices.Sort(units)
+	return units
 }
 
 // Total returns the rejections recorded.
@@ -299,12 +405,16 @@ func (f *Offenders) isRejection(err error) bool {
 	return false
 }
 
-// Handler returns an http.Handler serving the summary as JSON:
+// Handler returns an http.Handler serving the summary as JSON, and the
+// cost rankings, by unit, once a cost is recorded:
 //
 //	{"total": 1234, "capacity": 64, "hashed": true,
-//	 "offenders": [{"key": "3f2a…", "rejections": 1000, "err": 0}, …]}
+//	 "offenders": [{"key": "3f2a…", "rejections": 1000, "err": 0}, …],
+//	 "costs": {"tokens": {"total": 5000000,
+//	   "offenders": [{"key": "t:acme", "cost": 3200000, "err": 0}, …]}}}
 //
-// The query parameter n limits the list. Serve it on an operators' port only.
+// The query parameter n limits each list. Serve it on an operators' port
+// only.
 func (f *Offenders) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -320,13 +430,25 @@ func (f *Offenders) Handler() http.Handler {
 				return
 			}
 		}
+		type ranking struct {
+			Total     uint64         `json:"total"`
+			Offenders []CostOffender `json:"offenders"`
+		}
+		var costs map[string]ranking
+		for _, unit := range f.CostUnits() {
+			if costs == nil {
+				costs = make(map[string]ranking)
+			}
+			costs[unit] = ranking{f.CostTotal(unit), f.TopCost(unit, n)}
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		_ = json.NewEncoder(w).Encode(struct {
-			Total     uint64     `json:"total"`
-			Capacity  int        `json:"capacity"`
-			Hashed    bool       `json:"hashed"`
-			Offenders []Offender `json:"offenders"`
-		}{f.Total(), f.s.Cap(), !f.o.raw, f.Top(n)})
+			Total     uint64             `json:"total"`
+			Capacity  int                `json:"capacity"`
+			Hashed    bool               `json:"hashed"`
+			Offenders []Offender         `json:"offenders"`
+			Costs     map[string]ranking `json:"costs,omitempty"`
+		}{f.Total(), f.s.Cap(), !f.o.raw, f.Top(n), costs})
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -263,5 +264,97 @@ func TestRecordSubject(t *testing.T) {
 	raw.RecordSubject("a:203.0.113.7")
 	if diff := cmp.Diff([]Offender{{Key: "a:203.0.113.7", Rejections: 1}}, raw.Top(0)); diff != "" {
 		t.Errorf("raw Top (-want +got):\n%s", diff)
+	}
+}
+
+func TestRecordCost(t *testing.T) {
+	f, err := NewOffenders(WithCapacity(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.RecordCost("t:acme", "tokens", 3000)
+	f.RecordCost("a:203.0.113.7", "tokens", 500)
+	f.RecordCost("t:acme", "tokens", 1000)
+	f.RecordCost("t:bigco", "bytes", 1<<20)
+	// Ignored: no cost, no subject, no unit.
+	f.RecordCost("t:acme", "tokens", 0)
+	f.RecordCost("t:acme", "tokens", -5)
+	f.RecordCost("", "tokens", 10)
+	f.RecordCost("t:acme", "", 10)
+	want := []CostOffender{{Key: "t:acme", Cost: 4000}, {Key: "a:" + f.HashKey("203.0.113.7"), Cost: 500}}
+	if diff := cmp.Diff(want, f.TopCost("tokens", 0)); diff != "" {
+		t.Errorf("TopCost(tokens) (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want[:1], f.TopCost("tokens", 1)); diff != "" {
+		t.Errorf("TopCost(tokens, 1) (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]CostOffender{{Key: "t:bigco", Cost: 1 << 20}}, f.TopCost("bytes", 0)); diff != "" {
+		t.Errorf("TopCost(bytes) (-want +got):\n%s", diff)
+	}
+	if got := f.TopCost("rows", 0); got == nil || len(got) != 0 {
+		t.Errorf("TopCost(rows) = %#v, want an empty list", got)
+	}
+	if got, want := f.CostTotal("tokens"), uint64(4500); got != want {
+		t.Errorf("CostTotal(tokens) = %d, want %d", got, want)
+	}
+	if diff := cmp.Diff([]string{"bytes", "tokens"}, f.CostUnits()); diff != "" {
+		t.Errorf("CostUnits (-want +got):\n%s", diff)
+	}
+	// The rejections are counted apart.
+	if got := f.Total(); got != 0 {
+		t.Errorf("Total() = %d, want 0 rejections", got)
+	}
+	// A third subject in a ranking of two replaces the least, Space-Saving.
+	f.RecordCost("t:zeta", "tokens", 100)
+	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 4000}, {Key: "t:zeta", Cost: 600, Err: 500}}, f.TopCost("tokens", 0)); diff != "" {
+		t.Errorf("TopCost after a third subject (-want +got):\n%s", diff)
+	}
+}
+
+func TestRecordCostUnitsCapped(t *testing.T) {
+	f, _ := NewOffenders(WithRawKeys(true))
+	for i := range MaxCostUnits + 3 {
+		f.RecordCost("a:203.0.113.7", "unit"+strconv.Itoa(i), 1)
+	}
+	if got := len(f.CostUnits()); got != MaxCostUnits {
+		t.Errorf("%d units ranked, want %d", got, MaxCostUnits)
+	}
+	if got := f.TopCost("unit"+strconv.Itoa(MaxCostUnits), 0); len(got) != 0 {
+		t.Errorf("TopCost of a unit past the cap = %v, want none", got)
+	}
+	if diff := cmp.Diff([]CostOffender{{Key: "a:203.0.113.7", Cost: 1}}, f.TopCost("unit0", 0)); diff != "" {
+		t.Errorf("raw TopCost (-want +got):\n%s", diff)
+	}
+}
+
+// TestHandlerCosts: the cost rankings are in the handler's JSON, by unit,
+// once a cost is recorded, and n limits each list.
+func TestHandlerCosts(t *testing.T) {
+	f, _ := NewOffenders()
+	get := func(target string) map[string]json.RawMessage {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		f.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+		var body map[string]json.RawMessage
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		return body
+	}
+	if _, ok := get("/")["costs"]; ok {
+		t.Error(`"costs" in the JSON before any cost was recorded`)
+	}
+	f.RecordCost("t:acme", "tokens", 3000)
+	f.RecordCost("t:bigco", "tokens", 1000)
+	var costs map[string]struct {
+		Total     uint64
+		Offenders []CostOffender
+	}
+	if err := json.Unmarshal(get("/?n=1")["costs"], &costs); err != nil {
+		t.Fatal(err)
+	}
+	tokens := costs["tokens"]
+	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 3000}}, tokens.Offenders); diff != "" || tokens.Total != 4000 {
+		t.Errorf("costs.tokens = total %d, offenders (-want +got):\n%s", tokens.Total, diff)
 	}
 }

@@ -34,6 +34,9 @@ const (
 	MaxTiers = 256
 	// MaxTenants is the largest tenant cap.
 	MaxTenants = 1024
+	// MaxUnits is the most units of metered quotas labelled as
+	// themselves; later ones are "other".
+	MaxUnits = 16
 )
 
 // Sources label the source: none, then floodgate.Source values in order
@@ -181,12 +184,13 @@ type Labeler struct {
 	methods map[string]Label // registered full method → its label
 	tiers   capped
 	tenants capped
+	units   capped
 }
 
 // NewLabeler returns a Labeler for a checked cfg.
 func NewLabeler(cfg Config) *Labeler {
 	l := &Labeler{cfg: cfg, methods: make(map[string]Label),
-		tiers: capped{max: cfg.MaxTiers}, tenants: capped{max: cfg.MaxTenants}}
+		tiers: capped{max: cfg.MaxTiers}, tenants: capped{max: cfg.MaxTenants}, units: capped{max: MaxUnits}}
 	for _, m := range cfg.Methods {
 		if _, ok := l.methods[m]; !ok {
 			l.methods[m] = Label{m, len(l.methods) + 1} // 0 is "other"
@@ -207,23 +211,35 @@ func (l *Labeler) Method(method string) Label {
 }
 
 // Series returns the series of e and its tier, method and tenant values,
-// or false for a reason newer than the Labeler, which is not counted. It
-// allocates nothing but a tier's or tenant's first label.
+// or false for an event that is no decision (a metered call's settle,
+// middleware.ReasonSettled) and for a reason newer than the Labeler, which
+// are not counted. It allocates nothing but a tier's or tenant's first
+// label.
 func (l *Labeler) Series(e middleware.Event) (Series, Values, bool) {
-	if e.Reason > middleware.ReasonStoreError {
+	if e.Reason > middleware.ReasonInvalidEstimate {
 		return Series{}, Values{}, false
 	}
-	tier, method, tenant := l.tiers.label(e.Tier), l.Method(e.Method), Label{}
-	if l.cfg.MaxTenants > 0 {
-		tenant = l.tenants.label(e.Tenant)
-	}
+	tier, method, tenant := l.tiers.label(e.Tier), l.Method(e.Method), l.tenant(e.Tenant)
 	k := Series{Reason: e.Reason, Allowed: e.Allowed, DryRun: e.DryRun, Tap: e.Tap,
 		Tier: tier.ID, Method: method.ID, Tenant: tenant.ID}
-	// Only the interceptors' decisions were made by a store.
-	if !e.Tap && (e.Reason == middleware.ReasonAdmitted || e.Reason == middleware.ReasonQuota || e.Reason == middleware.ReasonOverload) {
-		k.Source = 1 + min(int(e.Source), len(Sources)-2)
+	// Only the interceptors' decisions were made by a store: the call
+	// limit's, or a metered quota's (a debt).
+	switch e.Reason {
+	case middleware.ReasonAdmitted, middleware.ReasonQuota, middleware.ReasonOverload, middleware.ReasonDebt:
+		if !e.Tap {
+			k.Source = 1 + min(int(e.Source), len(Sources)-2)
+		}
 	}
 	return k, Values{tier.Value, method.Value, tenant.Value}, true
+}
+
+// tenant returns the label of a tenant ID, the zero Label when tenants
+// are not labelled.
+func (l *Labeler) tenant(id string) Label {
+	if l.cfg.MaxTenants == 0 {
+		return Label{}
+	}
+	return l.tenants.label(id)
 }
 
 // Names are the decision labels' names, in the order of Labels' values;
@@ -238,8 +254,10 @@ func (l *Labeler) Labels(k Series, v Values) []string {
 	case k.Allowed:
 	case k.DryRun:
 		outcome = "dry_run_rejected"
-	case k.Reason == middleware.ReasonQuota:
+	case k.Reason == middleware.ReasonQuota, k.Reason == middleware.ReasonDebt:
 		outcome, code = "rejected", l.cfg.Quota
+	case k.Reason == middleware.ReasonInvalidEstimate:
+		outcome, code = "rejected", codes.InvalidArgument
 	default:
 		outcome, code = "rejected", l.cfg.Overload
 	}
@@ -264,4 +282,38 @@ func ServiceMethods(desc *grpc.ServiceDesc) []string {
 		out = append(out, "/"+desc.ServiceName+"/"+s.StreamName)
 	}
 	return out
+}
+
+// A CostSeries is the labels of a metered call's cost as numbers: the
+// quota's unit, and the call's tier, method and tenant. Calls whose labels
+// come out alike share its counts.
+type CostSeries struct{ Unit, Tier, Method, Tenant int }
+
+// CostValues are a CostSeries' label values ("" tenant when tenants are
+// not labelled).
+type CostValues struct{ Unit, Tier, Method, Tenant string }
+
+// CostNames are the cost labels' names, in the order of CostLabels'
+// values; tenant last, only when tenants are labelled.
+var CostNames = []string{"unit", "tier", "method", "tenant"}
+
+// Cost returns the cost series of e, a metered call's settle
+// (middleware.ReasonSettled), or false for any other event. The unit is
+// one of the first MaxUnits seen, or "other". It allocates nothing but a
+// unit's, tier's or tenant's first label.
+func (l *Labeler) Cost(e middleware.Event) (CostSeries, CostValues, bool) {
+	if e.Reason != middleware.ReasonSettled || e.Unit == "" {
+		return CostSeries{}, CostValues{}, false
+	}
+	unit, tier, method, tenant := l.units.label(e.Unit), l.tiers.label(e.Tier), l.Method(e.Method), l.tenant(e.Tenant)
+	return CostSeries{unit.ID, tier.ID, method.ID, tenant.ID}, CostValues{unit.Value, tier.Value, method.Value, tenant.Value}, true
+}
+
+// CostLabels returns v in the order of CostNames.
+func (l *Labeler) CostLabels(v CostValues) []string {
+	labels := []string{v.Unit, v.Tier, v.Method}
+	if l.cfg.MaxTenants > 0 {
+		labels = append(labels, v.Tenant)
+	}
+	return labels
 }

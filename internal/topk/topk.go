@@ -38,6 +38,7 @@ type Summary struct {
 	total uint64
 	h     minHeap
 	index map[string]int // key → position in h
+	buf   []byte         // AddPrefixed's key, under mu
 }
 
 // New returns an empty Summary tracking at most k keys.
@@ -62,20 +63,51 @@ func (s *Summary) Add(key string, n uint64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.total += n
 	if i, ok := s.index[key]; ok {
-		s.h.items[i].Count += n
-		heap.Fix(&s.h, i)
+		s.bump(i, n)
 		return
 	}
+	s.insert(strings.Clone(key), n)
+}
+
+// AddPrefixed is Add(prefix+key, n) without building the key unless it
+// is new: a tracked key costs no allocation.
+func (s *Summary) AddPrefixed(prefix, key string, n uint64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf = append(append(s.buf[:0], prefix...), key...)
+	if i, ok := s.index[string(s.buf)]; ok {
+		s.bump(i, n)
+		return
+	}
+	s.insert(string(s.buf), n)
+	if cap(s.buf) > 1024 {
+		s.buf = nil // keep no long key
+	}
+}
+
+// bump counts n more of the item at i. It is called with mu held.
+func (s *Summary) bump(i int, n uint64) {
+	s.total += n
+	s.h.items[i].Count += n
+	heap.Fix(&s.h, i)
+}
+
+// insert counts n of key, not tracked, which the Summary may keep. It is
+// called with mu held.
+func (s *Summary) insert(key string, n uint64) {
+	s.total += n
 	if len(s.h.items) < s.k {
-		heap.Push(&s.h, Item{Key: strings.Clone(key), Count: n})
+		heap.Push(&s.h, Item{Key: key, Count: n})
 		return
 	}
 	min := s.h.items[0]
 	delete(s.index, min.Key)
-	s.h.items[0] = Item{Key: strings.Clone(key), Count: min.Count + n, Err: min.Count}
-	s.index[s.h.items[0].Key] = 0
+	s.h.items[0] = Item{Key: key, Count: min.Count + n, Err: min.Count}
+	s.index[key] = 0
 	heap.Fix(&s.h, 0)
 }
 

@@ -113,3 +113,28 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("Total() = %d, want 4000", s.Total())
 	}
 }
+
+func TestAddPrefixed(t *testing.T) {
+	s, _ := New(2)
+	s.AddPrefixed("t:", "acme", 5)
+	s.Add("t:acme", 1)
+	s.AddPrefixed("t:", "bigco", 2)
+	s.AddPrefixed("t:", "", 0)
+	s.AddPrefixed("", "c", 3) // replaces t:bigco: count 5, error 2
+	want := []Item{{"t:acme", 6, 0}, {"c", 5, 2}}
+	if diff := cmp.Diff(want, s.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+	if got := s.Total(); got != 11 {
+		t.Errorf("Total() = %d, want 11", got)
+	}
+}
+
+// TestAddPrefixedAllocs: adding to a tracked key builds no string.
+func TestAddPrefixedAllocs(t *testing.T) {
+	s, _ := New(4)
+	s.AddPrefixed("t:", "acme", 1)
+	if n := testing.AllocsPerRun(200, func() { s.AddPrefixed("t:", "acme", 3) }); n != 0 {
+		t.Errorf("AddPrefixed allocates %v times, want 0", n)
+	}
+}

@@ -1,0 +1,202 @@
+package promfloodgate
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/calltest"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
+)
+
+const methodGenerate = "/llm.v1.Completions/Generate"
+
+// meteredTable: tenant acme, tier pro, has a quota of 100,000 tokens a
+// minute in bursts of 20,000 (and the default debt limit, one burst) on
+// the Completions service, reserving 4,000 a call.
+func meteredTable(t testing.TB) *tenant.Table {
+	t.Helper()
+	digest, err := tenant.HashKey(proKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{"pro": {
+			Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000},
+			Methods: map[string]tenant.MethodSpec{"/llm.v1.Completions/*": {Metered: &tenant.MeteredSpec{
+				Unit: "tokens", Rate: 100000, Per: time.Minute, Burst: 20000, Estimate: 4000,
+			}}},
+		}},
+		Tenants:   map[string]tenant.TenantSpec{"acme": {Tier: "pro", Keys: []string{digest}}},
+		Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl
+}
+
+// fakeClock is a clock that moves when told.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// meteredLimiter is a Limiter over meteredTable on a keyed store and a
+// fake clock, observed by obs, and a func that makes one call of acme that
+// reports cost tokens and returns its error.
+func meteredLimiter(t *testing.T, obs func(middleware.Event)) (func(cost int64) error, *fakeClock) {
+	t.Helper()
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	store, err := keyed.New(keyed.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(meteredTable(t)), middleware.WithClock(clk), middleware.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lim.UnaryServerInterceptor()
+	return func(cost int64) error {
+		_, err := icpt(calltest.KeyContext(methodGenerate, proKey), nil, &grpc.UnaryServerInfo{FullMethod: methodGenerate},
+			func(ctx context.Context, _ any) (any, error) {
+				middleware.ReportCost(ctx, cost)
+				return "ok", nil
+			})
+		return err
+	}, clk
+}
+
+// TestCost drives metered calls through a real Limiter: one under its
+// estimate, one over (into debt), one refused for the debt, and, once the
+// debt is repaid, one whose cost passes the debt limit. The decisions
+// count the refusal as reason debt; the cost series count what was
+// reserved, settled, refunded and left uncharged; the offenders rank acme
+// by what its calls cost.
+func TestCost(t *testing.T) {
+	f, err := NewOffenders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithMethods(methodGenerate), WithTenantLabels(4), WithCostOffenders(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call, clk := meteredLimiter(t, c.Observer())
+	if err := call(1000); err != nil { // reserves 4,000, refunds 3,000: 19,000 left
+		t.Fatal(err)
+	}
+	if err := call(30000); err != nil { // reserves 4,000, charges 26,000 more: owes 11,000
+		t.Fatal(err)
+	}
+	if err := call(10); err == nil {
+		t.Fatal("a call while acme owes tokens was admitted")
+	}
+	clk.advance(9 * time.Second)        // 15,000 tokens: the debt and an estimate
+	if err := call(50000); err != nil { // reserves 4,000, charges 20,000 of 46,000 more
+		t.Fatal(err)
+	}
+	want := `
+# HELP floodgate_cost_refunded_total Units metered calls reserved beyond the cost they settled at, given back to their buckets (a bucket keeps what fits under its burst).
+# TYPE floodgate_cost_refunded_total counter
+floodgate_cost_refunded_total{method="/llm.v1.Completions/Generate",tenant="acme",tier="pro",unit="tokens"} 3000
+# HELP floodgate_cost_reserved_total Units metered calls reserved, their estimates and their streams' chunks, counted as they settle, by unit, tier, method and, opt-in, tenant.
+# TYPE floodgate_cost_reserved_total counter
+floodgate_cost_reserved_total{method="/llm.v1.Completions/Generate",tenant="acme",tier="pro",unit="tokens"} 12000
+# HELP floodgate_cost_settled_total Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.
+# TYPE floodgate_cost_settled_total counter
+floodgate_cost_settled_total{method="/llm.v1.Completions/Generate",tenant="acme",tier="pro",unit="tokens"} 81000
+# HELP floodgate_cost_uncharged_total Units of settles that their buckets' debt limits left uncharged: the only units a metered quota does not count.
+# TYPE floodgate_cost_uncharged_total counter
+floodgate_cost_uncharged_total{method="/llm.v1.Completions/Generate",tenant="acme",tier="pro",unit="tokens"} 26000
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/llm.v1.Completions/Generate",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tenant="acme",tier="pro"} 3
+floodgate_decisions_total{code="ResourceExhausted",method="/llm.v1.Completions/Generate",outcome="rejected",reason="debt",source="memory",stage="interceptor",tenant="acme",tier="pro"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total", "floodgate_cost_reserved_total",
+		"floodgate_cost_settled_total", "floodgate_cost_refunded_total", "floodgate_cost_uncharged_total"); err != nil {
+		t.Error(err)
+	}
+	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 81000}}, f.TopCost("tokens", 0)); diff != "" {
+		t.Errorf("TopCost (-want +got):\n%s", diff)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// TestCostReasons: the metered quota's own reasons label decisions with
+// their codes (debt with the quota's, an invalid estimate with
+// INVALID_ARGUMENT and no source), and a settle is no decision.
+func TestCostReasons(t *testing.T) {
+	c, err := New(WithMethods(methodGenerate), WithCodes(codes.Aborted, codes.Unavailable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonDebt, Source: floodgate.SourceRedis})
+	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonInvalidEstimate})
+	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonDebt, DryRun: true})
+	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 10, Settled: 4})
+	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Reason: middleware.ReasonSettled, Allowed: true}) // no unit: no cost
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="Aborted",method="/llm.v1.Completions/Generate",outcome="rejected",reason="debt",source="redis",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="InvalidArgument",method="/llm.v1.Completions/Generate",outcome="rejected",reason="invalid_estimate",source="none",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="OK",method="/llm.v1.Completions/Generate",outcome="dry_run_rejected",reason="debt",source="memory",stage="interceptor",tier="pro"} 1
+# HELP floodgate_cost_settled_total Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.
+# TYPE floodgate_cost_settled_total counter
+floodgate_cost_settled_total{method="/llm.v1.Completions/Generate",tier="pro",unit="tokens"} 4
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total", "floodgate_cost_settled_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCostUnitCap: units past the first MaxUnitLabels seen are "other".
+func TestCostUnitCap(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	for i := range MaxUnitLabels + 2 {
+		obs(middleware.Event{Unit: "u" + strconv.Itoa(i), Reason: middleware.ReasonSettled, Allowed: true, Settled: 1})
+	}
+	want := `
+# HELP floodgate_cost_settled_total Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.
+# TYPE floodgate_cost_settled_total counter
+`
+	for i := range MaxUnitLabels {
+		want += `floodgate_cost_settled_total{method="other",tier="none",unit="u` + strconv.Itoa(i) + `"} 1` + "\n"
+	}
+	want += `floodgate_cost_settled_total{method="other",tier="none",unit="other"} 2` + "\n"
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_cost_settled_total"); err != nil {
+		t.Error(err)
+	}
+}
