@@ -10,6 +10,7 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000
+	github.com/google/go-cmp v0.7.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.yaml.in/yaml/v3 v3.0.6
