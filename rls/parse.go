@@ -156,9 +156,11 @@ var rootKeys = []string{"domain", "descriptors", "failure_policy"}
 
 func (p *parser) root(n *yaml.Node) {
 	var descs *yaml.Node
+	sawDomain := false
 	p.fields(n, "config", rootKeys, func(k string, key, v *yaml.Node) {
 		switch k {
 		case "domain":
+			sawDomain = true
 			if s, ok := p.str(v, "domain"); ok {
 				if s == "" {
 					p.add(v, "domain must not be empty")
@@ -181,21 +183,12 @@ func (p *parser) root(n *yaml.Node) {
 			}
 		}
 	})
-	if p.dom.name == "" && !p.hasProblemAt(n) {
+	if !sawDomain {
 		p.add(n, "config has no domain")
 	}
 	if descs != nil {
 		p.descriptors(descs, &p.dom.root, "")
 	}
-}
-
-func (p *parser) hasProblemAt(n *yaml.Node) bool {
-	for _, pr := range p.probs {
-		if pr.Msg == "domain must not be empty" || strings.HasPrefix(pr.Msg, "domain must") {
-			return true
-		}
-	}
-	return false
 }
 
 var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
@@ -222,7 +215,7 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 	var (
 		key, value            string
 		haveKey               bool
-		rl, children          *yaml.Node
+		rl, rlKey, children   *yaml.Node
 		shadow, detailed, shr bool
 		keyYAML               *yaml.Node
 	)
@@ -238,7 +231,7 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 		case "value":
 			value, _ = p.str(v, "value")
 		case "rate_limit":
-			rl = v
+			rl, rlKey = v, kn
 		case "descriptors":
 			children = v
 		case "shadow_mode":
@@ -308,14 +301,16 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 		kn.values[value] = child
 	}
 	if rl != nil {
-		child.rule = p.rateLimit(rl, path, shadow, detailed)
+		child.rule = p.rateLimit(rlKey, rl, path, shadow, detailed)
 	}
 	if children != nil {
 		p.descriptors(children, child, path)
 	}
 }
 
-func (p *parser) rateLimit(n *yaml.Node, path string, shadow, detailed bool) *rule {
+// rateLimit reads a rate_limit mapping n, whose key is at; problems of the
+// mapping as a whole are reported at its key's line.
+func (p *parser) rateLimit(at, n *yaml.Node, path string, shadow, detailed bool) *rule {
 	r := rule{domain: p.dom.name, path: path, shadow: shadow, detailed: detailed}
 	var (
 		unitNode, rpuNode, burstNode *yaml.Node
@@ -369,7 +364,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string, shadow, detailed bool) *ru
 	})
 	for _, rep := range r.replaces {
 		if rep == r.name && r.name != "" {
-			p.add(n, "descriptor "+path+": replaces should not contain name of same descriptor")
+			p.add(at, "descriptor "+path+": replaces should not contain name of same descriptor")
 		}
 	}
 	switch {
@@ -378,9 +373,9 @@ func (p *parser) rateLimit(n *yaml.Node, path string, shadow, detailed bool) *ru
 	case r.unlimited && burstNode != nil:
 		p.add(burstNode, "descriptor "+path+": should not specify burst when unlimited")
 	case !r.unlimited && unitNode == nil:
-		p.add(n, "descriptor "+path+": rate_limit has no unit")
+		p.add(at, "descriptor "+path+": rate_limit has no unit")
 	case !r.unlimited && rpuNode == nil && ok:
-		p.add(n, "descriptor "+path+": rate_limit has no requests_per_unit")
+		p.add(at, "descriptor "+path+": rate_limit has no requests_per_unit")
 	case ok && !r.unlimited:
 		r.limit = bucketLimit(r.rpu, r.unit, int(burst))
 		if r.rpu == 0 && burstNode != nil {
