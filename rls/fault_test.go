@@ -22,14 +22,18 @@ import (
 // redisstore says what bounds it.
 const recoveryTimeout = 10 * time.Second
 
-// callDeadline is each call's deadline during the outage: many times the
-// store's 50 ms deadline, so that a call that misses it waited on a dead
-// Redis rather than on a busy machine.
-const callDeadline = 2 * time.Second
+// storeDeadline is the store's deadline per decision: ten times its
+// default, so that on two shared cores under the race detector a decision
+// with Redis healthy is Redis's, and a fallback means Redis is away.
+const storeDeadline = 500 * time.Millisecond
+
+// callDeadline is each call's deadline: four times the store's, so that a
+// call that misses it waited on a dead Redis rather than on a busy
+// machine.
+const callDeadline = 4 * storeDeadline
 
 // TestRedisKilledAndRestarted kills Redis mid-run and starts it again,
-// with the store's defaults (50 ms deadline, breaker of 5 failures and
-// 500 ms): no call waits past its deadline, every decision of the outage
+// with the store's breaker defaults (5 failures, 500 ms): no call waits past its deadline, every decision of the outage
 // is counted as a fallback and follows its domain's policy, and once Redis
 // answers again decisions return to it.
 func TestRedisKilledAndRestarted(t *testing.T) {
@@ -38,7 +42,8 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1,
 		DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { client.Close() })
-	store, err := redisstore.New(client, redisstore.WithPrefix(prefix(t)), redisstore.WithBatching(16))
+	store, err := redisstore.New(client, redisstore.WithPrefix(prefix(t)), redisstore.WithBatching(16),
+		redisstore.WithDeadline(storeDeadline))
 	if err != nil {
 		t.Fatal(err)
 	}
