@@ -270,7 +270,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		if !it.limited {
 			continue
 		}
-		if err := s.decide(ctx, dom, dm, it); err != nil {
+		if err := s.decide(ctx, sv, dom, dm, it); err != nil {
 			s.refundAll(ctx, items[:i])
 			return nil, err
 		}
@@ -386,7 +386,7 @@ func overrideLimit(rpu uint32, unit pb.RateLimitResponse_RateLimit_Unit, mult ui
 // decide takes a limited descriptor's tokens, settles its charge on the
 // response, or refunds (is_negative_hits), and applies the domain's
 // failure policy to decisions the store could not make.
-func (s *Service) decide(ctx context.Context, dom *domain, dm *domainMetrics, it *item) error {
+func (s *Service) decide(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, it *item) error {
 	n := it.m.cost * it.hits
 	if it.negative {
 		res, err := s.store.SettleN(context.WithoutCancel(ctx), it.m.key, it.m.limit, n, 0)
@@ -426,7 +426,7 @@ func (s *Service) decide(ctx context.Context, dom *domain, dm *domainMetrics, it
 	case errors.Is(err, floodgate.ErrExceedsBurst), errors.Is(err, floodgate.ErrKeyTooLong):
 		// Never fits: no outage to fail open on.
 		it.res = floodgate.Result{Limit: it.m.limit, RetryAfter: floodgate.Never}
-		s.count(it)
+		s.count(sv, it)
 		return nil
 	case ctx.Err() != nil:
 		if r.Result.Allowed {
@@ -443,7 +443,7 @@ func (s *Service) decide(ctx context.Context, dom *domain, dm *domainMetrics, it
 		it.res = floodgate.Result{Allowed: allowed, Limit: it.m.limit, Source: floodgate.SourceFallback}
 		it.r = floodgate.Reservation{Result: it.res}
 		it.taken = false
-		s.count(it)
+		s.count(sv, it)
 		return nil
 	}
 	res := r.Result
@@ -465,13 +465,13 @@ func (s *Service) decide(ctx context.Context, dom *domain, dm *domainMetrics, it
 		}
 	}
 	it.res, it.r, it.taken = res, r, res.Allowed
-	s.count(it)
+	s.count(sv, it)
 	return nil
 }
 
-// count records a decision in the metrics and the over-limit summary.
-func (s *Service) count(it *item) {
-	sv := s.cur.Load()
+// count records a decision in the metrics of the config it was decided
+// under, and in the over-limit summary.
+func (s *Service) count(sv *served, it *item) {
 	rm := sv.ruleMetrics(it.m.rule)
 	switch {
 	case it.res.Allowed:
