@@ -25,6 +25,7 @@ type options struct {
 	registerer prometheus.Registerer
 	logger     *slog.Logger
 	clock      floodgate.Clock
+	onReload   func(path string, cfg *Config, err error)
 }
 
 func defaults() options {
@@ -69,6 +70,15 @@ func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) 
 // when it applied and at Error, with the problems, when it was rejected.
 // nil (the default) logs nothing; a repeated call replaces it.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithOnReload sets a function called after every [Service.Load] (so
+// every reload of [Service.Watch]) with the path, the config put in force
+// and nil, or nil and the error that kept the previous config: for tests,
+// health checks and alerts. It runs on the loading goroutine. nil, the
+// default, calls nothing; a repeated call replaces the function.
+func WithOnReload(f func(path string, cfg *Config, err error)) Option {
+	return func(o *options) { o.onReload = f }
+}
 
 // WithClock sets the clock that times reservations, the system clock by
 // default (nil). Buckets are timed by the store. A repeated call replaces

@@ -47,6 +47,9 @@ type Service struct {
 	cur   atomic.Pointer[served]
 	unk   *domainMetrics
 	clock func() time.Time
+	// seen is the fingerprint of the files the last Load read (applied
+	// or rejected), for Watch.
+	seen atomic.Pointer[string]
 }
 
 // served is a config with its counters resolved.
@@ -131,11 +134,18 @@ func (s *Service) SetConfig(cfg *Config) {
 // error the config in force stays, and the error lists every problem with
 // its file and line.
 func (s *Service) Load(path string) error {
+	// Taken before reading: a change made while reading shows at the
+	// next check.
+	fp := fingerprint(path)
+	s.seen.Store(&fp)
 	cfg, err := LoadConfig(path)
 	if err != nil {
 		s.m.loads.WithLabelValues("error").Inc()
 		if s.o.logger != nil {
 			s.o.logger.Error("rls: config rejected, the previous one stays in force", "path", path, "error", err.Error())
+		}
+		if s.o.onReload != nil {
+			s.o.onReload(path, nil, err)
 		}
 		return err
 	}
@@ -144,19 +154,22 @@ func (s *Service) Load(path string) error {
 	if s.o.logger != nil {
 		s.o.logger.Info("rls: config loaded", "path", path, "domains", cfg.Domains())
 	}
+	if s.o.onReload != nil {
+		s.o.onReload(path, cfg, nil)
+	}
 	return nil
 }
 
-// Watch loads the config at path whenever it changes (its files' names,
-// sizes or modification times), checking every interval (1 s when ≤ 0),
-// until ctx ends; it returns ctx's error. It does not load the config
-// first: call Load for that. A rejected change is logged and counted and
-// leaves the config in force, and the next change is tried again.
+// Watch loads the config at path whenever it differs (its files' names,
+// sizes or modification times) from what the last [Service.Load] read,
+// checking every interval (1 s when ≤ 0), until ctx ends; it returns ctx's
+// error. Without an earlier Load, its first check loads the config. A
+// rejected change is logged and counted and leaves the config in force;
+// the next change is tried again.
 func (s *Service) Watch(ctx context.Context, path string, interval time.Duration) error {
 	if interval <= 0 {
 		interval = time.Second
 	}
-	last := fingerprint(path)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -165,9 +178,8 @@ func (s *Service) Watch(ctx context.Context, path string, interval time.Duration
 			return ctx.Err()
 		case <-t.C:
 		}
-		if fp := fingerprint(path); fp != last {
-			last = fp
-			_ = s.Load(path) // counted and logged
+		if last := s.seen.Load(); last == nil || fingerprint(path) != *last {
+			_ = s.Load(path) // counted, logged and reported
 		}
 	}
 }

@@ -12,7 +12,7 @@
 //	-config PATH    config file, or a directory of them (one domain each); required
 //	-addr ADDR      gRPC listen address (default 127.0.0.1:8081; port 0 picks one)
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
-//	-redis ADDRS    Redis address; several, comma-separated, for a Cluster; in memory when empty
+//	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
 //	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
 //	-batch N        redisstore batching: at most N decisions a round trip (default 128; 0 off)
 //	-deadline D     redisstore's deadline per decision (default 50ms)
@@ -44,6 +44,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -93,7 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.config, "config", "", "config `path`: a file, or a directory of files (one domain each)")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "gRPC listen `address` (port 0 picks a free one)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
-	fs.StringVar(&f.redis, "redis", "", "Redis `addresses`, comma-separated for a Cluster; in memory when empty")
+	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
 	fs.DurationVar(&f.deadline, "deadline", 50*time.Millisecond, "redisstore deadline per decision")
@@ -138,9 +139,17 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 	if err != nil {
 		return nil, nil, err
 	}
-	addrs := strings.Split(f.redis, ",")
+	var addrs []string
+	for _, a := range strings.Split(f.redis, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, nil, fmt.Errorf("-redis %q: no address", f.redis)
+	}
 	var client redis.UniversalClient
-	if len(addrs) > 1 {
+	if strings.Contains(f.redis, ",") {
 		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: -1})
 	} else {
 		client = redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true, MaxRetries: -1})
@@ -167,10 +176,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, err := rls.LoadConfig(f.config)
-	if err != nil {
-		return err
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	store, closeStore, err := openStore(f, reg, log)
@@ -178,11 +183,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 		return err
 	}
 	defer closeStore()
-	opts := []rls.Option{rls.WithRegisterer(reg), rls.WithLogger(log), rls.WithResponseHeaders(f.headers)}
-	svc, err := rls.New(store, cfg, opts...)
+	// Reloads are logged; the first load's rejection is returned instead.
+	var started atomic.Bool
+	onReload := func(path string, cfg *rls.Config, err error) {
+		switch {
+		case !started.Load():
+		case err != nil:
+			log.Error("floodgate-rls: config rejected, the previous one stays in force", "path", path, "error", err.Error())
+		default:
+			log.Info("floodgate-rls: config reloaded", "path", path, "domains", cfg.Domains())
+		}
+	}
+	opts := []rls.Option{rls.WithRegisterer(reg), rls.WithResponseHeaders(f.headers), rls.WithOnReload(onReload)}
+	svc, err := rls.New(store, nil, opts...)
 	if err != nil {
 		return err
 	}
+	if err := svc.Load(f.config); err != nil {
+		return err
+	}
+	started.Store(true)
 
 	lis, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -214,7 +234,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(lis) }()
 	fmt.Fprintf(stdout, "floodgate-rls: grpc listening on %s\n", lis.Addr())
-	log.Info("floodgate-rls: serving", "grpc", lis.Addr().String(), "config", f.config, "domains", cfg.Domains(),
+	log.Info("floodgate-rls: serving", "grpc", lis.Addr().String(), "config", f.config, "domains", svc.Config().Domains(),
 		"redis", f.redis, "lease", f.lease)
 
 	wctx, cancelWatch := context.WithCancel(ctx)

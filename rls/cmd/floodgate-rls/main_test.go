@@ -130,7 +130,7 @@ func TestCommand(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"floodgate_rls_requests_total", "floodgate_rls_config_loads_total{result=\"success\"} 2", "go_goroutines"} {
+	for _, m := range []string{"floodgate_rls_requests_total", "floodgate_rls_config_loads_total{result=\"success\"} 3", "go_goroutines"} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
