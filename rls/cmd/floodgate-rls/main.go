@@ -59,6 +59,7 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/promfloodgate"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/rls"
 )
@@ -154,10 +155,22 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 	} else {
 		client = redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true, MaxRetries: -1})
 	}
+	// Round trips, errors by kind, the breaker's state and the decisions
+	// Redis did not make, beside the service's own metrics.
+	obs, err := promfloodgate.NewRedisMetrics()
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	if err := reg.Register(obs); err != nil {
+		client.Close()
+		return nil, nil, err
+	}
 	opts := []redisstore.Option{
 		redisstore.WithDeadline(f.deadline),
 		redisstore.WithBatching(f.batch),
 		redisstore.WithLogger(log),
+		redisstore.WithObserver(obs),
 	}
 	if lease > 0 {
 		opts = append(opts, redisstore.WithLeases(lease, leaseKeys))

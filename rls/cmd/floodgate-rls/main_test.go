@@ -151,8 +151,10 @@ func TestCommandRedis(t *testing.T) {
 	}
 	// Two replicas on one Redis share the bucket.
 	var clients []pb.RateLimitServiceClient
+	var metrics string
 	for range 2 {
-		addrs, _ := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-redis", srv.Addr, "-lease", "on"}, nil)
+		addrs, _ := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-redis", srv.Addr, "-lease", "on"}, nil)
+		metrics = addrs["metrics"]
 		conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -173,6 +175,17 @@ func TestCommandRedis(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "OK OVER_LIMIT" {
 		t.Errorf("one token a minute across two replicas: %v", got)
+	}
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"floodgate_redis_call_duration_seconds", "floodgate_redis_breaker_state{state=\"closed\"} 1"} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
 	}
 }
 
