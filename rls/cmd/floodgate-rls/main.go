@@ -14,6 +14,7 @@
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
 //	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
 //	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
+//	-capacity N     buckets kept in memory without -redis (default 100000; past it new keys share an overflow bucket)
 //	-batch N        redisstore batching: at most N decisions a round trip (default 128; 0 off)
 //	-deadline D     redisstore's deadline per decision (default 50ms)
 //	-headers        add x-ratelimit-limit, -remaining and -reset to responses
@@ -83,7 +84,7 @@ func main() {
 
 type flags struct {
 	config, addr, metrics, redis, lease string
-	batch                               int
+	batch, capacity                     int
 	deadline, watch, grace              time.Duration
 	headers                             bool
 }
@@ -97,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
+	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis); past it, new keys share an overflow bucket")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
 	fs.DurationVar(&f.deadline, "deadline", 50*time.Millisecond, "redisstore deadline per decision")
 	fs.BoolVar(&f.headers, "headers", false, "add x-ratelimit-* headers to responses")
@@ -133,7 +135,7 @@ func leaseTime(v string) (time.Duration, error) {
 // that releases it.
 func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.Reserver, func(), error) {
 	if f.redis == "" {
-		m, err := keyed.New()
+		m, err := keyed.New(keyed.WithCapacity(f.capacity))
 		return m, func() {}, err
 	}
 	lease, err := leaseTime(f.lease)
