@@ -218,3 +218,51 @@ func TestRefill(t *testing.T) {
 		})
 	}
 }
+
+// TestAllOrNothingConcurrent sends requests of two descriptors from many
+// goroutines at once, the clock still: the smaller bucket admits exactly
+// its tokens, and the larger loses exactly one token per admitted request,
+// whatever the refunds' interleaving.
+func TestAllOrNothingConcurrent(t *testing.T) {
+	for _, b := range backends[:2] {
+		t.Run(b.name, func(t *testing.T) {
+			svc, err := rls.New(b.store(t, newFakeClock()), mustParse(t, `
+domain: d
+descriptors:
+  - key: large
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: small
+    rate_limit: {unit: hour, requests_per_unit: 30}
+`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := serve(t, svc)
+			const workers, each = 8, 10
+			admitted := make(chan int, workers)
+			for range workers {
+				go func() {
+					n := 0
+					for range each {
+						r, err := c.ShouldRateLimit(bg, request("d", 0, desc("large", "x"), desc("small", "x")))
+						if err == nil && r.GetOverallCode() == pb.RateLimitResponse_OK {
+							n++
+						}
+					}
+					admitted <- n
+				}()
+			}
+			total := 0
+			for range workers {
+				total += <-admitted
+			}
+			if total != 30 {
+				t.Errorf("admitted %d requests, want the small bucket's 30", total)
+			}
+			r := call(t, c, request("d", 0, withHits(desc("large", "x"), 0)))
+			if got, want := r.GetStatuses()[0].GetLimitRemaining(), uint32(100-total); got != want {
+				t.Errorf("the large bucket holds %d, want %d: a refused request took from it", got, want)
+			}
+		})
+	}
+}

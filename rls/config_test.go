@@ -160,6 +160,8 @@ tenants:
     keys: ["` + digest + `"]
 anonymous:
   default: {rate: 1, burst: 1}
+  methods:
+    "/pkg.Svc/Health": {rate: inf}
 `
 	p := writeConfig(t, "", "api.yaml", text)
 	cfg, err := rls.LoadConfig(p)
@@ -193,6 +195,8 @@ anonymous:
 		{[]string{"remote_address", "10.0.0.1"}, outcome{"OK", []string{"OK"}, []uint32{0}}},
 		{[]string{"remote_address", "10.0.0.1"}, outcome{"OVER_LIMIT", []string{"OVER_LIMIT"}, []uint32{0}}},
 		{[]string{"api_key", "unknown-key-000000", "remote_address", "10.0.0.2"}, outcome{"OK", []string{"OK"}, []uint32{0}}},
+		// An unlimited rule.
+		{[]string{"remote_address", "10.0.0.1", "method", "/pkg.Svc/Health"}, outcome{"OK", []string{"OK"}, []uint32{4294967295}}},
 	}
 	for i, s := range steps {
 		if diff := cmp.Diff(s.want, outcomeOf(call(t, c, request("api", 0, desc(s.d...))))); diff != "" {

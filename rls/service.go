@@ -261,7 +261,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 		if it.m.rule.unlimited {
 			it.status = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
-			sv.ruleMetrics(it.m.rule).ok.Inc()
+			if rm := sv.ruleMetrics(it.m.rule); rm != nil {
+				rm.ok.Inc()
+			}
 			continue
 		}
 		it.limited = true
@@ -304,7 +306,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			if err != nil {
 				res = floodgate.Result{Allowed: true, Limit: it.m.limit, Remaining: it.m.limit.Burst}
 			}
-			res.Allowed = res.Remaining >= it.m.cost*it.hits && res.Owed == 0
+			res.Allowed = res.Remaining >= cost(it.m.cost, it.hits) && res.Owed == 0
 			it.res = res
 		}
 	}
@@ -399,7 +401,7 @@ func overrideLimit(rpu uint32, unit pb.RateLimitResponse_RateLimit_Unit, mult ui
 // response, or refunds (is_negative_hits), and applies the domain's
 // failure policy to decisions the store could not make.
 func (s *Service) decide(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, it *item) error {
-	n := it.m.cost * it.hits
+	n := cost(it.m.cost, it.hits)
 	if it.negative {
 		res, err := s.store.SettleN(context.WithoutCancel(ctx), it.m.key, it.m.limit, n, 0)
 		if err != nil {
@@ -479,6 +481,18 @@ func (s *Service) decide(ctx context.Context, sv *served, dom *domain, dm *domai
 	it.res, it.r, it.taken = res, r, res.Allowed
 	s.count(sv, it)
 	return nil
+}
+
+// cost returns perHit × hits, at most math.MaxInt32 (above any burst a
+// response can report, so a cost that large is refused as over the burst).
+func cost(perHit, hits int) int {
+	if hits == 0 || perHit == 0 {
+		return 0
+	}
+	if perHit > math.MaxInt32/hits {
+		return math.MaxInt32
+	}
+	return perHit * hits
 }
 
 // count records a decision in the metrics of the config it was decided
