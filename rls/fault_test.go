@@ -36,12 +36,40 @@ const callDeadline = 4 * storeDeadline
 // with the store's breaker defaults (5 failures, 500 ms): no call waits past its deadline, every decision of the outage
 // is counted as a fallback and follows its domain's policy, and once Redis
 // answers again decisions return to it.
+// On a Cluster every master is killed and restarted.
 func TestRedisKilledAndRestarted(t *testing.T) {
-	skipWithoutRedis(t)
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1,
-		DialTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { client.Close() })
+	t.Run("standalone", func(t *testing.T) {
+		skipWithoutRedis(t)
+		srv := redistest.Start(t)
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { client.Close() })
+		killAndRestart(t, client, srv.Kill, srv.Restart)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { client.Close() })
+		kill := func() {
+			for _, s := range c.Servers {
+				s.Kill()
+			}
+		}
+		restart := func() error {
+			last := len(c.Servers) - 1
+			for _, s := range c.Servers[:last] {
+				if err := s.Restart(); err != nil {
+					return err
+				}
+			}
+			return c.Restart(c.Servers[last]) // waits until the cluster serves every slot
+		}
+		killAndRestart(t, client, kill, restart)
+	})
+}
+
+func killAndRestart(t *testing.T, client redis.UniversalClient, kill func(), restart func() error) {
 	store, err := redisstore.New(client, redisstore.WithPrefix(prefix(t)), redisstore.WithBatching(16),
 		redisstore.WithDeadline(storeDeadline))
 	if err != nil {
@@ -87,7 +115,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 		t.Fatalf("fallbacks before the fault: %v", got)
 	}
 
-	srv.Kill()
+	kill()
 	const outage = 100
 	want := map[string]pb.RateLimitResponse_Code{"open": pb.RateLimitResponse_OK,
 		"closed": pb.RateLimitResponse_OVER_LIMIT, "local": pb.RateLimitResponse_OK}
@@ -109,7 +137,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 		}
 	}
 
-	if err := srv.Restart(); err != nil {
+	if err := restart(); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
