@@ -112,6 +112,16 @@ func (c *Config) Domains() []string {
 	return names
 }
 
+// FailurePolicy returns domain's failure_policy, and false when the config
+// has no such domain.
+func (c *Config) FailurePolicy(domain string) (FailurePolicy, bool) {
+	d, ok := c.domains[domain]
+	if !ok {
+		return FailureLocal, false
+	}
+	return d.policy, true
+}
+
 // Files returns the files the config was read from, sorted.
 func (c *Config) Files() []string { return slices.Clone(c.files) }
 

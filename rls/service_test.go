@@ -197,6 +197,11 @@ func TestFailurePolicy(t *testing.T) {
 		"closed.yaml": "domain: closed\nfailure_policy: closed\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 		"local.yaml":  "domain: local\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 	})
+	for d, want := range map[string]rls.FailurePolicy{"open": rls.FailureOpen, "closed": rls.FailureClosed, "local": rls.FailureLocal} {
+		if got, ok := cfg.FailurePolicy(d); !ok || got != want {
+			t.Errorf("FailurePolicy(%q) = %v, %v; want %v", d, got, ok, want)
+		}
+	}
 	svc, err := rls.New(failing{m}, cfg, rls.WithRegisterer(reg))
 	if err != nil {
 		t.Fatal(err)
