@@ -1,0 +1,198 @@
+package rls_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/rls"
+)
+
+// TestShareThreshold: values matching a share_threshold wildcard share one
+// bucket; without it each value has its own.
+func TestShareThreshold(t *testing.T) {
+	_, c, _ := memoryService(t, `
+domain: d
+descriptors:
+  - key: shared
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: own
+    value: files/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`)
+	var got []string
+	for _, v := range []string{"files/a", "files/b", "files/c"} {
+		got = append(got, call(t, c, request("d", 0, desc("shared", v))).GetOverallCode().String(),
+			call(t, c, request("d", 0, desc("own", v))).GetOverallCode().String())
+	}
+	want := []string{"OK", "OK", "OK", "OK", "OVER_LIMIT", "OK"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("codes (-want +got):\n%s", diff)
+	}
+}
+
+// TestLimitOverride: a descriptor that carries its own limit is limited by
+// it, whatever the config says.
+func TestLimitOverride(t *testing.T) {
+	_, c, _ := memoryService(t, compatConfig)
+	d := desc("big", "o")
+	d.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typepb.RateLimitUnit_HOUR}
+	want := []outcome{{"OK", []string{"OK"}, []uint32{1}}, {"OK", []string{"OK"}, []uint32{0}}, {"OVER_LIMIT", []string{"OVER_LIMIT"}, []uint32{0}}}
+	for i, w := range want {
+		r := call(t, c, request("test-domain", 0, d))
+		if diff := cmp.Diff(w, outcomeOf(r)); diff != "" {
+			t.Errorf("call %d (-want +got):\n%s", i, diff)
+		}
+		if got := r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 2 {
+			t.Errorf("call %d: current_limit %d, want the override's 2", i, got)
+		}
+	}
+}
+
+// TestReservationsExpire: a reservation the service no longer holds is
+// not settled; the second call is taken as a first.
+func TestReservationsExpire(t *testing.T) {
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, compatConfig), rls.WithClock(clock), rls.WithReservations(1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := serve(t, svc)
+	d := func(id string, hits uint64) *rlpbDescriptor {
+		return withHits(desc("big", "e", rls.ReservationKey, id), hits)
+	}
+	steps := []struct {
+		name    string
+		d       *rlpbDescriptor
+		advance time.Duration
+		want    uint32
+	}{
+		{"reserve a", d("a", 4), 0, 6},
+		{"reserve b pushes a out", d("b", 1), 0, 5},
+		{"a is charged anew", d("a", 1), 0, 4},
+		{"b is gone too: the table holds one", d("b", 0), 0, 4},
+		{"reserve c", d("c", 2), 0, 2},
+		{"c expires", d("c", 0), 2 * time.Minute, 2 + 10}, // the clock refilled the bucket; c is a new take of 0
+	}
+	for _, s := range steps {
+		clock.Advance(s.advance)
+		r := call(t, c, request("test-domain", 0, s.d))
+		if got := r.GetStatuses()[0].GetLimitRemaining(); got != min(s.want, 10) {
+			t.Errorf("%s: remaining %d, want %d", s.name, got, min(s.want, 10))
+		}
+	}
+}
+
+// TestWatch: a change to the file is loaded; a broken one is reported and
+// leaves the config in force.
+func TestWatch(t *testing.T) {
+	p := writeConfig(t, "", "rl.yaml", "domain: a\n")
+	m, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type load struct {
+		domains []string
+		failed  bool
+	}
+	loads := make(chan load, 16)
+	svc, err := rls.New(m, nil, rls.WithOnReload(func(_ string, cfg *rls.Config, err error) {
+		if err != nil {
+			loads <- load{failed: true}
+			return
+		}
+		loads <- load{domains: cfg.Domains()}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Load(p); err != nil {
+		t.Fatal(err)
+	}
+	<-loads
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() { done <- svc.Watch(ctx, p, time.Millisecond) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != context.Canceled {
+			t.Errorf("Watch returned %v, want context.Canceled", err)
+		}
+	}()
+	writeConfig(t, filepath.Dir(p), "rl.yaml", "domain: bb\n")
+	if got := <-loads; !cmp.Equal(got.domains, []string{"bb"}) {
+		t.Errorf("after the first change: %+v, want domain bb", got)
+	}
+	writeConfig(t, filepath.Dir(p), "rl.yaml", "domain: [broken\n")
+	if got := <-loads; !got.failed {
+		t.Errorf("after a broken change: %+v, want a failed load", got)
+	}
+	if got := svc.Config().Domains(); !cmp.Equal(got, []string{"bb"}) {
+		t.Errorf("after a broken change the domains are %v, want [bb]", got)
+	}
+}
+
+// TestLeasesAllOrNothing: with leases on, a refused request gives back the
+// leased tokens it took, on Redis.
+func TestLeasesAllOrNothing(t *testing.T) {
+	skipWithoutRedis(t)
+	b := backends[1]
+	_ = b.store(t, newFakeClock()) // starts the shared server
+	clock := newFakeClock()
+	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	st := redisStore(t, c, clock, redisstore.WithLeases(time.Second, 16))
+	svc, err := rls.New(st, mustParse(t, `
+domain: d
+descriptors:
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: cold
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := serve(t, svc)
+	// Two decisions make the key hot: the second leases rate × 1 s more.
+	call(t, cl, request("d", 0, desc("hot", "k")))
+	call(t, cl, request("d", 0, desc("hot", "k")))
+	before := st.Stats().Lease
+	call(t, cl, request("d", 0, desc("hot", "k"))) // from the lease
+	if st.Stats().Lease == before {
+		t.Fatalf("no decision from a lease: %+v", st.Stats())
+	}
+	call(t, cl, request("d", 0, desc("cold", "k")))
+	// The hot take comes from the lease, the cold one refuses: the hot
+	// token goes back to the shared bucket.
+	peek := func() int {
+		// The service's key of the bucket of domain d, entry hot=k.
+		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Remaining
+	}
+	shared := peek()
+	if got := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
+		t.Fatalf("hot and cold: %s, want OVER_LIMIT", got)
+	}
+	if got := peek(); got != shared+1 {
+		t.Errorf("the shared bucket holds %d after the refusal, want %d: the leased token given back", got, shared+1)
+	}
+}
