@@ -13,7 +13,7 @@ GO        ?= go
 export GOWORK := off
 # The core module (the root) and the modules that carry heavier
 # dependencies, so that importing the core never pulls them in.
-MODULES   := . redisstore promfloodgate otelfloodgate internal/plot examples bench
+MODULES   := . redisstore promfloodgate otelfloodgate rls internal/plot examples bench
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -53,6 +53,20 @@
 // skipped, and a repeated option replaces the earlier one unless its doc
 // says it adds. [ErrInvalidOption] states it in full.
 //
+// # Cost known after the call
+//
+// A [Reserver] (keyed.Map, redisstore.Store) serves quotas whose cost is
+// known only once the call is done: ReserveN takes the call's estimate as
+// TakeN would, and the [Reservation] it returns settles once with the actual
+// cost, refunding what was not used (never above the burst) or charging the
+// overrun. An overrun may take the bucket below zero, down to the limit's
+// debt limit ([Limit].Debt, one burst by default); while the bucket owes
+// tokens every take is refused until refill repays them, and the part of a
+// charge beyond the debt limit is not charged and is reported
+// ([DebtLimitError]). Debt is bucket state like any other: it survives a
+// limit change and the keyed store's evictions. A reservation never settled
+// keeps its estimate charged, which errs toward the limit.
+//
 // # Zero values
 //
 // The zero [Limit] admits nothing. [Inf] admits everything and keeps no state.

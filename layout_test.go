@@ -52,6 +52,13 @@ var allowed = map[string][]string{
 	// Connect's error formats, without either's server.
 	"httplimit": {module, module + "/middleware", module + "/tenant", "google.golang.org/grpc/status",
 		"google.golang.org/protobuf", "github.com/hashicorp/golang-lru/v2"},
+	// Envoy's rate-limit service, in a module of its own: Envoy's protos,
+	// gRPC, Prometheus and the tenant config, over any floodgate.Reserver.
+	// It names no store (the binary chooses keyed or redisstore) and sits
+	// beside the middleware, not on it.
+	"rls": {module, module + "/tenant", module + "/internal/topk", "github.com/envoyproxy/go-control-plane",
+		"github.com/prometheus/client_golang", "go.yaml.in/yaml/v3", "google.golang.org/grpc",
+		"google.golang.org/protobuf"},
 }
 
 // aboveMiddleware are the library packages that may import the middleware.
@@ -137,17 +144,18 @@ func stdlib(imp string) bool {
 // that a user who imports the core packages (keyed, middleware, …) never
 // sees them in `go list -m all`.
 var heavy = map[string]string{
-	"github.com/prometheus/":  "promfloodgate",
-	"go.opentelemetry.io/":    "otelfloodgate",
-	"github.com/redis/":       "redisstore",
-	"gonum.org/v1/plot":       "internal/plot",
-	"connectrpc.com/":         "examples",
-	"github.com/go-redis/":    "bench",
-	"github.com/sethvargo/":   "bench",
-	"github.com/zeromicro/":   "bench",
-	"github.com/go-kratos/":   "bench",
-	"golang.org/x/time":       "bench",
-	"github.com/platinummonk": "bench",
+	"github.com/prometheus/":                 "promfloodgate",
+	"go.opentelemetry.io/":                   "otelfloodgate",
+	"github.com/redis/":                      "redisstore",
+	"gonum.org/v1/plot":                      "internal/plot",
+	"connectrpc.com/":                        "examples",
+	"github.com/go-redis/":                   "bench",
+	"github.com/sethvargo/":                  "bench",
+	"github.com/zeromicro/":                  "bench",
+	"github.com/go-kratos/":                  "bench",
+	"golang.org/x/time":                      "bench",
+	"github.com/platinummonk":                "bench",
+	"github.com/envoyproxy/go-control-plane": "rls",
 }
 
 // TestCoreModuleRequirements reads the core module's go.mod, which since Go

@@ -26,6 +26,11 @@ func TestValidate(t *testing.T) {
 		{floodgate.PerSecond(1, -1), false},
 		{floodgate.PerSecond(1, floodgate.MaxBurst+1), false},
 		{floodgate.PerSecond(1, 0), false},
+		{floodgate.Limit{Rate: 1, Burst: 1, Debt: floodgate.NoDebt}, true},
+		{floodgate.Limit{Rate: 1, Burst: 1, Debt: floodgate.MaxBurst}, true},
+		{floodgate.Limit{Rate: 1, Burst: 1, Debt: -2}, false},
+		{floodgate.Limit{Rate: 1, Burst: 1, Debt: floodgate.MaxBurst + 1}, false},
+		{floodgate.Limit{Rate: math.Inf(1), Debt: -2}, true}, // debt ignored
 	} {
 		err := c.lim.Validate()
 		if (err == nil) != c.ok {
@@ -58,9 +63,31 @@ func TestScale(t *testing.T) {
 		{floodgate.PerSecond(0, 100), 0.29, floodgate.PerSecond(0, 29)},      // 28.9999… is 29
 		{floodgate.PerSecond(0, 100), 0.295, floodgate.PerSecond(0, 29)},     // 29.5 is 29
 		{floodgate.PerSecond(0, 3), 0.1 / 3 * 10, floodgate.PerSecond(0, 1)}, // a third of 3
+		// An explicit debt limit scales as the burst does; the default
+		// (one burst) and NoDebt stay.
+		{floodgate.Limit{Rate: 10, Burst: 4, Debt: 40}, 0.5, floodgate.Limit{Rate: 5, Burst: 2, Debt: 20}},
+		{floodgate.Limit{Rate: 10, Burst: 4, Debt: 3}, 0.1, floodgate.Limit{Rate: 1, Burst: 1, Debt: 1}},
+		{floodgate.Limit{Rate: 10, Burst: 4, Debt: floodgate.NoDebt}, 0.5, floodgate.Limit{Rate: 5, Burst: 2, Debt: floodgate.NoDebt}},
+		{floodgate.Limit{Rate: 10, Burst: 4, Debt: floodgate.MaxBurst}, 2, floodgate.Limit{Rate: 20, Burst: 8, Debt: floodgate.MaxBurst}},
 	} {
 		if got := c.lim.Scale(c.f); got != c.want {
 			t.Errorf("%v.Scale(%v) = %v, want %v", c.lim, c.f, got, c.want)
+		}
+	}
+}
+
+func TestDebtLimit(t *testing.T) {
+	for _, c := range []struct {
+		lim  floodgate.Limit
+		want int
+	}{
+		{floodgate.PerSecond(1, 5), 5}, // the default: one burst
+		{floodgate.Limit{Rate: 1, Burst: 5, Debt: 12}, 12},
+		{floodgate.Limit{Rate: 1, Burst: 5, Debt: floodgate.NoDebt}, 0},
+		{floodgate.Limit{}, 0},
+	} {
+		if got := c.lim.DebtLimit(); got != c.want {
+			t.Errorf("%v.DebtLimit() = %d, want %d", c.lim, got, c.want)
 		}
 	}
 }
@@ -97,9 +124,11 @@ func TestDurationFor(t *testing.T) {
 
 func TestString(t *testing.T) {
 	for lim, want := range map[floodgate.Limit]string{
-		floodgate.PerSecond(2.5, 10): "2.5/s burst 10",
-		floodgate.Inf:                "inf",
-		{}:                           "0/s burst 0",
+		floodgate.PerSecond(2.5, 10):  "2.5/s burst 10",
+		floodgate.Inf:                 "inf",
+		{}:                            "0/s burst 0",
+		{Rate: 1, Burst: 2, Debt: 10}: "1/s burst 2 debt 10",
+		{Rate: 1, Burst: 2, Debt: floodgate.NoDebt}: "1/s burst 2 debt none",
 	} {
 		if got := lim.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)

@@ -40,6 +40,11 @@ var ErrWouldExceedDeadline = errors.New("floodgate: wait would exceed the contex
 //     take from an empty bucket that never refills; Wait returns
 //     [ErrWouldExceedDeadline].
 //
+// A bucket never goes below zero by a take: only a [Settler] charges it
+// below zero, down to its limit's [Limit.DebtLimit]. While it is below zero
+// every take is refused (Result.Owed > 0), with RetryAfter the time until
+// it holds n tokens again.
+//
 // Implementations are safe for concurrent use.
 type Store interface {
 	TakeN(ctx context.Context, key string, lim Limit, n int) (Result, error)
@@ -99,8 +104,16 @@ type Result struct {
 	// Remaining is the whole number of tokens left in the bucket after the
 	// call (never negative).
 	Remaining int
+	// Owed is the tokens the bucket owes after the call, rounded up: 0
+	// unless it is below zero, after a settle that charged more than was
+	// reserved (or, in the keyed store, while WaitN reservations are
+	// owed). A take refused with Owed > 0 was refused for the debt, which
+	// refuses every take until it is repaid.
+	Owed int
 	// RetryAfter is how long until the same take could succeed: 0 when
-	// allowed, [Never] when it cannot succeed under this limit.
+	// allowed, [Never] when it cannot succeed under this limit. For a
+	// bucket in debt it is the time to repay the debt and gain the tokens
+	// asked for.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration

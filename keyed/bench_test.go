@@ -32,23 +32,56 @@ func filled(b *testing.B, n int) (*Map, []string) {
 	}
 	return m, keys
 }
+
+// scrambled returns 2^20 indexes below n in a fixed pseudo-random order
+// (xorshift), so that takes do not walk the table in order.
+func scrambled(n int) []uint32 {
+	order := make([]uint32, 1<<20)
+	x := uint64(88172645463325252)
+	for i := range order {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		order[i] = uint32(x % uint64(n))
+	}
+	return order
+}
+
+var benchKeys = []int{1_000, 100_000, 1_000_000}
+
 func BenchmarkTakeN(b *testing.B) {
-	for _, n := range []int{1_000, 100_000, 1_000_000} {
+	for _, n := range benchKeys {
 		b.Run("keys="+strconv.Itoa(n), func(b *testing.B) {
 			m, keys := filled(b, n)
 			ctx := context.Background()
-			order := make([]uint32, 1<<20)
-			x := uint64(88172645463325252)
-			for i := range order {
-				x ^= x << 13
-				x ^= x >> 7
-				x ^= x << 17
-				order[i] = uint32(x % uint64(n))
-			}
+			order := scrambled(n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				m.TakeN(ctx, keys[order[i&(len(order)-1)]], benchLimit, 1)
+			}
+		})
+	}
+}
+
+// BenchmarkReserveSettle is a reservation of 5 tokens settled at 3 (a
+// refund), on the keys of BenchmarkTakeN: run both in one go to compare a
+// take of a known cost with one whose cost is known after the call.
+func BenchmarkReserveSettle(b *testing.B) {
+	for _, n := range benchKeys {
+		b.Run("keys="+strconv.Itoa(n), func(b *testing.B) {
+			m, keys := filled(b, n)
+			ctx := context.Background()
+			order := scrambled(n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				key := keys[order[i&(len(order)-1)]]
+				r, _ := m.ReserveN(ctx, key, benchLimit, 5)
+				if !r.Result.Allowed {
+					b.Fatal("reservation refused: the benchmark measures the accept path")
+				}
+				r.Settle(ctx, 3)
 			}
 		})
 	}

@@ -29,7 +29,7 @@ func less(a, b int64) int64 {
 // state is one bucket: 24 bytes, no pointers. Times are nanoseconds on the
 // Map's monotonic clock.
 type state struct {
-	tokens int64 // in units of 1e-9 token; negative while WaitN reservations are owed
+	tokens int64 // in units of 1e-9 token; negative while the bucket owes tokens (settles, WaitN)
 	last   int64 // when tokens was counted
 	fullAt int64 // when the bucket is full again under the last limit that touched it
 }
@@ -92,10 +92,12 @@ func toDuration(ns int64) time.Duration {
 }
 
 // take decides a take of n ≥ 1 tokens on s at now into res and updates s
-// when it succeeds. It writes nothing on rejection: refill is linear, so a
-// bucket that is left alone computes the same tokens later. The result is
-// written through a pointer because a Result is seven words: returning it
-// by value through the call chain cost more than the decision.
+// when it succeeds. It writes nothing on rejection (refill is linear, so a
+// bucket that is left alone computes the same tokens later), except to
+// keep a bucket in debt from eviction for as long as lim takes to refill
+// it (see owing). The result is written through a pointer because a Result
+// is several words: returning it by value through the call chain cost more
+// than the decision.
 func (s *state) take(res *floodgate.Result, lim floodgate.Limit, n int, now int64) {
 	tokens, at := s.refill(lim, now)
 	res.Limit = lim
@@ -110,12 +112,73 @@ func (s *state) take(res *floodgate.Result, lim floodgate.Limit, n int, now int6
 		res.RetryAfter = floodgate.Never
 		res.ResetAfter = toDuration(waitFor(lim, less(burst, tokens)))
 	default:
+		reset := waitFor(lim, less(burst, tokens))
 		res.RetryAfter = toDuration(waitFor(lim, less(need, tokens)))
-		res.ResetAfter = toDuration(waitFor(lim, less(burst, tokens)))
+		res.ResetAfter = toDuration(reset)
+		if tokens < 0 {
+			s.owing(reset, at)
+		}
 	}
+	count(res, tokens)
+}
+
+// owing keeps a bucket that owes tokens from counting as full before the
+// limit in force, which refills it in reset from at, has refilled it: a
+// limit whose rate was lowered since the settle that charged the debt
+// would otherwise let the eviction scan drop the bucket, and its debt,
+// early. It only ever delays fullAt.
+func (s *state) owing(reset, at int64) {
+	if reset == never || at > 0 && reset > never-at { // or past the end of the clock
+		s.fullAt = never
+	} else if full := at + reset; full > s.fullAt {
+		s.fullAt = full
+	}
+}
+
+// count writes tokens, in units, into res: the whole tokens Remaining, or
+// the tokens Owed, rounded up, while the bucket is below zero.
+func count(res *floodgate.Result, tokens int64) {
 	if tokens > 0 {
 		res.Remaining = int(tokens / unit)
+	} else if tokens < 0 {
+		// −tokens would overflow at math.MinInt64.
+		res.Owed = int(-(tokens+1)/unit + 1)
 	}
+}
+
+// settle applies a settle to s at now under lim: it refunds −delta tokens
+// (delta < 0), never above the burst, or charges delta tokens (delta > 0),
+// below zero down to lim's debt limit, in whole tokens. It writes the
+// bucket into res and returns the tokens of the charge that did not fit.
+func (s *state) settle(res *floodgate.Result, lim floodgate.Limit, delta int, now int64) (uncharged int) {
+	tokens, at := s.refill(lim, now)
+	burst := int64(lim.Burst) * unit
+	switch {
+	case delta < 0:
+		// delta is a difference of two ints ≥ 0: −delta fits.
+		if refund, gap := int64(-delta), less(burst, tokens); refund > gap/unit {
+			tokens = burst
+		} else {
+			tokens += refund * unit
+		}
+	case delta > 0:
+		// room is the whole tokens the bucket gives before it owes its
+		// debt limit, computed without overflow: tokens and the debt
+		// limit are each at most MaxBurst tokens, their sum may not fit.
+		debt := int64(lim.DebtLimit())
+		var room int64
+		if tokens >= 0 {
+			room = tokens/unit + debt
+		} else if t := tokens + debt*unit; t > 0 {
+			room = t / unit
+		}
+		charge := min(int64(delta), room)
+		tokens -= charge * unit
+		uncharged = int(int64(delta) - charge)
+	}
+	*res = floodgate.Result{Allowed: true, Limit: lim, ResetAfter: toDuration(s.set(lim, tokens, at))}
+	count(res, tokens)
+	return uncharged
 }
 
 // set stores tokens counted at at and returns the time until the bucket is
@@ -140,9 +203,7 @@ func (s *state) set(lim floodgate.Limit, tokens, at int64) int64 {
 func (s *state) peek(lim floodgate.Limit, now int64) floodgate.Result {
 	tokens, _ := s.refill(lim, now)
 	res := floodgate.Result{Allowed: true, Limit: lim}
-	if tokens > 0 {
-		res.Remaining = int(tokens / unit)
-	}
+	count(&res, tokens)
 	res.ResetAfter = toDuration(waitFor(lim, less(int64(lim.Burst)*unit, tokens)))
 	return res
 }

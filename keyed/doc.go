@@ -33,9 +33,29 @@
 // policy, so a flood of made-up keys cannot hand a drained client a fresh
 // burst; such new keys share their shard's overflow bucket instead, and
 // [Stats].Overflowed tells the operator to raise the capacity. [Evict] trades
-// that guarantee for a bucket per key. "Full" means full under the last limit
-// that took from the bucket: one drained while the CPU gate cut limits counts
-// as full sooner than under the restored limit.
+// that guarantee for a bucket per key, but never evicts a bucket that owes
+// tokens: that would forgive its debt. "Full" means full under the last limit
+// that took from the bucket (or refused it while it owed): one drained while
+// the CPU gate cut limits counts as full sooner than under the restored limit.
+//
+// # Reservations and debt
+//
+// [Map] is a [floodgate.Reserver]: [Map.ReserveN] takes a call's estimated
+// cost as TakeN does, and the [floodgate.Reservation] settles once with the
+// actual cost ([Map.SettleN]), refunding the difference, never above the
+// burst, or charging it. A charge may take the bucket below zero, down to
+// the limit's [floodgate.Limit.DebtLimit] (one burst by default), in whole
+// tokens; what does not fit is not charged and is reported in a
+// [*floodgate.DebtLimitError]. A bucket below zero refuses every take, with
+// RetryAfter the time until it holds the tokens asked for, and reports what
+// it owes in Result.Owed. The debt is the bucket's own negative tokens, the
+// same fixed-point integers as the WaitN reservations it shares them with:
+// it is kept across limit changes (the limit travels with each call), no
+// eviction drops it, and only [Map.Reset] forgives it. Reservation and
+// settle are each one locked update of the key's slot, exact under
+// concurrency, and allocate nothing. A refund to a key the Map no longer
+// tracks, or one whose reservation its shard's overflow bucket decided, is
+// dropped: the estimate stays charged, which errs toward the limit.
 //
 // # Time
 //
@@ -67,7 +87,8 @@
 //
 // # Edge cases
 //
-// A take of 0 tokens reports the bucket without changing it. [Map.TakeN],
+// A take of 0 tokens reports the bucket without changing it; a reservation
+// of 0 tokens is refused while the bucket owes tokens. [Map.TakeN],
 // [Map.TakeAt] and [Map.WaitN] reject a negative n with
 // [floodgate.ErrNegativeN], and an invalid limit. A take of more than the
 // burst is refused with RetryAfter [floodgate.Never], creates nothing, and

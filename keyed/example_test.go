@@ -56,3 +56,17 @@ func ExampleMap_WaitN() {
 	// Output:
 	// floodgate: n exceeds the limit's burst
 }
+
+func ExampleMap_ReserveN() {
+	m, _ := keyed.New()
+	lim := floodgate.Limit{Rate: 1, Burst: 10, Debt: 5} // at most 5 tokens owed
+	ctx := context.Background()
+	r, _ := m.ReserveN(ctx, "job", lim, 4)
+	res, err := r.Settle(ctx, 25) // 21 more than reserved: 6 + 5 fit
+	fmt.Println(res.Owed, err)
+	_, err = r.Settle(ctx, 25)
+	fmt.Println(err)
+	// Output:
+	// 5 floodgate: charge exceeds the debt limit: 10 tokens not charged
+	// floodgate: reservation already settled
+}

@@ -16,6 +16,7 @@ var (
 	_ floodgate.Store    = (*Map)(nil)
 	_ floodgate.Peeker   = (*Map)(nil)
 	_ floodgate.Resetter = (*Map)(nil)
+	_ floodgate.Reserver = (*Map)(nil)
 )
 
 // A Map holds one token bucket per key, in memory, for at most a fixed
@@ -161,7 +162,7 @@ func check(lim floodgate.Limit, n int) error {
 	if n < 0 {
 		return floodgate.ErrNegativeN
 	}
-	if lim.Rate >= 0 && lim.Burst > 0 && lim.Burst <= floodgate.MaxBurst {
+	if lim.Rate >= 0 && lim.Burst > 0 && lim.Burst <= floodgate.MaxBurst && uint(lim.Debt+1) <= floodgate.MaxBurst+1 {
 		return nil // the common case, without a call
 	}
 	return lim.Validate()
@@ -316,7 +317,8 @@ func (m *Map) Peek(_ context.Context, key string, lim floodgate.Limit) (floodgat
 
 // Tokens returns the tokens in key's bucket under lim now, with their
 // fraction: a full bucket for a key the Map does not track, +Inf for
-// [floodgate.Inf], and a negative number while WaitN reservations are owed.
+// [floodgate.Inf], and a negative number while the bucket owes tokens (a
+// settle charged it below zero, or WaitN reservations are owed).
 func (m *Map) Tokens(key string, lim floodgate.Limit) float64 {
 	return m.tokens(key, lim, m.now())
 }
@@ -340,8 +342,8 @@ func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 	return float64(tokens) / unit
 }
 
-// Reset forgets key's bucket, so its next take starts full. It never
-// fails; ctx and the error are there for the signature every store shares
+// Reset forgets key's bucket, so its next take starts full: it forgives
+// any debt, which nothing else does. It never fails; ctx and the error are there for the signature every store shares
 // ([floodgate.Resetter]).
 func (m *Map) Reset(_ context.Context, key string) error {
 	s, k := m.hash(key)

@@ -21,7 +21,8 @@ const (
 	// down new clients but never resets a drained client. The default.
 	Protect Pressure = iota
 	// Evict evicts the not-yet-full bucket closest to full, preferring
-	// buckets not used recently, and counts it in [Stats].EvictedNotFull.
+	// buckets not used recently, but never one that owes tokens (see
+	// [Map.SettleN]), and counts it in [Stats].EvictedNotFull.
 	// A key gets a bucket of its own, at the price of handing the evicted
 	// client a fresh burst when it returns. (Eviction scans the new key's
 	// shard, and, when that shard holds less than its share of the

@@ -235,8 +235,10 @@ func (t *table) removeAt(hole uint64) {
 // evict removes one bucket to make room and reports it. It prefers, in
 // order: a full bucket not used since the hand last passed it; a full bucket
 // used since; and, only when notFull is allowed, the not-yet-full bucket
-// closest to full, preferring unused ones. Evicting a full bucket changes no
-// decision: a new bucket starts full too. The shard mutex must be held.
+// closest to full, preferring unused ones, among those that owed nothing
+// when last counted. Evicting a full bucket changes no decision: a new
+// bucket starts full too. Evicting one in debt would forgive the debt, so
+// no pressure policy does. The shard mutex must be held.
 //
 // The scan locks each slot to read its state and keeps the best candidate
 // locked until it is evicted or replaced, so no take can drain a bucket
@@ -261,6 +263,9 @@ func (t *table) evict(now int64, notFull bool) (Eviction, bool) {
 		idle := m&refBit == 0
 		m &^= refBit // the second chance is spent
 		full := s.st.full(now)
+		// A bucket that was below zero when last counted may still be:
+		// only one that has refilled may go then.
+		fit := full || notFull && s.st.tokens >= 0
 		switch {
 		case full && idle:
 			if best != none {
@@ -269,8 +274,8 @@ func (t *table) evict(now int64, notFull bool) (Eviction, bool) {
 			t.hand = i + 1
 			t.removeAt(i)
 			return Eviction{Hash: m & hashMask, Full: true}, true
-		case best == none && (full || notFull),
-			best != none && !bestFull && (full || idle && !bestIdle ||
+		case best == none && fit,
+			best != none && !bestFull && fit && (full || idle && !bestIdle ||
 				idle == bestIdle && s.st.fullAt < slots[best].st.fullAt):
 			if best != none {
 				slots[best].meta.Store(bestMeta)

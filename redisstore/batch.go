@@ -17,7 +17,8 @@ import (
 // next sender, and a flusher goroutine sends batch after batch until the
 // queue is empty, then ends. Every op is answered by its due time; a caller
 // that stops waiting earlier (its context ended) leaves its op in the batch,
-// and Redis may still apply it, which under-admits, never over-admits.
+// and Redis may still apply it: a take its caller was not told of, which
+// under-admits, never over-admits, or the settle its caller asked for.
 //
 // While batches are on the wire the next one accumulates, so batches grow
 // with concurrency and the round trips per decision fall.

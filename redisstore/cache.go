@@ -71,10 +71,14 @@ func (c *denyCache) lookup(key string, lim floodgate.Limit, n int, now int64) (f
 	}
 	res := floodgate.Result{
 		Limit:      lim,
-		Remaining:  int(tokens / 1e9),
 		RetryAfter: waitFor(lim, need-tokens),
 		ResetAfter: waitFor(lim, burst-tokens),
 		Source:     floodgate.SourceCache,
+	}
+	if tokens > 0 {
+		res.Remaining = int(tokens / 1e9)
+	} else if tokens < 0 { // the bucket owes: rounded up
+		res.Owed = int((-tokens + 1e9 - 1) / 1e9)
 	}
 	return res, true
 }

@@ -93,11 +93,11 @@
 // after PoolSize failed dials and retries once a second: after an outage
 // long enough for that, recovery can take up to that second more.
 //
-// TakeN returns an error only for a negative n, an invalid limit, n above
+// TakeN (and ReserveN) returns an error only for a negative n, an invalid limit, n above
 // a positive burst (wrapping floodgate.ErrExceedsBurst, as every store
 // does), a key longer than [MaxKeyLen] (1 KiB: [floodgate.ErrKeyTooLong]) or an ended
-// context, never for Redis's trouble; Peek, Refund and Reset return errors
-// wrapping [ErrUnavailable], whose text never includes Redis's (use
+// context, never for Redis's trouble; Peek, Refund, SettleN and Reset
+// return errors wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).
 //
 // # Batching, deny cache and leases
@@ -124,6 +124,32 @@
 // shared bucket, so over any window of length t all instances together
 // admit at most burst + rate×(t+d): leases add at most rate×d to the
 // bound. Unspent tokens are lost, which under-admits.
+//
+// # Reservations
+//
+// A [Store] is a [floodgate.Reserver], for quotas whose cost is known only
+// after the call. [Store.ReserveN] takes the call's estimate as TakeN does;
+// the [floodgate.Reservation] settles the actual cost with [Store.SettleN].
+// Each is one script call (one round trip, or one decision of a batch) on
+// the bucket's one key, so atomic and safe on a Cluster. The script's
+// settle mode refunds, never above the burst, or charges whatever the
+// bucket holds, below zero down to the limit's debt limit (one burst by
+// default) in whole tokens; what does not fit is not charged and is
+// reported in a [*floodgate.DebtLimitError]. A bucket below zero refuses
+// every take (Result.Owed says what it owes) and keeps its key until it is
+// full again, so its debt outlives limit changes and holds in every
+// process. A process that dies holding reservations leaves their estimates
+// charged: that errs toward the limit, never over it. No settle goes to the
+// failure policy (see [Store.SettleN] for one Redis cannot apply); a
+// reservation the [Local] fallback decided settles on the fallback.
+//
+// Batching adds nothing to the bound: each decision is applied alone and
+// in order. Leases add what they add to takes: every leased token was
+// taken from the shared bucket, so over any window of length t all
+// instances together admit a cost of at most burst + rate×(t+d) + the debt
+// limit, plus the tokens reported not charged. A process's leased tokens
+// are spent for up to d after the bucket went into debt elsewhere (the
+// process that settled into debt drops its own), which that rate×d counts.
 //
 // # Observability
 //

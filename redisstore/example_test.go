@@ -85,3 +85,25 @@ func ExampleStore_Key() {
 	// rl:{user:42}:push
 	// rl:{%7Bevil%7D}:push
 }
+
+// A quota of model tokens shared by every instance: each call reserves its
+// estimate, and settles the reply's actual cost once it is written.
+func ExampleStore_ReserveN() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	store, err := redisstore.New(client, redisstore.WithPrefix("llm"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := floodgate.Every(time.Minute/100_000, 100_000) // 100k tokens a minute
+	r, err := store.ReserveN(ctx, "tenant-42", lim, 500) // the estimate
+	if err != nil || !r.Result.Allowed {
+		return // refused: r.Result.RetryAfter says when to come back
+	}
+	used := 1800 // counted once the reply is written
+	// The call's own context may have ended with it: settle regardless.
+	if _, err := r.Settle(context.WithoutCancel(ctx), used); err != nil {
+		log.Print(err) // floodgate.ErrDebtLimit, or Redis unavailable
+	}
+}

@@ -19,7 +19,11 @@ import (
 // spent locally until d after the request was sent, then dropped. Every
 // leased token was taken from the shared bucket no earlier than it was sent,
 // and is spent within d of that, so over any window of length t all
-// instances admit at most burst + rate×(t+d).
+// instances admit at most burst + rate×(t+d). A reservation served from a
+// lease settles on the shared bucket, whose debt limit adds to that bound
+// as it does without leases; a settle that leaves the bucket in debt drops
+// this process's lease on the key, while other processes may spend theirs
+// for up to d more, tokens taken before the debt, which rate×d counts.
 type leaseTable struct {
 	mu sync.Mutex // guards m and its entries: a decision reads and updates its lease at once
 	d  int64      // ns

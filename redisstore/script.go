@@ -20,16 +20,21 @@ import (
 // server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms added to
 // every TTL (see clockSlack). Then four arguments per decision: rate (tokens
 // per second, which is also micro-tokens per µs), burst (tokens), n (tokens)
-// and mode. Modes: 0 takes n, 1 peeks, 2 refunds n, "3:<min>" leases: takes
-// as many whole tokens as the bucket holds, at most n and at least min.
+// and mode. Modes: 0 takes n (n = 0 is allowed unless the bucket owes
+// tokens, and writes nothing), 1 peeks, 2 refunds n, "3:<min>" leases:
+// takes as many whole tokens as the bucket holds, at most n and at least
+// min; "4:<debt>" settles: n < 0 refunds −n, never above the burst, and
+// n > 0 charges n whatever the bucket holds, in whole tokens, down to debt
+// tokens below zero at most.
 //
 // State is 16 bytes: micro-tokens and the µs they were counted at, two
 // little-endian doubles (struct.pack '<d<d', much cheaper than formatting
-// text). Both are integers below 2^53, which doubles hold exactly (burst ≤
-// 2^33 tokens = 8.6e15 micro-tokens). A
+// text). Both are integers of magnitude below 2^53, which doubles hold
+// exactly (burst and debt ≤ 2^33 tokens = 8.6e15 micro-tokens); tokens are
+// negative while the bucket owes, after a settle. A
 // missing bucket is full. Refill rounds down. Time never moves backwards:
 // a bucket counted at a later time than now keeps its time. Only takes,
-// leases and refunds write, always with a TTL: the time until the bucket is
+// leases, refunds and settles write, always with a TTL: the time until the bucket is
 // full again plus ARGV[3], at least 1 ms and at most ARGV[2] ms. Once a
 // bucket is full, a missing key means the same thing, so the TTL may run
 // late but must not run early: a decision that writes nothing on a bucket
@@ -38,7 +43,8 @@ import (
 // sixteenth of it has passed).
 //
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
-// micro-tokens after the decision, and the whole tokens taken. A key that
+// micro-tokens after the decision, and the whole tokens taken (by a settle:
+// charged). A key that
 // holds something other than a bucket answers -1, 0, 0 and is left alone;
 // the script's other decisions are made as usual.
 const bucketLua = `
@@ -56,10 +62,10 @@ for i = 1, #KEYS do
   local burst = tonumber(ARGV[a + 2]) * 1000000
   local n = tonumber(ARGV[a + 3]) * 1000000
   local mode = ARGV[a + 4]
-  local min = 0
-  if #mode > 1 then -- a lease: "3:<min>"
-    min = tonumber(string.sub(mode, 3)) * 1000000
-    mode = '3'
+  local arg = 0
+  if #mode > 1 then -- a lease, "3:<min>", or a settle, "4:<debt>"
+    arg = tonumber(string.sub(mode, 3)) * 1000000
+    mode = string.sub(mode, 1, 1)
   end
   local key = KEYS[i]
   local v = redis.pcall('GET', key)
@@ -94,7 +100,7 @@ for i = 1, #KEYS do
     if mode == '0' then
       if n <= burst and tokens >= n then
         tokens = tokens - n
-        allowed, taken, write = 1, n, true
+        allowed, taken, write = 1, n, n > 0
       end
     elseif mode == '1' then
       allowed = 1
@@ -109,14 +115,44 @@ for i = 1, #KEYS do
           write = true
         end
       end
-    else
+    elseif mode == '3' then
       local give = math.floor(tokens / 1000000) * 1000000
       if give > n then
         give = n
       end
-      if give >= min and give > 0 then
+      if give >= arg and give > 0 then
         tokens = tokens - give
         allowed, taken, write = 1, give, true
+      end
+    else
+      allowed = 1
+      if n < 0 then
+        if exists then
+          tokens = tokens - n
+          if tokens >= burst then
+            tokens = burst
+            redis.call('DEL', key)
+          else
+            write = true
+          end
+        end
+      elseif n > 0 then
+        -- The whole tokens the bucket gives before it owes arg. fmod is
+        -- exact, where a floor of a quotient may round up near 2^33
+        -- tokens; each operand is whole tokens, so the sum is exact too.
+        local room = 0
+        if tokens >= 0 then
+          room = tokens - math.fmod(tokens, 1000000) + arg
+        elseif tokens + arg > 0 then
+          room = tokens + arg - math.fmod(tokens + arg, 1000000)
+        end
+        if room > n then
+          room = n
+        end
+        if room > 0 then
+          tokens = tokens - room
+          taken, write = room, true
+        end
       end
     end
     if write or (exists and tokens < burst) then
@@ -178,13 +214,14 @@ const (
 	modePeek   = 1
 	modeRefund = 2
 	modeLease  = 3
+	modeSettle = 4
 )
 
 // op is one decision on its way to Redis.
 type op struct {
 	key  string
 	lim  floodgate.Limit
-	n    int
+	n    int // a settle's: the tokens to charge, or to refund when negative
 	mode int
 	min  int // leases only
 }
@@ -207,22 +244,26 @@ func (o *op) appendArgs(args []any) []any {
 	la := lastLimit.Load()
 	if la == nil || la.lim != o.lim {
 		la = &limitArgs{
-			lim:   o.lim,
-			rate:  strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
-			burst: strconv.Itoa(o.lim.Burst),
+			lim:    o.lim,
+			rate:   strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
+			burst:  strconv.Itoa(o.lim.Burst),
+			settle: "4:" + strconv.Itoa(o.lim.DebtLimit()),
 		}
 		lastLimit.Store(la)
 	}
 	var mode any = o.mode
-	if o.mode == modeLease {
+	switch o.mode {
+	case modeLease:
 		mode = "3:" + strconv.Itoa(o.min)
+	case modeSettle:
+		mode = la.settle
 	}
 	return append(args, la.rate, la.burst, o.n, mode)
 }
 
 type limitArgs struct {
-	lim         floodgate.Limit
-	rate, burst any
+	lim                 floodgate.Limit
+	rate, burst, settle any
 }
 
 var lastLimit atomic.Pointer[limitArgs]
@@ -306,9 +347,7 @@ func (o *op) result(r reply) floodgate.Result {
 	res := floodgate.Result{Allowed: r.allowed, Limit: o.lim, Source: floodgate.SourceRedis}
 	tokens := r.tokens * unit
 	burst := int64(o.lim.Burst) * 1e9
-	if tokens > 0 {
-		res.Remaining = int(r.tokens / 1e6)
-	}
+	count(&res, r.tokens)
 	res.ResetAfter = waitFor(o.lim, burst-tokens)
 	if !r.allowed {
 		if o.n > o.lim.Burst {
@@ -322,4 +361,14 @@ func (o *op) result(r reply) floodgate.Result {
 		}
 	}
 	return res
+}
+
+// count writes micro-tokens into res: the whole tokens Remaining, or the
+// tokens Owed, rounded up, while the bucket is below zero.
+func count(res *floodgate.Result, micro int64) {
+	if micro > 0 {
+		res.Remaining = int(micro / 1e6)
+	} else if micro < 0 {
+		res.Owed = int((-micro + 1e6 - 1) / 1e6)
+	}
 }

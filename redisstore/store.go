@@ -78,6 +78,7 @@ var (
 	_ floodgate.Store    = (*Store)(nil)
 	_ floodgate.Peeker   = (*Store)(nil)
 	_ floodgate.Resetter = (*Store)(nil)
+	_ floodgate.Reserver = (*Store)(nil)
 )
 
 // New returns a Store deciding on client, a *redis.Client, *redis.ClusterClient
@@ -235,6 +236,13 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
+	return s.take(ctx, key, lim, n, false)
+}
+
+// take decides a take, or with reserve a reservation, which differs in
+// one case: a reservation of 0 tokens is refused while the bucket owes
+// tokens, where a take of 0 is a peek.
+func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int, reserve bool) (floodgate.Result, error) {
 	if err := check(key, lim, n); err != nil {
 		if err == errExceedsBurst {
 			return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, err
@@ -260,8 +268,13 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 		}
 	}
 	mode := modeTake
-	if n == 0 {
+	switch {
+	case n > 0:
+	case !reserve:
 		mode = modePeek
+	case lim.IsZero(): // admits nothing, not even a reservation of nothing
+		s.counts[floodgate.SourceRedis].Add(1)
+		return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, nil
 	}
 	if res, ok, err := s.spared(ctx, key, lim, n, mode); ok {
 		return res, err
@@ -555,7 +568,7 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 	var res floodgate.Result
 	err = nil
 	if n <= lim.Burst {
-		res, err = s.fallback.TakeN(ctx, subject, lim, n)
+		res, err = s.fallbackTake(ctx, subject, lim, n, o.mode)
 	}
 	switch {
 	case n > lim.Burst || errors.Is(err, floodgate.ErrExceedsBurst):
@@ -572,6 +585,19 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 	res.Source = floodgate.SourceFallback
 	s.decided(floodgate.SourceFallback)
 	return res, nil
+}
+
+// fallbackTake takes n tokens from the fallback store. A reservation of 0
+// tokens (modeTake) is a reservation there too, when the fallback can
+// reserve: a take of 0 would admit it while the local bucket owes tokens.
+func (s *Store) fallbackTake(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, error) {
+	if n == 0 && mode == modeTake {
+		if r, ok := s.fallback.(floodgate.Reserver); ok {
+			rv, err := r.ReserveN(ctx, key, lim, 0)
+			return rv.Result, err
+		}
+	}
+	return s.fallback.TakeN(ctx, key, lim, n)
 }
 
 // Peek reports key's bucket under lim without taking from it: Remaining,

@@ -1,0 +1,157 @@
+// Package rls serves Envoy's rate-limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit), which
+// Envoy, Istio, Envoy Gateway and other Envoy-based proxies ask before each
+// request, with floodgate's token buckets: in memory (keyed.Map) for one
+// replica, or on Redis (redisstore.Store) for a fleet that shares them.
+// The command floodgate-rls (rls/cmd/floodgate-rls) runs it.
+//
+// # Config
+//
+// [LoadConfig] reads envoyproxy/ratelimit's config format as it is: a
+// domain, nested descriptors of key and optional value, rate_limit with
+// requests_per_unit and unit (second, minute, hour, day, and week, month,
+// year as envoyproxy/ratelimit counts them), unlimited, name and replaces,
+// shadow_mode, detailed_metric, wildcard values ('*' matches any bytes:
+// "foo*", "a*b"), and share_threshold; value_to_metric and metadata are
+// accepted and have no effect; quota_mode is refused. A path may be one
+// file or a directory of them, one domain each. Validation is strict: an
+// unknown or duplicate key, a value of the wrong type, a duplicate
+// descriptor or domain, a bad unit, unlimited with a unit, an empty or
+// self-naming replaces: every problem is reported at once, each with its
+// file and line ([ConfigError]).
+//
+// Two fields are floodgate's own, which envoyproxy/ratelimit would refuse
+// as unknown keys, so a file shared with it must not use them:
+// rate_limit.burst, the bucket's capacity (default: one unit's worth,
+// requests_per_unit), and the top-level failure_policy (local, open or
+// closed; see below).
+//
+// A floodgate tenant config (package tenant: tiers, tenants, anonymous)
+// is accepted too: it serves the domain named by its file's base name
+// without extension. Its descriptors carry the entries api_key (the
+// caller's key, hashed and looked up) or tenant (an ID), method (the gRPC
+// full method) and remote_address (which keys anonymous callers); each
+// resolves to the tenant's rule for the method, with its cost, and to the
+// bucket the floodgate middleware uses for the same tenant and rule, so
+// that the service and the library share buckets on a shared store.
+//
+// # Matching
+//
+// A descriptor resolves as in envoyproxy/ratelimit: at each level its
+// entry's key and value, then the key's wildcard values in config order,
+// then the key alone; a rate_limit applies when the level that holds it
+// matches the descriptor's last entry. No match, or a match without a
+// rate_limit, is OK and takes nothing; so is unlimited (limit_remaining
+// is the largest uint32). A limit whose name another matched descriptor's
+// replaces lists is dropped from the request. A descriptor that carries
+// its own limit (the limit override) is limited by it.
+//
+// # Semantics
+//
+// Every limited descriptor is one token bucket: requests_per_unit tokens
+// per unit, refilled evenly (rate = requests_per_unit / unit), holding a
+// burst of requests_per_unit unless rate_limit.burst says otherwise. So
+// over any window of length t a bucket admits at most burst + rate × t,
+// where a fixed window (envoyproxy/ratelimit's) admits up to twice its
+// limit across a window's edge. The bucket's key is the domain and the
+// request's entries, keys and values (a share_threshold wildcard's
+// pattern stands for its values): it does not depend on the limit, so a
+// reload that keeps a descriptor keeps its bucket's tokens, and a changed
+// limit applies from the next decision.
+//
+// A descriptor's cost is its hits_addend when it sets one, 0 included (a
+// check that takes nothing, refused only while the bucket owes tokens),
+// else the request's hits_addend, where 0 means 1. A cost above the
+// burst can never be admitted and is OVER_LIMIT. A descriptor with
+// is_negative_hits gives its cost back (a refund, never above the burst)
+// and is OK.
+//
+// A request is OVER_LIMIT when any of its descriptors not in shadow mode
+// is, and then nothing is taken from any bucket. The service takes from
+// each limited bucket in order, each take atomic in its store (one Lua
+// script call on Redis); at the first refusal it gives back every take
+// before it ([floodgate.Reservation.Settle] with 0: exact, since a refund
+// never lifts a bucket above its burst, so the bucket ends as if never
+// taken from) and takes no further. Between a take and its refund a
+// concurrent request can see the lower count, and be refused for it:
+// the transient errs toward the limit, never over it. This holds alike in
+// memory and on Redis, standalone or Cluster (each bucket is one key in
+// its own slot; no script spans keys). The descriptors after the refusal
+// are peeked for their status, taking nothing.
+//
+// Shadow mode decides and counts as usual but answers OK: a refused
+// shadow descriptor takes nothing and refuses nothing. The response
+// carries overall_code and, per descriptor, code, current_limit,
+// limit_remaining (the bucket's whole tokens left) and
+// duration_until_reset (until the bucket is full again). With
+// [WithResponseHeaders] it adds x-ratelimit-limit (requests_per_unit),
+// x-ratelimit-remaining and x-ratelimit-reset (whole seconds until the
+// refused take could succeed, or until the bucket is full) for the
+// descriptor that refused, else the one with the fewest tokens left.
+//
+// # Charges on the response
+//
+// Envoy sends a second call when a request is done for rate limits with
+// apply_on_stream_done, whose hits_addend may carry the actual cost (bytes,
+// tokens of a model's reply). envoyproxy/ratelimit adds it like any hit.
+// Here, a descriptor that carries the entry [ReservationKey]
+// ("floodgate.reservation", value: the request's ID, say x-request-id)
+// links the two calls: the first takes its cost as an estimate and keeps
+// the [floodgate.Reservation]; the second, with the same entries and ID,
+// settles it at its cost, refunding the difference or charging the
+// overrun (into debt down to the limit's debt limit, one burst), and is
+// OK. The entry is not part of the match or of the bucket. The service
+// keeps reservations in process ([WithReservations], 65536 for 5 minutes
+// by default); a second call that finds none (expired, pushed out, or
+// sent to another replica) is taken as a first call, which errs toward
+// the limit by the estimate. A request refused as a whole holds nothing,
+// so its second call settles nothing. A descriptor without the entry is
+// charged at each call, as envoyproxy/ratelimit does.
+//
+// # Stores, leases and failures
+//
+// The store is any [floodgate.Reserver]. On redisstore, batching and the
+// deny cache cost no accuracy; leases (redisstore.WithLeases, lease time
+// d) let a hot bucket's decisions be served locally from tokens taken
+// ahead, so most decisions cost no round trip. Every leased token was
+// taken from the shared bucket, so over any window of length t all
+// replicas together admit at most burst + rate × (t + d): leases add
+// rate × d to the bound, whatever the number of replicas. Each replica
+// holds at most one lease of about rate × d tokens a bucket, lost if not
+// spent within d: with R replicas up to R × rate × d tokens a lease time
+// can be lost, an under-admission.
+//
+// When the store cannot decide (Redis down or slow, its breaker open: a
+// Result whose Source is floodgate.SourceFallback, SourceFailOpen or
+// SourceFailClosed, or a store error that is not the caller's), the
+// domain's failure_policy decides: local (the default) keeps the store's
+// own decision (redisstore's Local policy: a local bucket at the limit
+// divided among the replicas), open admits, closed refuses. Each such
+// decision is counted (floodgate_rls_store_fallback_total). A request
+// whose context ends first gets the context's error, never a fallback.
+//
+// # Observability
+//
+// [WithRegisterer] registers the metrics: decisions by domain, configured
+// descriptor path (keys and the values the config names, never the
+// request's values) and code; requests by domain and overall code;
+// shadow-mode over-limit and near-limit decisions; fallbacks; unmatched
+// descriptors; config loads; charges on the response. Every label comes
+// from the config or a fixed set, so series are bounded by the config.
+// The descriptors most often over the limit are a Space-Saving summary
+// ([Service.Top], [Service.TopHandler], and the gauge
+// floodgate_rls_over_limit_top): at most [WithTopK] entries, named by
+// configured path, or by their values when detailed_metric.
+//
+// # Reload
+//
+// [Service.SetConfig], [Service.Load] and [Service.Watch] replace the
+// config atomically: each request is decided under one config. A config
+// that fails to load leaves the previous one in force; the error lists
+// every problem with its file and line.
+//
+// # Concurrency
+//
+// A [Service] is safe for concurrent use and starts no goroutine: Watch
+// runs on its caller's.
+package rls
