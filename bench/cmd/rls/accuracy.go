@@ -40,8 +40,9 @@ import (
 // time d) by what floodgate states leases do: over any window all
 // replicas together admit at most rate × d more than the bucket would,
 // and each replica may lose the unspent part of its lease, up to
-// rate × d, each lease time: the judgement allows R × rate × d less with
-// R replicas, one lease time's loss.
+// rate × d, when its demand stops: the judgement allows R × rate × d
+// less with R replicas each time the pattern's demand stops (once in the
+// steady pattern, at its end; twice in the edge pattern).
 const (
 	accSteadyValues = 4
 	accEdgeValues   = 4
@@ -64,6 +65,9 @@ type AccuracyRun struct {
 	Steady   []Admitted `json:"steady"`
 	Edge     []Admitted `json:"edge"`
 	Errors   int64      `json:"errors"`
+	// Fallbacks are floodgate-rls's decisions, over the whole phase, that
+	// its store could not make and its failure policy made instead.
+	Fallbacks int64 `json:"fallbacks,omitempty"`
 	// Drained is when the steady values' drain was answered, and Bursts
 	// when each edge burst's first request was sent and its last
 	// answered: seconds from the edge E. A fixed window shows its 2× only
@@ -135,7 +139,8 @@ type counter struct {
 type accTarget struct {
 	run   *AccuracyRun
 	stubs []rlsv3.RateLimitServiceClient // one per replica
-	next  atomic.Uint64                  // round robin over the replicas
+	procs []*proc
+	next  atomic.Uint64 // round robin over the replicas
 }
 
 func (t *accTarget) call(ctx context.Context, domainKey, value string, c *counter) {
@@ -210,10 +215,12 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 	rateSteady := float64(lim.Steady) / lim.Period.Seconds()
 	rateEdge := float64(lim.Edge) / lim.Period.Seconds()
 	tb := tokenBucket(t.run.Variant)
-	leases := func(a *Admitted, rate float64) {
+	// ends is how often the pattern's demand stops, leaving each replica
+	// with a lease it may not spend.
+	leases := func(a *Admitted, rate float64, ends int) {
 		if t.run.Variant == vRedis {
 			a.LeaseExtra = rate * lease.Seconds()
-			a.LeaseLoss = float64(t.run.Replicas) * rate * lease.Seconds()
+			a.LeaseLoss = float64(ends*t.run.Replicas) * rate * lease.Seconds()
 		}
 	}
 
@@ -227,22 +234,22 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 		sleepUntil(ctx, start)
 		interval := time.Duration(float64(time.Second) / (2 * rateSteady))
 		var calls sync.WaitGroup
-		var last time.Time
 		for at := time.Now(); at.Before(end) && ctx.Err() == nil; at = at.Add(interval) {
 			sleepUntil(ctx, at)
-			last = time.Now()
 			for i, v := range steadyValues {
 				calls.Go(func() { t.call(ctx, "steady", v, steady[i]) })
 			}
 		}
 		calls.Wait()
-		span := last.Sub(drained).Seconds()
+		// To the last answer, which came after the last decision: the
+		// allowance errs up, by the refill over one call's latency.
+		span := time.Since(drained).Seconds()
 		for i, v := range steadyValues {
 			a := Admitted{Value: v, Offered: steady[i].offered.Load(), Admitted: steady[i].admitted.Load(), Span: span}
 			if tb {
 				// Empty at the drain (it was refused at its end), then the rate.
 				a.Allowance = rateSteady*span + 1
-				leases(&a, rateSteady)
+				leases(&a, rateSteady, 1)
 			} else {
 				// The drain took the count of the window it fell in; the
 				// window crosses one edge, after which the limit is fresh.
@@ -256,16 +263,18 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 		sleepUntil(ctx, edge.Add(-at.edgeLead))
 		first, _, done1 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
 		sleepUntil(ctx, edge.Add(at.edgeLag))
-		first2, last, done2 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
+		first2, _, done2 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
 		rel := func(x time.Time) float64 { return x.Sub(edge).Seconds() }
 		t.run.Bursts = [2][2]float64{{rel(first), rel(done1)}, {rel(first2), rel(done2)}}
-		span := last.Sub(first).Seconds()
+		// From the first send, before the first decision, to the last
+		// answer, after the last: the allowance errs up.
+		span := done2.Sub(first).Seconds()
 		for i, v := range edgeValues {
 			a := Admitted{Value: v, Offered: edges[i].offered.Load(), Admitted: edges[i].admitted.Load(), Span: span}
 			if tb {
 				// Full (a burst of one unit's worth) at the first request.
 				a.Allowance = float64(lim.Edge) + rateEdge*span + 1
-				leases(&a, rateEdge)
+				leases(&a, rateEdge, 2)
 			} else {
 				a.Allowance = 2 * float64(lim.Edge)
 			}
@@ -300,5 +309,5 @@ func (r AccuracyRun) String() string {
 		}
 		return fmt.Sprintf("%.3f–%.3f", lo, hi)
 	}
-	return fmt.Sprintf("%s ×%d: admitted/allowance steady %s, edge %s, errors %d", r.Variant, r.Replicas, f(r.Steady), f(r.Edge), r.Errors)
+	return fmt.Sprintf("%s ×%d: admitted/allowance steady %s, edge %s, errors %d, fallbacks %d", r.Variant, r.Replicas, f(r.Steady), f(r.Edge), r.Errors, r.Fallbacks)
 }

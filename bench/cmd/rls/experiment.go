@@ -59,18 +59,22 @@ func (s *servers) start(ctx context.Context, v string) (*proc, error) {
 		return nil, err
 	}
 	var argv, env []string
+	var metrics string
 	health := ""
 	switch v {
 	case vNull:
 		argv = append(slices.Clone(s.cfg.Exe), "null", "-addr", addr)
 	case vMemory, vRedis:
-		metrics, err := freeAddr()
-		if err != nil {
+		if metrics, err = freeAddr(); err != nil {
 			return nil, err
 		}
 		argv = []string{s.fg, "-config", s.confDir, "-addr", addr, "-metrics", metrics}
 		if v == vRedis {
-			argv = append(argv, "-redis", s.redis.Addr, "-lease", s.cfg.Lease.String())
+			lease := "off"
+			if s.cfg.Lease > 0 {
+				lease = s.cfg.Lease.String()
+			}
+			argv = append(argv, "-redis", s.redis.Addr, "-lease", lease)
 		}
 	case vRatelimit:
 		httpAddr, err1 := freeAddr()
@@ -88,6 +92,7 @@ func (s *servers) start(ctx context.Context, v string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.metrics = metrics
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
@@ -264,7 +269,7 @@ func perf(ctx context.Context, s *servers, variants []string, res *Results) erro
 		}
 		defer cl.close()
 		clients[v] = cl
-		cpus[v] = &cpuWindow{servers: []int{ps[0].pid()}}
+		cpus[v] = &cpuWindow{servers: []int{ps[0].pid()}, procs: ps}
 		if usesRedis(v) {
 			cpus[v].redis = s.redis.pid
 		}
@@ -353,7 +358,7 @@ func accuracy(ctx context.Context, s *servers, variants []string, res *Results) 
 			}
 			defer cl.close()
 			acc.Runs = append(acc.Runs, AccuracyRun{Variant: v, Replicas: n})
-			targets = append(targets, &accTarget{stubs: cl.stubs})
+			targets = append(targets, &accTarget{stubs: cl.stubs, procs: ps})
 		}
 	}
 	if len(targets) == 0 {
@@ -371,6 +376,18 @@ func accuracy(ctx context.Context, s *servers, variants []string, res *Results) 
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	for _, t := range targets {
+		for _, p := range t.procs {
+			n, err := p.fallbacks()
+			if err != nil {
+				return fmt.Errorf("%s metrics: %w", p.name, err)
+			}
+			t.run.Fallbacks += n
+			if n > 0 {
+				cfg.logf("%s: %d fallbacks; its log ends: %s", p.name, n, p.stderr)
+			}
+		}
 	}
 	for _, r := range acc.Runs {
 		cfg.logf("accuracy: %s", r)

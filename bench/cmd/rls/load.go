@@ -67,6 +67,9 @@ type Measurement struct {
 	OverLimit int64 `json:"over_limit"`
 	Errors    int64 `json:"errors"`
 	Late      int64 `json:"late,omitempty"`
+	// Fallbacks are floodgate-rls's decisions within the window that its
+	// store could not make and its failure policy made instead.
+	Fallbacks int64 `json:"fallbacks,omitempty"`
 	// CPU-seconds over the window: the server processes', their
 	// redis-server's (0 for a variant without Redis), the driver's.
 	ServerCPU float64 `json:"server_cpu"`
@@ -113,12 +116,27 @@ func (m Measurement) OverShare() float64 {
 }
 
 // cpuWindow reads the CPU time of the servers, of redis-server and of the
-// driver at the window's start and end.
+// driver at the window's start and end, and the servers' fallbacks just
+// outside it, so that the scrape's CPU does not count.
 type cpuWindow struct {
-	servers []int
-	redis   int // 0: none
-	at      [2][3]float64
-	err     error
+	servers   []int
+	redis     int // 0: none
+	procs     []*proc
+	at        [2][3]float64
+	fallbacks [2]int64
+	err       error
+}
+
+func (w *cpuWindow) scrape(i int) {
+	w.fallbacks[i] = 0
+	for _, p := range w.procs {
+		n, err := p.fallbacks()
+		if err != nil {
+			w.err = err
+			return
+		}
+		w.fallbacks[i] += n
+	}
 }
 
 func (w *cpuWindow) read(i int) {
@@ -149,6 +167,7 @@ func (w *cpuWindow) fill(m *Measurement) error {
 	m.ServerCPU = w.at[1][0] - w.at[0][0]
 	m.RedisCPU = w.at[1][1] - w.at[0][1]
 	m.DriverCPU = w.at[1][2] - w.at[0][2]
+	m.Fallbacks = w.fallbacks[1] - w.fallbacks[0]
 	m.derive()
 	return nil
 }
@@ -213,10 +232,13 @@ func startWindow(warm, measure time.Duration, cpu *cpuWindow) *window {
 	w.to = w.from.Add(measure)
 	go func() {
 		defer close(w.done)
+		cpu.err = nil
 		time.Sleep(time.Until(w.from))
+		cpu.scrape(0)
 		cpu.read(0)
 		time.Sleep(time.Until(w.to))
 		cpu.read(1)
+		cpu.scrape(1)
 	}()
 	return w
 }
@@ -329,6 +351,6 @@ func openLoop(ctx context.Context, cl *client, m *mix, rate float64, seed uint64
 }
 
 func (m Measurement) String() string {
-	return fmt.Sprintf("%s: %.0f decisions/s, %.0f per CPU-s (server %.2f + redis %.2f CPU-s, driver %.2f), p50 %.2f ms, p99 %.2f ms, over limit %.1f%%, errors %d",
-		m.Variant, m.PerSecond, m.PerCPUSecond, m.ServerCPU, m.RedisCPU, m.DriverCPU, m.P50, m.P99, 100*m.OverShare(), m.Errors)
+	return fmt.Sprintf("%s: %.0f decisions/s, %.0f per CPU-s (server %.2f + redis %.2f CPU-s, driver %.2f), p50 %.2f ms, p99 %.2f ms, over limit %.1f%%, errors %d, fallbacks %d",
+		m.Variant, m.PerSecond, m.PerCPUSecond, m.ServerCPU, m.RedisCPU, m.DriverCPU, m.P50, m.P99, 100*m.OverShare(), m.Errors, m.Fallbacks)
 }

@@ -102,7 +102,7 @@ type Config struct {
 	Accuracy bool `json:"accuracy"`
 	Perf     bool `json:"perf"`
 	Pin      bool `json:"pin"`
-	// Lease is floodgate-rls's -lease in the Redis variant.
+	// Lease is floodgate-rls's -lease in the Redis variant; 0 is off.
 	Lease time.Duration `json:"lease"`
 	Seed  uint64        `json:"seed"`
 
@@ -140,7 +140,6 @@ func (cfg *Config) defaults() {
 		cfg.Measure = or(cfg.Measure, 10*time.Second)
 		cfg.OpenMeasure = or(cfg.OpenMeasure, 15*time.Second)
 	}
-	cfg.Lease = or(cfg.Lease, 100*time.Millisecond)
 }
 
 func or(d, def time.Duration) time.Duration {
@@ -209,7 +208,7 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", 0, "rounds of the saturation measurement (default 3, 1 with -quick)")
 	flag.DurationVar(&cfg.Measure, "measure", 0, "each closed-loop measurement (default 10s, 1.5s with -quick)")
 	flag.DurationVar(&cfg.OpenMeasure, "open-measure", 0, "each open-loop measurement (default 15s, 1.5s with -quick)")
-	flag.DurationVar(&cfg.Lease, "lease", 100*time.Millisecond, "floodgate-rls -lease in the Redis variant")
+	flag.DurationVar(&cfg.Lease, "lease", 100*time.Millisecond, "floodgate-rls -lease in the Redis variant (0: off)")
 	flag.BoolVar(&cfg.Pin, "pin", true, "pin the servers and the driver to different CPUs with taskset")
 	flag.BoolVar(&cfg.Perf, "perf", true, "measure saturation and latency")
 	flag.BoolVar(&cfg.Accuracy, "accuracy", true, "measure what each admits per descriptor (a minute, 1 and 3 replicas; a few seconds with -quick)")

@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // quick runs the quick experiment over loopback, unpinned, with the
 // variants given, and checks that every one yields well-formed results
 // and that the page renders. It asserts no timings and no figure.
-func quick(t *testing.T, variants []string, ratelimit string) *Results {
+func quick(t *testing.T, variants []string, floodgate, ratelimit string) *Results {
 	t.Helper()
 	if !redistest.Installed() && slices.ContainsFunc(variants, usesRedis) {
 		t.Skip("redis-server is not installed; install it with: apt-get install -y redis-server")
@@ -45,8 +45,8 @@ func quick(t *testing.T, variants []string, ratelimit string) *Results {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
-	cfg := Config{Quick: true, Variants: variants, Perf: true, Accuracy: true, Seed: 1,
-		Exe: []string{exe}, Ratelimit: ratelimit, Log: t.Logf}
+	cfg := Config{Quick: true, Variants: variants, Perf: true, Accuracy: true, Seed: 1, Lease: 100 * time.Millisecond,
+		Exe: []string{exe}, Floodgate: floodgate, Ratelimit: ratelimit, Log: t.Logf}
 	res, err := experiment(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +69,9 @@ func quick(t *testing.T, variants []string, ratelimit string) *Results {
 		}
 		if m.Errors > 0 {
 			t.Errorf("%s: %d calls failed", v, m.Errors)
+		}
+		if m.Fallbacks < 0 {
+			t.Errorf("%s: %d fallbacks", v, m.Fallbacks)
 		}
 	}
 	if got, want := len(res.Latency), len(variants); got != want {
@@ -133,14 +136,16 @@ func TestQuick(t *testing.T) {
 		t.Skip("runs servers for about 15 s")
 	}
 	variants := []string{vNull}
-	if _, _, err := floodgateBinary(context.Background(), "", t.Logf); err == nil {
+	bin, _, err := floodgateBinary(context.Background(), "", t.Logf)
+	switch {
+	case err == nil:
 		variants = append(variants, vMemory, vRedis)
-	} else if !errors.Is(err, errSkip) {
-		t.Fatal(err)
-	} else {
+	case errors.Is(err, errSkip):
 		t.Logf("floodgate's variants skipped: %v", err)
+	default:
+		t.Fatal(err)
 	}
-	quick(t, variants, "off")
+	quick(t, variants, bin, "off")
 }
 
 // TestQuickRatelimit runs envoyproxy/ratelimit, installing it into the
@@ -157,7 +162,7 @@ func TestQuickRatelimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quick(t, []string{vNull, vRatelimit}, bin)
+	quick(t, []string{vNull, vRatelimit}, "", bin)
 }
 
 func TestMix(t *testing.T) {
@@ -251,6 +256,19 @@ func TestParseStat(t *testing.T) {
 	}
 	if s, err := cpuSeconds(os.Getpid()); err != nil || s < 0 {
 		t.Errorf("cpuSeconds(self) = %v, %v", s, err)
+	}
+}
+
+func TestSumMetric(t *testing.T) {
+	text := `# HELP floodgate_rls_store_fallback_total Decisions the store could not make.
+# TYPE floodgate_rls_store_fallback_total counter
+floodgate_rls_store_fallback_total{domain="a",policy="local"} 3
+floodgate_rls_store_fallback_total{domain="b",policy="open"} 4
+floodgate_rls_store_fallback_total_other 100
+floodgate_rls_store_fallback_total 2
+`
+	if got, want := sumMetric([]byte(text), fallbackMetric), int64(9); got != want {
+		t.Errorf("sumMetric = %d, want %d", got, want)
 	}
 }
 

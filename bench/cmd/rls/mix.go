@@ -1,7 +1,9 @@
 package main
 
 import (
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -41,6 +43,10 @@ type MixSummary struct {
 	// pool that the configuration limits: the buckets a server keeps for
 	// it. (The pro plan's descriptor matches no limit.)
 	Buckets int `json:"buckets"`
+	// Top100 is the share of the pool's limited descriptors that fall on
+	// its 100 most frequent buckets: the hot keys a lease or a cache
+	// serves.
+	Top100 float64 `json:"top100_share"`
 }
 
 // A mix is the pool of requests.
@@ -63,7 +69,7 @@ func newMix(seed uint64) *mix {
 	tenant := rand.NewZipf(r, 1.2, 1, mixTenants-1)
 	address := rand.NewZipf(r, 1.1, 1, mixAddresses-1)
 	m := &mix{reqs: make([]*rlsv3.RateLimitRequest, mixPool)}
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	descs := 0
 	for i := range m.reqs {
 		t := "t" + strconv.FormatUint(tenant.Uint64(), 10)
@@ -106,9 +112,20 @@ func newMix(seed uint64) *mix {
 			for _, e := range d.Entries {
 				k += "\x00" + e.Key + "\x00" + e.Value
 			}
-			seen[k] = true
+			seen[k]++
 		}
 	}
-	m.summary = MixSummary{Requests: len(m.reqs), Descriptors: float64(descs) / float64(len(m.reqs)), Buckets: len(seen)}
+	counts := slices.Collect(maps.Values(seen))
+	slices.Sort(counts)
+	slices.Reverse(counts)
+	limited, top := 0, 0
+	for i, n := range counts {
+		limited += n
+		if i < 100 {
+			top += n
+		}
+	}
+	m.summary = MixSummary{Requests: len(m.reqs), Descriptors: float64(descs) / float64(len(m.reqs)), Buckets: len(seen),
+		Top100: float64(top) / float64(limited)}
 	return m
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -216,11 +218,13 @@ func (t *tail) String() string {
 
 // A proc is one running server process.
 type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	addr   string // its gRPC address
-	stderr *tail
-	done   chan struct{} // closed when the process has exited
+	name string
+	cmd  *exec.Cmd
+	addr string // its gRPC address
+	// metrics is its Prometheus endpoint's address (floodgate-rls), or "".
+	metrics string
+	stderr  *tail
+	done    chan struct{} // closed when the process has exited
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
@@ -292,6 +296,50 @@ func (p *proc) stop() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// fallbackMetric counts floodgate-rls's decisions that its store could not
+// make (Redis down, slow or its breaker open), which the failure policy
+// made instead: a run that has any did not measure Redis.
+const fallbackMetric = "floodgate_rls_store_fallback_total"
+
+// fallbacks returns the sum of fallbackMetric's series at p's metrics
+// endpoint; 0 for a server without one.
+func (p *proc) fallbacks() (int64, error) {
+	if p.metrics == "" {
+		return 0, nil
+	}
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	return sumMetric(b, fallbackMetric), nil
+}
+
+// sumMetric sums the samples of the counter name in a Prometheus text
+// exposition.
+func sumMetric(b []byte, name string) int64 {
+	var n float64
+	for _, l := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			n += v
+		}
+	}
+	return int64(n)
 }
 
 // probe checks that the servers at addrs, replicas of one variant, have

@@ -57,7 +57,7 @@ func writeReport(res *Results, path string) error {
 }
 
 func (res *Results) report() ([]byte, error) {
-	t, err := template.New("rls").Option("missingkey=error").Parse(reportTemplate)
+	t, err := template.New("rls").Option("missingkey=error").Funcs(template.FuncMap{"pct": pct}).Parse(reportTemplate)
 	if err != nil {
 		return nil, err
 	}
@@ -197,9 +197,10 @@ func (p page) SaturationTable() string {
 			pct(med(func(m Measurement) float64 { return m.OverShare() })),
 			num(med(func(m Measurement) float64 { return m.DriverCPU / m.Seconds }), 2),
 			fmt.Sprint(sum(ms, func(m Measurement) int64 { return m.Errors })),
+			fallbacks(v, sum(ms, func(m Measurement) int64 { return m.Fallbacks })),
 		})
 	}
-	return mdTable("lrrrrrrrrrrr", []string{"variant", "callers", "decisions/s", "server CPU", "redis CPU", "decisions per CPU-s", "÷ null", "p50 ms", "p99 ms", "over limit", "driver CPU", "errors"}, rows)
+	return mdTable("lrrrrrrrrrrrr", []string{"variant", "callers", "decisions/s", "server CPU", "redis CPU", "decisions per CPU-s", "÷ null", "p50 ms", "p99 ms", "over limit", "driver CPU", "errors", "fallbacks"}, rows)
 }
 
 // Rounds lists each round's decisions per CPU-second, for the spread.
@@ -251,9 +252,9 @@ func (p page) LatencyTable() string {
 	for _, m := range p.Latency {
 		rows = append(rows, []string{"`" + m.Variant + "`", num(m.Rate, 0), num(m.PerSecond, 0),
 			num(m.P50, 2), num(m.P90, 2), num(m.P99, 2), num(m.P999, 2), num(m.Max, 1),
-			num(m.PerCPUSecond, 0), fmt.Sprint(m.Late), fmt.Sprint(m.Errors)})
+			num(m.PerCPUSecond, 0), fmt.Sprint(m.Late), fmt.Sprint(m.Errors), fallbacks(m.Variant, m.Fallbacks)})
 	}
-	return mdTable("lrrrrrrrrrr", []string{"variant", "offered/s", "decisions/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "decisions per CPU-s", "late", "errors"}, rows)
+	return mdTable("lrrrrrrrrrrr", []string{"variant", "offered/s", "decisions/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "decisions per CPU-s", "late", "errors", "fallbacks"}, rows)
 }
 
 // limit returns the steady or the edge descriptors' limit per unit.
@@ -321,10 +322,12 @@ func (p page) AccuracyTable() string {
 				target = strings.Join(bounds, ", ")
 			}
 			rows = append(rows, []string{"`" + r.Variant + "`", fmt.Sprint(r.Replicas), pat.name, fmt.Sprint(pat.limit),
-				strings.Join(adm, ", "), spread(pat.as, pat.limit), algo, strings.Join(allow, ", "), strings.Join(ratio, ", "), target, within, fmt.Sprint(r.Errors)})
+				strings.Join(adm, ", "), spread(pat.as, pat.limit), algo, strings.Join(allow, ", "), strings.Join(ratio, ", "), target, within})
 		}
+		rows[len(rows)-2] = append(rows[len(rows)-2], fmt.Sprint(r.Errors), fallbacks(r.Variant, r.Fallbacks))
+		rows[len(rows)-1] = append(rows[len(rows)-1], "", "")
 	}
-	return mdTable("lrlrlrllllll", []string{"variant", "replicas", "pattern", "limit", "admitted, per value", "÷ limit", "algorithm", "allowance", "÷ allowance", "target range", "within", "errors"}, rows)
+	return mdTable("lrlrlrlllllrr", []string{"variant", "replicas", "pattern", "limit", "admitted, per value", "÷ limit", "algorithm", "allowance", "÷ allowance", "target range", "within", "errors", "fallbacks"}, rows)
 }
 
 // Timings lists when each configuration's drain and bursts happened,
@@ -397,6 +400,15 @@ func (p page) APIConfig() string {
 
 // Minutes is how long the run took.
 func (p page) Minutes() string { return fmt.Sprintf("%.1f min", p.Elapsed/60) }
+
+// fallbacks shows a fallback count where the variant reports one:
+// floodgate-rls's metric, which envoyproxy/ratelimit has no equivalent of.
+func fallbacks(v string, n int64) string {
+	if !tokenBucket(v) {
+		return "–"
+	}
+	return fmt.Sprint(n) + mark(n == 0 || v == vMemory)
+}
 
 func sum[T any](xs []T, f func(T) int64) int64 {
 	var s int64
