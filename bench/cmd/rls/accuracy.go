@@ -81,6 +81,9 @@ type Admitted struct {
 	Value    string `json:"value"`
 	Offered  int64  `json:"offered"`
 	Admitted int64  `json:"admitted"`
+	// First is the edge pattern's admitted in its first burst; the rest
+	// were in the second.
+	First int64 `json:"first,omitempty"`
 	// Span is the seconds over which the counted requests were sent: from
 	// the drain to the last (steady), from the first of the first burst to
 	// the last of the second (edge).
@@ -262,6 +265,10 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 	wg.Go(func() {
 		sleepUntil(ctx, edge.Add(-at.edgeLead))
 		first, _, done1 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
+		firsts := make([]int64, len(edges))
+		for i, c := range edges {
+			firsts[i] = c.admitted.Load()
+		}
 		sleepUntil(ctx, edge.Add(at.edgeLag))
 		first2, _, done2 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
 		rel := func(x time.Time) float64 { return x.Sub(edge).Seconds() }
@@ -270,7 +277,7 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 		// answer, after the last: the allowance errs up.
 		span := done2.Sub(first).Seconds()
 		for i, v := range edgeValues {
-			a := Admitted{Value: v, Offered: edges[i].offered.Load(), Admitted: edges[i].admitted.Load(), Span: span}
+			a := Admitted{Value: v, Offered: edges[i].offered.Load(), Admitted: edges[i].admitted.Load(), First: firsts[i], Span: span}
 			if tb {
 				// Full (a burst of one unit's worth) at the first request.
 				a.Allowance = float64(lim.Edge) + rateEdge*span + 1

@@ -300,7 +300,11 @@ func (p page) AccuracyTable() string {
 			var adm, allow, bounds, ratio []string
 			n := 0
 			for _, x := range pat.as {
-				adm = append(adm, fmt.Sprint(x.Admitted))
+				if x.First > 0 {
+					adm = append(adm, fmt.Sprintf("%d (%d + %d)", x.Admitted, x.First, x.Admitted-x.First))
+				} else {
+					adm = append(adm, fmt.Sprint(x.Admitted))
+				}
 				allow = append(allow, num(x.Allowance, 0))
 				lo, hi := x.Bounds()
 				bounds = append(bounds, num(math.Ceil(lo), 0)+"–"+num(math.Floor(hi), 0))
