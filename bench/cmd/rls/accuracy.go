@@ -29,10 +29,10 @@ import (
 //     limit's rate, evenly spaced and spread over the replicas. A token
 //     bucket admits its rate over the time since the drain; a fixed
 //     window the limit once, at the edge.
-//   - edge: nothing until a burst of twice the limit just before E and
-//     another just after. A token bucket admits its burst (one unit's
-//     worth) and the refill between the bursts; a fixed window admits
-//     the limit on each side of its edge: twice the limit.
+//   - edge: nothing until a burst of one and a half times the limit just
+//     before E and another just after. A token bucket admits its burst
+//     (one unit's worth) and the refill between the bursts; a fixed
+//     window admits the limit on each side of its edge: twice the limit.
 //
 // A variant's allowance is what its algorithm may admit given when the
 // requests were sent. floodgate's target is to admit within 1% of it (or
@@ -123,9 +123,11 @@ type accTimes struct {
 
 func accTimesFor(quick bool) accTimes {
 	if quick {
-		return accTimes{drainLead: 300 * time.Millisecond, edgeLead: 150 * time.Millisecond, edgeLag: 20 * time.Millisecond}
+		return accTimes{drainLead: 300 * time.Millisecond, edgeLead: 200 * time.Millisecond, edgeLag: 20 * time.Millisecond}
 	}
-	return accTimes{drainLead: 2 * time.Second, edgeLead: 1500 * time.Millisecond, edgeLag: 100 * time.Millisecond}
+	// Every configuration's bursts share the servers' CPU: the first must
+	// end before E.
+	return accTimes{drainLead: 5 * time.Second, edgeLead: 3 * time.Second, edgeLag: 100 * time.Millisecond}
 }
 
 // nextEdge returns the first window edge at least lead from now.
@@ -250,8 +252,9 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 		for i, v := range steadyValues {
 			a := Admitted{Value: v, Offered: steady[i].offered.Load(), Admitted: steady[i].admitted.Load(), Span: span}
 			if tb {
-				// Empty at the drain (it was refused at its end), then the rate.
-				a.Allowance = rateSteady*span + 1
+				// Empty at the drain (it was refused at its end), then the
+				// rate; the token's fraction left is within the tolerance.
+				a.Allowance = rateSteady * span
 				leases(&a, rateSteady, 1)
 			} else {
 				// The drain took the count of the window it fell in; the
@@ -261,16 +264,17 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 			t.run.Steady = append(t.run.Steady, a)
 		}
 	})
-	// edge: a burst of twice the limit on each side of E.
+	// edge: a burst of one and a half times the limit on each side of E.
+	burst := lim.Edge + lim.Edge/2
 	wg.Go(func() {
 		sleepUntil(ctx, edge.Add(-at.edgeLead))
-		first, _, done1 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
+		first, _, done1 := t.burst(ctx, "edge", edgeValues, burst, edges)
 		firsts := make([]int64, len(edges))
 		for i, c := range edges {
 			firsts[i] = c.admitted.Load()
 		}
 		sleepUntil(ctx, edge.Add(at.edgeLag))
-		first2, _, done2 := t.burst(ctx, "edge", edgeValues, 2*lim.Edge, edges)
+		first2, _, done2 := t.burst(ctx, "edge", edgeValues, burst, edges)
 		rel := func(x time.Time) float64 { return x.Sub(edge).Seconds() }
 		t.run.Bursts = [2][2]float64{{rel(first), rel(done1)}, {rel(first2), rel(done2)}}
 		// From the first send, before the first decision, to the last
@@ -280,7 +284,7 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 			a := Admitted{Value: v, Offered: edges[i].offered.Load(), Admitted: edges[i].admitted.Load(), First: firsts[i], Span: span}
 			if tb {
 				// Full (a burst of one unit's worth) at the first request.
-				a.Allowance = float64(lim.Edge) + rateEdge*span + 1
+				a.Allowance = float64(lim.Edge) + rateEdge*span
 				leases(&a, rateEdge, 2)
 			} else {
 				a.Allowance = 2 * float64(lim.Edge)

@@ -45,7 +45,7 @@ type accuracyLimits struct {
 
 func accuracyLimitsFor(quick bool) accuracyLimits {
 	if quick {
-		return accuracyLimits{Unit: "second", Period: time.Second, Steady: 50, Edge: 50}
+		return accuracyLimits{Unit: "second", Period: time.Second, Steady: 20, Edge: 20}
 	}
 	return accuracyLimits{Unit: "minute", Period: time.Minute, Steady: 300, Edge: 120}
 }

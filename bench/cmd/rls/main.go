@@ -71,7 +71,7 @@ var variantTitles = map[string]string{
 	vNull:      "null server: OK without deciding (grpc-go + go-control-plane)",
 	vMemory:    "floodgate-rls, in memory",
 	vRedis:     "floodgate-rls, Redis with batching and leases",
-	vRatelimit: "envoyproxy/ratelimit " + ratelimitVersion + ", Redis",
+	vRatelimit: "envoyproxy/ratelimit, Redis",
 }
 
 // Targets, as ratios of a variant's decisions per CPU-second to the null

@@ -402,6 +402,14 @@ func (p page) APIConfig() string {
 	return strings.TrimSpace(files[domainAPI+".yaml"] + "---\n" + files[domainAuth+".yaml"])
 }
 
+// LeaseFlag is floodgate-rls's -lease in the Redis variant.
+func (p page) LeaseFlag() string {
+	if p.Config.Lease <= 0 {
+		return "off"
+	}
+	return p.Config.Lease.String()
+}
+
 // Minutes is how long the run took.
 func (p page) Minutes() string { return fmt.Sprintf("%.1f min", p.Elapsed/60) }
 
