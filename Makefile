@@ -5,6 +5,8 @@
 #               allocation tests again without the race detector
 #   make bench  the side-by-side benchmarks against peer libraries
 #   make overload  the overload experiment (about 30 minutes; BENCHMARKS.md)
+#   make rlsbench  the rate-limit service beside envoyproxy/ratelimit (about
+#               6 minutes; docs/benchmarks/rls.md)
 
 GO        ?= go
 # Each module is vetted and tested against its own go.mod, as its users
@@ -17,7 +19,7 @@ MODULES   := . redisstore promfloodgate otelfloodgate rls internal/plot examples
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet unit allocs bench overload fuzz generate
+.PHONY: test deps vet unit allocs bench overload rlsbench fuzz generate
 
 test: deps vet unit allocs
 
@@ -54,6 +56,12 @@ bench: deps
 # the report and runs without.
 overload:
 	cd bench && $(GO) run ./cmd/overload
+
+# Rewrites bench/results/rls.json and docs/benchmarks/rls.md. It installs
+# envoyproxy/ratelimit with go install into the user's cache directory the
+# first time, and pins with taskset where it can.
+rlsbench: deps
+	cd bench && $(GO) run ./cmd/rls
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
 fuzz:
