@@ -23,7 +23,7 @@ import (
 //
 // Two patterns, each on its own values:
 //
-//   - steady: just before the window a burst of the limit plus a fifth
+//   - steady: seconds before the window a burst of the limit plus a fifth
 //     drains the value's allowance (a token bucket's burst, a fixed
 //     window's current count); then, through the window, twice the
 //     limit's rate, evenly spaced and spread over the replicas. A token
@@ -44,8 +44,8 @@ import (
 // less with R replicas each time the pattern's demand stops (once in the
 // steady pattern, at its end; twice in the edge pattern).
 const (
-	accSteadyValues = 4
-	accEdgeValues   = 4
+	accSteadyValues = 2
+	accEdgeValues   = 2
 	accBurstCallers = 8 // per configuration
 )
 
@@ -127,7 +127,7 @@ func accTimesFor(quick bool) accTimes {
 	}
 	// Every configuration's bursts share the servers' CPU: the first must
 	// end before E.
-	return accTimes{drainLead: 5 * time.Second, edgeLead: 3 * time.Second, edgeLag: 100 * time.Millisecond}
+	return accTimes{drainLead: 10 * time.Second, edgeLead: 5 * time.Second, edgeLag: 100 * time.Millisecond}
 }
 
 // nextEdge returns the first window edge at least lead from now.

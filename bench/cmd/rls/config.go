@@ -35,7 +35,9 @@ const (
 // accuracyLimits are the accuracy domain's limits: requests per unit of
 // the steady and the edge descriptors, in the unit of the run (a minute;
 // a second with -quick, so that a quick run crosses window edges within
-// seconds).
+// seconds). Their rates, 30/s and 10/s in a full run, 20/s in a quick
+// one, give floodgate-rls's default lease (100 ms) a token or more, so
+// that leases take part.
 type accuracyLimits struct {
 	Unit   string        `json:"unit"`
 	Period time.Duration `json:"period"`
@@ -47,7 +49,7 @@ func accuracyLimitsFor(quick bool) accuracyLimits {
 	if quick {
 		return accuracyLimits{Unit: "second", Period: time.Second, Steady: 20, Edge: 20}
 	}
-	return accuracyLimits{Unit: "minute", Period: time.Minute, Steady: 300, Edge: 120}
+	return accuracyLimits{Unit: "minute", Period: time.Minute, Steady: 1800, Edge: 600}
 }
 
 // configFiles returns the configuration's files by name.
