@@ -7,6 +7,8 @@
 #   make overload  the overload experiment (about 30 minutes; BENCHMARKS.md)
 #   make generate  regenerate the Go code of proto/ (needs protoc and its
 #               Go plugins: proto/README.md)
+#   make rlsbench  the rate-limit service beside envoyproxy/ratelimit (about
+#               6 minutes; docs/benchmarks/rls.md)
 
 GO        ?= go
 # Each module is vetted and tested against its own go.mod, as its users
@@ -19,7 +21,7 @@ MODULES   := . redisstore promfloodgate otelfloodgate rls internal/plot examples
 TESTFLAGS ?= -race -count=1 -timeout 12m
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet unit allocs bench overload fuzz generate
+.PHONY: test deps vet unit allocs bench overload rlsbench fuzz generate
 
 test: deps vet unit allocs
 
@@ -61,6 +63,12 @@ overload:
 # it with protoc and the plugins at the versions of proto/README.md.
 generate:
 	$(GO) generate ./proto/...
+
+# Rewrites bench/results/rls.json and docs/benchmarks/rls.md. It installs
+# envoyproxy/ratelimit with go install into the user's cache directory the
+# first time, and pins with taskset where it can.
+rlsbench: deps
+	cd bench && $(GO) run ./cmd/rls
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
 fuzz:
