@@ -393,13 +393,19 @@ func (m *meter) settle() {
 	actual := m.covered
 	res := m.rsv.Result
 	var uncharged int64
+	// fresh: the store settled, and res is the bucket after the settle,
+	// not as the reservation left it.
+	fresh := false
 	if s > 0 {
 		actual = s - 1
+		n := toInt(max(actual-m.before, 0))
 		var err error
-		res, err = m.rsv.Settle(&m.done, toInt(max(actual-m.before, 0)))
+		res, err = m.rsv.Settle(&m.done, n)
+		fresh = err == nil && n != m.rsv.Tokens()
 		if err != nil {
 			if uncharged = unchargedBy(err); uncharged > 0 {
 				l.c.uncharged.Add(uint64(uncharged))
+				fresh = true
 			} else {
 				l.c.settleErrs.Add(1)
 			}
@@ -411,7 +417,10 @@ func (m *meter) settle() {
 	}
 	e := Event{Context: m.ctx, Reserved: m.covered, Settled: actual, Uncharged: uncharged}
 	l.event(m.v, ReasonSettled, true, &e)
-	e.Source = res.Source
+	e.Source, e.Metered = res.Source, floodgate.Result{}
+	if fresh {
+		e.Metered = res
+	}
 	l.o.observer(e)
 }
 

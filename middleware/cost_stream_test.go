@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/middleware"
 )
 
@@ -82,10 +83,15 @@ func TestStreamChunks(t *testing.T) {
 	if got := f.tokens(); got != 0 {
 		t.Errorf("bucket holds %v after the stream, want 0", got)
 	}
+	// The refused chunk carries the bucket's answer; the settle, at what
+	// the stream reserved, made no store call and carries none.
+	lim, id := f.meter.Limit, f.meter.ID
 	want := []middleware.Event{
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000},
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonQuota, Unit: "tokens", Reserved: 20000, RetryAfter: 2400 * time.Millisecond},
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 20000, Settled: 20000},
+		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000, MeterID: id,
+			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 16000, ResetAfter: 2400 * time.Millisecond}},
+		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonQuota, Unit: "tokens", Reserved: 20000, RetryAfter: 2400 * time.Millisecond, MeterID: id,
+			Metered: floodgate.Result{Limit: lim, RetryAfter: 2400 * time.Millisecond, ResetAfter: 12 * time.Second}},
+		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 20000, Settled: 20000, MeterID: id},
 	}
 	if diff := cmp.Diff(want, f.events.take()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)

@@ -182,9 +182,12 @@ func TestMeteredRefund(t *testing.T) {
 	if got, want := f.tokens(), 19000.0; got != want {
 		t.Errorf("bucket holds %v tokens after the settle, want %v", got, want)
 	}
+	lim, id := f.meter.Limit, f.meter.ID
 	want := []middleware.Event{
-		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000},
-		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 4000, Settled: 1000},
+		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000, MeterID: id,
+			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 16000, ResetAfter: 2400 * time.Millisecond}},
+		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 4000, Settled: 1000, MeterID: id,
+			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 19000, ResetAfter: 600 * time.Millisecond}},
 	}
 	if diff := cmp.Diff(want, f.events.take()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -255,7 +258,8 @@ func TestMeteredDebt(t *testing.T) {
 	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"4800"}; !cmp.Equal(got, want) {
 		t.Errorf("pushback = %q, want %q", got, want)
 	}
-	want := []middleware.Event{{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonDebt, Unit: "tokens", RetryAfter: 4800 * time.Millisecond}}
+	want := []middleware.Event{{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonDebt, Unit: "tokens", RetryAfter: 4800 * time.Millisecond,
+		MeterID: f.meter.ID, Metered: floodgate.Result{Limit: f.meter.Limit, Owed: 4000, RetryAfter: 4800 * time.Millisecond, ResetAfter: 14400 * time.Millisecond}}}
 	if diff := cmp.Diff(want, f.events.take()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
@@ -269,6 +273,31 @@ func TestMeteredDebt(t *testing.T) {
 	f.clock.Advance(4800 * time.Millisecond)
 	if ran, _, _, err := meteredUnary(f.l, acmeCall, 4000, nil); !ran || err != nil {
 		t.Errorf("after the wait: ran %v, err %v; want admitted", ran, err)
+	}
+}
+
+// TestSettleEventMetered: a settle's event carries the bucket as the
+// settle left it, its debt included, and none when the settle made no
+// store call.
+func TestSettleEventMetered(t *testing.T) {
+	f := newMeterFixture(t, tokensPerMinute)
+	for _, cost := range []int64{26000, -1} { // 22,000 over: 6,000 owed; then a call that reports nothing
+		if cost < 0 {
+			f.clock.Advance(7 * time.Second) // 11,666 back: the debt and an estimate
+		}
+		if ran, _, _, err := meteredUnary(f.l, acmeCall, cost, nil); !ran || err != nil {
+			t.Fatalf("cost %d: ran %v, err %v", cost, ran, err)
+		}
+	}
+	var got []floodgate.Result
+	for _, e := range f.events.take() {
+		if e.Reason == middleware.ReasonSettled {
+			got = append(got, e.Metered)
+		}
+	}
+	want := []floodgate.Result{{Allowed: true, Limit: f.meter.Limit, Owed: 6000, ResetAfter: 15600 * time.Millisecond}, {}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("settle events' Metered (-want +got):\n%s", diff)
 	}
 }
 

@@ -192,7 +192,8 @@
 // never a key or an address. A metered call's events carry its unit and
 // what it reserved, and its end is one more Event, of ReasonSettled, with
 // the cost it settled at: sum Event.Settled by tenant to rank tenants by
-// what they cost as well as by their calls. Method, tier and source are bounded sets; a
+// what they cost as well as by their calls. Event.Metered is the metered
+// bucket's answer, what it owes included. Method, tier and source are bounded sets; a
 // metrics adapter that labels by tenant must cap its labels, as
 // promfloodgate does.
 //

@@ -187,6 +187,20 @@ type Event struct {
 	// Uncharged is the part of Settled that the bucket's debt limit left
 	// uncharged (floodgate.DebtLimitError), in a ReasonSettled event.
 	Uncharged int64
+	// Metered is the metered bucket's answer, as in Decision.Metered: its
+	// Owed the units the bucket owes after the decision, its Limit the
+	// metered limit (scaled by the CPU gate). It is the reservation's in
+	// the decision that reserved, admitted or refused, a stream's refused
+	// chunk included, and the settle's in a ReasonSettled event. It is the
+	// zero Result when no store answered: without a metered quota, after a
+	// store error, and in a settle that made no store call (a call that
+	// reported nothing, or exactly what it reserved) or whose store call
+	// failed.
+	Metered floodgate.Result
+	// MeterID names the metered bucket among the tenant's buckets
+	// (tenant.Meter.ID), "" when the method has no metered quota: two
+	// events of a tenant with the same MeterID are of the same bucket.
+	MeterID string
 	// Context is the call's context, for what it carries, such as a trace
 	// span; the observer must not keep it. It is nil in the tap handle's
 	// events, made before the call's context is.
@@ -531,7 +545,7 @@ func (l *Limiter) event(v *verdict, reason Reason, allowed bool, e *Event) {
 		e.Tenant = v.r.ten.ID()
 	}
 	if m := v.r.rule.Meter; m != nil {
-		e.Unit = m.Unit
+		e.Unit, e.MeterID, e.Metered = m.Unit, m.ID, v.mres
 	}
 }
 

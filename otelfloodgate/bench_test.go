@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/calltest"
 	"github.com/floodgate-go/floodgate/internal/pairbench"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -86,15 +87,19 @@ func TestObserverAllocs(t *testing.T) {
 		rejected := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, RetryAfter: time.Second, Context: unsampled}
 		overCap := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Allowed: true}
 		traced := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Allowed: true, Context: recording}
-		debt := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", Reason: middleware.ReasonDebt, Context: unsampled}
-		settled := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Context: recording}
-		for _, e := range []middleware.Event{accepted, rejected, overCap, traced, debt, settled} {
+		owing := floodgate.Result{Limit: floodgate.Limit{Rate: 1000, Burst: 20000}, Owed: 1000} // the bucket is in debt
+		debt := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt, Metered: owing, Context: unsampled}
+		settled := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Metered: owing, Context: recording}
+		// A settle that leaves a bucket not followed owing nothing.
+		repaid := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 1000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}}
+		for _, e := range []middleware.Event{accepted, rejected, overCap, traced, debt, settled, repaid} {
 			obs(e) // the series' first event makes its attribute set
 		}
 		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected, span not recording": rejected,
 			"over the tenant cap, no context": overCap, "accepted, span recording": traced,
-			"rejected for debt, span not recording": debt, "settled, span recording": settled} {
+			"rejected for debt, span not recording": debt, "settled, span recording": settled, "settled, repaid": repaid} {
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
 				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
 			}

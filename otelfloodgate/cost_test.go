@@ -120,3 +120,81 @@ func TestCost(t *testing.T) {
 		t.Errorf("floodgate.decisions (-want +got):\n%s", diff)
 	}
 }
+
+// TestCostDebt: as promfloodgate's TestCostDebt, overruns put tenants in
+// debt, which floodgate.cost.debt shows, those past the label cap summed
+// in "other", until refill on the Recorder's clock repays it and each
+// series goes.
+func TestCostDebt(t *testing.T) {
+	keys := map[string]string{}
+	tenants := map[string]tenant.TenantSpec{}
+	for _, id := range []string{"acme", "globex", "initech"} {
+		keys[id] = id + "-key-0123456789abcdef"
+		digest, err := tenant.HashKey(keys[id])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants[id] = tenant.TenantSpec{Tier: "gold", Keys: []string{digest}}
+	}
+	tbl, err := tenant.Compile(&tenant.Config{ // 1,000 tokens a second in bursts of 10,000, 1,000 a call
+		Tiers: map[string]tenant.TierSpec{"gold": {
+			Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000},
+			Methods: map[string]tenant.MethodSpec{"/llm.v1.Completions/*": {Metered: &tenant.MeteredSpec{
+				Unit: "tokens", Rate: 1000, Per: time.Second, Burst: 10000, Estimate: 1000,
+			}}},
+		}},
+		Tenants: tenants,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	rec, err := New(mp, WithMethods(methodGenerate), WithTenantLabels(1), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rec.Close() })
+	store, err := keyed.New(keyed.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(tbl), middleware.WithClock(clk), middleware.WithObserver(rec.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lim.UnaryServerInterceptor()
+	call := func(id string, cost int64) error {
+		_, err := icpt(calltest.KeyContext(methodGenerate, keys[id]), nil, &grpc.UnaryServerInfo{FullMethod: methodGenerate},
+			func(ctx context.Context, _ any) (any, error) {
+				middleware.ReportCost(ctx, cost)
+				return "ok", nil
+			})
+		return err
+	}
+	for _, o := range []struct {
+		id   string
+		cost int64
+	}{{"acme", 15000}, {"globex", 11000}, {"initech", 13000}} { // owe 5,000, 1,000 and 3,000
+		if err := call(o.id, o.cost); err != nil {
+			t.Fatalf("%s: %v", o.id, err)
+		}
+	}
+	const acme, other = "tenant=acme,tier=gold,unit=tokens", "tenant=other,tier=gold,unit=tokens"
+	for _, step := range []struct {
+		advance time.Duration
+		want    map[string]float64
+	}{
+		{0, map[string]float64{acme: 5000, other: 4000}},
+		{2 * time.Second, map[string]float64{acme: 3000, other: 1000}}, // globex repaid
+		{time.Second, map[string]float64{acme: 2000}},
+		{2 * time.Second, map[string]float64{}},
+	} {
+		clk.advance(step.advance)
+		if diff := cmp.Diff(step.want, floatPoints(t, collect(t, reader)["floodgate.cost.debt"])); diff != "" {
+			t.Errorf("%v on: floodgate.cost.debt (-want +got):\n%s", clk.Now().Sub(time.Unix(1000, 0)), diff)
+		}
+	}
+}

@@ -26,6 +26,15 @@
 // left uncharged to the cost instruments, by the quota's unit (the first
 // MaxUnitLabels units seen, "other" beyond), tier, method and, with
 // WithTenantLabels, tenant: promfloodgate's floodgate_cost_* series. The
+// floodgate.cost.debt gauge is what tenants' metered buckets owe, by unit,
+// tier and, with WithTenantLabels, tenant, as promfloodgate's
+// floodgate_cost_debt: each bucket's debt as the observer last saw it less
+// what refill has repaid since (on the WithClock clock), a series the sum
+// of its buckets (the tenants folded into "other" among them), gone once
+// they are repaid; at most MaxDebtBuckets buckets are followed, the one
+// seen longest ago dropped for a new one, and not the anonymous callers'.
+// Processes sharing the Redis store each report what they saw last:
+// aggregate them with max, not sum. The
 // state of the sources given to New is read by one callback, registered
 // once, at each collection. For the Redis store, NewRedisMetrics returns a
 // redisstore.Observer. The instruments, and the series OTel's Prometheus
@@ -38,6 +47,7 @@
 //	floodgate.cost.settled               async counter       {unit}        floodgate_cost_settled_total (unit, tier, method, tenant)
 //	floodgate.cost.refunded              async counter       {unit}        floodgate_cost_refunded_total (unit, tier, method, tenant)
 //	floodgate.cost.uncharged             async counter       {unit}        floodgate_cost_uncharged_total (unit, tier, method, tenant)
+//	floodgate.cost.debt                  async gauge         {unit}        floodgate_cost_debt (unit, tier, tenant)
 //	floodgate.tap.rejections             async counter       {call}        floodgate_tap_rejections_total
 //	floodgate.exempt                     async counter       {call}        floodgate_exempt_total
 //	floodgate.api_keys.ignored           async counter       {call}        floodgate_api_keys_ignored_total (reason)

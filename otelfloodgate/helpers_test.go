@@ -250,3 +250,20 @@ func spanEvents(spans []sdktrace.ReadOnlySpan, name string) []map[attribute.Key]
 	}
 	return out
 }
+
+// floatPoints returns the data points of a float64 gauge as points does,
+// none for an instrument that observed nothing.
+func floatPoints(t *testing.T, m metricdata.Metrics) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	switch d := m.Data.(type) {
+	case nil:
+	case metricdata.Gauge[float64]:
+		for _, dp := range d.DataPoints {
+			out[attrString(dp.Attributes)] = dp.Value
+		}
+	default:
+		t.Fatalf("%s: %T, want a float64 gauge", m.Name, m.Data)
+	}
+	return out
+}

@@ -27,6 +27,7 @@ var mapping = []struct{ otel, prom string }{
 	{"floodgate.cost.settled", "floodgate_cost_settled_total"},
 	{"floodgate.cost.refunded", "floodgate_cost_refunded_total"},
 	{"floodgate.cost.uncharged", "floodgate_cost_uncharged_total"},
+	{"floodgate.cost.debt", "floodgate_cost_debt"},
 	{"floodgate.tap.rejections", "floodgate_tap_rejections_total"},
 	{"floodgate.exempt", "floodgate_exempt_total"},
 	{"floodgate.api_keys.ignored", "floodgate_api_keys_ignored_total"},
@@ -108,6 +109,8 @@ func TestPrometheusNames(t *testing.T) {
 	r.SetLimiter(lim)
 	r.Observer()(middleware.Event{Method: methodGet, Allowed: true})
 	r.Observer()(middleware.Event{Method: methodGet, Unit: "tokens", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Settled: 1000})
+	r.Observer()(middleware.Event{Method: methodGet, Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt,
+		Metered: floodgate.Result{Limit: floodgate.Limit{Rate: 1, Burst: 1000}, Owed: 1000}})
 	rm, err := NewRedisMetrics(mp)
 	if err != nil {
 		t.Fatal(err)

@@ -89,6 +89,9 @@ type observables struct {
 
 	costs                                  *labels.Map[labels.CostSeries, *costCounter]
 	reserved, settled, refunded, uncharged metric.Int64ObservableCounter
+	labels                                 *labels.Labeler
+	debts                                  *labels.Debts
+	debt                                   metric.Float64ObservableGauge
 
 	tap, exempt, keysIgnored metric.Int64ObservableCounter
 	ignoredBy                []metric.MeasurementOption // repeated, too_long
@@ -115,15 +118,16 @@ type observables struct {
 
 // register makes the instruments of the Limiter and of the sources o
 // names, and registers the one callback that reads them all.
-func (s *observables) register(m metric.Meter, o *options, limiter *atomic.Pointer[middleware.Limiter],
-	series *labels.Map[labels.Series, *counter], costs *labels.Map[labels.CostSeries, *costCounter]) (metric.Registration, error) {
-	s.o, s.limiter, s.series, s.costs = o, limiter, series, costs
+func (s *observables) register(m metric.Meter, o *options, l *labels.Labeler, limiter *atomic.Pointer[middleware.Limiter],
+	series *labels.Map[labels.Series, *counter], costs *labels.Map[labels.CostSeries, *costCounter], debts *labels.Debts) (metric.Registration, error) {
+	s.o, s.labels, s.limiter, s.series, s.costs, s.debts = o, l, limiter, series, costs, debts
 	b := &builder{m: m}
 	s.decisions = b.counter("floodgate.decisions", "{call}", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.")
 	s.reserved = b.counter("floodgate.cost.reserved", "{unit}", "Units metered calls reserved, their estimates and their streams' chunks, counted as they settle, by unit, tier, method and, opt-in, tenant.")
 	s.settled = b.counter("floodgate.cost.settled", "{unit}", "Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.")
 	s.refunded = b.counter("floodgate.cost.refunded", "{unit}", "Units metered calls reserved beyond the cost they settled at, given back to their buckets (a bucket keeps what fits under its burst).")
 	s.uncharged = b.counter("floodgate.cost.uncharged", "{unit}", "Units of settles that their buckets' debt limits left uncharged: the only units a metered quota does not count.")
+	s.debt = b.float("floodgate.cost.debt", "{unit}", "Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.")
 	s.tap = b.counter("floodgate.tap.rejections", "{call}", "Calls rejected by the tap handle before their request was read.")
 	s.exempt = b.counter("floodgate.exempt", "{call}", "Calls to exempt methods, which take no tokens and are not in floodgate.decisions.")
 	s.keysIgnored = b.counter("floodgate.api_keys.ignored", "{call}", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.")
@@ -187,6 +191,14 @@ func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 		ob.ObserveInt64(s.refunded, c.refunded.Load(), c.set)
 		ob.ObserveInt64(s.uncharged, c.uncharged.Load(), c.set)
 	}
+	s.debts.Each(func(v labels.DebtValues, owed float64) {
+		values := s.labels.DebtLabels(v)
+		kvs := make([]attribute.KeyValue, len(values))
+		for i, val := range values {
+			kvs[i] = attribute.String(labels.DebtNames[i], val)
+		}
+		ob.ObserveFloat64(s.debt, owed, metric.WithAttributes(kvs...))
+	})
 	if l := s.limiter.Load(); l != nil {
 		st := l.Stats()
 		ob.ObserveInt64(s.tap, int64(st.Tap))

@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/keyed"
@@ -33,6 +35,10 @@ const (
 	// MaxUnitLabels is the most units of metered quotas whose cost
 	// instruments carry their own unit attribute; later units are "other".
 	MaxUnitLabels = labels.MaxUnits
+	// MaxDebtBuckets is the most metered buckets floodgate.cost.debt
+	// follows; a bucket newly seen in debt beyond them takes the place of
+	// the one seen longest ago.
+	MaxDebtBuckets = labels.MaxDebts
 
 	// LabelOther labels a method not registered with WithMethods, a tier
 	// beyond the WithMaxTiers cap, a tenant beyond the WithTenantLabels
@@ -59,6 +65,7 @@ type options struct {
 	quota      codes.Code
 	over       codes.Code
 	noSpans    bool
+	clock      floodgate.Clock
 }
 
 // The sources a Recorder reads at each collection are small interfaces, so
@@ -134,6 +141,11 @@ func WithCodes(quota, overload codes.Code) Option {
 // call replaces the setting.
 func WithSpanEvents(on bool) Option { return func(o *options) { o.noSpans = !on } }
 
+// WithClock sets the clock the repayment of floodgate.cost.debt is
+// measured on. A nil c, the default, reads time.Now. A repeated call
+// replaces c.
+func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
+
 // labels returns what the decisions are labelled by.
 func (o *options) labels() labels.Config {
 	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
@@ -154,6 +166,7 @@ type Recorder struct {
 	// and costs each cost series' sums.
 	series  labels.Map[labels.Series, *counter]
 	costs   labels.Map[labels.CostSeries, *costCounter]
+	debts   *labels.Debts // what the metered buckets owe, as last seen
 	limiter atomic.Pointer[middleware.Limiter]
 	obs     observables
 	reg     metric.Registration
@@ -176,10 +189,14 @@ func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
+	if o.clock == nil {
+		o.clock = floodgate.ClockFunc(time.Now)
+	}
 	m := mp.Meter(ScopeName)
 	r := &Recorder{o: o, labels: labels.NewLabeler(o.labels())}
+	r.debts = labels.NewDebts(r.labels, o.clock)
 	var err error
-	if r.reg, err = r.obs.register(m, &r.o, &r.limiter, &r.series, &r.costs); err != nil {
+	if r.reg, err = r.obs.register(m, &r.o, r.labels, &r.limiter, &r.series, &r.costs, r.debts); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -192,8 +209,10 @@ func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 func (r *Recorder) SetLimiter(l *middleware.Limiter) { r.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision, and sums each metered call's settle in the cost
-// instruments, allocating nothing but a series' first attribute set, and
+// counts each decision, sums each metered call's settle in the cost
+// instruments and notes what metered buckets owe (floodgate.cost.debt),
+// allocating nothing but a series' first attribute set and a bucket's
+// entry as it is first seen in debt, and
 // adds span events to a recording span in the call's context.
 func (r *Recorder) Observer() func(middleware.Event) { return r.observe }
 
@@ -207,6 +226,7 @@ type counter struct {
 }
 
 func (r *Recorder) observe(e middleware.Event) {
+	r.debts.Observe(e)
 	if e.Reason == middleware.ReasonSettled {
 		r.observeCost(e)
 		return

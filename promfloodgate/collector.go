@@ -33,6 +33,10 @@ const (
 	// MaxUnitLabels is the most units of metered quotas that label the
 	// cost series as themselves; later units are labelled "other".
 	MaxUnitLabels = labels.MaxUnits
+	// MaxDebtBuckets is the most metered buckets floodgate_cost_debt
+	// follows; a bucket newly seen in debt beyond them takes the place of
+	// the one seen longest ago.
+	MaxDebtBuckets = labels.MaxDebts
 
 	// LabelOther labels a method not registered with WithMethods, a tier
 	// beyond the WithMaxTiers cap, a tenant beyond the WithTenantLabels
@@ -162,9 +166,10 @@ func WithLogger(l *slog.Logger, interval time.Duration) Option {
 // repeated call replaces f.
 func WithCostOffenders(f *Offenders) Option { return func(o *options) { o.offenders = f } }
 
-// WithClock sets the clock the rejection log's interval is measured on. A
-// nil c, the default, reads time.Now, whose monotonic reading no step of the
-// wall clock disturbs. A repeated call replaces c.
+// WithClock sets the clock the rejection log's interval and the repayment
+// of floodgate_cost_debt are measured on. A nil c, the default, reads
+// time.Now, whose monotonic reading no step of the wall clock disturbs. A
+// repeated call replaces c.
 func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c } }
 
 func (o *options) validate() error {
@@ -205,7 +210,10 @@ type Collector struct {
 	// costs are the metered calls' counters, by cost series.
 	costs                                  labels.Map[labels.CostSeries, *costCounters]
 	reserved, settled, refunded, uncharged *prometheus.CounterVec
-	limiter                                atomic.Pointer[middleware.Limiter]
+	// debts are what the metered buckets owe, as last seen.
+	debts   *labels.Debts
+	debt    *prometheus.Desc
+	limiter atomic.Pointer[middleware.Limiter]
 
 	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
 	logBase    time.Time    // read from the clock at New: monotonic by default
@@ -267,6 +275,12 @@ func New(opts ...Option) (*Collector, error) {
 	c.settled = costVec("settled_total", "Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.")
 	c.refunded = costVec("refunded_total", "Units metered calls reserved beyond the cost they settled at, given back to their buckets (a bucket keeps what fits under its burst).")
 	c.uncharged = costVec("uncharged_total", "Units of settles that their buckets' debt limits left uncharged: the only units a metered quota does not count.")
+	c.debts = labels.NewDebts(c.labels, o.clock)
+	debtNames := labels.DebtNames[:len(labels.DebtNames)-1]
+	if c.labels.Tenants() {
+		debtNames = labels.DebtNames
+	}
+	c.debt = prometheus.NewDesc("floodgate_cost_debt", "Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.", debtNames, nil)
 
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("floodgate_"+name, help, labels, nil)
@@ -315,12 +329,15 @@ func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
 
 // Observer returns the function to pass to middleware.WithObserver. It
 // counts each decision, and each metered call's settle in the cost series,
-// allocating nothing but a series' first counters (and, with
+// and notes what metered buckets owe (floodgate_cost_debt), allocating
+// nothing but a series' first counters, a bucket's entry as it is first
+// seen in debt (and, with
 // WithCostOffenders, a subject's string as it enters the cost ranking); a
 // rejection may also be logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) { return c.observe }
 
 func (c *Collector) observe(e middleware.Event) {
+	c.debts.Observe(e)
 	if e.Reason == middleware.ReasonSettled {
 		c.observeCost(e)
 		return
@@ -400,6 +417,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, v := range []*prometheus.CounterVec{c.reserved, c.settled, c.refunded, c.uncharged} {
 		v.Describe(ch)
 	}
+	ch <- c.debt
 	ch <- c.descs.tap
 	ch <- c.descs.exempt
 	ch <- c.descs.keysIgnored
@@ -440,6 +458,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	c.debts.Each(func(v labels.DebtValues, owed float64) { gauge(c.debt, owed, c.labels.DebtLabels(v)...) })
 	if l := c.limiter.Load(); l != nil {
 		st := l.Stats()
 		counter(c.descs.tap, st.Tap)

@@ -290,14 +290,18 @@ func TestObserverAllocs(t *testing.T) {
 		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
 		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
 		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
-		debt := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", Reason: middleware.ReasonDebt}
-		settled := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10}
-		for _, e := range []middleware.Event{accepted, rejected, overCap, debt, settled} {
+		owing := floodgate.Result{Limit: floodgate.Limit{Rate: 1000, Burst: 20000}, Owed: 1000} // the bucket is in debt
+		debt := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt, Metered: owing}
+		settled := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Metered: owing}
+		// A settle that leaves a bucket not followed owing nothing.
+		repaid := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
+			Allowed: true, Reserved: 4000, Settled: 1000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}}
+		for _, e := range []middleware.Event{accepted, rejected, overCap, debt, settled, repaid} {
 			obs(e) // the first makes the series; a rejection logs once, later ones are suppressed
 		}
 		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "over the tenant cap": overCap,
-			"rejected for debt": debt, "settled": settled} {
+			"rejected for debt": debt, "settled": settled, "settled, repaid": repaid} {
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
 				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
 			}

@@ -200,3 +200,141 @@ func TestCostUnitCap(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// debtTable: acme, globex and initech, tier pro, have a quota of 1,000
+// tokens a second in bursts of 10,000 (and the default debt limit, one
+// burst), reserving 1,000 a call.
+func debtTable(t testing.TB) (*tenant.Table, map[string]string) {
+	t.Helper()
+	keys := map[string]string{}
+	tenants := map[string]tenant.TenantSpec{}
+	for _, id := range []string{"acme", "globex", "initech"} {
+		keys[id] = id + "-key-0123456789abcdef"
+		digest, err := tenant.HashKey(keys[id])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants[id] = tenant.TenantSpec{Tier: "pro", Keys: []string{digest}}
+	}
+	tbl, err := tenant.Compile(&tenant.Config{
+		Tiers: map[string]tenant.TierSpec{"pro": {
+			Default: &tenant.LimitSpec{Rate: 1000, Burst: 1000},
+			Methods: map[string]tenant.MethodSpec{"/llm.v1.Completions/*": {Metered: &tenant.MeteredSpec{
+				Unit: "tokens", Rate: 1000, Per: time.Second, Burst: 10000, Estimate: 1000,
+			}}},
+		}},
+		Tenants: tenants,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl, keys
+}
+
+// TestCostDebt: overruns put tenants in debt, which the gauge shows, the
+// tenants past the label cap summed in "other"; refill repays it on the
+// collector's clock, and each series goes once its debt is repaid.
+func TestCostDebt(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	c, err := New(WithMethods(methodGenerate), WithTenantLabels(1), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New(keyed.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, keys := debtTable(t)
+	lim, err := middleware.New(store, middleware.Static(tbl), middleware.WithClock(clk), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lim.UnaryServerInterceptor()
+	call := func(id string, cost int64) error {
+		_, err := icpt(calltest.KeyContext(methodGenerate, keys[id]), nil, &grpc.UnaryServerInfo{FullMethod: methodGenerate},
+			func(ctx context.Context, _ any) (any, error) {
+				middleware.ReportCost(ctx, cost)
+				return "ok", nil
+			})
+		return err
+	}
+	const head = `
+# HELP floodgate_cost_debt Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.
+# TYPE floodgate_cost_debt gauge
+`
+	expect := func(when string, series ...string) {
+		t.Helper()
+		want := ""
+		if len(series) > 0 {
+			want = head + strings.Join(series, "\n") + "\n"
+		}
+		if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_cost_debt"); err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+	}
+	expect("before any call")
+	// Each reserves 1,000 of 10,000 and settles past the 9,000 left.
+	for _, o := range []struct {
+		id   string
+		cost int64
+	}{{"acme", 15000}, {"globex", 11000}, {"initech", 13000}} { // owe 5,000, 1,000 and 3,000
+		if err := call(o.id, o.cost); err != nil {
+			t.Fatalf("%s: %v", o.id, err)
+		}
+	}
+	if err := call("acme", 10); err == nil {
+		t.Fatal("a call while acme owes tokens was admitted")
+	}
+	expect("in debt",
+		`floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 5000`,
+		`floodgate_cost_debt{tenant="other",tier="pro",unit="tokens"} 4000`)
+	clk.advance(2 * time.Second) // 2,000 repaid each: globex is clear
+	expect("after 2s",
+		`floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 3000`,
+		`floodgate_cost_debt{tenant="other",tier="pro",unit="tokens"} 1000`)
+	clk.advance(time.Second)
+	expect("after 3s", `floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 2000`)
+	clk.advance(2 * time.Second)
+	expect("after 5s, repaid")
+	clk.advance(time.Second) // and an estimate
+	if err := call("acme", 1000); err != nil {
+		t.Fatalf("acme once repaid: %v", err)
+	}
+	expect("after a call at its estimate")
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// TestCostDebtBounded: the observer follows at most MaxDebtBuckets
+// buckets, dropping the one seen longest ago; a settle that leaves a
+// bucket owing nothing clears it; anonymous callers are not followed.
+func TestCostDebtBounded(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	c, err := New(WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	lim := floodgate.Limit{Rate: 1, Burst: 10}
+	debt := func(tenant string, owed int) middleware.Event {
+		return middleware.Event{Tier: "pro", Tenant: tenant, Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt,
+			Metered: floodgate.Result{Limit: lim, Owed: owed}}
+	}
+	for i := range MaxDebtBuckets {
+		obs(debt("t"+strconv.Itoa(i), 1))
+	}
+	obs(debt("t0", 2)) // seen again: t1 is now the oldest
+	obs(debt("new", 3))
+	obs(debt("", 100)) // anonymous
+	obs(middleware.Event{Tier: "pro", Tenant: "t2", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled, Allowed: true,
+		Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 3}})
+	// t0's 2, new's 3 and 1 from each of the others but t1 and t2.
+	want := `
+# HELP floodgate_cost_debt Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.
+# TYPE floodgate_cost_debt gauge
+floodgate_cost_debt{tier="pro",unit="tokens"} ` + strconv.Itoa(2+3+MaxDebtBuckets-3) + "\n"
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_cost_debt"); err != nil {
+		t.Error(err)
+	}
+}

@@ -39,6 +39,19 @@
 // floodgate_cost_settled_total to find who costs most, or by Offenders'
 // cost ranking, which WithCostOffenders feeds, across every tenant.
 //
+// floodgate_cost_debt is the gauge of what tenants' metered buckets owe,
+// by unit, tier and, with WithTenantLabels, tenant: each bucket's debt as
+// the observer last saw it (a settle that charged past what was reserved,
+// a call refused for the debt, a settle that left it owing nothing), less
+// what refill has repaid since, on the WithClock clock; a series goes once
+// its buckets are repaid. A series of several buckets (a tenant's buckets
+// of one unit, the tenants folded into "other", every tenant of a tier
+// without tenant labels) is their sum. The observer follows at most
+// MaxDebtBuckets buckets, dropping the one seen longest ago for a new one,
+// and not the anonymous callers' buckets. It reports what this process
+// saw: processes sharing the Redis store each report the debt as they saw
+// it last, so aggregate them with max, not sum.
+//
 // The sources given to New are read at each scrape, and only they are
 // exported:
 //
@@ -88,7 +101,7 @@
 // in practice are the few combinations that occur: a series exists from
 // its first count. The cost series are bounded likewise, by the first
 // MaxUnitLabels units seen (later ones "other") × (tiers + 2) × (methods +
-// 1) × (n + 2).
+// 1) × (n + 2), and the debt series by units × (tiers + 2) × (n + 2).
 //
 // # Cost
 //
@@ -101,7 +114,8 @@
 // about 90 ns (BenchmarkObserverOverhead measures it: the median difference
 // over alternating blocks of calls without and with it): under 0.2% of a
 // gRPC call's cost (about 60 µs on loopback). A rejection also reads the
-// clock when WithLogger is set.
+// clock when WithLogger is set; an event that reports a debt reads it and
+// takes the debt gauge's lock, as a settle does while some bucket owes.
 //
 // # Top offenders
 //
