@@ -155,8 +155,17 @@ func (s *state) settle(res *floodgate.Result, lim floodgate.Limit, delta int, no
 	burst := int64(lim.Burst) * unit
 	switch {
 	case delta < 0:
-		// delta is a difference of two ints ≥ 0: −delta fits.
-		if refund, gap := int64(-delta), less(burst, tokens); refund > gap/unit {
+		// delta is a difference of two ints ≥ 0: −delta fits. gap is
+		// the whole tokens that fit below the burst, counted without
+		// burst − tokens, which overflows deep in debt (a refund capped
+		// there would fill the bucket). Below it, refund × unit may
+		// overflow, but the sum, between tokens and the burst, fits, and
+		// wrapping arithmetic gets it right.
+		refund, gap := int64(-delta), (burst-tokens)/unit
+		if tokens < 0 {
+			gap = int64(lim.Burst) - tokens/unit // ⌊−tokens/unit⌋ = −(tokens/unit)
+		}
+		if refund > gap {
 			tokens = burst
 		} else {
 			tokens += refund * unit

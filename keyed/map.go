@@ -343,8 +343,8 @@ func (m *Map) tokens(key string, lim floodgate.Limit, now int64) float64 {
 }
 
 // Reset forgets key's bucket, so its next take starts full: it forgives
-// any debt, which nothing else does. It never fails; ctx and the error are there for the signature every store shares
-// ([floodgate.Resetter]).
+// any debt, which nothing else does. It never fails; ctx and the error are
+// there for the signature every store shares ([floodgate.Resetter]).
 func (m *Map) Reset(_ context.Context, key string) error {
 	s, k := m.hash(key)
 	s.mu.Lock()

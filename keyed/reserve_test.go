@@ -161,6 +161,36 @@ func TestSettleWholeTokens(t *testing.T) {
 	}
 }
 
+// TestSettleRefundDeepInDebt: a refund to a bucket that owes its largest
+// debt limit at the largest burst adds what it refunds, however large,
+// and fills the bucket only when that is more than it lacks.
+func TestSettleRefundDeepInDebt(t *testing.T) {
+	lim := floodgate.Limit{Rate: 0, Burst: floodgate.MaxBurst, Debt: floodgate.MaxBurst}
+	for _, c := range []struct {
+		refund int
+		want   float64
+	}{
+		{10_000_000_000, 10_000_000_000 - floodgate.MaxBurst},
+		{2 * floodgate.MaxBurst, floodgate.MaxBurst},
+		{2*floodgate.MaxBurst + 1, floodgate.MaxBurst},
+	} {
+		m, _ := clocked(t)
+		if _, err := m.SettleN(bg, "k", lim, 0, 2*floodgate.MaxBurst); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Tokens("k", lim); got != -floodgate.MaxBurst {
+			t.Fatalf("tokens = %v, want %v", got, -floodgate.MaxBurst)
+		}
+		res, err := m.SettleN(bg, "k", lim, c.refund, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Tokens("k", lim); got != c.want || res.Remaining != int(c.want) {
+			t.Errorf("refund of %d: tokens %v, Remaining %d; want %v", c.refund, got, res.Remaining, c.want)
+		}
+	}
+}
+
 // TestSettleBadInput: every bad input gets an error or does what its
 // documentation says, and no token is lost or created: the bucket's tokens
 // before and after are checked each time.

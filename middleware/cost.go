@@ -326,7 +326,9 @@ func (m *meter) cover(c int64, ok bool) error {
 
 // chunk reserves n more units, on the route of the table in force, so
 // that a reload that lowers the quota or revokes the caller's key applies
-// to the calls already running. It reports whether the call may go on.
+// to the calls already running: a route without a metered quota reserves
+// nothing more, and one that admits nothing (a revoked key, without an
+// anonymous policy) refuses. It reports whether the call may go on.
 func (m *meter) chunk(n int64) bool {
 	l := m.l
 	if t := l.tables.Table(); t != m.table {
@@ -335,35 +337,43 @@ func (m *meter) chunk(n int64) bool {
 		m.route, m.table = l.route(ten, found, &c), t
 	}
 	mt := m.route.rule.Meter
-	if mt == nil {
-		m.off = true // the quota is gone: nothing more to reserve
-		return true
-	}
-	scale := 1.0
-	if l.o.gate != nil {
-		scale = l.o.gate.Scale()
-	}
-	lim := mt.Limit
-	if scale < 1 {
-		lim = lim.Scale(scale)
-	}
-	r, err := l.reserveN(m.ctx, m.route.meterKey, lim, n)
-	if err == nil && r.Result.Allowed {
-		m.before, m.covered, m.rsv = m.covered, m.covered+n, r
-		return true
-	}
 	// The chunk is a decision of its own, reported and counted as one,
 	// under the call's decision and the chunk's route.
 	v := *m.v
 	v.r, v.gated, v.badEst, v.reserved = m.route, false, false, m.covered
 	retry := time.Duration(0)
-	if err != nil {
-		v.res, v.mres, v.byMeter = floodgate.Result{}, floodgate.Result{}, false
-		v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
-		v.reason = ReasonStoreError
-	} else {
-		v.mres, v.byMeter, v.allowed, v.reason = r.Result, true, false, meterReason(r.Result, scale)
-		retry = r.Result.RetryAfter
+	switch {
+	case mt == nil && m.route.rule.Limit.IsZero():
+		// The table in force admits the caller nothing here (its key was
+		// revoked, and anonymous callers have no policy): the call ends,
+		// as a new one would be refused.
+		v.res, v.mres, v.byMeter = floodgate.Result{Limit: m.route.rule.Limit, RetryAfter: floodgate.Never}, floodgate.Result{}, false
+		v.allowed, v.reason = false, ReasonQuota
+	case mt == nil:
+		m.off = true // the quota is gone: nothing more to reserve
+		return true
+	default:
+		scale := 1.0
+		if l.o.gate != nil {
+			scale = l.o.gate.Scale()
+		}
+		lim := mt.Limit
+		if scale < 1 {
+			lim = lim.Scale(scale)
+		}
+		r, err := l.reserveN(m.ctx, m.route.meterKey, lim, n)
+		switch {
+		case err == nil && r.Result.Allowed:
+			m.before, m.covered, m.rsv = m.covered, m.covered+n, r
+			return true
+		case err != nil:
+			v.res, v.mres, v.byMeter = floodgate.Result{}, floodgate.Result{}, false
+			v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
+			v.reason = ReasonStoreError
+		default:
+			v.mres, v.byMeter, v.allowed, v.reason = r.Result, true, false, meterReason(r.Result, scale)
+			retry = r.Result.RetryAfter
+		}
 	}
 	e := l.decided(m.ctx, &v, retry)
 	if e == nil {

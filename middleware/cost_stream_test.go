@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 // fakeStream is a server stream whose messages go nowhere and come from
@@ -203,5 +205,49 @@ func TestStreamWindow(t *testing.T) {
 	}
 	if streams < 2 {
 		t.Errorf("%d streams, want the stream stopped and reopened", streams)
+	}
+}
+
+// TestStreamRevokedKey: a reload that revokes the caller's key, with no
+// anonymous policy, ends its stream at the next chunk, as a new call
+// would be refused, rather than let it run on unmetered.
+func TestStreamRevokedKey(t *testing.T) {
+	reg, err := tenant.New(tenant.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Set(meteredTable(t, tokensPerMinute))
+	revoked, err := tenant.Compile(&tenant.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New(keyed.WithClock(newClock()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, _, err := openStream(l, func(_ any, ss grpc.ServerStream) error {
+		for i := range 1000 { // 1,000,000 tokens: far past any reservation
+			if i == 2 {
+				reg.Set(revoked)
+			}
+			if err := ss.SendMsg(nil); err != nil {
+				return err
+			}
+			middleware.ReportCost(ss.Context(), 1000)
+		}
+		return nil
+	})
+	st, det := detailsOf(t, err)
+	if st.Code() != codes.ResourceExhausted || det.info.GetReason() != middleware.ErrorReasonRateLimited || det.retry != nil {
+		t.Fatalf("stream ended with %v, %v; want RESOURCE_EXHAUSTED without a retry delay", err, det.retry)
+	}
+	// The estimate of 4,000 covers five messages of 1,000 reported after
+	// sending; the sixth needs a chunk.
+	if got, want := fs.sent, 5; got != want {
+		t.Errorf("the stream sent %d messages, want %d", got, want)
 	}
 }

@@ -826,3 +826,39 @@ func TestUnrunCallRefunds(t *testing.T) {
 		t.Errorf("after Done the bucket holds %v, want %v", got, want)
 	}
 }
+
+// TestShedCallRefunds: a metered call that the overload controller sheds,
+// after its quota reserved its estimate, gets the estimate back.
+func TestShedCallRefunds(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newMeterFixture(t, tokensPerMinute, middleware.WithOverload(ctrl))
+	c := middleware.Call{Method: llmGenerate, Header: mdHeaderOf(apiKeyMD(acmeKey))}
+	running, err := f.l.Admit(context.Background(), c) // holds the one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Done()
+	a, err := f.l.Admit(context.Background(), c)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Admit with every slot taken = %v, want UNAVAILABLE", err)
+	}
+	if d, ok := a.Decision(); !ok || d.Reason != middleware.ReasonOverload || d.Reserved != 4000 {
+		t.Fatalf("Decision = %+v, %v; want shed by the controller after the estimate was reserved", d, ok)
+	}
+	if got, want := f.l.Stats().Shed, uint64(1); got != want {
+		t.Fatalf("Stats().Shed = %d, want %d", got, want)
+	}
+	if got, want := f.tokens(), 16000.0; got != want {
+		t.Errorf("bucket holds %v, want %v: only the running call's estimate", got, want)
+	}
+	if middleware.ReportCost(a.Context(), 1000) {
+		t.Error("ReportCost in a shed call = true")
+	}
+	a.Done()
+	if got, want := f.tokens(), 16000.0; got != want {
+		t.Errorf("after Done the bucket holds %v, want %v", got, want)
+	}
+}

@@ -212,12 +212,13 @@ type Event struct {
 // Each limited call is counted once in Admitted, Quota, Overload,
 // StoreErrors, Debt or InvalidEstimates, by what its quota decided (an
 // exempt call in Exempt instead); a stream that a chunk of its metered
-// quota ends is counted again, in the chunk's reason. The overload controller (WithOverload) then decides the calls
-// the quota let through, those in Admitted and the store errors failing
-// open, and Shed counts those it shed: without store errors, Admitted −
-// Shed calls passed both (less those whose context ended while they
-// waited for a slot). The interceptors' overload rejections are Overload +
-// Shed; the tap handle's are counted apart, in Tap.
+// quota ends is counted again, in the chunk's reason. The overload
+// controller (WithOverload) then decides the calls the quota let through,
+// those in Admitted and the store errors failing open, and Shed counts
+// those it shed: without store errors, Admitted − Shed calls passed both
+// (less those whose context ended while they waited for a slot). The
+// interceptors' overload rejections are Overload + Shed; the tap handle's
+// are counted apart, in Tap.
 type Stats struct {
 	// Admitted counts calls their quota admitted, those the overload
 	// controller then shed included (store errors admitted under the

@@ -427,14 +427,15 @@ func TestSettleCacheAndLeases(t *testing.T) {
 
 // TestReserveLeasesBound: four stores with leases share a bucket and
 // reserve and settle on it, overrunning their estimates, while the client
-// clock advances. The actual cost they admitted stays within
+// clock advances, asking for more than the bucket gives (7,000 against 4,100). The
+// actual cost they admitted stays within
 // burst + rate·(t + lease time) + the debt limit, plus what they were told
 // was not charged.
 func TestReserveLeasesBound(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
 	const d = 50 * time.Millisecond
-	lim := floodgate.PerSecond(2000, 20) // leases of up to 18 extra tokens
+	lim := floodgate.PerSecond(2000, 20) // leases of up to 19 extra tokens
 	var stores []*redisstore.Store
 	pre := prefix(t)
 	for range 4 {
@@ -443,9 +444,14 @@ func TestReserveLeasesBound(t *testing.T) {
 	}
 	const steps = 2000
 	step := time.Millisecond
-	var admitted, uncharged, leased int
+	var demand, admitted, uncharged, leased int
 	for i := range steps {
 		s := stores[i%len(stores)]
+		actual := 3 * (i % 3) // 0, 3 or 6: under and over the estimate
+		if i%100 == 0 {
+			actual = 60 // beyond any debt limit
+		}
+		demand += actual
 		r, err := s.ReserveN(bg, "k", lim, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -453,10 +459,6 @@ func TestReserveLeasesBound(t *testing.T) {
 		if r.Result.Allowed {
 			if r.Result.Source == floodgate.SourceLease {
 				leased++
-			}
-			actual := i % 3 // 0 to 2: under and over the estimate
-			if i%100 == 0 {
-				actual = 60 // beyond any debt limit
 			}
 			_, err := r.Settle(bg, actual)
 			var dle *floodgate.DebtLimitError
@@ -471,6 +473,9 @@ func TestReserveLeasesBound(t *testing.T) {
 	}
 	elapsed := time.Duration(steps) * step
 	bound := float64(lim.Burst) + lim.Rate*(elapsed+d).Seconds() + float64(lim.DebtLimit()) + float64(uncharged)
+	if float64(demand) <= bound {
+		t.Fatalf("a demand of %d never exceeds the bound %.0f: the test tests nothing", demand, bound)
+	}
 	if float64(admitted) > bound {
 		t.Errorf("admitted a cost of %d in %v, more than burst + rate·(t+d) + debt + uncharged = %v", admitted, elapsed, bound)
 	}
