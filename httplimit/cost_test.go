@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,11 +84,15 @@ func TestMeteredRequest(t *testing.T) {
 	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d, _ := middleware.FromContext(r.Context())
 		reserved = d.Reserved
+		// Written before the cost is reported: a Write after a report past
+		// the reservation must reserve the difference first.
+		if _, err := io.WriteString(w, "ok"); err != nil {
+			t.Errorf("Write: %v", err)
+		}
 		n, _ := strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 		if !middleware.ReportCost(r.Context(), n) {
 			t.Error("ReportCost in a metered request = false")
 		}
-		_, _ = io.WriteString(w, "ok")
 	}))
 	hdr := http.Header{"X-Api-Key": {acmeKey}, "X-Max-Tokens": {"3000"}}
 	if r := do(t, ts, http.MethodPost, generate+"?cost=1000", hdr); r.code != http.StatusOK || reserved != 3000 {
@@ -157,5 +162,50 @@ func TestMeteredWrites(t *testing.T) {
 	}
 	if got, want := bucket(store, tbl, download), 400.0; got != want {
 		t.Errorf("bucket holds %v after the response, want %v: what was not written given back", got, want)
+	}
+}
+
+// TestMeteredFirstWriteRefused: a Write refused before anything of the
+// response went out answers the request with the rejection, 429 with
+// Retry-After, not an empty 200; the handler's later WriteHeader and
+// Write change nothing and return the same error.
+func TestMeteredFirstWriteRefused(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	l, _, _ := metered(t, middleware.WithActualCost(bytesOf))
+	var first, later error
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		if _, first = w.Write(make([]byte, n)); first != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, later = io.WriteString(w, "oops")
+		}
+	}))
+	hdr := http.Header{"X-Api-Key": {acmeKey}}
+	// 8,000 of the 10,000 bytes written: 2,000 left, 1,000 of which the
+	// next request reserves as it is admitted.
+	if r := do(t, ts, http.MethodGet, download+"?n=8000", hdr); r.code != http.StatusOK || len(r.body) != 8000 {
+		t.Fatalf("status %d, %d bytes; want 200 and 8000", r.code, len(r.body))
+	}
+	r := do(t, ts, http.MethodGet, download+"?n=3000", hdr)
+	if st, _ := status.FromError(first); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("the first Write failed with %v, want RESOURCE_EXHAUSTED", first)
+	}
+	if later != first {
+		t.Errorf("a Write after the refused one returned %v, want %v", later, first)
+	}
+	// 2,000 more bytes at 10,000 a second: back in 0.2 s, 1 s rounded up.
+	if r.code != http.StatusTooManyRequests || r.header.Get("Retry-After") != "1" {
+		t.Errorf("status %d, Retry-After %q; want 429 and 1", r.code, r.header.Get("Retry-After"))
+	}
+	if got, want := r.header.Get("Content-Type"), "application/json"; got != want {
+		t.Errorf("Content-Type %q, want %q", got, want)
+	}
+	if !strings.Contains(string(r.body), `"code":8`) {
+		t.Errorf("body %s, want the RESOURCE_EXHAUSTED status", r.body)
 	}
 }

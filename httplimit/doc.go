@@ -74,11 +74,17 @@
 // by the request's reservations first: when they run out, the Write
 // reserves the next chunk, and when that is refused it writes nothing and
 // returns the rejection's status error (status.FromError reads it), which
-// the handler should end on: the response has begun, so the client sees
-// it cut short. A request refused for debt gets 429, like one over its
-// quota; one whose estimate header is no whole number within the burst
-// gets 400 and no RateLimit fields. The RateLimit fields describe the
-// call limit only.
+// the handler should end on. When no header or byte of the response has
+// gone out yet (no WriteHeader, Write or Flush before), the client gets
+// the rejection as if the request had been refused as it came: 429 (503
+// for a failed store under middleware.WithFailClosed) with Retry-After
+// and the body of its protocol, the handler's Content-Length and
+// Content-Encoding dropped; the handler's later WriteHeader calls do
+// nothing and its Writes return the same error. Once the response has
+// begun, the client sees it cut short. A request refused for debt gets
+// 429, like one over its quota; one whose estimate header is no whole
+// number within the burst gets 400 and no RateLimit fields. The RateLimit
+// fields describe the call limit only.
 //
 // # Browsers
 //

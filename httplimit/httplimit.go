@@ -162,7 +162,7 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 			r = r.WithContext(ctx)
 		}
 		if a.Metered() {
-			w = &meteredWriter{ResponseWriter: w, a: &a}
+			w = newMeteredWriter(w, m, r, &a)
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -173,21 +173,59 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 // reserves its quota in chunks as it is written.
 type meteredWriter struct {
 	http.ResponseWriter
-	a *middleware.Admission
+	m    *Middleware
+	r    *http.Request
+	a    *middleware.Admission
+	sent bool  // a header or a byte went out
+	err  error // the rejection answered in place of the response
+}
+
+func newMeteredWriter(w http.ResponseWriter, m *Middleware, r *http.Request, a *middleware.Admission) *meteredWriter {
+	return &meteredWriter{ResponseWriter: w, m: m, r: r, a: a}
+}
+
+// WriteHeader sends the response's header, unless a refused Write
+// answered the request with the rejection instead.
+func (w *meteredWriter) WriteHeader(code int) {
+	if w.err != nil {
+		return
+	}
+	if code >= 200 { // an informational header leaves the response to come
+		w.sent = true
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // Write writes p once the request's reservations cover it, or returns the
-// rejection's status error, writing nothing, once they cannot.
+// rejection's status error, writing nothing, once they cannot. A refused
+// Write before any header or byte went out answers the request with the
+// rejection, as the Middleware answers one it refuses, and every later
+// Write returns that error.
 func (w *meteredWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
 	if err := w.a.Send(p); err != nil {
+		if !w.sent {
+			w.err, w.sent = err, true
+			w.m.refuse(w.ResponseWriter, w.r, err)
+		}
 		return 0, err
 	}
+	w.sent = true
 	return w.ResponseWriter.Write(p)
+}
+
+// FlushError flushes the response when the ResponseWriter underneath can,
+// for http.ResponseController; it sends the header if nothing did.
+func (w *meteredWriter) FlushError() error {
+	w.sent = true
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Flush flushes the response when the ResponseWriter underneath can (gRPC's
 // ServeHTTP needs an http.Flusher).
-func (w *meteredWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+func (w *meteredWriter) Flush() { _ = w.FlushError() }
 
 // Unwrap returns the ResponseWriter underneath, for http.ResponseController.
 func (w *meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
