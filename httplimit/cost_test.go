@@ -209,3 +209,38 @@ func TestMeteredFirstWriteRefused(t *testing.T) {
 		t.Errorf("body %s, want the RESOURCE_EXHAUSTED status", r.body)
 	}
 }
+
+// TestMeteredLargeWrite: a Write longer than the burst, which no
+// reservation could cover at once, writes the chunks its reservations
+// cover and says how much.
+func TestMeteredLargeWrite(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	l, store, tbl := metered(t, middleware.WithActualCost(bytesOf))
+	var n int64
+	var werr error
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// io.Copy's buffer, 32 KiB, against a burst of 10,000.
+		n, werr = io.Copy(w, io.LimitReader(zeros{}, 32<<10))
+	}))
+	r := do(t, ts, http.MethodGet, download, http.Header{"X-Api-Key": {acmeKey}})
+	if st, _ := status.FromError(werr); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("io.Copy failed with %v, want RESOURCE_EXHAUSTED", werr)
+	}
+	if n != 10000 || r.code != http.StatusOK || len(r.body) != 10000 {
+		t.Errorf("io.Copy wrote %d bytes, the client got status %d and %d; want 10000, 200 and 10000", n, r.code, len(r.body))
+	}
+	if got := bucket(store, tbl, download); got != 0 {
+		t.Errorf("bucket holds %v after the response, want 0", got)
+	}
+}
+
+// zeros reads zeros, and is no io.WriterTo: io.Copy writes its buffer.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}

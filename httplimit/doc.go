@@ -74,7 +74,12 @@
 // by the request's reservations first: when they run out, the Write
 // reserves the next chunk, and when that is refused it writes nothing and
 // returns the rejection's status error (status.FromError reads it), which
-// the handler should end on. When no header or byte of the response has
+// the handler should end on. A Write longer than the quota's burst (an
+// io.Copy's 32 KiB against a smaller burst), which no reservation could
+// cover, is covered a chunk at a time (tenant.Meter.Chunk, as the request
+// was admitted): it writes the chunks its reservations cover, returns how
+// many bytes that was with the error, and the WithActualCost function
+// sees each chunk rather than the whole Write. When no header or byte of the response has
 // gone out yet (no WriteHeader, Write or Flush before), the client gets
 // the rejection as if the request had been refused as it came: 429 (503
 // for a failed store under middleware.WithFailClosed) with Retry-After

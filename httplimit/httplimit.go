@@ -173,15 +173,24 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 // reserves its quota in chunks as it is written.
 type meteredWriter struct {
 	http.ResponseWriter
-	m    *Middleware
-	r    *http.Request
-	a    *middleware.Admission
-	sent bool  // a header or a byte went out
-	err  error // the rejection answered in place of the response
+	m *Middleware
+	r *http.Request
+	a *middleware.Admission
+	// A Write longer than burst is covered in pieces of piece bytes: the
+	// quota's, as the request was admitted; 0 for no pieces.
+	burst, piece int
+	sent         bool  // a header or a byte went out
+	err          error // the rejection answered in place of the response
 }
 
 func newMeteredWriter(w http.ResponseWriter, m *Middleware, r *http.Request, a *middleware.Admission) *meteredWriter {
-	return &meteredWriter{ResponseWriter: w, m: m, r: r, a: a}
+	mw := &meteredWriter{ResponseWriter: w, m: m, r: r, a: a}
+	if d, ok := a.Decision(); ok {
+		if mt := d.Rule.Meter; mt != nil && !mt.Limit.IsInf() && mt.Chunk > 0 {
+			mw.burst, mw.piece = mt.Limit.Burst, mt.Chunk
+		}
+	}
+	return mw
 }
 
 // WriteHeader sends the response's header, unless a refused Write
@@ -197,23 +206,38 @@ func (w *meteredWriter) WriteHeader(code int) {
 }
 
 // Write writes p once the request's reservations cover it, or returns the
-// rejection's status error, writing nothing, once they cannot. A refused
-// Write before any header or byte went out answers the request with the
-// rejection, as the Middleware answers one it refuses, and every later
-// Write returns that error.
+// rejection's status error, writing nothing more, once they cannot. A p
+// longer than the quota's burst, which no reservation could cover at
+// once, is covered and written a chunk at a time (tenant.Meter.Chunk),
+// so that it writes what the reservations cover and returns how much. A
+// refused Write before any header or byte went out answers the request
+// with the rejection, as the Middleware answers one it refuses, and every
+// later Write returns that error.
 func (w *meteredWriter) Write(p []byte) (int, error) {
 	if w.err != nil {
 		return 0, w.err
 	}
-	if err := w.a.Send(p); err != nil {
-		if !w.sent {
-			w.err, w.sent = err, true
-			w.m.refuse(w.ResponseWriter, w.r, err)
-		}
-		return 0, err
+	size := len(p)
+	if w.piece > 0 && size > w.burst {
+		size = w.piece
 	}
-	w.sent = true
-	return w.ResponseWriter.Write(p)
+	n := 0
+	for {
+		q := p[n:min(n+size, len(p))]
+		if err := w.a.Send(q); err != nil {
+			if !w.sent {
+				w.err, w.sent = err, true
+				w.m.refuse(w.ResponseWriter, w.r, err)
+			}
+			return n, err
+		}
+		k, err := w.ResponseWriter.Write(q)
+		w.sent = true
+		n += k
+		if err != nil || n == len(p) {
+			return n, err
+		}
+	}
 }
 
 // FlushError flushes the response when the ResponseWriter underneath can,
