@@ -244,3 +244,43 @@ func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
 }
+
+// TestMeteredResponseController: a metered request's ResponseWriter is an
+// http.Flusher, and http.ResponseController reaches the server's through
+// it; it is neither an http.Hijacker nor an io.ReaderFrom, so that every
+// byte is covered. A Flush begins the response: a Write refused after it
+// cuts the response short.
+func TestMeteredResponseController(t *testing.T) {
+	l, _, _ := metered(t)
+	var errs []string
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(http.Flusher); !ok {
+			errs = append(errs, "no http.Flusher")
+		}
+		if _, ok := w.(http.Hijacker); ok {
+			errs = append(errs, "an http.Hijacker")
+		}
+		if _, ok := w.(io.ReaderFrom); ok {
+			errs = append(errs, "an io.ReaderFrom")
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Hour)); err != nil {
+			errs = append(errs, "SetWriteDeadline: "+err.Error())
+		}
+		if err := rc.Flush(); err != nil {
+			errs = append(errs, "Flush: "+err.Error())
+		}
+		// Reported past what the request reserved and the bucket holds.
+		middleware.ReportCost(r.Context(), 20000)
+		if _, err := io.WriteString(w, "late"); err == nil {
+			errs = append(errs, "a Write past the quota succeeded")
+		}
+	}))
+	r := do(t, ts, http.MethodGet, download, http.Header{"X-Api-Key": {acmeKey}})
+	if r.code != http.StatusOK || len(r.body) != 0 {
+		t.Errorf("status %d, body %q; want 200 (flushed) and nothing", r.code, r.body)
+	}
+	if len(errs) > 0 {
+		t.Errorf("the handler found: %s", strings.Join(errs, "; "))
+	}
+}

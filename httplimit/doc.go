@@ -91,6 +91,15 @@
 // number within the burst gets 400 and no RateLimit fields. The RateLimit
 // fields describe the call limit only.
 //
+// The handler of a metered request writes to a ResponseWriter of the
+// middleware's: an http.Flusher (a Flush begins the response), whose
+// Unwrap lets http.ResponseController reach the server's for deadlines,
+// full duplex and hijacking. It is neither an io.ReaderFrom, so that
+// every byte passes Write and its reservations (an io.Copy from a file
+// copies rather than sends the file), nor an http.Hijacker: what a
+// handler writes to a connection it hijacked (ResponseController.Hijack)
+// is not covered, and what it reported is settled as for any request.
+//
 // # Browsers
 //
 // A gRPC-Web or Connect client in a browser reads a response only when
