@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,11 +84,15 @@ func TestMeteredRequest(t *testing.T) {
 	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d, _ := middleware.FromContext(r.Context())
 		reserved = d.Reserved
+		// Written before the cost is reported: a Write after a report past
+		// the reservation must reserve the difference first.
+		if _, err := io.WriteString(w, "ok"); err != nil {
+			t.Errorf("Write: %v", err)
+		}
 		n, _ := strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 		if !middleware.ReportCost(r.Context(), n) {
 			t.Error("ReportCost in a metered request = false")
 		}
-		_, _ = io.WriteString(w, "ok")
 	}))
 	hdr := http.Header{"X-Api-Key": {acmeKey}, "X-Max-Tokens": {"3000"}}
 	if r := do(t, ts, http.MethodPost, generate+"?cost=1000", hdr); r.code != http.StatusOK || reserved != 3000 {
@@ -157,5 +162,125 @@ func TestMeteredWrites(t *testing.T) {
 	}
 	if got, want := bucket(store, tbl, download), 400.0; got != want {
 		t.Errorf("bucket holds %v after the response, want %v: what was not written given back", got, want)
+	}
+}
+
+// TestMeteredFirstWriteRefused: a Write refused before anything of the
+// response went out answers the request with the rejection, 429 with
+// Retry-After, not an empty 200; the handler's later WriteHeader and
+// Write change nothing and return the same error.
+func TestMeteredFirstWriteRefused(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	l, _, _ := metered(t, middleware.WithActualCost(bytesOf))
+	var first, later error
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		if _, first = w.Write(make([]byte, n)); first != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, later = io.WriteString(w, "oops")
+		}
+	}))
+	hdr := http.Header{"X-Api-Key": {acmeKey}}
+	// 8,000 of the 10,000 bytes written: 2,000 left, 1,000 of which the
+	// next request reserves as it is admitted.
+	if r := do(t, ts, http.MethodGet, download+"?n=8000", hdr); r.code != http.StatusOK || len(r.body) != 8000 {
+		t.Fatalf("status %d, %d bytes; want 200 and 8000", r.code, len(r.body))
+	}
+	r := do(t, ts, http.MethodGet, download+"?n=3000", hdr)
+	if st, _ := status.FromError(first); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("the first Write failed with %v, want RESOURCE_EXHAUSTED", first)
+	}
+	if later != first {
+		t.Errorf("a Write after the refused one returned %v, want %v", later, first)
+	}
+	// 2,000 more bytes at 10,000 a second: back in 0.2 s, 1 s rounded up.
+	if r.code != http.StatusTooManyRequests || r.header.Get("Retry-After") != "1" {
+		t.Errorf("status %d, Retry-After %q; want 429 and 1", r.code, r.header.Get("Retry-After"))
+	}
+	if got, want := r.header.Get("Content-Type"), "application/json"; got != want {
+		t.Errorf("Content-Type %q, want %q", got, want)
+	}
+	if !strings.Contains(string(r.body), `"code":8`) {
+		t.Errorf("body %s, want the RESOURCE_EXHAUSTED status", r.body)
+	}
+}
+
+// TestMeteredLargeWrite: a Write longer than the burst, which no
+// reservation could cover at once, writes the chunks its reservations
+// cover and says how much.
+func TestMeteredLargeWrite(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	l, store, tbl := metered(t, middleware.WithActualCost(bytesOf))
+	var n int64
+	var werr error
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// io.Copy's buffer, 32 KiB, against a burst of 10,000.
+		n, werr = io.Copy(w, io.LimitReader(zeros{}, 32<<10))
+	}))
+	r := do(t, ts, http.MethodGet, download, http.Header{"X-Api-Key": {acmeKey}})
+	if st, _ := status.FromError(werr); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("io.Copy failed with %v, want RESOURCE_EXHAUSTED", werr)
+	}
+	if n != 10000 || r.code != http.StatusOK || len(r.body) != 10000 {
+		t.Errorf("io.Copy wrote %d bytes, the client got status %d and %d; want 10000, 200 and 10000", n, r.code, len(r.body))
+	}
+	if got := bucket(store, tbl, download); got != 0 {
+		t.Errorf("bucket holds %v after the response, want 0", got)
+	}
+}
+
+// zeros reads zeros, and is no io.WriterTo: io.Copy writes its buffer.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestMeteredResponseController: a metered request's ResponseWriter is an
+// http.Flusher, and http.ResponseController reaches the server's through
+// it; it is neither an http.Hijacker nor an io.ReaderFrom, so that every
+// byte is covered. A Flush begins the response: a Write refused after it
+// cuts the response short.
+func TestMeteredResponseController(t *testing.T) {
+	l, _, _ := metered(t)
+	var errs []string
+	ts := serve(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(http.Flusher); !ok {
+			errs = append(errs, "no http.Flusher")
+		}
+		if _, ok := w.(http.Hijacker); ok {
+			errs = append(errs, "an http.Hijacker")
+		}
+		if _, ok := w.(io.ReaderFrom); ok {
+			errs = append(errs, "an io.ReaderFrom")
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Hour)); err != nil {
+			errs = append(errs, "SetWriteDeadline: "+err.Error())
+		}
+		if err := rc.Flush(); err != nil {
+			errs = append(errs, "Flush: "+err.Error())
+		}
+		// Reported past what the request reserved and the bucket holds.
+		middleware.ReportCost(r.Context(), 20000)
+		if _, err := io.WriteString(w, "late"); err == nil {
+			errs = append(errs, "a Write past the quota succeeded")
+		}
+	}))
+	r := do(t, ts, http.MethodGet, download, http.Header{"X-Api-Key": {acmeKey}})
+	if r.code != http.StatusOK || len(r.body) != 0 {
+		t.Errorf("status %d, body %q; want 200 (flushed) and nothing", r.code, r.body)
+	}
+	if len(errs) > 0 {
+		t.Errorf("the handler found: %s", strings.Join(errs, "; "))
 	}
 }

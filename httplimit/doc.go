@@ -74,11 +74,31 @@
 // by the request's reservations first: when they run out, the Write
 // reserves the next chunk, and when that is refused it writes nothing and
 // returns the rejection's status error (status.FromError reads it), which
-// the handler should end on: the response has begun, so the client sees
-// it cut short. A request refused for debt gets 429, like one over its
-// quota; one whose estimate header is no whole number within the burst
-// gets 400 and no RateLimit fields. The RateLimit fields describe the
-// call limit only.
+// the handler should end on. A Write longer than the quota's burst (an
+// io.Copy's 32 KiB against a smaller burst), which no reservation could
+// cover, is covered a chunk at a time (tenant.Meter.Chunk, as the request
+// was admitted): it writes the chunks its reservations cover, returns how
+// many bytes that was with the error, and the WithActualCost function
+// sees each chunk rather than the whole Write. When no header or byte of the response has
+// gone out yet (no WriteHeader, Write or Flush before), the client gets
+// the rejection as if the request had been refused as it came: 429 (503
+// for a failed store under middleware.WithFailClosed) with Retry-After
+// and the body of its protocol, the handler's Content-Length and
+// Content-Encoding dropped; the handler's later WriteHeader calls do
+// nothing and its Writes return the same error. Once the response has
+// begun, the client sees it cut short. A request refused for debt gets
+// 429, like one over its quota; one whose estimate header is no whole
+// number within the burst gets 400 and no RateLimit fields. The RateLimit
+// fields describe the call limit only.
+//
+// The handler of a metered request writes to a ResponseWriter of the
+// middleware's: an http.Flusher (a Flush begins the response), whose
+// Unwrap lets http.ResponseController reach the server's for deadlines,
+// full duplex and hijacking. It is neither an io.ReaderFrom, so that
+// every byte passes Write and its reservations (an io.Copy from a file
+// copies rather than sends the file), nor an http.Hijacker: what a
+// handler writes to a connection it hijacked (ResponseController.Hijack)
+// is not covered, and what it reported is settled as for any request.
 //
 // # Browsers
 //

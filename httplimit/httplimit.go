@@ -162,7 +162,7 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 			r = r.WithContext(ctx)
 		}
 		if a.Metered() {
-			w = &meteredWriter{ResponseWriter: w, a: &a}
+			w = newMeteredWriter(w, m, r, &a)
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -173,21 +173,83 @@ func (m *Middleware) Handle(next http.Handler) http.Handler {
 // reserves its quota in chunks as it is written.
 type meteredWriter struct {
 	http.ResponseWriter
+	m *Middleware
+	r *http.Request
 	a *middleware.Admission
+	// A Write longer than burst is covered in pieces of piece bytes: the
+	// quota's, as the request was admitted; 0 for no pieces.
+	burst, piece int
+	sent         bool  // a header or a byte went out
+	err          error // the rejection answered in place of the response
+}
+
+func newMeteredWriter(w http.ResponseWriter, m *Middleware, r *http.Request, a *middleware.Admission) *meteredWriter {
+	mw := &meteredWriter{ResponseWriter: w, m: m, r: r, a: a}
+	if d, ok := a.Decision(); ok {
+		if mt := d.Rule.Meter; mt != nil && !mt.Limit.IsInf() && mt.Chunk > 0 {
+			mw.burst, mw.piece = mt.Limit.Burst, mt.Chunk
+		}
+	}
+	return mw
+}
+
+// WriteHeader sends the response's header, unless a refused Write
+// answered the request with the rejection instead.
+func (w *meteredWriter) WriteHeader(code int) {
+	if w.err != nil {
+		return
+	}
+	if code >= 200 { // an informational header leaves the response to come
+		w.sent = true
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // Write writes p once the request's reservations cover it, or returns the
-// rejection's status error, writing nothing, once they cannot.
+// rejection's status error, writing nothing more, once they cannot. A p
+// longer than the quota's burst, which no reservation could cover at
+// once, is covered and written a chunk at a time (tenant.Meter.Chunk),
+// so that it writes what the reservations cover and returns how much. A
+// refused Write before any header or byte went out answers the request
+// with the rejection, as the Middleware answers one it refuses, and every
+// later Write returns that error.
 func (w *meteredWriter) Write(p []byte) (int, error) {
-	if err := w.a.Send(p); err != nil {
-		return 0, err
+	if w.err != nil {
+		return 0, w.err
 	}
-	return w.ResponseWriter.Write(p)
+	size := len(p)
+	if w.piece > 0 && size > w.burst {
+		size = w.piece
+	}
+	n := 0
+	for {
+		q := p[n:min(n+size, len(p))]
+		if err := w.a.Send(q); err != nil {
+			if !w.sent {
+				w.err, w.sent = err, true
+				w.m.refuse(w.ResponseWriter, w.r, err)
+			}
+			return n, err
+		}
+		k, err := w.ResponseWriter.Write(q)
+		w.sent = true
+		n += k
+		if err != nil || n == len(p) {
+			return n, err
+		}
+	}
+}
+
+// FlushError flushes the response when the ResponseWriter underneath can,
+// for http.ResponseController; it sends the header if nothing did.
+func (w *meteredWriter) FlushError() error {
+	w.sent = true
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Flush flushes the response when the ResponseWriter underneath can (gRPC's
 // ServeHTTP needs an http.Flusher).
-func (w *meteredWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+func (w *meteredWriter) Flush() { _ = w.FlushError() }
 
 // Unwrap returns the ResponseWriter underneath, for http.ResponseController.
 func (w *meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

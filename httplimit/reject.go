@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -24,17 +26,53 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, a *middlewar
 	d, decided := a.Decision()
 	// The Limiter's rejections are shared, one per retry delay on its
 	// grid, and so are their bodies. An ended context's status is not.
-	shared := decided && !d.Allowed
-	b, ok := (*bodies)(nil), false
-	if shared {
-		b, ok = m.bodies.Get(err)
+	b := m.bodiesOf(err, decided && !d.Allowed)
+	code := http.StatusServiceUnavailable
+	switch {
+	case !decided:
+	case d.Reason == middleware.ReasonQuota, d.Reason == middleware.ReasonDebt:
+		code = http.StatusTooManyRequests
+	case d.Reason == middleware.ReasonInvalidEstimate:
+		code = http.StatusBadRequest
 	}
-	if !ok {
-		b = build(err)
-		if shared {
-			m.bodies.Add(err, b)
+	var rl *middleware.Decision
+	if m.o.rateHeaders && decided {
+		rl = &d
+	}
+	m.answer(w, r, b, code, a.RetryAfter(), rl)
+}
+
+// refuse answers a metered request whose first Write the Limiter refused a
+// chunk, with err, the chunk's rejection, before anything of the response
+// went out. The admission allowed the request, so the answer is read from
+// err's status; the RateLimit fields set at admission stay.
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	b := m.bodiesOf(err, true) // a chunk's rejections are shared too
+	h := w.Header()
+	// The handler's description of the response it meant to write.
+	delete(h, "Content-Length")
+	delete(h, "Content-Encoding")
+	m.answer(w, r, b, b.code, b.retry, nil)
+}
+
+// bodiesOf returns the bodies of err, kept built when shared.
+func (m *Middleware) bodiesOf(err error, shared bool) *bodies {
+	if shared {
+		if b, ok := m.bodies.Get(err); ok {
+			return b
 		}
 	}
+	b := build(err)
+	if shared {
+		m.bodies.Add(err, b)
+	}
+	return b
+}
+
+// answer writes the rejection b in the protocol r speaks: code, with
+// Retry-After for ra > 0 and, for d non-nil, d's RateLimit fields, where
+// the protocol does not carry the status in a 200.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, b *bodies, code int, ra time.Duration, d *middleware.Decision) {
 	h := w.Header()
 	ct := r.Header.Get("Content-Type")
 	if hasPrefixFold(ct, "application/grpc") {
@@ -50,19 +88,11 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, a *middlewar
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	code := http.StatusServiceUnavailable
-	switch {
-	case !decided:
-	case d.Reason == middleware.ReasonQuota, d.Reason == middleware.ReasonDebt:
-		code = http.StatusTooManyRequests
-	case d.Reason == middleware.ReasonInvalidEstimate:
-		code = http.StatusBadRequest
-	}
-	if ra := a.RetryAfter(); ra > 0 {
+	if ra > 0 {
 		h["Retry-After"] = []string{strconv.FormatInt(seconds(ra), 10)}
 	}
-	if m.o.rateHeaders && decided {
-		setRateLimit(h, d)
+	if d != nil {
+		setRateLimit(h, *d)
 	}
 	body := b.status
 	switch {
@@ -90,6 +120,10 @@ type bodies struct {
 	status, connect, connectEnd []byte
 	// The gRPC status headers.
 	grpcStatus, grpcMessage, grpcDetails string
+	// code and retry answer a refused chunk (refuse), read from the
+	// status: its HTTP status and the RetryInfo delay, or 0.
+	code  int
+	retry time.Duration
 }
 
 // connectDetail is a status detail as Connect's error JSON holds it.
@@ -108,6 +142,7 @@ func build(err error) *bodies {
 	st := status.Convert(err)
 	p := st.Proto()
 	b := &bodies{grpcStatus: strconv.Itoa(int(st.Code())), grpcMessage: percentEncode(st.Message())}
+	b.code, b.retry = answerOf(st)
 	b.status, _ = protojson.Marshal(p)
 	ce := connectError{Code: connectCode(st.Code().String()), Message: st.Message()}
 	for _, d := range p.GetDetails() {
@@ -129,6 +164,32 @@ func build(err error) *bodies {
 		}
 	}
 	return b
+}
+
+// answerOf returns the HTTP status and the retry delay of a rejection
+// the admission did not decide (a refused chunk): 429 for the quota or a
+// debt, 400 for an invalid estimate, else 503, by the ErrorInfo reason, or
+// without details by the default codes (RESOURCE_EXHAUSTED for the quota,
+// see middleware.WithCodes); the delay is RetryInfo's.
+func answerOf(st *status.Status) (int, time.Duration) {
+	code, reason := http.StatusServiceUnavailable, ""
+	var retry time.Duration
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+		case *errdetails.RetryInfo:
+			retry = d.GetRetryDelay().AsDuration()
+		}
+	}
+	switch {
+	case reason == middleware.ErrorReasonRateLimited, reason == middleware.ErrorReasonInDebt,
+		reason == "" && st.Code() == codes.ResourceExhausted:
+		code = http.StatusTooManyRequests
+	case reason == middleware.ErrorReasonInvalidEstimate, reason == "" && st.Code() == codes.InvalidArgument:
+		code = http.StatusBadRequest
+	}
+	return code, retry
 }
 
 // connectCode returns the Connect name of a gRPC code's name:

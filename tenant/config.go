@@ -133,6 +133,8 @@ type MeteredSpec struct {
 	EstimateHeader string
 	// Chunk is how many units a stream reserves each time its
 	// reservations run out: 1 ≤ Chunk ≤ Burst; 0 means the estimate, or a
-	// tenth of the burst (at least 1) when the estimate is 0.
+	// tenth of the burst (at least 1) when the estimate is 0. Package
+	// httplimit covers an HTTP response's Write longer than Burst bytes
+	// Chunk bytes at a time.
 	Chunk int
 }
