@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
 )
@@ -366,6 +368,12 @@ func (m *meter) chunk(n int64) bool {
 		case err == nil && r.Result.Allowed:
 			m.before, m.covered, m.rsv = m.covered, m.covered+n, r
 			return true
+		case err != nil && m.ctx.Err() != nil:
+			// The client went away, and a store that honours the context
+			// gave up: the stream ends as its context did, and the store
+			// did not fail.
+			m.stop = status.FromContextError(m.ctx.Err()).Err()
+			return false
 		case err != nil:
 			v.res, v.mres, v.byMeter = floodgate.Result{}, floodgate.Result{}, false
 			v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
