@@ -315,8 +315,13 @@ func (m *meter) cover(c int64, ok bool) error {
 		return nil
 	}
 	if need := max(s-1, 0) + c - m.covered; need > 0 && !m.off {
-		chunk := int64(m.route.rule.Meter.Chunk)
-		if !m.chunk((need + chunk - 1) / chunk * chunk) {
+		m.resolve() // the chunk's size is the table's in force
+		n := int64(0) // a route without a meter reserves nothing (see chunk)
+		if mt := m.route.rule.Meter; mt != nil {
+			chunk := int64(mt.Chunk)
+			n = (need + chunk - 1) / chunk * chunk
+		}
+		if !m.chunk(n) {
 			return m.stop
 		}
 	}
@@ -333,11 +338,7 @@ func (m *meter) cover(c int64, ok bool) error {
 // anonymous policy) refuses. It reports whether the call may go on.
 func (m *meter) chunk(n int64) bool {
 	l := m.l
-	if t := l.tables.Table(); t != m.table {
-		c := m.call
-		ten, found, _ := l.identify(m.ctx, &c, t)
-		m.route, m.table = l.route(ten, found, &c), t
-	}
+	m.resolve()
 	mt := m.route.rule.Meter
 	// The chunk is a decision of its own, reported and counted as one,
 	// under the call's decision and the chunk's route.
@@ -392,6 +393,17 @@ func (m *meter) chunk(n int64) bool {
 	}
 	m.stop = l.reject(m.ctx, e, e.err)
 	return false
+}
+
+// resolve finds the call's route again when a reload replaced the table
+// it was found in.
+func (m *meter) resolve() {
+	l := m.l
+	if t := l.tables.Table(); t != m.table {
+		c := m.call
+		ten, found, _ := l.identify(m.ctx, &c, t)
+		m.route, m.table = l.route(ten, found, &c), t
+	}
 }
 
 // settle settles the call once, as it ends: at what it reported, or at

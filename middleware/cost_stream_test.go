@@ -319,3 +319,45 @@ func TestStreamCancelledMidChunk(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamChunkAfterReload: the first chunk after a reload that changed
+// the chunk's size reserves the new size.
+func TestStreamChunkAfterReload(t *testing.T) {
+	reg, err := tenant.New(tenant.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Set(meteredTable(t, tokensPerMinute))
+	small := tokensPerMinute
+	small.Chunk = 1000
+	c := newClock()
+	store, err := keyed.New(keyed.WithClock(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, reg, middleware.WithClock(c), middleware.WithActualCost(costOf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme, _ := meteredTable(t, tokensPerMinute).TenantByID("acme")
+	mt := acme.Rule(llmStream).Meter
+	var left float64
+	_, _, err = openStream(l, func(_ any, ss grpc.ServerStream) error {
+		for i := range 5 { // the estimate of 4,000 covers four
+			if i == 2 {
+				reg.Set(meteredTable(t, small))
+			}
+			if err := ss.SendMsg(int64(1000)); err != nil {
+				return err
+			}
+		}
+		left = store.Tokens("t:acme:"+mt.ID, mt.Limit)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := left, 15000.0; got != want { // 20,000 less 4,000 and a chunk of 1,000
+		t.Errorf("bucket holds %v after the fifth message, want %v", got, want)
+	}
+}
