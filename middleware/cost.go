@@ -315,7 +315,7 @@ func (m *meter) cover(c int64, ok bool) error {
 		return nil
 	}
 	if need := max(s-1, 0) + c - m.covered; need > 0 && !m.off {
-		m.resolve() // the chunk's size is the table's in force
+		m.resolve()   // the chunk's size is the table's in force
 		n := int64(0) // a route without a meter reserves nothing (see chunk)
 		if mt := m.route.rule.Meter; mt != nil {
 			chunk := int64(mt.Chunk)
