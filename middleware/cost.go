@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/tenant"
 )
@@ -313,8 +315,13 @@ func (m *meter) cover(c int64, ok bool) error {
 		return nil
 	}
 	if need := max(s-1, 0) + c - m.covered; need > 0 && !m.off {
-		chunk := int64(m.route.rule.Meter.Chunk)
-		if !m.chunk((need + chunk - 1) / chunk * chunk) {
+		m.resolve()   // the chunk's size is the table's in force
+		n := int64(0) // a route without a meter reserves nothing (see chunk)
+		if mt := m.route.rule.Meter; mt != nil {
+			chunk := int64(mt.Chunk)
+			n = (need + chunk - 1) / chunk * chunk
+		}
+		if !m.chunk(n) {
 			return m.stop
 		}
 	}
@@ -331,11 +338,7 @@ func (m *meter) cover(c int64, ok bool) error {
 // anonymous policy) refuses. It reports whether the call may go on.
 func (m *meter) chunk(n int64) bool {
 	l := m.l
-	if t := l.tables.Table(); t != m.table {
-		c := m.call
-		ten, found, _ := l.identify(m.ctx, &c, t)
-		m.route, m.table = l.route(ten, found, &c), t
-	}
+	m.resolve()
 	mt := m.route.rule.Meter
 	// The chunk is a decision of its own, reported and counted as one,
 	// under the call's decision and the chunk's route.
@@ -366,6 +369,12 @@ func (m *meter) chunk(n int64) bool {
 		case err == nil && r.Result.Allowed:
 			m.before, m.covered, m.rsv = m.covered, m.covered+n, r
 			return true
+		case err != nil && m.ctx.Err() != nil:
+			// The client went away, and a store that honours the context
+			// gave up: the stream ends as its context did, and the store
+			// did not fail.
+			m.stop = status.FromContextError(m.ctx.Err()).Err()
+			return false
 		case err != nil:
 			v.res, v.mres, v.byMeter = floodgate.Result{}, floodgate.Result{}, false
 			v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
@@ -384,6 +393,17 @@ func (m *meter) chunk(n int64) bool {
 	}
 	m.stop = l.reject(m.ctx, e, e.err)
 	return false
+}
+
+// resolve finds the call's route again when a reload replaced the table
+// it was found in.
+func (m *meter) resolve() {
+	l := m.l
+	if t := l.tables.Table(); t != m.table {
+		c := m.call
+		ten, found, _ := l.identify(m.ctx, &c, t)
+		m.route, m.table = l.route(ten, found, &c), t
+	}
 }
 
 // settle settles the call once, as it ends: at what it reported, or at

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/keyed"
@@ -249,5 +250,114 @@ func TestStreamRevokedKey(t *testing.T) {
 	// sending; the sixth needs a chunk.
 	if got, want := fs.sent, 5; got != want {
 		t.Errorf("the stream sent %d messages, want %d", got, want)
+	}
+}
+
+// ctxReserver is a keyed.Map whose reservations honour their context, as a
+// networked store's do: a done context fails them with its error.
+type ctxReserver struct{ *keyed.Map }
+
+func (s ctxReserver) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
+	if err := ctx.Err(); err != nil {
+		return floodgate.Reservation{}, err
+	}
+	return s.Map.ReserveN(ctx, key, lim, n)
+}
+
+// TestStreamCancelledMidChunk: a client that cancels its stream while a
+// chunk is due ends the stream with CANCELED, whatever the fail policy,
+// and the store that gave up on the dead context is no store error.
+func TestStreamCancelledMidChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []middleware.Option
+	}{
+		{"fail open", nil},
+		{"fail closed", []middleware.Option{middleware.WithFailClosed(true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClock()
+			store, err := keyed.New(keyed.WithClock(c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := &eventLog{}
+			l, err := middleware.New(ctxReserver{store}, middleware.Static(meteredTable(t, tokensPerMinute)),
+				append([]middleware.Option{middleware.WithClock(c), middleware.WithObserver(ev.add), middleware.WithActualCost(costOf)}, tc.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, _ := acmeCall.context(llmStream)
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			fs := &fakeStream{ctx: ctx}
+			err = l.StreamServerInterceptor()(nil, fs, &grpc.StreamServerInfo{FullMethod: llmStream, IsServerStream: true}, func(_ any, ss grpc.ServerStream) error {
+				for i := range 100 {
+					if i == 2 {
+						cancel() // within the estimate of 4,000: the next chunk is due at the fifth message
+					}
+					if err := ss.SendMsg(int64(1000)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if got, want := status.Code(err), codes.Canceled; got != want {
+				t.Fatalf("stream ended with %v, want %v", err, want)
+			}
+			if got, want := fs.sent, 4; got != want {
+				t.Errorf("the stream sent %d messages, want %d", got, want)
+			}
+			if got, want := l.Stats(), (middleware.Stats{Admitted: 1, Settled: 1}); got != want {
+				t.Errorf("Stats() = %+v, want %+v", got, want)
+			}
+			for _, e := range ev.take() {
+				if e.Reason == middleware.ReasonStoreError {
+					t.Errorf("event %+v, want no store error", e)
+				}
+			}
+		})
+	}
+}
+
+// TestStreamChunkAfterReload: the first chunk after a reload that changed
+// the chunk's size reserves the new size.
+func TestStreamChunkAfterReload(t *testing.T) {
+	reg, err := tenant.New(tenant.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Set(meteredTable(t, tokensPerMinute))
+	small := tokensPerMinute
+	small.Chunk = 1000
+	c := newClock()
+	store, err := keyed.New(keyed.WithClock(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := middleware.New(store, reg, middleware.WithClock(c), middleware.WithActualCost(costOf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme, _ := meteredTable(t, tokensPerMinute).TenantByID("acme")
+	mt := acme.Rule(llmStream).Meter
+	var left float64
+	_, _, err = openStream(l, func(_ any, ss grpc.ServerStream) error {
+		for i := range 5 { // the estimate of 4,000 covers four
+			if i == 2 {
+				reg.Set(meteredTable(t, small))
+			}
+			if err := ss.SendMsg(int64(1000)); err != nil {
+				return err
+			}
+		}
+		left = store.Tokens("t:acme:"+mt.ID, mt.Limit)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := left, 15000.0; got != want { // 20,000 less 4,000 and a chunk of 1,000
+		t.Errorf("bucket holds %v after the fifth message, want %v", got, want)
 	}
 }

@@ -397,7 +397,7 @@ func (f *Offenders) isRejection(err error) bool {
 	for _, d := range st.Details() {
 		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == f.o.domain {
 			switch ei.GetReason() {
-			case middleware.ErrorReasonRateLimited, middleware.ErrorReasonOverloaded, middleware.ErrorReasonUnavailable:
+			case middleware.ErrorReasonRateLimited, middleware.ErrorReasonOverloaded, middleware.ErrorReasonUnavailable, middleware.ErrorReasonInDebt:
 				return true
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -356,5 +357,21 @@ func TestHandlerCosts(t *testing.T) {
 	tokens := costs["tokens"]
 	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 3000}}, tokens.Offenders); diff != "" || tokens.Total != 4000 {
 		t.Errorf("costs.tokens = total %d, offenders (-want +got):\n%s", tokens.Total, diff)
+	}
+}
+
+// TestDebtIsRejection: a call refused because its metered bucket is in
+// debt is a rejection of the Limiter's, recorded as the others.
+func TestDebtIsRejection(t *testing.T) {
+	f, err := NewOffenders(WithRawKeys(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := status.New(codes.ResourceExhausted, "in debt").WithDetails(&errdetails.ErrorInfo{Reason: middleware.ErrorReasonInDebt, Domain: f.o.domain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.isRejection(st.Err()) {
+		t.Errorf("isRejection(%v) = false, want true", st.Err())
 	}
 }
