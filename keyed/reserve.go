@@ -72,7 +72,8 @@ func (m *Map) reserveNone(res *floodgate.Result, key string, lim floodgate.Limit
 // reset, or was the shard's overflow bucket (which then keeps the
 // estimate). It returns [floodgate.ErrNegativeN] for a negative count and
 // an error for an invalid lim, changing nothing, and allocates nothing but
-// those errors; the context is not used.
+// its errors (a *floodgate.DebtLimitError among them); the context is not
+// used.
 func (m *Map) SettleN(_ context.Context, key string, lim floodgate.Limit, reserved, actual int) (floodgate.Result, error) {
 	if reserved < 0 || actual < 0 {
 		return floodgate.Result{}, floodgate.ErrNegativeN

@@ -117,7 +117,10 @@
 // limit. While the bucket owes, every call under the quota is refused
 // (ReasonDebt, IN_DEBT), with RetryInfo the time until the debt is repaid
 // and the estimate is back. So over any window of t a tenant's calls cost
-// at most burst + rate × t + debt, and a refund never makes a token.
+// at most burst + rate × t + debt, plus what a settle past the debt limit
+// reported it could not charge (Event.Uncharged), and a refund never makes
+// a token. A call the metered quota refuses keeps the call-limit token it
+// took: the call was asked for, and counts against the call rate.
 //
 // The estimate is, in order: what the WithCostEstimate function returns
 // for the request; the number the caller states in the quota's estimate

@@ -135,7 +135,8 @@
 // not used is refunded, and an overrun is charged below zero, down to debt
 // units owed. While the bucket owes, every call under the quota is
 // refused, until the debt is repaid at the quota's rate; so over any
-// window of t, a tenant's calls cost at most burst + rate × t + debt. The
+// window of t, a tenant's calls cost at most burst + rate × t + debt, plus
+// what a settle past the debt limit reported it could not charge. The
 // estimate is the config's, unless the request's estimate_header, or a
 // function the middleware is given, says otherwise. A stream reserves
 // chunk units each time what it reported used up what it reserved, and
