@@ -50,7 +50,10 @@ var allowed = map[string][]string{
 		"github.com/cncf/xds/go", "google.golang.org/protobuf"},
 	// net/http in front of the middleware's Limiter: it speaks gRPC's and
 	// Connect's error formats, without either's server.
+	// It reads a refused chunk's code and status details (ErrorInfo,
+	// RetryInfo) to answer with the HTTP status and Retry-After.
 	"httplimit": {module, module + "/middleware", module + "/tenant", "google.golang.org/grpc/status",
+		"google.golang.org/grpc/codes", "google.golang.org/genproto/googleapis/rpc/errdetails",
 		"google.golang.org/protobuf", "github.com/hashicorp/golang-lru/v2"},
 	// Envoy's rate-limit service, in a module of its own: Envoy's protos,
 	// gRPC, Prometheus and the tenant config, over any floodgate.Reserver.
