@@ -85,7 +85,12 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 		} else {
 			// Send the first batch (ours) from this goroutine, which saves
 			// two goroutine switches when there is no contention; hand any
-			// later batches to a flusher.
+			// later batches to a flusher. Yield first: goroutines already
+			// runnable (a request's other keys, decided concurrently, or
+			// callers just woken) queue their ops and go in this batch
+			// instead of the next round trip. With none, it costs a
+			// scheduler check.
+			runtime.Gosched()
 			if b.sendNext() {
 				b.mu.Lock()
 				more := len(b.queue) > 0

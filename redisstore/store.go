@@ -69,9 +69,10 @@ type Store struct {
 	inst             *instances
 	checking         atomic.Bool // a probe checks a starved timeout
 
-	counts  [7]atomic.Uint64 // by floodgate.Source
-	errs    atomic.Uint64
-	starves atomic.Uint64
+	counts       [7]atomic.Uint64 // by floodgate.Source
+	errs         atomic.Uint64
+	starves      atomic.Uint64
+	leaseRefunds atomic.Uint64
 }
 
 var (
@@ -699,6 +700,9 @@ type Stats struct {
 	Cache uint64
 	// Lease counts takes served from tokens leased ahead of time.
 	Lease uint64
+	// LeaseReturns counts the expired leases whose unspent tokens were
+	// given back to the shared bucket.
+	LeaseReturns uint64
 	// Fallback counts takes decided by the fallback store under the [Local]
 	// policy while Redis could not decide.
 	Fallback uint64
@@ -730,21 +734,45 @@ type Stats struct {
 	Breaker remote.BreakerState
 }
 
+// Denied reports, without a call to Redis, whether the deny cache
+// ([WithDenyCache]) refuses a take of n tokens of key under lim now, with
+// the Result TakeN would give (Source [floodgate.SourceCache]); false
+// without a deny cache, without a cached denial the refill has not ended,
+// and for an n TakeN would refuse as invalid. A caller deciding several
+// keys for one request that must take from all or none asks it first, so
+// that a request one bucket refuses takes nothing from the others.
+func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool) {
+	if s.cache == nil || n <= 0 || check(key, lim, n) != nil || lim.IsInf() {
+		return floodgate.Result{}, false
+	}
+	res, ok := s.cache.lookup(key, lim, n, s.local())
+	if ok {
+		s.decided(floodgate.SourceCache)
+	}
+	return res, ok
+}
+
+// Batched reports whether the store batches its round trips
+// ([WithBatching]). A caller that decides several keys for one request
+// gains by deciding them concurrently: their ops then share a round trip.
+func (s *Store) Batched() bool { return s.batch != nil }
+
 // Stats returns the store's counters. It is safe to call concurrently with
 // decisions.
 func (s *Store) Stats() Stats {
 	return Stats{
-		Redis:      s.counts[floodgate.SourceRedis].Load(),
-		Cache:      s.counts[floodgate.SourceCache].Load(),
-		Lease:      s.counts[floodgate.SourceLease].Load(),
-		Fallback:   s.counts[floodgate.SourceFallback].Load(),
-		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
-		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
-		Errors:     s.errs.Load(),
-		Starved:    s.starves.Load(),
-		Instances:  int(s.inst.count.Load()),
-		Trips:      s.br.trips.Load(),
-		Open:       s.br.isOpen(),
-		Breaker:    s.br.current(),
+		Redis:        s.counts[floodgate.SourceRedis].Load(),
+		Cache:        s.counts[floodgate.SourceCache].Load(),
+		Lease:        s.counts[floodgate.SourceLease].Load(),
+		LeaseReturns: s.leaseRefunds.Load(),
+		Fallback:     s.counts[floodgate.SourceFallback].Load(),
+		FailOpen:     s.counts[floodgate.SourceFailOpen].Load(),
+		FailClosed:   s.counts[floodgate.SourceFailClosed].Load(),
+		Errors:       s.errs.Load(),
+		Starved:      s.starves.Load(),
+		Instances:    int(s.inst.count.Load()),
+		Trips:        s.br.trips.Load(),
+		Open:         s.br.isOpen(),
+		Breaker:      s.br.current(),
 	}
 }

@@ -377,6 +377,42 @@ func TestDenyCache(t *testing.T) {
 	}
 }
 
+// TestDenied: Denied answers from the deny cache alone, as TakeN would,
+// and reports nothing it would have to ask Redis for.
+func TestDenied(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	clock := newFakeClock()
+	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithDenyCache(2), redisstore.WithBatching(8))
+	lim := floodgate.PerSecond(10, 5)
+	if _, ok := s.Denied("k", lim, 1); ok {
+		t.Fatal("Denied before any denial = true")
+	}
+	s.TakeN(bg, "k", lim, 5)
+	s.TakeN(bg, "k", lim, 2) // denied by Redis, cached
+	clock.Advance(50 * time.Millisecond)
+	res, ok := s.Denied("k", lim, 2)
+	if !ok || res.Allowed || res.Source != floodgate.SourceCache || res.RetryAfter != 150*time.Millisecond {
+		t.Errorf("Denied(2) 50ms later = %+v, %v; want a cached denial, retry 150ms", res, ok)
+	}
+	for _, tc := range []struct {
+		name string
+		lim  floodgate.Limit
+		n    int
+	}{{"n = 0", lim, 0}, {"above the burst", lim, 6}, {"another limit", floodgate.PerSecond(10, 6), 2}, {"negative", lim, -1}} {
+		if res, ok := s.Denied("k", tc.lim, tc.n); ok {
+			t.Errorf("%s: Denied = %+v, true; want false", tc.name, res)
+		}
+	}
+	if !s.Batched() {
+		t.Error("Batched() = false with WithBatching")
+	}
+	plain := newStore(t, c, redisstore.WithClientClock(clock))
+	if _, ok := plain.Denied("k", lim, 2); ok || plain.Batched() {
+		t.Errorf("a store without deny cache or batching: Denied true or Batched() true")
+	}
+}
+
 func TestLeases(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
@@ -403,6 +439,24 @@ func TestLeases(t *testing.T) {
 	clock.Advance(101 * time.Millisecond)
 	if res, _ := s.TakeN(bg, "hot", lim, 1); res.Source == floodgate.SourceLease {
 		t.Errorf("TakeN after the lease expired = %+v, want not from the lease", res)
+	}
+	// Its 10 unspent tokens go back: 27 left before, 10 refilled, 10
+	// given back and 1 taken (the key, last seen 101 ms ago, is no
+	// longer hot: no new lease).
+	if got := s.Stats().LeaseReturns; got != 1 {
+		t.Errorf("Stats().LeaseReturns = %d, want 1", got)
+	}
+	want, got := 27+10+10-1, 0
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if res, _ := s.Peek(bg, "hot", lim); res.Remaining == want {
+			got = want
+			break
+		} else {
+			got = res.Remaining
+		}
+	}
+	if got != want {
+		t.Errorf("shared bucket has %d left after the expired lease, want %d: its unspent tokens given back", got, want)
 	}
 }
 
