@@ -123,7 +123,11 @@
 // request was sent, then dropped. Every leased token was taken from the
 // shared bucket, so over any window of length t all instances together
 // admit at most burst + rate×(t+d): leases add at most rate×d to the
-// bound. Unspent tokens are lost, which under-admits.
+// bound. The next decision on the key gives back what an expired lease
+// left unspent (a refund, never above the burst, so the bucket ends as if
+// those tokens were never taken; Stats.LeaseReturns counts them); a key
+// this process decides no more, or drops from its table, loses them,
+// which under-admits.
 //
 // # Reservations
 //

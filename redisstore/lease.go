@@ -16,7 +16,10 @@ import (
 // A key is hot when it sees a second decision within the lease time. A
 // decision on a hot key without enough leased tokens asks Redis for its own
 // tokens plus up to rate×d more, in one atomic take; the extra tokens are
-// spent locally until d after the request was sent, then dropped. Every
+// spent locally until d after the request was sent. The next decision on
+// the key gives back what was left unspent (a refund, never above the
+// burst, so the bucket ends as if they were never taken); a key that sees
+// no further decision here, or leaves the table, loses them. Every
 // leased token was taken from the shared bucket no earlier than it was sent,
 // and is spent within d of that, so over any window of length t all
 // instances admit at most burst + rate×(t+d). A reservation served from a
@@ -71,6 +74,16 @@ func (l *leaseTable) extra(lim floodgate.Limit, n int) int {
 	return int(x)
 }
 
+// giveBack refunds n unspent leased tokens of key from a goroutine of its
+// own, which no caller waits for. A refund that fails leaves them taken,
+// which under-admits, never over-admits.
+func (s *Store) giveBack(key string, lim floodgate.Limit, n int) {
+	s.leaseRefunds.Add(1)
+	go func() {
+		_ = s.Refund(context.Background(), key, lim, n)
+	}()
+}
+
 // takeLeased decides a take of 1 ≤ n ≤ burst with leases on.
 func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
 	l := s.leases
@@ -87,7 +100,16 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	}
 	hot := now-e.seen <= l.d
 	e.seen = now
+	// An expired lease's unspent tokens go back to the shared bucket,
+	// beside this decision's take (the same batch when batching).
+	var back int
+	if e.lim == lim && e.tokens > 0 && now >= e.expires {
+		back, e.tokens = e.tokens, 0
+	}
 	l.mu.Unlock()
+	if back > 0 {
+		s.giveBack(key, lim, back)
+	}
 
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
 	if x := l.extra(lim, n); hot && x > 0 {
