@@ -79,6 +79,13 @@
 // its own slot; no script spans keys). The descriptors after the refusal
 // are peeked for their status, taking nothing.
 //
+// On a store that batches its round trips (redisstore.WithBatching), the
+// takes of a request's descriptors go at once instead of in order, so
+// that they share one round trip; a refusal then gives back every other
+// take, the same way. Before taking, the service asks the store's deny
+// cache (redisstore.WithDenyCache): a descriptor it refuses refuses the
+// request with nothing taken, and the others are peeked for their status.
+//
 // Shadow mode decides and counts as usual but answers OK: a refused
 // shadow descriptor takes nothing and refuses nothing. The response
 // carries overall_code and, per descriptor, code, current_limit,
@@ -117,9 +124,11 @@
 // taken from the shared bucket, so over any window of length t all
 // replicas together admit at most burst + rate × (t + d): leases add
 // rate × d to the bound, whatever the number of replicas. Each replica
-// holds at most one lease of about rate × d tokens a bucket, lost if not
-// spent within d: with R replicas up to R × rate × d tokens a lease time
-// can be lost, an under-admission.
+// holds at most one lease of about rate × d tokens a bucket; what it has
+// not spent within d goes back to the shared bucket with its next
+// decision on the bucket, so only a replica whose demand for the bucket
+// stops loses its rest: with R replicas up to R × rate × d tokens each
+// time demand stops, an under-admission.
 //
 // When the store cannot decide (Redis down or slow, its breaker open: a
 // Result whose Source is floodgate.SourceFallback, SourceFailOpen or

@@ -122,6 +122,16 @@ var backends = []backend{
 		t.Cleanup(func() { c.Close() })
 		return redisStore(t, c, clock, redisstore.WithBatching(16))
 	}},
+	{"redis-deny-cache", func(t *testing.T, clock floodgate.Clock) floodgate.Reserver {
+		skipWithoutRedis(t)
+		sharedOnce.Do(func() { shared, sharedErr = redistest.Launch() })
+		if sharedErr != nil {
+			t.Fatal(sharedErr)
+		}
+		c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return redisStore(t, c, clock, redisstore.WithBatching(16), redisstore.WithDenyCache(64))
+	}},
 	{"cluster", func(t *testing.T, clock floodgate.Clock) floodgate.Reserver {
 		skipWithoutRedis(t)
 		clusterOnce.Do(func() { cluster, clusterErr = redistest.LaunchCluster(3) })

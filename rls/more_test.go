@@ -3,6 +3,8 @@ package rls_test
 import (
 	"context"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,5 +196,119 @@ descriptors:
 	}
 	if got := peek(); got != shared+1 {
 		t.Errorf("the shared bucket holds %d after the refusal, want %d: the leased token given back", got, shared+1)
+	}
+}
+
+// TestDenyCacheTakesNothing: on a batched store with a deny cache, a
+// request that one descriptor's cached denial refuses takes nothing from
+// the others, and reports their buckets as they are.
+func TestDenyCacheTakesNothing(t *testing.T) {
+	skipWithoutRedis(t)
+	b := backends[1]
+	_ = b.store(t, newFakeClock()) // starts the shared server
+	clock := newFakeClock()
+	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	st := redisStore(t, c, clock, redisstore.WithBatching(16), redisstore.WithDenyCache(16))
+	svc, err := rls.New(st, mustParse(t, `
+domain: d
+descriptors:
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: cold
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := serve(t, svc)
+	call(t, cl, request("d", 0, desc("cold", "k")))
+	if got := call(t, cl, request("d", 0, desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
+		t.Fatalf("cold twice: %s, want OVER_LIMIT", got)
+	}
+	peek := func() int {
+		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Remaining
+	}
+	before, cached := peek(), st.Stats().Cache
+	scripts := scriptCalls(t, c)
+	resp := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k")))
+	// One script call, the peek of the hot bucket: no take to give back.
+	if n := scriptCalls(t, c) - scripts; n != 1 {
+		t.Errorf("the refused request made %d script calls, want 1 (a peek)", n)
+	}
+	if got := outcomeOf(resp); got.Overall != "OVER_LIMIT" || got.Codes[0] != "OK" || got.Codes[1] != "OVER_LIMIT" || got.Remaining[0] != 100 {
+		t.Errorf("hot and cold: %+v, want OVER_LIMIT with hot OK at 100 left and cold OVER_LIMIT", got)
+	}
+	if st.Stats().Cache == cached {
+		t.Errorf("the cold descriptor was not refused from the deny cache: %+v", st.Stats())
+	}
+	if got := peek(); got != before {
+		t.Errorf("the hot bucket holds %d after the refusal, want %d: nothing taken", got, before)
+	}
+}
+
+// scriptCalls returns the script calls (EVALSHA and EVAL) Redis has run.
+func scriptCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(bg, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, "calls=")
+		v, _, _ := strings.Cut(rest, ",")
+		k, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		n += k
+	}
+	return n
+}
+
+// TestBatchedRequestSharesRoundTrips: on a batched store, a request's
+// descriptors are decided at once and share round trips, where one at a
+// time they would take one each.
+func TestBatchedRequestSharesRoundTrips(t *testing.T) {
+	skipWithoutRedis(t)
+	b := backends[1]
+	_ = b.store(t, newFakeClock()) // starts the shared server
+	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	st := redisStore(t, c, newFakeClock(), redisstore.WithBatching(16))
+	svc, err := rls.New(st, mustParse(t, `
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 100}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := serve(t, svc)
+	req := request("d", 0, desc("a", "k"), desc("b", "k"), desc("c", "k"))
+	call(t, cl, req) // loads the script
+	for range 5 {
+		before := scriptCalls(t, c)
+		if got := call(t, cl, req).GetOverallCode().String(); got != "OK" {
+			t.Fatalf("three descriptors under their limits: %s", got)
+		}
+		// The first decision leads its batch after the others are
+		// queued; on a loaded machine one may miss it and go next.
+		if n := scriptCalls(t, c) - before; n > 2 {
+			t.Errorf("a request of three descriptors made %d script calls, want at most 2", n)
+		}
 	}
 }

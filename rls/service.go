@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,9 @@ type Service struct {
 	cur   atomic.Pointer[served]
 	unk   *domainMetrics
 	clock func() time.Time
+	// concurrent decides a request's buckets at once: the store batches
+	// its round trips.
+	concurrent bool
 	// seen is the fingerprint of the files the last Load read (applied
 	// or rejected), for Watch.
 	seen atomic.Pointer[string]
@@ -82,6 +86,9 @@ func New(store floodgate.Reserver, cfg *Config, opts ...Option) (*Service, error
 	s := &Service{store: store, o: o, top: top, m: newMetrics(top, o.topK),
 		resv: newReservations(o.resvMax, int64(o.resvTTL))}
 	s.clock = time.Now
+	if b, ok := store.(interface{ Batched() bool }); ok && b.Batched() {
+		s.concurrent = true
+	}
 	if o.clock != nil {
 		s.clock = o.clock.Now
 	}
@@ -277,9 +284,22 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	}
 
 	// Take from every bucket in order; the first refusal (not in shadow
-	// mode) refunds every take before it and ends the takes.
+	// mode) refunds every take before it and ends the takes. On a store
+	// that batches its round trips, every bucket is decided at once
+	// instead, so that the takes share one round trip, and a refusal
+	// refunds every other take.
 	refused := -1
+	all := s.concurrent && limitedCount(items) > 1
+	if all {
+		var err error
+		if refused, err = s.decideAll(ctx, sv, dom, dm, items); err != nil {
+			return nil, err
+		}
+	}
 	for i := range items {
+		if all {
+			break
+		}
 		it := &items[i]
 		if !it.limited {
 			continue
@@ -293,21 +313,14 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			break
 		}
 	}
-	if refused >= 0 {
+	if refused >= 0 && !all {
 		s.refundAll(ctx, items[:refused])
 		// The descriptors after the refusal were not decided: they are
 		// peeked, for their status, taking nothing.
 		for i := refused + 1; i < len(items); i++ {
-			it := &items[i]
-			if !it.limited {
-				continue
+			if items[i].limited {
+				s.peek(ctx, &items[i])
 			}
-			res, err := s.store.TakeN(ctx, it.m.key, it.m.limit, 0)
-			if err != nil {
-				res = floodgate.Result{Allowed: true, Limit: it.m.limit, Remaining: it.m.limit.Burst}
-			}
-			res.Allowed = res.Remaining >= cost(it.m.cost, it.hits) && res.Owed == 0
-			it.res = res
 		}
 	}
 	now := int64(0)
@@ -519,6 +532,144 @@ func (s *Service) count(sv *served, it *item) {
 		}
 		s.top.Add(it.m.top, 1)
 	}
+}
+
+// limitedCount returns how many of items have a bucket to decide on.
+func limitedCount(items []item) int {
+	n := 0
+	for i := range items {
+		if items[i].limited {
+			n++
+		}
+	}
+	return n
+}
+
+// decideAll decides every limited item at once, each on a goroutine of
+// its own but the first, and returns the first refused (not in shadow
+// mode), -1 for none, after giving back every take when one refused or
+// failed: the request then holds nothing.
+func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
+	if i := s.deniedFirst(sv, items); i >= 0 {
+		// Refused without a take: the others are peeked, taking
+		// nothing, as after a refusal in order.
+		s.peekAll(ctx, items, i)
+		return i, nil
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(items))
+	first := -1
+	for i := range items {
+		if !items[i].limited {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
+		}()
+	}
+	errs[first] = s.decide(ctx, sv, dom, dm, &items[first])
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		s.refundAllConcurrently(ctx, items)
+		for _, e := range errs {
+			if e != nil {
+				return -1, e
+			}
+		}
+	}
+	refused := -1
+	for i := range items {
+		if items[i].limited && !items[i].res.Allowed && !items[i].m.rule.shadow {
+			refused = i
+			break
+		}
+	}
+	if refused >= 0 {
+		s.refundAllConcurrently(ctx, items)
+	}
+	return refused, nil
+}
+
+// deniedFirst returns the first limited item that the store's deny cache
+// refuses (not in shadow mode, nor a refund or a charge on the response),
+// decided and counted, or -1.
+func (s *Service) deniedFirst(sv *served, items []item) int {
+	d, ok := s.store.(interface {
+		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
+	})
+	if !ok {
+		return -1
+	}
+	for i := range items {
+		it := &items[i]
+		if !it.limited || it.negative || it.hasResv || it.m.rule.shadow {
+			continue
+		}
+		if res, ok := d.Denied(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
+			it.res = res
+			s.count(sv, it)
+			return i
+		}
+	}
+	return -1
+}
+
+// peekAll peeks every limited item but skip, concurrently, for its
+// status: taking nothing, admitted when its cost fits.
+func (s *Service) peekAll(ctx context.Context, items []item, skip int) {
+	var wg sync.WaitGroup
+	for i := range items {
+		if !items[i].limited || i == skip {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.peek(ctx, &items[i])
+		}()
+	}
+	wg.Wait()
+}
+
+// peek sets it's result from its bucket, taking nothing.
+func (s *Service) peek(ctx context.Context, it *item) {
+	res, err := s.store.TakeN(ctx, it.m.key, it.m.limit, 0)
+	if err != nil {
+		res = floodgate.Result{Allowed: true, Limit: it.m.limit, Remaining: it.m.limit.Burst}
+	}
+	res.Allowed = res.Remaining >= cost(it.m.cost, it.hits) && res.Owed == 0
+	it.res = res
+}
+
+// refundAllConcurrently is refundAll with each refund on a goroutine of
+// its own but the first, so that they share a round trip.
+func (s *Service) refundAllConcurrently(ctx context.Context, items []item) {
+	var wg sync.WaitGroup
+	first := -1
+	for i := range items {
+		if !items[i].taken {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.refundAll(ctx, items[i:i+1])
+		}()
+	}
+	if first >= 0 {
+		s.refundAll(ctx, items[first:first+1])
+	}
+	wg.Wait()
 }
 
 // refundAll gives back every take among items: the request was refused,
