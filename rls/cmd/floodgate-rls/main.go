@@ -16,10 +16,12 @@
 //	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
 //	-capacity N     buckets kept in memory without -redis (default 100000; past it new keys share an overflow bucket)
 //	-batch N        redisstore batching: at most N decisions a round trip (default 128; 0 off)
+//	-deny-cache N   redisstore deny cache: the N buckets Redis refused last are refused locally until they could admit (default 65536; 0 off)
 //	-deadline D     redisstore's deadline per decision (default 50ms)
 //	-headers        add x-ratelimit-limit, -remaining and -reset to responses
 //	-watch D        poll the config for changes every D (default 1s; 0 off); SIGHUP reloads too
 //	-grace D        how long shutdown waits for calls in flight (default 10s)
+//	-pprof          with -metrics, serve Go's profiles (net/http/pprof) under /debug/pprof/ too
 //
 // Once listening, it prints one line per listener to standard output,
 // "floodgate-rls: grpc listening on HOST:PORT" and, with -metrics,
@@ -42,6 +44,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -84,9 +87,9 @@ func main() {
 
 type flags struct {
 	config, addr, metrics, redis, lease string
-	batch, capacity                     int
+	batch, capacity, denyCache          int
 	deadline, watch, grace              time.Duration
-	headers                             bool
+	headers, pprof                      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -100,10 +103,12 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
 	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis); past it, new keys share an overflow bucket")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
+	fs.IntVar(&f.denyCache, "deny-cache", 65536, "redisstore deny cache: buckets Redis refused, refused locally until they could admit (0 off)")
 	fs.DurationVar(&f.deadline, "deadline", 50*time.Millisecond, "redisstore deadline per decision")
 	fs.BoolVar(&f.headers, "headers", false, "add x-ratelimit-* headers to responses")
 	fs.DurationVar(&f.watch, "watch", time.Second, "config poll interval (0 off; SIGHUP reloads too)")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "how long shutdown waits for calls in flight")
+	fs.BoolVar(&f.pprof, "pprof", false, "with -metrics, serve Go's profiles under /debug/pprof/")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -112,6 +117,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	}
 	if f.config == "" {
 		return f, errors.New("-config is required")
+	}
+	if f.pprof && f.metrics == "" {
+		return f, errors.New("-pprof needs -metrics, the address it serves on")
 	}
 	return f, nil
 }
@@ -177,6 +185,9 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 	if lease > 0 {
 		opts = append(opts, redisstore.WithLeases(lease, leaseKeys))
 	}
+	if f.denyCache > 0 {
+		opts = append(opts, redisstore.WithDenyCache(f.denyCache))
+	}
 	st, err := redisstore.New(client, opts...)
 	if err != nil {
 		client.Close()
@@ -241,6 +252,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.Handle("/debug/rls/top", svc.TopHandler())
+		if f.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = ms.Serve(ml) }()
 		fmt.Fprintf(stdout, "floodgate-rls: metrics listening on %s\n", ml.Addr())

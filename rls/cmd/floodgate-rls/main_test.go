@@ -73,7 +73,7 @@ func TestCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	hup := make(chan os.Signal) // unbuffered: a send returns once run has taken it
-	addrs, stop := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-watch", "0", "-headers"}, hup)
+	addrs, stop := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-watch", "0", "-headers", "-pprof"}, hup)
 	conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +135,11 @@ func TestCommand(t *testing.T) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
+	if resp, err := http.Get("http://" + addrs["metrics"] + "/debug/pprof/cmdline"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("-pprof: /debug/pprof/cmdline answered %v, %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	if err := stop(); err != nil {
 		t.Errorf("graceful stop: %v", err)
 	}
@@ -176,6 +181,11 @@ func TestCommandRedis(t *testing.T) {
 	if strings.Join(got, " ") != "OK OVER_LIMIT" {
 		t.Errorf("one token a minute across two replicas: %v", got)
 	}
+	if resp, err := http.Get("http://" + metrics + "/debug/pprof/cmdline"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("without -pprof, /debug/pprof/cmdline answered %v, %v; want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	resp, err := http.Get("http://" + metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -196,6 +206,7 @@ func TestFlags(t *testing.T) {
 	}{
 		{nil, "-config is required"},
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
+		{[]string{"-config", "x", "-pprof"}, "-pprof needs -metrics"},
 		{[]string{"-config", "/nonexistent.yaml"}, "/nonexistent.yaml"},
 		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-lease", "sometimes"}, "-lease"},
 	} {
