@@ -119,15 +119,14 @@
 //
 // [WithLeases] serves hot keys (two decisions within the lease time d) from
 // tokens leased in advance: one atomic take of the request's tokens plus up
-// to rate×d more, spent locally (floodgate.SourceLease) until d after the
-// request was sent, then dropped. Every leased token was taken from the
-// shared bucket, so over any window of length t all instances together
-// admit at most burst + rate×(t+d): leases add at most rate×d to the
-// bound. The next decision on the key gives back what an expired lease
-// left unspent (a refund, never above the burst, so the bucket ends as if
-// those tokens were never taken; Stats.LeaseReturns counts them); a key
-// this process decides no more, or drops from its table, loses them,
-// which under-admits.
+// to rate×d more, no more than the key's pace in this process (its last
+// two decisions apart) would spend within d, spent locally
+// (floodgate.SourceLease) until d after the request was sent, then
+// dropped. Every leased token was taken from the shared bucket, so over any
+// window of length t all instances together admit at most
+// burst + rate×(t+d): leases add at most rate×d to the bound. Unspent
+// tokens are lost, which under-admits; sizing a lease to the pace keeps
+// that small while demand is steady.
 //
 // # Reservations
 //

@@ -15,11 +15,9 @@ import (
 //
 // A key is hot when it sees a second decision within the lease time. A
 // decision on a hot key without enough leased tokens asks Redis for its own
-// tokens plus up to rate×d more, in one atomic take; the extra tokens are
-// spent locally until d after the request was sent. The next decision on
-// the key gives back what was left unspent (a refund, never above the
-// burst, so the bucket ends as if they were never taken); a key that sees
-// no further decision here, or leaves the table, loses them. Every
+// tokens plus up to rate×d more, in one atomic take (no more than the key's
+// pace here would spend within d: see paced); the extra tokens are spent
+// locally until d after the request was sent, then dropped. Every
 // leased token was taken from the shared bucket no earlier than it was sent,
 // and is spent within d of that, so over any window of length t all
 // instances admit at most burst + rate×(t+d). A reservation served from a
@@ -74,14 +72,19 @@ func (l *leaseTable) extra(lim floodgate.Limit, n int) int {
 	return int(x)
 }
 
-// giveBack refunds n unspent leased tokens of key from a goroutine of its
-// own, which no caller waits for. A refund that fails leaves them taken,
-// which under-admits, never over-admits.
-func (s *Store) giveBack(key string, lim floodgate.Limit, n int) {
-	s.leaseRefunds.Add(1)
-	go func() {
-		_ = s.Refund(context.Background(), key, lim, n)
-	}()
+// paced caps a lease's extra tokens x at what this process would spend
+// within the lease time d at the pace of its last two decisions on the
+// key, gap apart, n tokens each: a replica that sees a third of a key's
+// demand leases a third as much, instead of tokens that expire unspent
+// while the other replicas are refused.
+func paced(x int, d, gap int64, n int) int {
+	if gap <= 0 {
+		return x
+	}
+	if want := (d - 1) / gap * int64(n); want < int64(x) {
+		return int(want)
+	}
+	return x
 }
 
 // takeLeased decides a take of 1 ≤ n ≤ burst with leases on.
@@ -98,21 +101,13 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		s.decided(floodgate.SourceLease)
 		return res, nil
 	}
-	hot := now-e.seen <= l.d
+	gap := now - e.seen
+	hot := gap <= l.d
 	e.seen = now
-	// An expired lease's unspent tokens go back to the shared bucket,
-	// beside this decision's take (the same batch when batching).
-	var back int
-	if e.lim == lim && e.tokens > 0 && now >= e.expires {
-		back, e.tokens = e.tokens, 0
-	}
 	l.mu.Unlock()
-	if back > 0 {
-		s.giveBack(key, lim, back)
-	}
 
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
-	if x := l.extra(lim, n); hot && x > 0 {
+	if x := paced(l.extra(lim, n), l.d, gap, n); hot && x > 0 {
 		o.mode, o.n, o.min = modeLease, n+x, n
 	}
 	r, err := s.call(ctx, &o)

@@ -190,7 +190,8 @@ func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 
 // WithLeases lets hot buckets (two decisions on one key within d) take up to
-// rate×d tokens from Redis at once and spend them locally for d. Over any
+// rate×d tokens from Redis at once, no more than the key's pace in this
+// process would spend within d, and spend them locally for d. Over any
 // window of length t, all instances together admit at most
 // burst + rate×(t+d): the bound grows by rate×d. Tokens unused when a lease
 // expires are lost, which under-admits. At most keys keys are tracked, the

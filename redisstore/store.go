@@ -69,10 +69,9 @@ type Store struct {
 	inst             *instances
 	checking         atomic.Bool // a probe checks a starved timeout
 
-	counts       [7]atomic.Uint64 // by floodgate.Source
-	errs         atomic.Uint64
-	starves      atomic.Uint64
-	leaseRefunds atomic.Uint64
+	counts  [7]atomic.Uint64 // by floodgate.Source
+	errs    atomic.Uint64
+	starves atomic.Uint64
 }
 
 var (
@@ -700,9 +699,6 @@ type Stats struct {
 	Cache uint64
 	// Lease counts takes served from tokens leased ahead of time.
 	Lease uint64
-	// LeaseReturns counts the expired leases whose unspent tokens were
-	// given back to the shared bucket.
-	LeaseReturns uint64
 	// Fallback counts takes decided by the fallback store under the [Local]
 	// policy while Redis could not decide.
 	Fallback uint64
@@ -761,18 +757,17 @@ func (s *Store) Batched() bool { return s.batch != nil }
 // decisions.
 func (s *Store) Stats() Stats {
 	return Stats{
-		Redis:        s.counts[floodgate.SourceRedis].Load(),
-		Cache:        s.counts[floodgate.SourceCache].Load(),
-		Lease:        s.counts[floodgate.SourceLease].Load(),
-		LeaseReturns: s.leaseRefunds.Load(),
-		Fallback:     s.counts[floodgate.SourceFallback].Load(),
-		FailOpen:     s.counts[floodgate.SourceFailOpen].Load(),
-		FailClosed:   s.counts[floodgate.SourceFailClosed].Load(),
-		Errors:       s.errs.Load(),
-		Starved:      s.starves.Load(),
-		Instances:    int(s.inst.count.Load()),
-		Trips:        s.br.trips.Load(),
-		Open:         s.br.isOpen(),
-		Breaker:      s.br.current(),
+		Redis:      s.counts[floodgate.SourceRedis].Load(),
+		Cache:      s.counts[floodgate.SourceCache].Load(),
+		Lease:      s.counts[floodgate.SourceLease].Load(),
+		Fallback:   s.counts[floodgate.SourceFallback].Load(),
+		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
+		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
+		Errors:     s.errs.Load(),
+		Starved:    s.starves.Load(),
+		Instances:  int(s.inst.count.Load()),
+		Trips:      s.br.trips.Load(),
+		Open:       s.br.isOpen(),
+		Breaker:    s.br.current(),
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -440,23 +441,38 @@ func TestLeases(t *testing.T) {
 	if res, _ := s.TakeN(bg, "hot", lim, 1); res.Source == floodgate.SourceLease {
 		t.Errorf("TakeN after the lease expired = %+v, want not from the lease", res)
 	}
-	// Its 10 unspent tokens go back: 27 left before, 10 refilled, 10
-	// given back and 1 taken (the key, last seen 101 ms ago, is no
-	// longer hot: no new lease).
-	if got := s.Stats().LeaseReturns; got != 1 {
-		t.Errorf("Stats().LeaseReturns = %d, want 1", got)
-	}
-	want, got := 27+10+10-1, 0
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if res, _ := s.Peek(bg, "hot", lim); res.Remaining == want {
-			got = want
-			break
-		} else {
-			got = res.Remaining
+}
+
+// TestLeasesPaced: a key decided every 30 ms leases what 100 ms at that
+// pace spend, 3 tokens beyond its own, not rate × d (10): a replica that
+// sees part of a key's demand does not hold tokens it will not spend.
+func TestLeasesPaced(t *testing.T) {
+	srv := sharedServer(t)
+	clock := newFakeClock()
+	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock), redisstore.WithLeases(100*time.Millisecond, 10))
+	lim := floodgate.PerSecond(100, 50)
+	var sources []floodgate.Source
+	for range 9 {
+		res, err := s.TakeN(bg, "paced", lim, 1)
+		if err != nil || !res.Allowed {
+			t.Fatalf("TakeN = %+v, %v", res, err)
 		}
+		sources = append(sources, res.Source)
+		if len(sources) == 2 {
+			// 49 refilled to the burst, 50, less the lease's 4 (rate × d
+			// would have leased 11).
+			if p, _ := s.Peek(bg, "paced", lim); p.Remaining != 46 {
+				t.Errorf("after the first lease the shared bucket holds %d, want 46: a lease of 1+3", p.Remaining)
+			}
+		}
+		clock.Advance(30 * time.Millisecond)
 	}
-	if got != want {
-		t.Errorf("shared bucket has %d left after the expired lease, want %d: its unspent tokens given back", got, want)
+	// 1st: plain; 2nd: leases 1+3; 3rd–5th: from the lease; 6th: leases
+	// again (3 more); 7th–9th: from the lease.
+	r, l := floodgate.SourceRedis, floodgate.SourceLease
+	want := []floodgate.Source{r, r, l, l, l, r, l, l, l}
+	if !slices.Equal(sources, want) {
+		t.Errorf("sources = %v, want %v", sources, want)
 	}
 }
 
