@@ -160,8 +160,10 @@ func (b *batcher) release(p *pending, a result1) (reply, error) {
 	return a.r, a.err
 }
 
-// flush sends batches until the queue is empty.
+// flush sends batches until the queue is empty. It yields before each, as
+// a leading caller does, so that runnable goroutines' ops join the batch.
 func (b *batcher) flush() {
+	runtime.Gosched()
 	for b.sendNext() {
 		// The callers just answered are runnable and most will queue
 		// their next op at once: let them, so the next batch is full.
