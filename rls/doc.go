@@ -82,9 +82,12 @@
 // On a store that batches its round trips (redisstore.WithBatching), the
 // takes of a request's descriptors go at once instead of in order, so
 // that they share one round trip; a refusal then gives back every other
-// take, the same way. Before taking, the service asks the store's deny
-// cache (redisstore.WithDenyCache): a descriptor it refuses refuses the
-// request with nothing taken, and the others are peeked for their status.
+// take, the same way, and every descriptor's decision is counted in the
+// metrics (taken in order, those after a refusal are not). Before taking,
+// the service asks the store's deny cache (redisstore.WithDenyCache): a
+// descriptor it refuses refuses the request with nothing taken, and the
+// others are peeked for their status; a request that carries a refund
+// (is_negative_hits) or a reservation entry skips this step.
 //
 // Shadow mode decides and counts as usual but answers OK: a refused
 // shadow descriptor takes nothing and refuses nothing. The response
@@ -124,11 +127,10 @@
 // taken from the shared bucket, so over any window of length t all
 // replicas together admit at most burst + rate × (t + d): leases add
 // rate × d to the bound, whatever the number of replicas. Each replica
-// holds at most one lease of about rate × d tokens a bucket; what it has
-// not spent within d goes back to the shared bucket with its next
-// decision on the bucket, so only a replica whose demand for the bucket
-// stops loses its rest: with R replicas up to R × rate × d tokens each
-// time demand stops, an under-admission.
+// holds at most one lease a bucket, of rate × d tokens at most and no
+// more than its own pace on the bucket would spend within d; what it does
+// not spend is lost: with R replicas up to R × rate × d tokens when
+// demand stops or moves, an under-admission.
 //
 // When the store cannot decide (Redis down or slow, its breaker open: a
 // Result whose Source is floodgate.SourceFallback, SourceFailOpen or
@@ -161,6 +163,6 @@
 //
 // # Concurrency
 //
-// A [Service] is safe for concurrent use and starts no goroutine: Watch
-// runs on its caller's.
+// A [Service] is safe for concurrent use and starts no goroutine that
+// outlives a request: Watch runs on its caller's.
 package rls

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
@@ -248,6 +249,57 @@ descriptors:
 	}
 	if got := peek(); got != before {
 		t.Errorf("the hot bucket holds %d after the refusal, want %d: nothing taken", got, before)
+	}
+}
+
+// TestDenyCacheRequests: on a batched store with a deny cache, a request
+// refused from the cache reports the first descriptor that refuses, and a
+// request carrying a refund still applies it.
+func TestDenyCacheRequests(t *testing.T) {
+	skipWithoutRedis(t)
+	b := backends[1]
+	_ = b.store(t, newFakeClock()) // starts the shared server
+	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	// A cache of one: b's denial pushes a's out.
+	st := redisStore(t, c, newFakeClock(), redisstore.WithBatching(16), redisstore.WithDenyCache(1))
+	svc, err := rls.New(st, mustParse(t, `
+domain: d
+descriptors:
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: cold
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := serve(t, svc)
+	for _, v := range []string{"a", "b"} {
+		call(t, cl, request("d", 0, desc("cold", v)))
+		call(t, cl, request("d", 0, desc("cold", v))) // refused by Redis, cached
+	}
+	got := outcomeOf(call(t, cl, request("d", 0, desc("cold", "a"), desc("cold", "b"))))
+	if want := (outcome{"OVER_LIMIT", []string{"OVER_LIMIT", "OVER_LIMIT"}, []uint32{0, 0}}); !cmp.Equal(got, want) {
+		t.Errorf("two empty buckets, the second cached: %+v, want %+v", got, want)
+	}
+
+	call(t, cl, request("d", 5, desc("hot", "k")))
+	hot := func() int {
+		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Remaining
+	}
+	before := hot()
+	resp := call(t, cl, &pb.RateLimitRequest{Domain: "d", HitsAddend: 3,
+		Descriptors: []*rlpbDescriptor{negative(desc("hot", "k")), withHits(desc("cold", "b"), 1)}})
+	if resp.GetOverallCode().String() != "OVER_LIMIT" {
+		t.Errorf("a refund beside a cached denial: %s, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	if got := hot(); got != before+3 {
+		t.Errorf("the hot bucket holds %d after a refund of 3, want %d", got, before+3)
 	}
 }
 

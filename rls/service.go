@@ -36,7 +36,8 @@ const (
 // A Service is safe for concurrent use. Its config is replaced atomically
 // by [Service.SetConfig], [Service.Load] and [Service.Watch]: a request is
 // decided under one config, the old or the new. It starts no goroutine
-// (Watch runs on the caller's).
+// that outlives a request (Watch runs on the caller's; on a batched store
+// a request decides its descriptors on goroutines it waits for).
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
@@ -552,8 +553,13 @@ func limitedCount(items []item) int {
 func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
 	if i := s.deniedFirst(sv, items); i >= 0 {
 		// Refused without a take: the others are peeked, taking
-		// nothing, as after a refusal in order.
+		// nothing, and the first that refuses is the request's.
 		s.peekAll(ctx, items, i)
+		for j := range items[:i] {
+			if items[j].limited && !items[j].res.Allowed && !items[j].m.rule.shadow {
+				return j, nil
+			}
+		}
 		return i, nil
 	}
 	var wg sync.WaitGroup
@@ -597,8 +603,9 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 }
 
 // deniedFirst returns the first limited item that the store's deny cache
-// refuses (not in shadow mode, nor a refund or a charge on the response),
-// decided and counted, or -1.
+// refuses (not in shadow mode), decided and counted, or -1. A request
+// with a refund (is_negative_hits) or a reservation entry is never
+// refused this way: those must be applied, as when taken in order.
 func (s *Service) deniedFirst(sv *served, items []item) int {
 	d, ok := s.store.(interface {
 		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
@@ -607,8 +614,13 @@ func (s *Service) deniedFirst(sv *served, items []item) int {
 		return -1
 	}
 	for i := range items {
+		if items[i].limited && (items[i].negative || items[i].hasResv) {
+			return -1
+		}
+	}
+	for i := range items {
 		it := &items[i]
-		if !it.limited || it.negative || it.hasResv || it.m.rule.shadow {
+		if !it.limited || it.m.rule.shadow {
 			continue
 		}
 		if res, ok := d.Denied(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
