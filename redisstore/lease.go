@@ -74,15 +74,17 @@ func (l *leaseTable) extra(lim floodgate.Limit, n int) int {
 
 // paced caps a lease's extra tokens x at what this process would spend
 // within the lease time d at the pace of its last two decisions on the
-// key, gap apart, n tokens each: a replica that sees a third of a key's
-// demand leases a third as much, instead of tokens that expire unspent
-// while the other replicas are refused.
+// key, gap apart, n tokens each, less one decision's worth for the pace's
+// jitter: a replica that sees a third of a key's demand leases a third as
+// much, instead of tokens that expire unspent while the other replicas
+// are refused. A key decided less than twice a lease time here leases
+// nothing.
 func paced(x int, d, gap int64, n int) int {
 	if gap <= 0 {
 		return x
 	}
-	if want := (d - 1) / gap * int64(n); want < int64(x) {
-		return int(want)
+	if want := ((d-1)/gap - 1) * int64(n); want < int64(x) {
+		return int(max(want, 0))
 	}
 	return x
 }

@@ -444,8 +444,9 @@ func TestLeases(t *testing.T) {
 }
 
 // TestLeasesPaced: a key decided every 30 ms leases what 100 ms at that
-// pace spend, 3 tokens beyond its own, not rate × d (10): a replica that
-// sees part of a key's demand does not hold tokens it will not spend.
+// pace spend less one decision, 2 tokens beyond its own, not rate × d
+// (10): a replica that sees part of a key's demand does not hold tokens it
+// will not spend.
 func TestLeasesPaced(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
@@ -459,18 +460,18 @@ func TestLeasesPaced(t *testing.T) {
 		}
 		sources = append(sources, res.Source)
 		if len(sources) == 2 {
-			// 49 refilled to the burst, 50, less the lease's 4 (rate × d
+			// 49 refilled to the burst, 50, less the lease's 3 (rate × d
 			// would have leased 11).
-			if p, _ := s.Peek(bg, "paced", lim); p.Remaining != 46 {
-				t.Errorf("after the first lease the shared bucket holds %d, want 46: a lease of 1+3", p.Remaining)
+			if p, _ := s.Peek(bg, "paced", lim); p.Remaining != 47 {
+				t.Errorf("after the first lease the shared bucket holds %d, want 47: a lease of 1+2", p.Remaining)
 			}
 		}
 		clock.Advance(30 * time.Millisecond)
 	}
-	// 1st: plain; 2nd: leases 1+3; 3rd–5th: from the lease; 6th: leases
-	// again (3 more); 7th–9th: from the lease.
+	// 1st: plain; 2nd: leases 1+2; 3rd–4th: from the lease; 5th: leases
+	// again, and so on.
 	r, l := floodgate.SourceRedis, floodgate.SourceLease
-	want := []floodgate.Source{r, r, l, l, l, r, l, l, l}
+	want := []floodgate.Source{r, r, l, l, r, l, l, r, l}
 	if !slices.Equal(sources, want) {
 		t.Errorf("sources = %v, want %v", sources, want)
 	}
