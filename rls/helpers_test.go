@@ -113,24 +113,12 @@ var backends = []backend{
 		return m
 	}},
 	{"redis", func(t *testing.T, clock floodgate.Clock) floodgate.Reserver {
-		skipWithoutRedis(t)
-		sharedOnce.Do(func() { shared, sharedErr = redistest.Launch() })
-		if sharedErr != nil {
-			t.Fatal(sharedErr)
-		}
-		c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-		t.Cleanup(func() { c.Close() })
-		return redisStore(t, c, clock, redisstore.WithBatching(16))
+		s, _ := sharedStore(t, clock, redisstore.WithBatching(16))
+		return s
 	}},
 	{"redis-deny-cache", func(t *testing.T, clock floodgate.Clock) floodgate.Reserver {
-		skipWithoutRedis(t)
-		sharedOnce.Do(func() { shared, sharedErr = redistest.Launch() })
-		if sharedErr != nil {
-			t.Fatal(sharedErr)
-		}
-		c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-		t.Cleanup(func() { c.Close() })
-		return redisStore(t, c, clock, redisstore.WithBatching(16), redisstore.WithDenyCache(64))
+		s, _ := sharedStore(t, clock, redisstore.WithBatching(16), redisstore.WithDenyCache(64))
+		return s
 	}},
 	{"cluster", func(t *testing.T, clock floodgate.Clock) floodgate.Reserver {
 		skipWithoutRedis(t)
@@ -142,6 +130,33 @@ var backends = []backend{
 		t.Cleanup(func() { c.Close() })
 		return redisStore(t, c, clock)
 	}},
+}
+
+// sharedStore returns a store on the package's shared redis-server, which
+// it starts once, and its client.
+func sharedStore(t *testing.T, clock floodgate.Clock, opts ...redisstore.Option) (*redisstore.Store, *redis.Client) {
+	t.Helper()
+	skipWithoutRedis(t)
+	sharedOnce.Do(func() { shared, sharedErr = redistest.Launch() })
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return redisStore(t, c, clock, opts...), c
+}
+
+// sharedService serves config from a store on the shared redis-server
+// with opts, and returns the store, its client and a client of the
+// service.
+func sharedService(t *testing.T, config string, opts ...redisstore.Option) (*redisstore.Store, *redis.Client, pb.RateLimitServiceClient) {
+	t.Helper()
+	st, c := sharedStore(t, newFakeClock(), opts...)
+	svc, err := rls.New(st, mustParse(t, config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, c, serve(t, svc)
 }
 
 // serve starts svc on loopback TCP and returns a real client of it.

@@ -153,25 +153,14 @@ func TestWatch(t *testing.T) {
 // TestLeasesAllOrNothing: with leases on, a refused request gives back the
 // leased tokens it took, on Redis.
 func TestLeasesAllOrNothing(t *testing.T) {
-	skipWithoutRedis(t)
-	b := backends[1]
-	_ = b.store(t, newFakeClock()) // starts the shared server
-	clock := newFakeClock()
-	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	st := redisStore(t, c, clock, redisstore.WithLeases(time.Second, 16))
-	svc, err := rls.New(st, mustParse(t, `
+	st, _, cl := sharedService(t, `
 domain: d
 descriptors:
   - key: hot
     rate_limit: {unit: second, requests_per_unit: 100}
   - key: cold
     rate_limit: {unit: minute, requests_per_unit: 1}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := serve(t, svc)
+`, redisstore.WithLeases(time.Second, 16))
 	// Two decisions make the key hot: the second leases rate × 1 s more.
 	call(t, cl, request("d", 0, desc("hot", "k")))
 	call(t, cl, request("d", 0, desc("hot", "k")))
@@ -204,25 +193,14 @@ descriptors:
 // request that one descriptor's cached denial refuses takes nothing from
 // the others, and reports their buckets as they are.
 func TestDenyCacheTakesNothing(t *testing.T) {
-	skipWithoutRedis(t)
-	b := backends[1]
-	_ = b.store(t, newFakeClock()) // starts the shared server
-	clock := newFakeClock()
-	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	st := redisStore(t, c, clock, redisstore.WithBatching(16), redisstore.WithDenyCache(16))
-	svc, err := rls.New(st, mustParse(t, `
+	st, c, cl := sharedService(t, `
 domain: d
 descriptors:
   - key: hot
     rate_limit: {unit: second, requests_per_unit: 100}
   - key: cold
     rate_limit: {unit: minute, requests_per_unit: 1}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := serve(t, svc)
+`, redisstore.WithBatching(16), redisstore.WithDenyCache(16))
 	call(t, cl, request("d", 0, desc("cold", "k")))
 	if got := call(t, cl, request("d", 0, desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
 		t.Fatalf("cold twice: %s, want OVER_LIMIT", got)
@@ -256,25 +234,15 @@ descriptors:
 // refused from the cache reports the first descriptor that refuses, and a
 // request carrying a refund still applies it.
 func TestDenyCacheRequests(t *testing.T) {
-	skipWithoutRedis(t)
-	b := backends[1]
-	_ = b.store(t, newFakeClock()) // starts the shared server
-	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
 	// A cache of one: b's denial pushes a's out.
-	st := redisStore(t, c, newFakeClock(), redisstore.WithBatching(16), redisstore.WithDenyCache(1))
-	svc, err := rls.New(st, mustParse(t, `
+	st, _, cl := sharedService(t, `
 domain: d
 descriptors:
   - key: hot
     rate_limit: {unit: second, requests_per_unit: 100}
   - key: cold
     rate_limit: {unit: minute, requests_per_unit: 1}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := serve(t, svc)
+`, redisstore.WithBatching(16), redisstore.WithDenyCache(1))
 	for _, v := range []string{"a", "b"} {
 		call(t, cl, request("d", 0, desc("cold", v)))
 		call(t, cl, request("d", 0, desc("cold", v))) // refused by Redis, cached
@@ -330,13 +298,7 @@ func scriptCalls(t *testing.T, c *redis.Client) int {
 // descriptors are decided at once and share round trips, where one at a
 // time they would take one each.
 func TestBatchedRequestSharesRoundTrips(t *testing.T) {
-	skipWithoutRedis(t)
-	b := backends[1]
-	_ = b.store(t, newFakeClock()) // starts the shared server
-	c := redis.NewClient(&redis.Options{Addr: shared.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	st := redisStore(t, c, newFakeClock(), redisstore.WithBatching(16))
-	svc, err := rls.New(st, mustParse(t, `
+	_, c, cl := sharedService(t, `
 domain: d
 descriptors:
   - key: a
@@ -345,11 +307,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100}
   - key: c
     rate_limit: {unit: second, requests_per_unit: 100}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := serve(t, svc)
+`, redisstore.WithBatching(16))
 	req := request("d", 0, desc("a", "k"), desc("b", "k"), desc("c", "k"))
 	call(t, cl, req) // loads the script
 	for range 5 {

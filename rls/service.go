@@ -562,25 +562,10 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		}
 		return i, nil
 	}
-	var wg sync.WaitGroup
 	errs := make([]error, len(items))
-	first := -1
-	for i := range items {
-		if !items[i].limited {
-			continue
-		}
-		if first < 0 {
-			first = i
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
-		}()
-	}
-	errs[first] = s.decide(ctx, sv, dom, dm, &items[first])
-	wg.Wait()
+	atOnce(items, func(it *item) bool { return it.limited }, func(i int) {
+		errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
+	})
 	if err := errors.Join(errs...); err != nil {
 		s.refundAllConcurrently(ctx, items)
 		for _, e := range errs {
@@ -635,18 +620,9 @@ func (s *Service) deniedFirst(sv *served, items []item) int {
 // peekAll peeks every limited item but skip, concurrently, for its
 // status: taking nothing, admitted when its cost fits.
 func (s *Service) peekAll(ctx context.Context, items []item, skip int) {
-	var wg sync.WaitGroup
-	for i := range items {
-		if !items[i].limited || i == skip {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.peek(ctx, &items[i])
-		}()
-	}
-	wg.Wait()
+	atOnce(items, func(it *item) bool { return it.limited && it != &items[skip] }, func(i int) {
+		s.peek(ctx, &items[i])
+	})
 }
 
 // peek sets it's result from its bucket, taking nothing.
@@ -659,27 +635,32 @@ func (s *Service) peek(ctx context.Context, it *item) {
 	it.res = res
 }
 
-// refundAllConcurrently is refundAll with each refund on a goroutine of
-// its own but the first, so that they share a round trip.
+// refundAllConcurrently is refundAll with the refunds at once, so that
+// they share a round trip.
 func (s *Service) refundAllConcurrently(ctx context.Context, items []item) {
+	atOnce(items, func(it *item) bool { return it.taken }, func(i int) {
+		s.refundAll(ctx, items[i:i+1])
+	})
+}
+
+// atOnce runs f(i) for every item that pick chooses, each on a goroutine
+// of its own but the first, which runs on the caller's, and returns when
+// all have.
+func atOnce(items []item, pick func(*item) bool, f func(i int)) {
 	var wg sync.WaitGroup
 	first := -1
 	for i := range items {
-		if !items[i].taken {
+		if !pick(&items[i]) {
 			continue
 		}
 		if first < 0 {
 			first = i
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.refundAll(ctx, items[i:i+1])
-		}()
+		wg.Go(func() { f(i) })
 	}
 	if first >= 0 {
-		s.refundAll(ctx, items[first:first+1])
+		f(first)
 	}
 	wg.Wait()
 }
