@@ -153,14 +153,7 @@ func TestWatch(t *testing.T) {
 // TestLeasesAllOrNothing: with leases on, a refused request gives back the
 // leased tokens it took, on Redis.
 func TestLeasesAllOrNothing(t *testing.T) {
-	st, _, cl := sharedService(t, `
-domain: d
-descriptors:
-  - key: hot
-    rate_limit: {unit: second, requests_per_unit: 100}
-  - key: cold
-    rate_limit: {unit: minute, requests_per_unit: 1}
-`, redisstore.WithLeases(time.Second, 16))
+	st, _, cl := sharedService(t, hotCold, redisstore.WithLeases(time.Second, 16))
 	// Two decisions make the key hot: the second leases rate × 1 s more.
 	call(t, cl, request("d", 0, desc("hot", "k")))
 	call(t, cl, request("d", 0, desc("hot", "k")))
@@ -172,19 +165,11 @@ descriptors:
 	call(t, cl, request("d", 0, desc("cold", "k")))
 	// The hot take comes from the lease, the cold one refuses: the hot
 	// token goes back to the shared bucket.
-	peek := func() int {
-		// The service's key of the bucket of domain d, entry hot=k.
-		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Remaining
-	}
-	shared := peek()
+	shared := hotRemaining(t, st)
 	if got := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
 		t.Fatalf("hot and cold: %s, want OVER_LIMIT", got)
 	}
-	if got := peek(); got != shared+1 {
+	if got := hotRemaining(t, st); got != shared+1 {
 		t.Errorf("the shared bucket holds %d after the refusal, want %d: the leased token given back", got, shared+1)
 	}
 }
@@ -193,26 +178,12 @@ descriptors:
 // request that one descriptor's cached denial refuses takes nothing from
 // the others, and reports their buckets as they are.
 func TestDenyCacheTakesNothing(t *testing.T) {
-	st, c, cl := sharedService(t, `
-domain: d
-descriptors:
-  - key: hot
-    rate_limit: {unit: second, requests_per_unit: 100}
-  - key: cold
-    rate_limit: {unit: minute, requests_per_unit: 1}
-`, redisstore.WithBatching(16), redisstore.WithDenyCache(16))
+	st, c, cl := sharedService(t, hotCold, redisstore.WithBatching(16), redisstore.WithDenyCache(16))
 	call(t, cl, request("d", 0, desc("cold", "k")))
 	if got := call(t, cl, request("d", 0, desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
 		t.Fatalf("cold twice: %s, want OVER_LIMIT", got)
 	}
-	peek := func() int {
-		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Remaining
-	}
-	before, cached := peek(), st.Stats().Cache
+	before, cached := hotRemaining(t, st), st.Stats().Cache
 	scripts := scriptCalls(t, c)
 	resp := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k")))
 	// One script call, the peek of the hot bucket: no take to give back.
@@ -225,7 +196,7 @@ descriptors:
 	if st.Stats().Cache == cached {
 		t.Errorf("the cold descriptor was not refused from the deny cache: %+v", st.Stats())
 	}
-	if got := peek(); got != before {
+	if got := hotRemaining(t, st); got != before {
 		t.Errorf("the hot bucket holds %d after the refusal, want %d: nothing taken", got, before)
 	}
 }
@@ -235,14 +206,7 @@ descriptors:
 // request carrying a refund still applies it.
 func TestDenyCacheRequests(t *testing.T) {
 	// A cache of one: b's denial pushes a's out.
-	st, _, cl := sharedService(t, `
-domain: d
-descriptors:
-  - key: hot
-    rate_limit: {unit: second, requests_per_unit: 100}
-  - key: cold
-    rate_limit: {unit: minute, requests_per_unit: 1}
-`, redisstore.WithBatching(16), redisstore.WithDenyCache(1))
+	st, _, cl := sharedService(t, hotCold, redisstore.WithBatching(16), redisstore.WithDenyCache(1))
 	for _, v := range []string{"a", "b"} {
 		call(t, cl, request("d", 0, desc("cold", v)))
 		call(t, cl, request("d", 0, desc("cold", v))) // refused by Redis, cached
@@ -253,20 +217,13 @@ descriptors:
 	}
 
 	call(t, cl, request("d", 5, desc("hot", "k")))
-	hot := func() int {
-		r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Remaining
-	}
-	before := hot()
+	before := hotRemaining(t, st)
 	resp := call(t, cl, &pb.RateLimitRequest{Domain: "d", HitsAddend: 3,
 		Descriptors: []*rlpbDescriptor{negative(desc("hot", "k")), withHits(desc("cold", "b"), 1)}})
 	if resp.GetOverallCode().String() != "OVER_LIMIT" {
 		t.Errorf("a refund beside a cached denial: %s, want OVER_LIMIT", resp.GetOverallCode())
 	}
-	if got := hot(); got != before+3 {
+	if got := hotRemaining(t, st); got != before+3 {
 		t.Errorf("the hot bucket holds %d after a refund of 3, want %d", got, before+3)
 	}
 }
@@ -321,4 +278,25 @@ descriptors:
 			t.Errorf("a request of three descriptors made %d script calls, want at most 2", n)
 		}
 	}
+}
+
+// hotCold is the config of the tests of one hot and one cold descriptor.
+const hotCold = `
+domain: d
+descriptors:
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: cold
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+// hotRemaining returns the tokens left in hotCold's bucket hot=k.
+func hotRemaining(t *testing.T, st *redisstore.Store) int {
+	t.Helper()
+	// The service's key of the bucket of domain d, entry hot=k.
+	r, err := st.Peek(bg, "1:d|3:hot=1:k", floodgate.PerSecond(100, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Remaining
 }
