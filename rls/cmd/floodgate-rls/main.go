@@ -118,6 +118,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	if f.config == "" {
 		return f, errors.New("-config is required")
 	}
+	if f.denyCache < 0 {
+		return f, fmt.Errorf("-deny-cache %d: want 0 (off) or a number of buckets", f.denyCache)
+	}
 	if f.pprof && f.metrics == "" {
 		return f, errors.New("-pprof needs -metrics, the address it serves on")
 	}

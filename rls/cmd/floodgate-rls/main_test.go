@@ -207,6 +207,7 @@ func TestFlags(t *testing.T) {
 		{nil, "-config is required"},
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
 		{[]string{"-config", "x", "-pprof"}, "-pprof needs -metrics"},
+		{[]string{"-config", "x", "-deny-cache", "-1"}, "-deny-cache -1"},
 		{[]string{"-config", "/nonexistent.yaml"}, "/nonexistent.yaml"},
 		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-lease", "sometimes"}, "-lease"},
 	} {
