@@ -37,8 +37,15 @@ deps:
 vet:
 	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; (cd $$m && $(GO) vet ./...); done
 
+# The examples and bench modules hold load tests that measure a server on
+# this machine; they run one package at a time, so that two of them never
+# share the CPUs they measure.
+SERIAL    := examples bench
+
 unit:
-	@set -e; for m in $(MODULES); do echo "go test ($$m)"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); done
+	@set -e; for m in $(MODULES); do echo "go test ($$m)"; \
+		p=""; case " $(SERIAL) " in *" $$m "*) p="-p 1";; esac; \
+		(cd $$m && $(GO) test $(TESTFLAGS) $$p ./...); done
 
 # The race detector changes allocation counts (sync.Pool drops what it is
 # given), so tests that count allocations and skip under it run here.
