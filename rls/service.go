@@ -284,45 +284,17 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 	}
 
-	// Take from every bucket in order; the first refusal (not in shadow
-	// mode) refunds every take before it and ends the takes. On a store
-	// that batches its round trips, every bucket is decided at once
-	// instead, so that the takes share one round trip, and a refusal
-	// refunds every other take.
-	refused := -1
-	all := s.concurrent && limitedCount(items) > 1
-	if all {
-		var err error
-		if refused, err = s.decideAll(ctx, sv, dom, dm, items); err != nil {
-			return nil, err
-		}
+	// refused is the first descriptor that refused (-1: none), after
+	// which the request holds no take.
+	var refused int
+	var err error
+	if s.concurrent && limitedCount(items) > 1 {
+		refused, err = s.decideAll(ctx, sv, dom, dm, items)
+	} else {
+		refused, err = s.decideInOrder(ctx, sv, dom, dm, items)
 	}
-	for i := range items {
-		if all {
-			break
-		}
-		it := &items[i]
-		if !it.limited {
-			continue
-		}
-		if err := s.decide(ctx, sv, dom, dm, it); err != nil {
-			s.refundAll(ctx, items[:i])
-			return nil, err
-		}
-		if !it.res.Allowed && !it.m.rule.shadow {
-			refused = i
-			break
-		}
-	}
-	if refused >= 0 && !all {
-		s.refundAll(ctx, items[:refused])
-		// The descriptors after the refusal were not decided: they are
-		// peeked, for their status, taking nothing.
-		for i := refused + 1; i < len(items); i++ {
-			if items[i].limited {
-				s.peek(ctx, &items[i])
-			}
-		}
+	if err != nil {
+		return nil, err
 	}
 	now := int64(0)
 	for i := range items {
@@ -546,6 +518,37 @@ func limitedCount(items []item) int {
 	return n
 }
 
+// refuses reports whether it is limited and refused, not in shadow mode:
+// a refusal of the request.
+func (it *item) refuses() bool { return it.limited && !it.res.Allowed && !it.m.rule.shadow }
+
+// decideInOrder takes from every limited item in order and returns the
+// first refused, -1 for none. The first refusal refunds every take before
+// it and ends the takes; the items after it are peeked, for their status,
+// taking nothing. An error refunds every take before it.
+func (s *Service) decideInOrder(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
+	for i := range items {
+		it := &items[i]
+		if !it.limited {
+			continue
+		}
+		if err := s.decide(ctx, sv, dom, dm, it); err != nil {
+			s.refundAll(ctx, items[:i])
+			return -1, err
+		}
+		if it.refuses() {
+			s.refundAll(ctx, items[:i])
+			for j := i + 1; j < len(items); j++ {
+				if items[j].limited {
+					s.peek(ctx, &items[j])
+				}
+			}
+			return i, nil
+		}
+	}
+	return -1, nil
+}
+
 // decideAll decides every limited item at once, each on a goroutine of
 // its own but the first, and returns the first refused (not in shadow
 // mode), -1 for none, after giving back every take when one refused or
@@ -556,7 +559,7 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		// nothing, and the first that refuses is the request's.
 		s.peekAll(ctx, items, i)
 		for j := range items[:i] {
-			if items[j].limited && !items[j].res.Allowed && !items[j].m.rule.shadow {
+			if items[j].refuses() {
 				return j, nil
 			}
 		}
@@ -566,17 +569,15 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 	atOnce(items, func(it *item) bool { return it.limited }, func(i int) {
 		errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
 	})
-	if err := errors.Join(errs...); err != nil {
-		s.refundAllConcurrently(ctx, items)
-		for _, e := range errs {
-			if e != nil {
-				return -1, e
-			}
+	for _, err := range errs {
+		if err != nil {
+			s.refundAllConcurrently(ctx, items)
+			return -1, err
 		}
 	}
 	refused := -1
 	for i := range items {
-		if items[i].limited && !items[i].res.Allowed && !items[i].m.rule.shadow {
+		if items[i].refuses() {
 			refused = i
 			break
 		}
