@@ -68,13 +68,8 @@ func TestPriorityCrossesTheFront(t *testing.T) {
 	}
 	kept := func(r chainResult) float64 { return r.kept["quiet"] / r.sent["quiet"] }
 	t.Logf("quiet tenant kept %.1f%% plain, %.1f%% with PropagatePriority (lost: %s)", 100*kept(plain), 100*kept(carried), carried.lost())
-	// Alone, the quiet tenant keeps every call with propagation. Under the
-	// race detector beside another package's test on two CPUs, the back's
-	// capacity dips below the critical tenant's own rate for moments, and
-	// it sheds a few of them (93.3% was seen in CI): that is the machine,
-	// not the priority, so the bound leaves room for it.
-	if kept(carried) < 0.90 {
-		t.Errorf("quiet critical tenant kept %.1f%% of its calls with propagation, want ≥ 90%%", 100*kept(carried))
+	if kept(carried) < 0.95 {
+		t.Errorf("quiet critical tenant kept %.1f%% of its calls with propagation, want ≥ 95%%", 100*kept(carried))
 	}
 	if kept(plain) > 0.8 {
 		t.Errorf("quiet tenant kept %.1f%% without propagation: the flood did not reach the back", 100*kept(plain))

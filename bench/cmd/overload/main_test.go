@@ -99,13 +99,11 @@ func TestQuick(t *testing.T) {
 	if rj := rc.phase("reject"); rj == nil || rj.Rej == 0 {
 		t.Errorf("rejcost/E: no rejections in the reject phase (%+v)", rj)
 	}
-	// The served phase offers half the capacity measured a moment before.
-	// Under the race detector, beside another package's test on two CPUs,
-	// the capacity drops meanwhile and the controller sheds some of its
-	// calls (17% was seen in CI), but it must serve most of them: a phase
-	// wired to the rejecting load would reject nearly all.
-	if sv := rc.phase("served"); sv == nil || sv.Handle == 0 || 2*sv.Rej > sv.Sent {
-		t.Errorf("rejcost/E: the served phase served nothing or rejected more than half (%+v)", sv)
+	// The served phase offers half the capacity: under the race detector
+	// on a shared machine the controller may still shed a few of its
+	// calls, but it must serve nearly all of them.
+	if sv := rc.phase("served"); sv == nil || sv.Handle == 0 || 10*sv.Rej > sv.Sent {
+		t.Errorf("rejcost/E: the served phase served nothing or rejected more than a tenth (%+v)", sv)
 	}
 	for _, v := range []float64{rc.IdleCPU, rc.PerServedUs, rc.PerRejectedUs, rc.Ratio, rc.FloorUs} {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
