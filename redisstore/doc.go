@@ -100,7 +100,7 @@
 // return errors wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).
 //
-// # Batching, deny cache and leases
+// # Batching, deny cache, leases and credit
 //
 // [WithBatching] coalesces concurrent decisions: decisions queued while a
 // round trip is on the wire go together in the next one, as one script call
@@ -127,6 +127,24 @@
 // burst + rate×(t+d): leases add at most rate×d to the bound. Unspent
 // tokens are lost, which under-admits; sizing a lease to the pace keeps
 // that small while demand is steady.
+//
+// [WithCredit] serves the keys leases do not: cold ones, seen once in a
+// while, which are most keys of a large key space (users, addresses). A
+// take of n tokens on a key this process holds no lease for is decided
+// locally, on credit, when the key holds at most c = ⌊rate×d⌋ tokens on
+// credit with n and the shared bucket held as many when Redis last
+// answered for the key here (a key with no answer counts as full). A
+// flusher charges the tokens taken on credit to their buckets every d/20
+// or so, all keys in one batched call, as settles that may take a bucket
+// below zero; each answer refreshes what this process knows of the key,
+// so a charge that finds the bucket short stops credit there until Redis
+// admits a take again. Refunds and settles of tokens not yet charged are
+// applied in process, and a take of 0 tokens (a peek) answers from this
+// process's count. Over any window of length t, N instances together
+// admit at most burst + rate×(t + (2N+1)×d): per instance, c tokens taken
+// and not yet charged, and c owed by a charge that found the bucket empty.
+// A charge Redis does not apply is lost, which over-admits by what it
+// carried; while the breaker is open nothing is taken on credit.
 //
 // # Reservations
 //

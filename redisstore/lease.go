@@ -29,14 +29,25 @@ type leaseTable struct {
 	mu sync.Mutex // guards m and its entries: a decision reads and updates its lease at once
 	d  int64      // ns
 	m  *simplelru.LRU[string, *lease]
+
+	// With credit (WithCredit): the entries holding tokens taken on credit
+	// and not yet sent, oldest first, and whether a flusher sends them.
+	credit   bool
+	queue    []*lease
+	flushing bool
 }
 
 type lease struct {
+	key       string // the subject, for the credit flusher
 	lim       floodgate.Limit
 	tokens    int   // whole tokens left to spend
 	expires   int64 // local ns
 	seen      int64 // local ns of the last decision on the key
-	remaining int   // the shared bucket's whole tokens when leased
+	remaining int   // the shared bucket's whole tokens by Redis's last answer here (negative: owed)
+	known     bool  // remaining holds an answer under lim
+	owed      int   // tokens taken on credit, not yet sent
+	sending   int   // tokens taken on credit, being charged
+	queued    bool  // in the table's queue
 }
 
 // newLeaseTable returns a table of keys ≥ 1 entries, which evicts the key
@@ -47,8 +58,13 @@ func newLeaseTable(d time.Duration, keys int) *leaseTable {
 	return &leaseTable{d: int64(d), m: m}
 }
 
+// remove drops key's entry, and the tokens it took on credit and has not
+// sent: a reset bucket is full.
 func (l *leaseTable) remove(key string) {
 	l.mu.Lock()
+	if e, ok := l.m.Peek(key); ok {
+		e.owed = 0
+	}
 	l.m.Remove(key)
 	l.mu.Unlock()
 }
@@ -57,10 +73,88 @@ func (l *leaseTable) remove(key string) {
 func (l *leaseTable) entryLocked(key string) *lease {
 	e, ok := l.m.Get(key)
 	if !ok {
-		e = &lease{seen: math.MinInt64 / 2}
+		e = &lease{key: key, seen: math.MinInt64 / 2}
 		l.m.Add(key, e)
 	}
 	return e
+}
+
+// answered records Redis's answer for e under lim: the shared bucket's
+// whole tokens after it (negative while the bucket owes).
+func (e *lease) answered(lim floodgate.Limit, res floodgate.Result) {
+	e.lim, e.known = lim, true
+	e.remaining = res.Remaining - res.Owed
+}
+
+// creditLocked reports whether e may take n tokens on credit under lim
+// (see WithCredit), and if so takes them and reports whether a flusher must
+// be started.
+func (l *leaseTable) creditLocked(e *lease, lim floodgate.Limit, n int) (ok, start bool) {
+	if e.lim != lim {
+		if e.owed+e.sending > 0 {
+			return false, false // charges under the old limit are on their way
+		}
+		e.lim, e.known, e.tokens = lim, false, 0
+	}
+	held := e.owed + e.sending + n
+	if held > l.creditOf(lim) || e.known && held > e.remaining {
+		return false, false
+	}
+	e.owed += n
+	if !e.queued {
+		e.queued = true
+		l.queue = append(l.queue, e)
+	}
+	if !l.flushing {
+		l.flushing = true
+		return true, true
+	}
+	return true, false
+}
+
+// creditOf returns the most tokens an entry may hold on credit under lim:
+// ⌊rate×d⌋, at most the burst and the debt the bucket may carry.
+func (l *leaseTable) creditOf(lim floodgate.Limit) int {
+	x := lim.Rate * float64(l.d) / 1e9
+	if !(x < float64(lim.Burst)) {
+		x = float64(lim.Burst)
+	}
+	return min(int(x), lim.DebtLimit())
+}
+
+// cancelLocked gives back up to n tokens that key took on credit and has
+// not sent, under lim, and returns how many.
+func (l *leaseTable) cancelLocked(key string, lim floodgate.Limit, n int) int {
+	e, ok := l.m.Peek(key)
+	if !ok || e.lim != lim || e.owed == 0 {
+		return 0
+	}
+	k := min(e.owed, n)
+	e.owed -= k
+	return k
+}
+
+// cancelCredit gives back up to n tokens that key took on credit under lim
+// and has not sent, and returns how many: a refund of those is exact
+// without a round trip.
+func (s *Store) cancelCredit(key string, lim floodgate.Limit, n int) int {
+	l := s.leases
+	if l == nil || !l.credit {
+		return 0
+	}
+	l.mu.Lock()
+	k := l.cancelLocked(key, lim, n)
+	l.mu.Unlock()
+	return k
+}
+
+// creditResult is the Result of a take on credit from e.
+func (e *lease) creditResult(lim floodgate.Limit) floodgate.Result {
+	room := lim.Burst
+	if e.known {
+		room = e.remaining
+	}
+	return floodgate.Result{Allowed: true, Limit: lim, Remaining: max(room-e.owed-e.sending, 0), Source: floodgate.SourceLease}
 }
 
 // extra returns how many tokens beyond n to lease under lim.
@@ -104,14 +198,26 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		return res, nil
 	}
 	gap := now - e.seen
-	hot := gap <= l.d
 	e.seen = now
+	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
+	if x := paced(l.extra(lim, n), l.d, gap, n); gap <= l.d && x > 0 {
+		// A hot key at a pace that leases: one round trip buys its
+		// decisions for the lease time.
+		o.mode, o.n, o.min = modeLease, n+x, n
+	} else if l.credit && !s.br.isOpen() {
+		if ok, start := l.creditLocked(e, lim, n); ok {
+			res := e.creditResult(lim)
+			l.mu.Unlock()
+			if start {
+				go s.flushCredit()
+			}
+			s.credits.Add(1)
+			s.decided(floodgate.SourceLease)
+			return res, nil
+		}
+	}
 	l.mu.Unlock()
 
-	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
-	if x := paced(l.extra(lim, n), l.d, gap, n); hot && x > 0 {
-		o.mode, o.n, o.min = modeLease, n+x, n
-	}
 	r, err := s.call(ctx, &o)
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
@@ -137,10 +243,159 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		} else {
 			e.tokens, e.expires = x, now+l.d
 		}
-		e.lim, e.remaining = lim, res.Remaining-x
+		e.lim, e.remaining, e.known = lim, res.Remaining-x, true
 		l.mu.Unlock()
-	} else if s.cache != nil && !r.allowed {
-		s.cache.insert(key, lim, r.tokens*unit, now, res.RetryAfter)
+	} else {
+		if l.credit {
+			l.mu.Lock()
+			if e := l.entryLocked(key); e.owed+e.sending == 0 || e.lim == lim {
+				e.answered(lim, res)
+			}
+			l.mu.Unlock()
+		}
+		if s.cache != nil && !r.allowed {
+			s.cache.insert(key, lim, r.tokens*unit, now, res.RetryAfter)
+		}
 	}
 	return res, nil
+}
+
+// flushEvery returns how long the credit flusher waits before each batch
+// of charges: long enough that a batch carries many keys, short against
+// the lease time, which bounds how long credit goes uncharged.
+func (l *leaseTable) flushEvery() time.Duration {
+	return time.Duration(max(l.d/20, int64(100*time.Microsecond)))
+}
+
+// flushCredit charges the tokens taken on credit to their shared buckets,
+// batch after batch, until none are left unsent; then it ends. One runs at
+// a time: the take that finds none running starts it.
+func (s *Store) flushCredit() {
+	l := s.leases
+	var (
+		es  []*lease
+		ops []op
+	)
+	for {
+		time.Sleep(l.flushEvery())
+		l.mu.Lock()
+		q := l.queue
+		l.queue = nil
+		if len(q) == 0 {
+			l.flushing = false
+			l.mu.Unlock()
+			return
+		}
+		es, ops = es[:0], ops[:0]
+		for _, e := range q {
+			e.queued = false
+			if e.owed == 0 {
+				continue // given back before it was sent
+			}
+			es = append(es, e)
+			ops = append(ops, op{key: s.Key(e.key), lim: e.lim, n: e.owed, mode: modeSettle})
+			e.sending += e.owed
+			e.owed = 0
+		}
+		l.mu.Unlock()
+		replies := s.charge(ops)
+		l.mu.Lock()
+		for i, e := range es {
+			e.sending -= ops[i].n
+			if a := replies[i]; a.err == nil {
+				e.answered(ops[i].lim, ops[i].result(a.r))
+			} else {
+				// The charge is lost; what the bucket holds is unknown
+				// again, and counts as full.
+				e.known = false
+			}
+		}
+		l.mu.Unlock()
+	}
+}
+
+// charge sends ops, settles of tokens taken on credit, in batches of one
+// round trip each, and returns their answers in order. The breaker and the
+// failure counts see them as they see decisions' calls.
+func (s *Store) charge(ops []op) []result1 {
+	out := make([]result1, len(ops))
+	if len(ops) == 0 {
+		return out
+	}
+	now := time.Now()
+	if ok, _ := s.br.allow(now); !ok {
+		for i := range out {
+			out[i].err = errBreakerOpen
+		}
+		return out
+	}
+	b := s.batch
+	if b == nil {
+		b = newBatcher(s, maxCharges)
+	}
+	due := now.Add(s.budget + s.stretch())
+	ps := make([]*pending, len(ops))
+	for i := range ops {
+		ps[i] = &pending{op: &ops[i], due: due, done: make(chan result1, 1)}
+	}
+	for i := 0; i < len(ps); i += b.max {
+		b.send(ps[i:min(i+b.max, len(ps))])
+	}
+	var failure error
+	for i, p := range ps {
+		out[i] = <-p.done
+		if err := out[i].err; err != nil && err != errNotBucket && failure == nil {
+			failure = err
+		}
+	}
+	if failure == nil {
+		s.br.success(now)
+		s.register()
+	} else {
+		s.br.failure(time.Now(), failure)
+		s.failed(failure)
+	}
+	return out
+}
+
+// maxCharges is the most charges per round trip without WithBatching.
+const maxCharges = 128
+
+// creditRoom returns what key's shared bucket holds under lim by this
+// process's count: Redis's last answer (the burst without one), less the
+// tokens taken on credit not yet charged.
+func (s *Store) creditRoom(key string, lim floodgate.Limit) int {
+	l := s.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.m.Peek(key)
+	if !ok || e.lim != lim {
+		return lim.Burst
+	}
+	return e.creditResult(lim).Remaining
+}
+
+// peekCredit answers a take of 0 tokens (a peek) from this process's count
+// with credit on (see WithCredit): Redis's last answer for key, less the
+// tokens taken on credit since and plus those leased and unspent, or a
+// full bucket for a key it has no answer for. It reports false without
+// credit, or while the breaker is open.
+func (s *Store) peekCredit(key string, lim floodgate.Limit) (floodgate.Result, bool) {
+	l := s.leases
+	if l == nil || !l.credit || s.br.isOpen() {
+		return floodgate.Result{}, false
+	}
+	now := s.local()
+	l.mu.Lock()
+	res := floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceLease}
+	if e, ok := l.m.Peek(key); ok && e.lim == lim && e.known {
+		room := e.remaining - e.owed - e.sending
+		if now < e.expires {
+			room += e.tokens
+		}
+		res.Remaining, res.Owed = max(room, 0), max(-room, 0)
+	}
+	l.mu.Unlock()
+	s.decided(floodgate.SourceLease)
+	return res, true
 }

@@ -63,6 +63,7 @@ type options struct {
 	cacheSize    int
 	leaseTime    time.Duration
 	leaseKeys    int
+	credit       bool
 	onError      func(error)
 	observer     Observer
 	logger       *slog.Logger
@@ -201,6 +202,27 @@ func WithLeases(d time.Duration, keys int) Option {
 	return func(o *options) { o.leaseTime, o.leaseKeys = d, keys }
 }
 
+// WithCredit lets a store with leases decide a take without a round trip
+// on a key it holds no leased tokens for: on credit, up to c = ⌊rate×d⌋
+// tokens of the key at a time (d the lease time; at most the burst and the
+// limit's DebtLimit), and no more than the shared bucket held when Redis
+// last answered for the key in this process; a key this process has no
+// answer for counts as full. Tokens taken on credit are charged to the
+// shared bucket in the background within about d/20, in one batched call
+// for all keys, as a settle is: below zero if the bucket no longer holds
+// them, so that later takes repay them. A charge that leaves the bucket
+// short stops credit on the key here until Redis admits a take again.
+//
+// Over any window of length t, N instances together admit at most
+// burst + rate×(t + (2N+1)×d), against burst + rate×(t+d) with leases
+// alone: each instance may hold c tokens not yet charged, and the bucket
+// may owe c per instance from charges that found it empty. A key evicted
+// from the lease table (see WithLeases' keys) is again one this process
+// has no answer for. A charge Redis does not apply (Redis down or slow)
+// is lost, and counts in Stats.Errors; while the breaker is open no take
+// is decided on credit. The default is off; New refuses it without leases.
+func WithCredit() Option { return func(o *options) { o.credit = true } }
+
 // WithOnError sets a function called with every error from Redis that made
 // the failure policy decide: for logging and metrics. It runs on the
 // decision's goroutine and must be fast. The error text is Redis's; it never
@@ -250,6 +272,8 @@ func (o *options) validate() error {
 		return invalid("WithLeases(%v, %d): negative lease time", o.leaseTime, o.leaseKeys)
 	case o.leaseTime > 0 && o.leaseKeys < 1:
 		return invalid("WithLeases(%v, %d): keys below 1", o.leaseTime, o.leaseKeys)
+	case o.credit && o.leaseTime == 0:
+		return invalid("WithCredit(): needs WithLeases, whose lease time sets the credit")
 	}
 	return nil
 }

@@ -93,6 +93,12 @@ func (s *Store) SettleN(ctx context.Context, key string, lim floodgate.Limit, re
 	if s.cache != nil && delta < 0 {
 		s.cache.Remove(key)
 	}
+	if delta < 0 {
+		if delta += s.cancelCredit(key, lim, -delta); delta == 0 {
+			// Tokens taken on credit and not yet sent: given back here.
+			return floodgate.Result{Allowed: true, Limit: lim, Remaining: s.creditRoom(key, lim), Source: floodgate.SourceLease}, nil
+		}
+	}
 	o := op{key: s.Key(key), lim: lim, n: delta, mode: modeSettle}
 	r, err := s.call(ctx, &o)
 	if err != nil {

@@ -70,6 +70,7 @@ type Store struct {
 	checking         atomic.Bool // a probe checks a starved timeout
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
+	credits atomic.Uint64    // takes on credit, also in counts[SourceLease]
 	errs    atomic.Uint64
 	starves atomic.Uint64
 }
@@ -149,6 +150,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	if o.leaseTime > 0 {
 		s.leases = newLeaseTable(o.leaseTime, o.leaseKeys)
+		s.leases.credit = o.credit
 	}
 	return s, nil
 }
@@ -271,6 +273,9 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	switch {
 	case n > 0:
 	case !reserve:
+		if res, ok := s.peekCredit(key, lim); ok {
+			return res, nil
+		}
 		mode = modePeek
 	case lim.IsZero(): // admits nothing, not even a reservation of nothing
 		s.counts[floodgate.SourceRedis].Add(1)
@@ -636,6 +641,9 @@ func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n i
 	if s.cache != nil {
 		s.cache.Remove(key)
 	}
+	if n -= s.cancelCredit(key, lim, n); n == 0 {
+		return nil
+	}
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeRefund}
 	if _, err := s.call(ctx, &o); err != nil {
 		return s.unavailable(ctx, err)
@@ -697,8 +705,12 @@ type Stats struct {
 	// Cache counts takes denied without a call, from the local cache of
 	// Redis's recent denials.
 	Cache uint64
-	// Lease counts takes served from tokens leased ahead of time.
+	// Lease counts takes served from tokens leased ahead of time, and
+	// those taken on credit ([WithCredit]).
 	Lease uint64
+	// Credit counts takes on credit: decided here and charged to Redis
+	// after.
+	Credit uint64
 	// Fallback counts takes decided by the fallback store under the [Local]
 	// policy while Redis could not decide.
 	Fallback uint64
@@ -760,6 +772,7 @@ func (s *Store) Stats() Stats {
 		Redis:      s.counts[floodgate.SourceRedis].Load(),
 		Cache:      s.counts[floodgate.SourceCache].Load(),
 		Lease:      s.counts[floodgate.SourceLease].Load(),
+		Credit:     s.credits.Load(),
 		Fallback:   s.counts[floodgate.SourceFallback].Load(),
 		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
 		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),

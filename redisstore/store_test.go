@@ -39,6 +39,7 @@ func TestNewValidates(t *testing.T) {
 		{"cache", redisstore.WithDenyCache(-1), "WithDenyCache"},
 		{"lease time", redisstore.WithLeases(-time.Second, 10), "WithLeases"},
 		{"lease keys", redisstore.WithLeases(time.Second, 0), "WithLeases"},
+		{"credit without leases", redisstore.WithCredit(), "WithCredit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := redisstore.New(c, tc.opt)

@@ -130,7 +130,11 @@
 // holds at most one lease a bucket, of rate × d tokens at most and no
 // more than its own pace on the bucket would spend within d; what it does
 // not spend is lost: with R replicas up to R × rate × d tokens when
-// demand stops or moves, an under-admission.
+// demand stops or moves, an under-admission. Credit
+// (redisstore.WithCredit) serves the cold buckets leases do not: a
+// replica takes up to rate × d tokens of a bucket locally and charges them
+// to Redis after, within about d/20; all replicas together then admit at
+// most burst + rate × (t + (2R+1) × d).
 //
 // When the store cannot decide (Redis down or slow, its breaker open: a
 // Result whose Source is floodgate.SourceFallback, SourceFailOpen or

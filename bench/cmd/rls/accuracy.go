@@ -36,10 +36,13 @@ import (
 //
 // A variant's allowance is what its algorithm may admit given when the
 // requests were sent. floodgate's target is to admit within 1% of it (or
-// one request, whichever is more), widened on Redis with leases (lease
-// time d) by what floodgate states leases do: over any window all
-// replicas together admit at most rate × d more than the bucket would,
-// and each replica may lose the unspent part of its lease, up to
+// one request, whichever is more), widened on Redis with leases and
+// credit (lease time d, R replicas) by what floodgate states they do: over
+// any window all replicas together admit at most rate × (2R+1) × d more
+// than the bucket would (rate × d for the leases; per replica, up to
+// rate × d taken on credit and not yet charged, and as much owed by a
+// charge that found the bucket empty), and each replica may lose the
+// unspent part of its lease, up to
 // rate × d, when its demand stops: the judgement allows R × rate × d
 // less with R replicas each time the pattern's demand stops (once in the
 // steady pattern, at its end; twice in the edge pattern).
@@ -224,7 +227,7 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 	// with a lease it may not spend.
 	leases := func(a *Admitted, rate float64, ends int) {
 		if t.run.Variant == vRedis {
-			a.LeaseExtra = rate * lease.Seconds()
+			a.LeaseExtra = float64(2*t.run.Replicas+1) * rate * lease.Seconds()
 			a.LeaseLoss = float64(ends*t.run.Replicas) * rate * lease.Seconds()
 		}
 	}

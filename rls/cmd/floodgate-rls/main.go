@@ -71,8 +71,10 @@ import (
 // defaultLease is the lease time of -lease on.
 const defaultLease = 100 * time.Millisecond
 
-// leaseKeys bounds the keys redisstore tracks leases for.
-const leaseKeys = 1 << 14
+// leaseKeys bounds the keys redisstore tracks leases and credit for: a
+// key evicted from the table is one the service has no answer for, which
+// credit counts as full. Some 150 bytes each.
+const leaseKeys = 1 << 16
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -89,7 +91,7 @@ type flags struct {
 	config, addr, metrics, redis, lease string
 	batch, capacity, denyCache          int
 	deadline, watch, grace              time.Duration
-	headers, pprof                      bool
+	headers, pprof, credit              bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -101,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
+	fs.BoolVar(&f.credit, "credit", true, "with -lease, decide takes on credit without a round trip and charge Redis after (redisstore.WithCredit)")
 	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis); past it, new keys share an overflow bucket")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
 	fs.IntVar(&f.denyCache, "deny-cache", 65536, "redisstore deny cache: buckets Redis refused, refused locally until they could admit (0 off)")
@@ -187,6 +190,9 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 	}
 	if lease > 0 {
 		opts = append(opts, redisstore.WithLeases(lease, leaseKeys))
+		if f.credit {
+			opts = append(opts, redisstore.WithCredit())
+		}
 	}
 	if f.denyCache > 0 {
 		opts = append(opts, redisstore.WithDenyCache(f.denyCache))
