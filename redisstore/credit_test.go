@@ -206,3 +206,49 @@ func TestCreditBound(t *testing.T) {
 	}
 	t.Logf("admitted %v of %d asked in %v (bound %.0f), %d on credit", got, asked.Load(), elapsed, bound, onCredit.Load())
 }
+
+// TestReserveLocal: ReserveLocal takes on credit or from a lease, and
+// leaves to ReserveN, taking nothing, what needs Redis.
+func TestReserveLocal(t *testing.T) {
+	srv := sharedServer(t)
+	lim := floodgate.PerSecond(100, 50) // credit 10, leases up to 10
+	plain := newStore(t, newClient(t, srv.Addr))
+	if _, ok := plain.ReserveLocal("k", lim, 1); ok {
+		t.Errorf("ReserveLocal without leases reported a local take")
+	}
+	clock := newFakeClock()
+	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock),
+		redisstore.WithLeases(100*time.Millisecond, 100), redisstore.WithCredit(), redisstore.WithDenyCache(10))
+	for _, n := range []int{0, 11, 51} {
+		if _, ok := s.ReserveLocal("k", lim, n); ok {
+			t.Errorf("ReserveLocal(%d) reported a local take: credit is 10", n)
+		}
+	}
+	r, ok := s.ReserveLocal("k", lim, 4)
+	if !ok || !r.Result.Allowed || r.Result.Source != floodgate.SourceLease || r.Tokens() != 4 {
+		t.Fatalf("ReserveLocal(4) = %+v, %v; want 4 on credit", r, ok)
+	}
+	// The same key at once is hot: its take buys a lease from Redis.
+	if _, ok := s.ReserveLocal("k", lim, 1); ok {
+		t.Errorf("ReserveLocal on a hot key reported a local take; want a lease from Redis")
+	}
+	if res, err := s.TakeN(bg, "k", lim, 1); err != nil || res.Source != floodgate.SourceRedis {
+		t.Fatalf("TakeN on the hot key = %+v, %v; want a lease from Redis", res, err)
+	}
+	if r, ok := s.ReserveLocal("k", lim, 1); !ok || r.Result.Source != floodgate.SourceLease {
+		t.Errorf("ReserveLocal after the lease = %+v, %v; want a take from it", r.Result, ok)
+	}
+	if _, err := r.Settle(bg, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A key Redis refused is left to ReserveN while the deny cache holds it.
+	if res, err := s.TakeN(bg, "full", floodgate.PerSecond(1, 1), 1); err != nil || res.Source != floodgate.SourceRedis {
+		t.Fatalf("TakeN = %+v, %v", res, err) // credit ⌊0.1⌋ = 0: to Redis
+	}
+	if res, err := s.TakeN(bg, "full", floodgate.PerSecond(1, 1), 1); err != nil || res.Allowed {
+		t.Fatalf("second TakeN = %+v, %v; want refused", res, err)
+	}
+	if _, ok := s.ReserveLocal("full", floodgate.PerSecond(1, 1), 1); ok {
+		t.Errorf("ReserveLocal on a denied key reported a local take")
+	}
+}

@@ -145,6 +145,9 @@
 // and not yet charged, and c owed by a charge that found the bucket empty.
 // A charge Redis does not apply is lost, which over-admits by what it
 // carried; while the breaker is open nothing is taken on credit.
+// [Store.ReserveLocal] takes only what a lease or credit covers, and
+// leaves the rest: a caller deciding several keys at once sends only
+// those to Redis.
 //
 // # Reservations
 //

@@ -189,12 +189,9 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	now := s.local()
 	l.mu.Lock()
 	e := l.entryLocked(key)
-	if e.lim == lim && now < e.expires && e.tokens >= n {
-		e.tokens -= n
-		e.seen = now
-		res := floodgate.Result{Allowed: true, Limit: lim, Remaining: e.tokens + e.remaining, Source: floodgate.SourceLease}
+	if res, from, start := s.localLocked(e, lim, n, now); from != fromNone {
 		l.mu.Unlock()
-		s.decided(floodgate.SourceLease)
+		s.spentLocally(from, start)
 		return res, nil
 	}
 	gap := now - e.seen
@@ -204,17 +201,6 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		// A hot key at a pace that leases: one round trip buys its
 		// decisions for the lease time.
 		o.mode, o.n, o.min = modeLease, n+x, n
-	} else if l.credit && !s.br.isOpen() {
-		if ok, start := l.creditLocked(e, lim, n); ok {
-			res := e.creditResult(lim)
-			l.mu.Unlock()
-			if start {
-				go s.flushCredit()
-			}
-			s.credits.Add(1)
-			s.decided(floodgate.SourceLease)
-			return res, nil
-		}
 	}
 	l.mu.Unlock()
 
@@ -258,6 +244,82 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		}
 	}
 	return res, nil
+}
+
+// Where localLocked took tokens from.
+const (
+	fromNone = iota
+	fromLease
+	fromCredit
+)
+
+// localLocked decides a take of 1 ≤ n ≤ burst from e without a round
+// trip when it can: from e's lease, or on credit unless the key is hot at
+// a pace that leases (the round trip then buys a lease). It reports where
+// it took the tokens from, fromNone for a take that needs Redis, which
+// leaves e as it was; and whether a credit flusher must be started.
+func (s *Store) localLocked(e *lease, lim floodgate.Limit, n int, now int64) (floodgate.Result, int, bool) {
+	l := s.leases
+	if e.lim == lim && now < e.expires && e.tokens >= n {
+		e.tokens -= n
+		e.seen = now
+		return floodgate.Result{Allowed: true, Limit: lim, Remaining: e.tokens + e.remaining, Source: floodgate.SourceLease}, fromLease, false
+	}
+	if !l.credit || s.br.isOpen() {
+		return floodgate.Result{}, fromNone, false
+	}
+	gap := now - e.seen
+	if x := paced(l.extra(lim, n), l.d, gap, n); gap <= l.d && x > 0 {
+		return floodgate.Result{}, fromNone, false
+	}
+	ok, start := l.creditLocked(e, lim, n)
+	if !ok {
+		return floodgate.Result{}, fromNone, false
+	}
+	e.seen = now
+	return e.creditResult(lim), fromCredit, start
+}
+
+// spentLocally counts a take localLocked decided, and starts the credit
+// flusher when it must.
+func (s *Store) spentLocally(from int, start bool) {
+	if from == fromCredit {
+		if start {
+			go s.flushCredit()
+		}
+		s.credits.Add(1)
+	}
+	s.decided(floodgate.SourceLease)
+}
+
+// ReserveLocal reserves n tokens of key under lim as [Store.ReserveN]
+// does, when it can decide without a round trip: from tokens leased ahead
+// ([WithLeases]) or on credit ([WithCredit]). It reports false, having
+// taken nothing, when the take needs Redis: without leases, for n < 1 or an
+// n ReserveN would refuse as invalid, under floodgate.Inf, for a take the
+// deny cache refuses, and when neither a lease nor credit covers it. A
+// caller deciding several keys for one request takes what it can this way
+// first, and sends only the rest to Redis, concurrently.
+func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool) {
+	l := s.leases
+	if l == nil || n < 1 || check(key, lim, n) != nil || lim.IsInf() || n > lim.Burst {
+		return floodgate.Reservation{}, false
+	}
+	now := s.local()
+	if s.cache != nil {
+		if _, denied := s.cache.lookup(key, lim, n, now); denied {
+			return floodgate.Reservation{}, false
+		}
+	}
+	l.mu.Lock()
+	e := l.entryLocked(key)
+	res, from, start := s.localLocked(e, lim, n, now)
+	l.mu.Unlock()
+	if from == fromNone {
+		return floodgate.Reservation{}, false
+	}
+	s.spentLocally(from, start)
+	return floodgate.NewReservation(s, key, lim, n, res), true
 }
 
 // flushEvery returns how long the credit flusher waits before each batch

@@ -205,6 +205,7 @@ type item struct {
 	r        floodgate.Reservation
 	taken    bool
 	settled  bool // a charge on the response, already applied
+	local    bool // decided by the store without a round trip
 }
 
 // hitsOf returns a descriptor's hits: its own hits_addend when set (0
@@ -565,8 +566,9 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		}
 		return i, nil
 	}
+	s.reserveLocal(sv, items)
 	errs := make([]error, len(items))
-	atOnce(items, func(it *item) bool { return it.limited }, func(i int) {
+	atOnce(items, func(it *item) bool { return it.limited && !it.local }, func(i int) {
 		errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
 	})
 	for _, err := range errs {
@@ -586,6 +588,29 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		s.refundAllConcurrently(ctx, items)
 	}
 	return refused, nil
+}
+
+// reserveLocal takes what the store can take without a round trip
+// (redisstore's leases and credit) for every limited item that takes, so
+// that only the others go to the store concurrently: a goroutine costs
+// more than such a take.
+func (s *Service) reserveLocal(sv *served, items []item) {
+	lr, ok := s.store.(interface {
+		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
+	})
+	if !ok {
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		if !it.limited || it.negative || it.hasResv {
+			continue
+		}
+		if r, ok := lr.ReserveLocal(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
+			it.res, it.r, it.taken, it.local = r.Result, r, true, true
+			s.count(sv, it)
+		}
+	}
 }
 
 // deniedFirst returns the first limited item that the store's deny cache
