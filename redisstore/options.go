@@ -219,8 +219,9 @@ func WithLeases(d time.Duration, keys int) Option {
 // may owe c per instance from charges that found it empty. A key evicted
 // from the lease table (see WithLeases' keys) is again one this process
 // has no answer for. A charge Redis does not apply (Redis down or slow)
-// is lost, and counts in Stats.Errors; while the breaker is open no take
-// is decided on credit. The default is off; New refuses it without leases.
+// is lost (the failed call counts in Stats.Errors); while the breaker is
+// open no take is decided on credit. The default is off; New refuses it
+// without leases.
 func WithCredit() Option { return func(o *options) { o.credit = true } }
 
 // WithOnError sets a function called with every error from Redis that made
