@@ -22,6 +22,18 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// creditPair returns two stores on one bucket space and clock: a plain
+// one, and one with leases of lease time d and credit.
+func creditPair(t *testing.T, clock *fakeClock, d time.Duration) (plain, credit *redisstore.Store) {
+	t.Helper()
+	srv := sharedServer(t)
+	pfx := redisstore.WithPrefix(prefix(t))
+	plain = newStore(t, newClient(t, srv.Addr), pfx, redisstore.WithClientClock(clock))
+	credit = newStore(t, newClient(t, srv.Addr), pfx, redisstore.WithClientClock(clock),
+		redisstore.WithLeases(d, 100), redisstore.WithCredit())
+	return plain, credit
+}
+
 // TestCreditDecidesWithoutRoundTrip: takes on keys this process has no
 // answer for are decided on credit, with no call, and their tokens are
 // charged to the shared buckets after.
@@ -60,23 +72,26 @@ func TestCreditDecidesWithoutRoundTrip(t *testing.T) {
 func TestCreditWithinItsShare(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
+	// A lease time of 60 s: charges go out every 3 s, after the takes
+	// below, whose counts they would change.
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock),
-		redisstore.WithLeases(100*time.Millisecond, 100), redisstore.WithCredit())
-	lim := floodgate.PerSecond(100, 50) // credit 10
+		redisstore.WithLeases(time.Minute, 100), redisstore.WithCredit())
+	lim := floodgate.Limit{Rate: 1.0 / 6, Burst: 50} // credit ⌊10⌋
 	if res, err := s.TakeN(bg, "big", lim, 11); err != nil || !res.Allowed || res.Source != floodgate.SourceRedis {
 		t.Fatalf("TakeN(11) = %+v, %v; want decided by Redis", res, err)
 	}
-	// Redis answered 39: 6 on credit leave 33 by this count.
-	clock.Advance(time.Second) // not hot: no lease
+	// Redis answered 39 (the refill since is not counted here): 6 on
+	// credit leave 33 by this count.
+	clock.Advance(61 * time.Second) // not hot (a gap above d): no lease
 	if res, err := s.TakeN(bg, "big", lim, 6); err != nil || res.Source != floodgate.SourceLease || res.Remaining != 33 {
 		t.Fatalf("TakeN(6) = %+v, %v; want on credit, 33 remaining", res, err)
 	}
 	// 5 more would hold 11 on credit, beyond the 10: to Redis.
-	clock.Advance(time.Second)
+	clock.Advance(61 * time.Second)
 	if res, err := s.TakeN(bg, "big", lim, 5); err != nil || res.Source != floodgate.SourceRedis {
 		t.Fatalf("TakeN(5) = %+v, %v; want decided by Redis", res, err)
 	}
-	res, err := s.TakeN(bg, "small", floodgate.PerSecond(5, 5), 1) // ⌊5 × 0.1⌋ = 0: no credit
+	res, err := s.TakeN(bg, "small", floodgate.Limit{Rate: 0.01, Burst: 5}, 1) // ⌊0.6⌋ = 0: no credit
 	if err != nil || res.Source != floodgate.SourceRedis {
 		t.Fatalf("TakeN under a limit whose credit is 0 = %+v, %v; want decided by Redis", res, err)
 	}
@@ -86,12 +101,8 @@ func TestCreditWithinItsShare(t *testing.T) {
 // leaves it owing, and this process takes nothing more on credit there:
 // its next take goes to Redis, which refuses it.
 func TestCreditStopsWhenShort(t *testing.T) {
-	srv := sharedServer(t)
 	clock := newFakeClock()
-	pfx := redisstore.WithPrefix(prefix(t))
-	other := newStore(t, newClient(t, srv.Addr), pfx, redisstore.WithClientClock(clock))
-	s := newStore(t, newClient(t, srv.Addr), pfx, redisstore.WithClientClock(clock),
-		redisstore.WithLeases(100*time.Millisecond, 100), redisstore.WithCredit())
+	other, s := creditPair(t, clock, 100*time.Millisecond)
 	lim := floodgate.PerSecond(10, 10) // credit 1
 	if res, err := other.TakeN(bg, "k", lim, 10); err != nil || !res.Allowed {
 		t.Fatalf("draining TakeN = %+v, %v", res, err)
@@ -218,7 +229,7 @@ func TestReserveLocal(t *testing.T) {
 	}
 	clock := newFakeClock()
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock),
-		redisstore.WithLeases(100*time.Millisecond, 100), redisstore.WithCredit(), redisstore.WithDenyCache(10))
+		redisstore.WithLeases(100*time.Millisecond, 100), redisstore.WithCredit())
 	for _, n := range []int{0, 11, 51} {
 		if _, ok := s.ReserveLocal("k", lim, n); ok {
 			t.Errorf("ReserveLocal(%d) reported a local take: credit is 10", n)
@@ -241,14 +252,31 @@ func TestReserveLocal(t *testing.T) {
 	if _, err := r.Settle(bg, 0); err != nil {
 		t.Fatal(err)
 	}
-	// A key Redis refused is left to ReserveN while the deny cache holds it.
-	if res, err := s.TakeN(bg, "full", floodgate.PerSecond(1, 1), 1); err != nil || res.Source != floodgate.SourceRedis {
-		t.Fatalf("TakeN = %+v, %v", res, err) // credit ⌊0.1⌋ = 0: to Redis
+}
+
+// TestCreditSettleIntoDebt: a settle that leaves the bucket owing stops
+// credit on it, and the tokens taken on credit before are still charged.
+func TestCreditSettleIntoDebt(t *testing.T) {
+	clock := newFakeClock()
+	// A lease time of 10 s: charges go out every 500 ms.
+	other, s := creditPair(t, clock, 10*time.Second)
+	lim := floodgate.PerSecond(1, 10) // credit 10
+	if res, err := s.TakeN(bg, "k", lim, 3); err != nil || res.Source != floodgate.SourceLease {
+		t.Fatalf("TakeN = %+v, %v; want on credit", res, err)
 	}
-	if res, err := s.TakeN(bg, "full", floodgate.PerSecond(1, 1), 1); err != nil || res.Allowed {
-		t.Fatalf("second TakeN = %+v, %v; want refused", res, err)
+	if res, err := other.TakeN(bg, "k", lim, 10); err != nil || !res.Allowed {
+		t.Fatalf("draining TakeN = %+v, %v", res, err)
 	}
-	if _, ok := s.ReserveLocal("full", floodgate.PerSecond(1, 1), 1); ok {
-		t.Errorf("ReserveLocal on a denied key reported a local take")
+	if res, err := s.SettleN(bg, "k", lim, 0, 5); err != nil || res.Owed != 5 {
+		t.Fatalf("SettleN = %+v, %v; want 5 owed", res, err)
 	}
+	clock.Advance(20 * time.Second) // not hot; 20 tokens refilled: 10 held, 5 of them owed... by Redis's count
+	if res, err := s.TakeN(bg, "k", lim, 1); err != nil || res.Source == floodgate.SourceLease {
+		t.Fatalf("TakeN after the settle = %+v, %v; want decided by Redis: the bucket owed at its last answer", res, err)
+	}
+	eventually(t, "the credit's charge", func() bool {
+		p, err := other.Peek(bg, "k", lim)
+		// 10 refilled over 20 s (the burst) less 1 taken less the 3 on credit.
+		return err == nil && p.Remaining == 6
+	})
 }

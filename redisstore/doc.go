@@ -135,10 +135,10 @@
 // credit with n and the shared bucket held as many when Redis last
 // answered for the key here (a key with no answer counts as full). A
 // flusher charges the tokens taken on credit to their buckets every d/20
-// or so, all keys in one batched call, as settles that may take a bucket
-// below zero; each answer refreshes what this process knows of the key,
-// so a charge that finds the bucket short stops credit there until Redis
-// admits a take again. Refunds and settles of tokens not yet charged are
+// or so, in batched calls (one per slot on a Cluster), as settles that
+// may take a bucket below zero; each answer refreshes what this process
+// knows of the key, so a charge that finds the bucket short stops credit
+// there until Redis admits a take again. Refunds and settles of tokens not yet charged are
 // applied in process, and a take of 0 tokens (a peek) answers from this
 // process's count. Over any window of length t, N instances together
 // admit at most burst + rate×(t + (2N+1)×d): per instance, c tokens taken

@@ -47,6 +47,7 @@ type lease struct {
 	known     bool  // remaining holds an answer under lim
 	owed      int   // tokens taken on credit, not yet sent
 	sending   int   // tokens taken on credit, being charged
+	charged   int64 // tokens whose charges have been answered, ever
 	queued    bool  // in the table's queue
 }
 
@@ -84,6 +85,14 @@ func (l *leaseTable) entryLocked(key string) *lease {
 func (e *lease) answered(lim floodgate.Limit, res floodgate.Result) {
 	e.lim, e.known = lim, true
 	e.remaining = res.Remaining - res.Owed
+}
+
+// answeredSince records the answer to a take sent when e.charged was mark:
+// charges answered since may have landed after it, so they count as taken
+// from what it says (which errs toward less credit).
+func (e *lease) answeredSince(lim floodgate.Limit, res floodgate.Result, mark int64) {
+	e.answered(lim, res)
+	e.remaining -= int(e.charged - mark)
 }
 
 // creditLocked reports whether e may take n tokens on credit under lim
@@ -196,6 +205,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	}
 	gap := now - e.seen
 	e.seen = now
+	mark := e.charged
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
 	if x := paced(l.extra(lim, n), l.d, gap, n); gap <= l.d && x > 0 {
 		// A hot key at a pace that leases: one round trip buys its
@@ -218,6 +228,13 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		res.Remaining += x
 		l.mu.Lock()
 		e := l.entryLocked(key)
+		if e.lim != lim && e.owed+e.sending > 0 {
+			// Credit under the old limit is on its way: the entry keeps
+			// it, and this lease's extra tokens go unspent, an
+			// under-admission, until those charges are answered.
+			l.mu.Unlock()
+			return res, nil
+		}
 		if e.lim == lim && now < e.expires && e.tokens > 0 {
 			// Another lease of this key landed while this one was in
 			// flight (both were sent while the lease ran short): keep its
@@ -229,13 +246,13 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		} else {
 			e.tokens, e.expires = x, now+l.d
 		}
-		e.lim, e.remaining, e.known = lim, res.Remaining-x, true
+		e.lim, e.remaining, e.known = lim, res.Remaining-x-int(e.charged-mark), true
 		l.mu.Unlock()
 	} else {
 		if l.credit {
 			l.mu.Lock()
 			if e := l.entryLocked(key); e.owed+e.sending == 0 || e.lim == lim {
-				e.answered(lim, res)
+				e.answeredSince(lim, res, mark)
 			}
 			l.mu.Unlock()
 		}
@@ -364,12 +381,16 @@ func (s *Store) flushCredit() {
 		l.mu.Lock()
 		for i, e := range es {
 			e.sending -= ops[i].n
-			if a := replies[i]; a.err == nil {
+			e.charged += int64(ops[i].n)
+			switch a := replies[i]; {
+			case a.err == nil:
 				e.answered(ops[i].lim, ops[i].result(a.r))
-			} else {
-				// The charge is lost; what the bucket holds is unknown
-				// again, and counts as full.
-				e.known = false
+			case e.known:
+				// The charge is lost: the tokens were admitted all the
+				// same, so the count keeps them taken.
+				e.remaining -= ops[i].n
+			default:
+				e.lim, e.known, e.remaining = ops[i].lim, true, ops[i].lim.Burst-ops[i].n
 			}
 		}
 		l.mu.Unlock()
@@ -385,7 +406,12 @@ func (s *Store) charge(ops []op) []result1 {
 		return out
 	}
 	now := time.Now()
-	if ok, _ := s.br.allow(now); !ok {
+	if ok, probe := s.br.allow(now); !ok {
+		if probe {
+			// This call is the first since the cooldown: it owes the
+			// breaker its half-open probe.
+			s.probe(op{key: ops[0].key, lim: ops[0].lim}, true)
+		}
 		for i := range out {
 			out[i].err = errBreakerOpen
 		}
@@ -395,13 +421,19 @@ func (s *Store) charge(ops []op) []result1 {
 	if b == nil {
 		b = newBatcher(s, maxCharges)
 	}
-	due := now.Add(s.budget + s.stretch())
 	ps := make([]*pending, len(ops))
 	for i := range ops {
-		ps[i] = &pending{op: &ops[i], due: due, done: make(chan result1, 1)}
+		ps[i] = &pending{op: &ops[i], done: make(chan result1, 1)}
 	}
 	for i := 0; i < len(ps); i += b.max {
-		b.send(ps[i:min(i+b.max, len(ps))])
+		// Each round trip gets the whole budget: the chunks go one after
+		// another.
+		chunk := ps[i:min(i+b.max, len(ps))]
+		due := time.Now().Add(s.budget + s.stretch())
+		for _, p := range chunk {
+			p.due = due
+		}
+		b.send(chunk)
 	}
 	var failure error
 	for i, p := range ps {
@@ -422,6 +454,23 @@ func (s *Store) charge(ops []op) []result1 {
 
 // maxCharges is the most charges per round trip without WithBatching.
 const maxCharges = 128
+
+// owes records that a settle left key's bucket owing under lim, with
+// Redis's answer res: the lease is dropped, so that this process's takes
+// are refused, and the balance is what credit then counts; tokens taken on
+// credit and not yet charged stay to be charged.
+func (l *leaseTable) owes(key string, lim floodgate.Limit, res floodgate.Result) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.m.Peek(key)
+	if !ok {
+		return
+	}
+	e.tokens, e.expires = 0, 0
+	if e.lim == lim || e.owed+e.sending == 0 {
+		e.answered(lim, res)
+	}
+}
 
 // creditRoom returns what key's shared bucket holds under lim by this
 // process's count: Redis's last answer (the burst without one), less the
@@ -450,8 +499,12 @@ func (s *Store) peekCredit(key string, lim floodgate.Limit) (floodgate.Result, b
 	now := s.local()
 	l.mu.Lock()
 	res := floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceLease}
-	if e, ok := l.m.Peek(key); ok && e.lim == lim && e.known {
-		room := e.remaining - e.owed - e.sending
+	if e, ok := l.m.Peek(key); ok && e.lim == lim {
+		room := lim.Burst
+		if e.known {
+			room = e.remaining
+		}
+		room -= e.owed + e.sending
 		if now < e.expires {
 			room += e.tokens
 		}

@@ -216,9 +216,10 @@ func WithLeases(d time.Duration, keys int) Option {
 // Over any window of length t, N instances together admit at most
 // burst + rate×(t + (2N+1)×d), against burst + rate×(t+d) with leases
 // alone: each instance may hold c tokens not yet charged, and the bucket
-// may owe c per instance from charges that found it empty. A key evicted
-// from the lease table (see WithLeases' keys) is again one this process
-// has no answer for. A charge Redis does not apply (Redis down or slow)
+// may owe c per instance from charges that found it empty. The bound
+// holds while the lease table (WithLeases' keys) keeps every key decided
+// within the last d/20: a key evicted with charges on their way is again
+// one this process has no answer for, and may take c more. A charge Redis does not apply (Redis down or slow)
 // is lost (the failed call counts in Stats.Errors); while the breaker is
 // open no take is decided on credit. The default is off; New refuses it
 // without leases.

@@ -106,7 +106,7 @@ func (s *Store) SettleN(ctx context.Context, key string, lim floodgate.Limit, re
 	}
 	res := o.result(r)
 	if s.leases != nil && r.tokens < 0 {
-		s.leases.remove(key)
+		s.leases.owes(key, lim, res)
 	}
 	if left := int64(delta) - r.taken; delta > 0 && left > 0 {
 		return res, &floodgate.DebtLimitError{Uncharged: int(left)}

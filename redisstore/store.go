@@ -664,9 +664,13 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	if s.leases != nil {
 		s.leases.remove(key)
 	}
-	if ok, _ := s.br.allow(time.Now()); !ok {
-		// A reset never probes: it has no limit to peek with. The
-		// decisions that go to the failure policy meanwhile do.
+	if ok, probe := s.br.allow(time.Now()); !ok {
+		if probe {
+			// The first call since the cooldown owes the breaker its
+			// half-open probe, or the breaker would stay half-open. A
+			// peek under any limit writes nothing but a longer TTL.
+			s.probe(op{key: s.Key(key), lim: floodgate.Limit{Rate: 1, Burst: 1}}, true)
+		}
 		return &unavailableError{errBreakerOpen}
 	}
 	dctx, cancel := s.callCtx(ctx)
