@@ -105,8 +105,7 @@ func (l *leaseTable) creditLocked(e *lease, lim floodgate.Limit, n int) (ok, sta
 		}
 		e.lim, e.known, e.tokens = lim, false, 0
 	}
-	held := e.owed + e.sending + n
-	if held > l.creditOf(lim) || e.known && held > e.remaining {
+	if e.owed+e.sending+n > l.creditOf(lim) || n > e.room(lim) {
 		return false, false
 	}
 	e.owed += n
@@ -157,13 +156,20 @@ func (s *Store) cancelCredit(key string, lim floodgate.Limit, n int) int {
 	return k
 }
 
+// room returns what e's shared bucket holds under lim by this process's
+// count: Redis's last answer (the burst without one), less the tokens
+// taken on credit and not yet charged; negative while it owes.
+func (e *lease) room(lim floodgate.Limit) int {
+	r := lim.Burst
+	if e.known {
+		r = e.remaining
+	}
+	return r - e.owed - e.sending
+}
+
 // creditResult is the Result of a take on credit from e.
 func (e *lease) creditResult(lim floodgate.Limit) floodgate.Result {
-	room := lim.Burst
-	if e.known {
-		room = e.remaining
-	}
-	return floodgate.Result{Allowed: true, Limit: lim, Remaining: max(room-e.owed-e.sending, 0), Source: floodgate.SourceLease}
+	return floodgate.Result{Allowed: true, Limit: lim, Remaining: max(e.room(lim), 0), Source: floodgate.SourceLease}
 }
 
 // extra returns how many tokens beyond n to lease under lim.
@@ -198,16 +204,16 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	now := s.local()
 	l.mu.Lock()
 	e := l.entryLocked(key)
-	if res, from, start := s.localLocked(e, lim, n, now); from != fromNone {
+	res, from, x, start := s.localLocked(e, lim, n, now)
+	if from != fromNone {
 		l.mu.Unlock()
 		s.spentLocally(from, start)
 		return res, nil
 	}
-	gap := now - e.seen
 	e.seen = now
 	mark := e.charged
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
-	if x := paced(l.extra(lim, n), l.d, gap, n); gap <= l.d && x > 0 {
+	if x > 0 {
 		// A hot key at a pace that leases: one round trip buys its
 		// decisions for the lease time.
 		o.mode, o.n, o.min = modeLease, n+x, n
@@ -222,7 +228,7 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 		return s.fail(ctx, &o, key, err)
 	}
 	s.counts[floodgate.SourceRedis].Add(1)
-	res := o.result(r)
+	res = o.result(r)
 	if o.mode == modeLease && r.allowed {
 		x := int(r.taken) - n
 		res.Remaining += x
@@ -272,29 +278,31 @@ const (
 
 // localLocked decides a take of 1 ≤ n ≤ burst from e without a round
 // trip when it can: from e's lease, or on credit unless the key is hot at
-// a pace that leases (the round trip then buys a lease). It reports where
-// it took the tokens from, fromNone for a take that needs Redis, which
-// leaves e as it was; and whether a credit flusher must be started.
-func (s *Store) localLocked(e *lease, lim floodgate.Limit, n int, now int64) (floodgate.Result, int, bool) {
+// a pace that leases. It reports where it took the tokens from; fromNone
+// for a take that needs Redis, which leaves e as it was, with the extra
+// tokens its round trip should lease (0: a plain take). And it reports
+// whether a credit flusher must be started.
+func (s *Store) localLocked(e *lease, lim floodgate.Limit, n int, now int64) (res floodgate.Result, from, lease int, start bool) {
 	l := s.leases
 	if e.lim == lim && now < e.expires && e.tokens >= n {
 		e.tokens -= n
 		e.seen = now
-		return floodgate.Result{Allowed: true, Limit: lim, Remaining: e.tokens + e.remaining, Source: floodgate.SourceLease}, fromLease, false
+		return floodgate.Result{Allowed: true, Limit: lim, Remaining: e.tokens + e.remaining, Source: floodgate.SourceLease}, fromLease, 0, false
+	}
+	if gap := now - e.seen; gap <= l.d {
+		if x := paced(l.extra(lim, n), l.d, gap, n); x > 0 {
+			return floodgate.Result{}, fromNone, x, false
+		}
 	}
 	if !l.credit || s.br.isOpen() {
-		return floodgate.Result{}, fromNone, false
-	}
-	gap := now - e.seen
-	if x := paced(l.extra(lim, n), l.d, gap, n); gap <= l.d && x > 0 {
-		return floodgate.Result{}, fromNone, false
+		return floodgate.Result{}, fromNone, 0, false
 	}
 	ok, start := l.creditLocked(e, lim, n)
 	if !ok {
-		return floodgate.Result{}, fromNone, false
+		return floodgate.Result{}, fromNone, 0, false
 	}
 	e.seen = now
-	return e.creditResult(lim), fromCredit, start
+	return e.creditResult(lim), fromCredit, 0, start
 }
 
 // spentLocally counts a take localLocked decided, and starts the credit
@@ -330,7 +338,7 @@ func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.
 	}
 	l.mu.Lock()
 	e := l.entryLocked(key)
-	res, from, start := s.localLocked(e, lim, n, now)
+	res, from, _, start := s.localLocked(e, lim, n, now)
 	l.mu.Unlock()
 	if from == fromNone {
 		return floodgate.Reservation{}, false
@@ -473,8 +481,7 @@ func (l *leaseTable) owes(key string, lim floodgate.Limit, res floodgate.Result)
 }
 
 // creditRoom returns what key's shared bucket holds under lim by this
-// process's count: Redis's last answer (the burst without one), less the
-// tokens taken on credit not yet charged.
+// process's count (see room), at least 0.
 func (s *Store) creditRoom(key string, lim floodgate.Limit) int {
 	l := s.leases
 	l.mu.Lock()
@@ -483,7 +490,7 @@ func (s *Store) creditRoom(key string, lim floodgate.Limit) int {
 	if !ok || e.lim != lim {
 		return lim.Burst
 	}
-	return e.creditResult(lim).Remaining
+	return max(e.room(lim), 0)
 }
 
 // peekCredit answers a take of 0 tokens (a peek) from this process's count
@@ -500,11 +507,7 @@ func (s *Store) peekCredit(key string, lim floodgate.Limit) (floodgate.Result, b
 	l.mu.Lock()
 	res := floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceLease}
 	if e, ok := l.m.Peek(key); ok && e.lim == lim {
-		room := lim.Burst
-		if e.known {
-			room = e.remaining
-		}
-		room -= e.owed + e.sending
+		room := e.room(lim)
 		if now < e.expires {
 			room += e.tokens
 		}

@@ -52,6 +52,14 @@ type Service struct {
 	// concurrent decides a request's buckets at once: the store batches
 	// its round trips.
 	concurrent bool
+	// denier and local are the store's deny cache and its takes without a
+	// round trip (redisstore's), nil when it has none.
+	denier interface {
+		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
+	}
+	local interface {
+		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
+	}
 	// seen is the fingerprint of the files the last Load read (applied
 	// or rejected), for Watch.
 	seen atomic.Pointer[string]
@@ -89,6 +97,16 @@ func New(store floodgate.Reserver, cfg *Config, opts ...Option) (*Service, error
 	s.clock = time.Now
 	if b, ok := store.(interface{ Batched() bool }); ok && b.Batched() {
 		s.concurrent = true
+	}
+	if d, ok := store.(interface {
+		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
+	}); ok {
+		s.denier = d
+	}
+	if l, ok := store.(interface {
+		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
+	}); ok {
+		s.local = l
 	}
 	if o.clock != nil {
 		s.clock = o.clock.Now
@@ -550,10 +568,11 @@ func (s *Service) decideInOrder(ctx context.Context, sv *served, dom *domain, dm
 	return -1, nil
 }
 
-// decideAll decides every limited item at once, each on a goroutine of
-// its own but the first, and returns the first refused (not in shadow
-// mode), -1 for none, after giving back every take when one refused or
-// failed: the request then holds nothing.
+// decideAll decides every limited item at once: first what the store
+// takes without a round trip, then the rest each on a goroutine of its
+// own but the first. It returns the first refused (not in shadow mode),
+// -1 for none, after giving back every take when one refused or failed:
+// the request then holds nothing.
 func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
 	if i := s.deniedFirst(sv, items); i >= 0 {
 		// Refused without a take: the others are peeked, taking
@@ -595,10 +614,7 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 // that only the others go to the store concurrently: a goroutine costs
 // more than such a take.
 func (s *Service) reserveLocal(sv *served, items []item) {
-	lr, ok := s.store.(interface {
-		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
-	})
-	if !ok {
+	if s.local == nil {
 		return
 	}
 	for i := range items {
@@ -606,7 +622,7 @@ func (s *Service) reserveLocal(sv *served, items []item) {
 		if !it.limited || it.negative || it.hasResv {
 			continue
 		}
-		if r, ok := lr.ReserveLocal(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
+		if r, ok := s.local.ReserveLocal(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
 			it.res, it.r, it.taken, it.local = r.Result, r, true, true
 			s.count(sv, it)
 		}
@@ -618,10 +634,7 @@ func (s *Service) reserveLocal(sv *served, items []item) {
 // with a refund (is_negative_hits) or a reservation entry is never
 // refused this way: those must be applied, as when taken in order.
 func (s *Service) deniedFirst(sv *served, items []item) int {
-	d, ok := s.store.(interface {
-		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
-	})
-	if !ok {
+	if s.denier == nil {
 		return -1
 	}
 	for i := range items {
@@ -634,7 +647,7 @@ func (s *Service) deniedFirst(sv *served, items []item) int {
 		if !it.limited || it.m.rule.shadow {
 			continue
 		}
-		if res, ok := d.Denied(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
+		if res, ok := s.denier.Denied(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
 			it.res = res
 			s.count(sv, it)
 			return i

@@ -73,7 +73,7 @@ const defaultLease = 100 * time.Millisecond
 
 // leaseKeys bounds the keys redisstore tracks leases and credit for: a
 // key evicted from the table is one the service has no answer for, which
-// credit counts as full. Some 150 bytes each.
+// credit counts as full.
 const leaseKeys = 1 << 16
 
 func main() {
