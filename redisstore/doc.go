@@ -100,7 +100,7 @@
 // return errors wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).
 //
-// # Batching, deny cache, leases and credit
+// # Batching, deny cache, leases, credit and shares
 //
 // [WithBatching] coalesces concurrent decisions: decisions queued while a
 // round trip is on the wire go together in the next one, as one script call
@@ -145,9 +145,26 @@
 // and not yet charged, and c owed by a charge that found the bucket empty.
 // A charge Redis does not apply is lost, which over-admits by what it
 // carried; while the breaker is open nothing is taken on credit.
-// [Store.ReserveLocal] takes only what a lease or credit covers, and
-// leaves the rest: a caller deciding several keys at once sends only
+// [Store.ReserveLocal] takes only what a share, a lease or credit covers,
+// and leaves the rest: a caller deciding several keys at once sends only
 // those to Redis.
+//
+// # Shares
+//
+// Leases and credit still send every token to Redis, soon or late. With
+// [WithShares], each of the N instances counted (see [WithLocalDivisor])
+// owns a share of every bucket, ⌊f×burst/N⌋ tokens at the rate that goes
+// with them, and decides takes within it in process (floodgate.SourceLease,
+// Stats.Shares), with no round trip and nothing sent; only what the
+// shares do not cover goes to Redis, to a bucket holding the rest of the
+// burst and rate. The shares and that bucket together hold no more than
+// the whole bucket, so over any window of length t the instances admit at
+// most burst + rate×t, plus the terms of leases and credit on Redis's part
+// of the rate. A key whose requests the instances see in equal parts (a
+// round-robin balancer in front of them) is admitted up to its limit; one
+// whose requests all reach one instance, up to (1 − f + f/N) of it. Most
+// keys of a large key space never reach Redis: those below f of their
+// limit. Shares keep deciding while Redis is down.
 //
 // # Reservations
 //

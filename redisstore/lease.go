@@ -326,14 +326,36 @@ func (s *Store) spentLocally(from int, start bool) {
 // caller deciding several keys for one request takes what it can this way
 // first, and sends only the rest to Redis, concurrently.
 func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool) {
-	l := s.leases
-	if l == nil || n < 1 || check(key, lim, n) != nil || lim.IsInf() || n > lim.Burst {
+	if n < 1 || check(key, lim, n) != nil || lim.IsInf() || n > lim.Burst {
 		return floodgate.Reservation{}, false
+	}
+	share, pool, split := s.split(lim)
+	if split {
+		if r, ok := s.reserveShare(key, lim, share, n); ok {
+			return r, true
+		}
+	}
+	res, ok := s.leasedLocally(key, pool, n)
+	if !ok {
+		return floodgate.Reservation{}, false
+	}
+	if split {
+		res = s.pooled(res, key, lim, share, n)
+	}
+	return floodgate.NewReservation(s, key, lim, n, res), true
+}
+
+// leasedLocally is ReserveLocal's take from a lease or on credit, under
+// the part of the limit Redis holds.
+func (s *Store) leasedLocally(key string, lim floodgate.Limit, n int) (floodgate.Result, bool) {
+	l := s.leases
+	if l == nil || n > lim.Burst {
+		return floodgate.Result{}, false
 	}
 	now := s.local()
 	if s.cache != nil {
 		if _, denied := s.cache.lookup(key, lim, n, now); denied {
-			return floodgate.Reservation{}, false
+			return floodgate.Result{}, false
 		}
 	}
 	l.mu.Lock()
@@ -341,10 +363,10 @@ func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.
 	res, from, _, start := s.localLocked(e, lim, n, now)
 	l.mu.Unlock()
 	if from == fromNone {
-		return floodgate.Reservation{}, false
+		return floodgate.Result{}, false
 	}
 	s.spentLocally(from, start)
-	return floodgate.NewReservation(s, key, lim, n, res), true
+	return res, true
 }
 
 // flushEvery returns how long the credit flusher waits before each batch

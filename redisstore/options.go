@@ -64,6 +64,8 @@ type options struct {
 	leaseTime    time.Duration
 	leaseKeys    int
 	credit       bool
+	share        float64
+	shareKeys    int
 	onError      func(error)
 	observer     Observer
 	logger       *slog.Logger
@@ -225,6 +227,49 @@ func WithLeases(d time.Duration, keys int) Option {
 // without leases.
 func WithCredit() Option { return func(o *options) { o.credit = true } }
 
+// WithShares splits every limit between the instances and Redis: each
+// instance decides a share of each bucket in process, with no round trip
+// and nothing sent to Redis, and only what the shares do not cover goes
+// to the bucket on Redis, the pool, with the leases, credit and deny cache
+// of the other options. With N instances counted (see [WithLocalDivisor];
+// the divisor, rounded up, when larger), an instance's share of a limit
+// holds b = ⌊f×burst/N⌋ tokens and refills at rate×b/burst; the pool
+// holds the rest, burst − N×b tokens at the rest of the rate. A take goes
+// to the share first and to the pool when the share cannot admit it.
+//
+// The shares and the pool together hold no more than the bucket: over any
+// window of length t all instances admit at most burst + rate×t, plus the
+// pool's own terms from leases and credit, which scale by its part of the
+// rate. This holds while the count is current: an instance that joins
+// decides nothing on its share until it has counted the instances, and the
+// others count it within a second (a registration per second), during
+// which their shares are the larger ones of the smaller count; an instance
+// that stops is dropped from the count after 5 s, and its share unused
+// until then is lost. A key whose requests all reach one of N instances is
+// admitted at up to (1 − f + f/N) of its limit: the shares suit instances
+// that each see a key's requests in equal parts, as replicas behind a
+// round-robin balancer do.
+//
+// A limit whose share would hold less than a token (f×burst < N) is not
+// split, and Inf is never split. A take of more than both the share's and
+// the pool's burst, though at most the limit's, is refused with RetryAfter
+// [floodgate.Never] (the largest take is at least burst − ⌊f×burst⌋).
+// Decisions on the share have Source [floodgate.SourceLease] (a share is a
+// standing lease of part of the bucket) and count in Stats.Lease and
+// Stats.Shares; their Remaining is the share's, scaled to the bucket; a
+// reservation taken from a share settles on it. Results of the pool have
+// the whole limit as their Limit, and Remaining adds this instance's share.
+// Refunds, settles without a reservation and peeks go to the pool; Reset
+// resets both. Shares keep deciding while Redis is down; the pool's part
+// goes to the failure policy, under the pool's limit.
+//
+// f must be in (0, 1); at most keys ≥ 1 keys have a share here at once
+// (a keyed.Map that never evicts a bucket not yet full: beyond that, new
+// keys go to the pool). The default is off.
+func WithShares(f float64, keys int) Option {
+	return func(o *options) { o.share, o.shareKeys = f, keys }
+}
+
 // WithOnError sets a function called with every error from Redis that made
 // the failure policy decide: for logging and metrics. It runs on the
 // decision's goroutine and must be fast. The error text is Redis's; it never
@@ -276,6 +321,13 @@ func (o *options) validate() error {
 		return invalid("WithLeases(%v, %d): keys below 1", o.leaseTime, o.leaseKeys)
 	case o.credit && o.leaseTime == 0:
 		return invalid("WithCredit(): needs WithLeases, whose lease time sets the credit")
+	case o.shareKeys != 0 || o.share != 0:
+		if !(o.share > 0 && o.share < 1) {
+			return invalid("WithShares(%v, %d): the fraction is not in (0, 1)", o.share, o.shareKeys)
+		}
+		if o.shareKeys < 1 {
+			return invalid("WithShares(%v, %d): keys below 1", o.share, o.shareKeys)
+		}
 	}
 	return nil
 }

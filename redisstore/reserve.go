@@ -31,8 +31,24 @@ import (
 // context ended after Redis took the tokens: ReserveN then returns the
 // context's error, and the tokens stay taken.
 func (s *Store) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
-	res, err := s.take(ctx, key, lim, n, true)
+	share, pool, split := s.split(lim)
+	if split && check(key, lim, n) != nil {
+		split, pool = false, lim // the take reports what is wrong
+	}
+	if split && n > 0 {
+		if r, ok := s.reserveShare(key, lim, share, n); ok {
+			return r, nil
+		}
+	}
+	if split && n > pool.Burst && n <= lim.Burst {
+		return floodgate.NewReservation(nil, key, lim, n, s.tooLarge(lim)), nil
+	}
+	res, err := s.take(ctx, key, pool, n, true)
+	settleLim := lim // SettleN splits it again
 	if !res.Allowed {
+		if split && err == nil {
+			res = s.pooled(res, key, lim, share, n)
+		}
 		return floodgate.NewReservation(nil, key, lim, n, res), err
 	}
 	var st floodgate.Settler
@@ -42,9 +58,12 @@ func (s *Store) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n
 	case floodgate.SourceFallback:
 		// Nil when the fallback cannot settle: it keeps the estimate.
 		st, _ = s.fallback.(floodgate.Settler)
-		lim = res.Limit
+		settleLim = res.Limit
 	}
-	return floodgate.NewReservation(st, key, lim, n, res), err
+	if split {
+		res = s.pooled(res, key, lim, share, n)
+	}
+	return floodgate.NewReservation(st, key, settleLim, n, res), err
 }
 
 // SettleN settles a take of reserved tokens from key's bucket under lim
@@ -89,6 +108,16 @@ func (s *Store) SettleN(ctx context.Context, key string, lim floodgate.Limit, re
 	if err := ctx.Err(); err != nil {
 		return floodgate.Result{}, err
 	}
+	share, pool, split := s.split(lim)
+	res, err := s.settle(ctx, key, pool, reserved, actual)
+	if split && res.Limit == pool {
+		res = s.pooled(res, key, lim, share, 0)
+	}
+	return res, err
+}
+
+// settle is SettleN on the part of the limit Redis holds.
+func (s *Store) settle(ctx context.Context, key string, lim floodgate.Limit, reserved, actual int) (floodgate.Result, error) {
 	delta := actual - reserved
 	if s.cache != nil && delta < 0 {
 		s.cache.Remove(key)

@@ -65,12 +65,14 @@ type Store struct {
 	batch            *batcher
 	cache            *denyCache
 	leases           *leaseTable
+	shares           *shares
 	lastReload       atomic.Int64
 	inst             *instances
 	checking         atomic.Bool // a probe checks a starved timeout
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
 	credits atomic.Uint64    // takes on credit, also in counts[SourceLease]
+	shared  atomic.Uint64    // takes from this instance's shares, also in counts[SourceLease]
 	errs    atomic.Uint64
 	starves atomic.Uint64
 }
@@ -151,6 +153,13 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if o.leaseTime > 0 {
 		s.leases = newLeaseTable(o.leaseTime, o.leaseKeys)
 		s.leases.credit = o.credit
+	}
+	if o.share > 0 {
+		sh, err := newShares(o.share, o.shareKeys, o.clock)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: shares: %w", err)
+		}
+		s.shares = sh
 	}
 	return s, nil
 }
@@ -238,7 +247,23 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	return s.take(ctx, key, lim, n, false)
+	share, pool, split := s.split(lim)
+	if !split || check(key, lim, n) != nil {
+		return s.take(ctx, key, lim, n, false)
+	}
+	if n > 0 {
+		if res, ok := s.takeShare(key, lim, share, n); ok {
+			return res, nil
+		}
+	}
+	if n > pool.Burst && n <= lim.Burst {
+		return s.tooLarge(lim), nil
+	}
+	res, err := s.take(ctx, key, pool, n, false)
+	if err != nil {
+		return res, err
+	}
+	return s.pooled(res, key, lim, share, n), nil
 }
 
 // take decides a take, or with reserve a reservation, which differs in
@@ -616,10 +641,14 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 	if lim.IsInf() {
 		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
 	}
-	o := op{key: s.Key(key), lim: lim, mode: modePeek}
+	share, pool, split := s.split(lim)
+	o := op{key: s.Key(key), lim: pool, mode: modePeek}
 	r, err := s.call(ctx, &o)
 	if err != nil {
 		return floodgate.Result{}, s.unavailable(ctx, err)
+	}
+	if split {
+		return s.pooled(o.result(r), key, lim, share, 0), nil
 	}
 	return o.result(r), nil
 }
@@ -629,6 +658,10 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 // stays missing. It returns an error wrapping [ErrUnavailable] when Redis
 // cannot answer; tokens taken by the fallback are not refunded.
 func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n int) error {
+	if err := check(key, lim, 0); err != nil {
+		return err
+	}
+	lim = s.poolOf(lim)
 	if exceeds(lim, n) {
 		n = lim.Burst // a bucket never holds more
 	}
@@ -663,6 +696,9 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	}
 	if s.leases != nil {
 		s.leases.remove(key)
+	}
+	if s.shares != nil {
+		s.shares.m.Reset(ctx, key)
 	}
 	if ok, probe := s.br.allow(time.Now()); !ok {
 		if probe {
@@ -709,12 +745,16 @@ type Stats struct {
 	// Cache counts takes denied without a call, from the local cache of
 	// Redis's recent denials.
 	Cache uint64
-	// Lease counts takes served from tokens leased ahead of time, and
-	// those taken on credit ([WithCredit]).
+	// Lease counts takes served from tokens leased ahead of time, those
+	// taken on credit ([WithCredit]) and those from this instance's share
+	// ([WithShares]).
 	Lease uint64
 	// Credit counts takes on credit: decided here and charged to Redis
 	// after.
 	Credit uint64
+	// Shares counts takes from this instance's share of their bucket
+	// ([WithShares]): decided here, never sent to Redis.
+	Shares uint64
 	// Fallback counts takes decided by the fallback store under the [Local]
 	// policy while Redis could not decide.
 	Fallback uint64
@@ -757,9 +797,19 @@ func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result
 	if s.cache == nil || n <= 0 || check(key, lim, n) != nil || lim.IsInf() {
 		return floodgate.Result{}, false
 	}
-	res, ok := s.cache.lookup(key, lim, n, s.local())
+	share, pool, split := s.split(lim)
+	if split && n <= share.Burst && s.shareRoom(key, share) >= n {
+		return floodgate.Result{}, false // the share would admit it
+	}
+	if n > pool.Burst {
+		return floodgate.Result{}, false // not the deny cache's to refuse
+	}
+	res, ok := s.cache.lookup(key, pool, n, s.local())
 	if ok {
 		s.decided(floodgate.SourceCache)
+		if split {
+			res = s.pooled(res, key, lim, share, n)
+		}
 	}
 	return res, ok
 }
@@ -777,6 +827,7 @@ func (s *Store) Stats() Stats {
 		Cache:      s.counts[floodgate.SourceCache].Load(),
 		Lease:      s.counts[floodgate.SourceLease].Load(),
 		Credit:     s.credits.Load(),
+		Shares:     s.shared.Load(),
 		Fallback:   s.counts[floodgate.SourceFallback].Load(),
 		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
 		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),

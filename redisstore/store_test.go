@@ -40,6 +40,9 @@ func TestNewValidates(t *testing.T) {
 		{"lease time", redisstore.WithLeases(-time.Second, 10), "WithLeases"},
 		{"lease keys", redisstore.WithLeases(time.Second, 0), "WithLeases"},
 		{"credit without leases", redisstore.WithCredit(), "WithCredit"},
+		{"whole share", redisstore.WithShares(1, 10), "WithShares"},
+		{"NaN share", redisstore.WithShares(math.NaN(), 10), "WithShares"},
+		{"share keys", redisstore.WithShares(0.5, 0), "WithShares"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := redisstore.New(c, tc.opt)
