@@ -134,7 +134,14 @@
 // (redisstore.WithCredit) serves the cold buckets leases do not: a
 // replica takes up to rate × d tokens of a bucket locally and charges them
 // to Redis after, within about d/20; all replicas together then admit at
-// most burst + rate × (t + (2R+1) × d).
+// most burst + rate × (t + (2R+1) × d). Shares (redisstore.WithShares,
+// fraction f) keep most buckets off Redis: each of the R replicas counted
+// decides ⌊f × burst / R⌋ tokens of every bucket in process, at the
+// matching part of the rate, and sends Redis only what its share refuses;
+// the shares and Redis's part never hold more than the bucket, so the
+// bound is burst + rate × t plus the lease and credit terms on Redis's
+// part of the rate. A bucket whose requests reach one replica only gets
+// (1 − f + f/R) of its limit.
 //
 // When the store cannot decide (Redis down or slow, its breaker open: a
 // Result whose Source is floodgate.SourceFallback, SourceFailOpen or

@@ -14,7 +14,9 @@
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
 //	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
 //	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
-//	-capacity N     buckets kept in memory without -redis (default 100000; past it new keys share an overflow bucket)
+//	-credit         with -lease, decide cold keys on credit and charge Redis after (default true)
+//	-share F        with -redis, the fraction of every limit the replicas decide in process, in equal shares (default 0.5; 0 off)
+//	-capacity N     buckets kept in memory: without -redis, all of them; with it, this replica's shares (default 100000; past it new keys share an overflow bucket)
 //	-batch N        redisstore batching: at most N decisions a round trip (default 128; 0 off)
 //	-deny-cache N   redisstore deny cache: the N buckets Redis refused last are refused locally until they could admit (default 65536; 0 off)
 //	-deadline D     redisstore's deadline per decision (default 50ms)
@@ -90,6 +92,7 @@ func main() {
 type flags struct {
 	config, addr, metrics, redis, lease string
 	batch, capacity, denyCache          int
+	share                               float64
 	deadline, watch, grace              time.Duration
 	headers, pprof, credit              bool
 }
@@ -104,7 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
 	fs.BoolVar(&f.credit, "credit", true, "with -lease, decide takes on credit without a round trip and charge Redis after (redisstore.WithCredit)")
-	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis); past it, new keys share an overflow bucket")
+	fs.Float64Var(&f.share, "share", 0.5, "with -redis, the `fraction` of every limit the replicas decide in process, in equal shares (redisstore.WithShares; 0 off)")
+	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis; with it, this replica's shares); past it, new keys share an overflow bucket")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
 	fs.IntVar(&f.denyCache, "deny-cache", 65536, "redisstore deny cache: buckets Redis refused, refused locally until they could admit (0 off)")
 	fs.DurationVar(&f.deadline, "deadline", 50*time.Millisecond, "redisstore deadline per decision")
@@ -120,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	}
 	if f.config == "" {
 		return f, errors.New("-config is required")
+	}
+	if !(f.share >= 0 && f.share < 1) {
+		return f, fmt.Errorf("-share %v: want 0 (off) or a fraction below 1", f.share)
 	}
 	if f.denyCache < 0 {
 		return f, fmt.Errorf("-deny-cache %d: want 0 (off) or a number of buckets", f.denyCache)
@@ -196,6 +203,9 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 	}
 	if f.denyCache > 0 {
 		opts = append(opts, redisstore.WithDenyCache(f.denyCache))
+	}
+	if f.share > 0 {
+		opts = append(opts, redisstore.WithShares(f.share, f.capacity))
 	}
 	st, err := redisstore.New(client, opts...)
 	if err != nil {
@@ -277,7 +287,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	go func() { serveErr <- gs.Serve(lis) }()
 	fmt.Fprintf(stdout, "floodgate-rls: grpc listening on %s\n", lis.Addr())
 	log.Info("floodgate-rls: serving", "grpc", lis.Addr().String(), "config", f.config, "domains", svc.Config().Domains(),
-		"redis", f.redis, "lease", f.lease)
+		"redis", f.redis, "lease", f.lease, "share", f.share)
 
 	wctx, cancelWatch := context.WithCancel(ctx)
 	defer cancelWatch()
