@@ -65,23 +65,51 @@ type instances struct {
 	next  atomic.Int64 // ns since monoBase of the next registration
 	count atomic.Int64 // the divisor the count gives, 0 before the first
 
+	// current is the ns since monoBase until which the count holds for
+	// shares (WithShares): a registration sets it to instanceTTL −
+	// instancePeriod after itself, before the others could drop this
+	// instance from their count.
+	current atomic.Int64
+
 	mu     sync.Mutex
 	high   int64 // the highest count of the last instanceTTL
 	highAt int64 // ns since monoBase when it was last counted
+	lastOK int64 // ns since monoBase of the last registration, 0 before one
 }
 
 // counted records a count. A lower count replaces a higher one only when
 // the higher one is instanceTTL old: a Redis that restarted empty, or lost
 // the set, counts one store at first, and a share computed from that would
-// let each store admit the whole limit.
+// let each store admit the whole limit. After a gap in registrations (Redis
+// down, or the store idle) the higher count stays another instanceTTL,
+// since the set expired meanwhile and the others re-register one by one.
 func (in *instances) counted(n int64) {
 	now := int64(time.Since(monoBase))
 	in.mu.Lock()
-	if n >= in.high || now-in.highAt >= int64(instanceTTL) {
+	gap := in.lastOK == 0 || now-in.lastOK >= instanceTTL.Nanoseconds()-int64(in.period())
+	switch {
+	case gap:
+		in.high, in.highAt = max(in.high, n), now
+	case n >= in.high || now-in.highAt >= int64(instanceTTL):
 		in.high, in.highAt = n, now
 	}
+	in.current.Store(now + instanceTTL.Nanoseconds() - int64(in.period()))
+	in.lastOK = now
 	in.count.Store(in.high)
 	in.mu.Unlock()
+}
+
+// period returns how often a store registers.
+func (in *instances) period() time.Duration {
+	if p := testInstancePeriod.Load(); p != 0 {
+		return time.Duration(p)
+	}
+	return instancePeriod
+}
+
+// sharing reports whether the count may set shares now (see current).
+func (in *instances) sharing() bool {
+	return int64(time.Since(monoBase)) < in.current.Load()
 }
 
 func newInstances(prefix, name string) *instances {
@@ -96,10 +124,7 @@ func (s *Store) register() {
 	in := s.inst
 	now := int64(time.Since(monoBase))
 	next := in.next.Load()
-	period := int64(instancePeriod)
-	if p := testInstancePeriod.Load(); p != 0 {
-		period = p
-	}
+	period := int64(in.period())
 	if now < next || !in.next.CompareAndSwap(next, now+period) {
 		return
 	}

@@ -318,8 +318,9 @@ func (s *Store) spentLocally(from int, start bool) {
 }
 
 // ReserveLocal reserves n tokens of key under lim as [Store.ReserveN]
-// does, when it can decide without a round trip: from tokens leased ahead
-// ([WithLeases]) or on credit ([WithCredit]). It reports false, having
+// does, when it can decide without a round trip: from this instance's
+// share ([WithShares]), tokens leased ahead ([WithLeases]) or on credit
+// ([WithCredit]). It reports false, having
 // taken nothing, when the take needs Redis: without leases, for n < 1 or an
 // n ReserveN would refuse as invalid, under floodgate.Inf, for a take the
 // deny cache refuses, and when neither a lease nor credit covers it. A
@@ -329,18 +330,21 @@ func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.
 	if n < 1 || check(key, lim, n) != nil || lim.IsInf() || n > lim.Burst {
 		return floodgate.Reservation{}, false
 	}
-	share, pool, split := s.split(lim)
-	if split {
-		if r, ok := s.reserveShare(key, lim, share, n); ok {
+	share, pool, ok := s.split(lim)
+	var sh floodgate.Result
+	if ok {
+		r, res, took := s.reserveShare(key, lim, share, n)
+		if took {
 			return r, true
 		}
+		sh = res
 	}
-	res, ok := s.leasedLocally(key, pool, n)
-	if !ok {
+	res, took := s.leasedLocally(key, pool, n)
+	if !took {
 		return floodgate.Reservation{}, false
 	}
-	if split {
-		res = s.pooled(res, key, lim, share, n)
+	if pool != lim {
+		res = s.pooled(res, lim, sh)
 	}
 	return floodgate.NewReservation(s, key, lim, n, res), true
 }

@@ -231,41 +231,54 @@ func WithCredit() Option { return func(o *options) { o.credit = true } }
 // instance decides a share of each bucket in process, with no round trip
 // and nothing sent to Redis, and only what the shares do not cover goes
 // to the bucket on Redis, the pool, with the leases, credit and deny cache
-// of the other options. With N instances counted (see [WithLocalDivisor];
-// the divisor, rounded up, when larger), an instance's share of a limit
-// holds b = ⌊f×burst/N⌋ tokens and refills at rate×b/burst; the pool
-// holds the rest, burst − N×b tokens at the rest of the rate. A take goes
-// to the share first and to the pool when the share cannot admit it.
+// of the other options. With N instances counted (the stores with this
+// store's prefix and name that registered on Redis in the last 5 s; see
+// [WithLocalDivisor], whose divisor, rounded up, counts when larger), an
+// instance's share of a limit holds b = ⌊f×burst/N⌋ tokens and refills at
+// rate×b/burst; the pool holds the rest, burst − N×b tokens at the rest of
+// the rate. A take goes to the share first and to the pool when the share
+// cannot admit it.
 //
 // The shares and the pool together hold no more than the bucket: over any
 // window of length t all instances admit at most burst + rate×t, plus the
-// pool's own terms from leases and credit, which scale by its part of the
-// rate. This holds while the count is current: an instance that joins
-// decides nothing on its share until it has counted the instances, and the
-// others count it within a second (a registration per second), during
-// which their shares are the larger ones of the smaller count; an instance
-// that stops is dropped from the count after 5 s, and its share unused
-// until then is lost. A key whose requests all reach one of N instances is
-// admitted at up to (1 − f + f/N) of its limit: the shares suit instances
-// that each see a key's requests in equal parts, as replicas behind a
-// round-robin balancer do.
+// pool's own terms from leases and credit, which count only its part of
+// the rate. This holds while the count is current. An instance decides on
+// its share only while its own registration (every second while it
+// decides) is less than 4 s old, before the others could drop it from
+// their count; otherwise, and before its first count, it takes from the
+// pool as if it were alone, the smallest pool any count gives. For about a
+// second after an instance joins, the others, not yet counting it, hold
+// the larger shares of the smaller count: up to one share of each bucket
+// more. An instance that stops leaves its share unused until the others
+// drop it, after 5 s.
+//
+// Instances that count each other should see each key's requests in equal
+// parts, as replicas behind a round-robin balancer do: a key whose
+// requests all reach one of N instances is admitted at up to
+// (1 − f + f/N) of its limit, since the others' shares go unused. Give
+// each group of instances that shares limits a prefix of its own
+// ([WithPrefix]).
 //
 // A limit whose share would hold less than a token (f×burst < N) is not
-// split, and Inf is never split. A take of more than both the share's and
-// the pool's burst, though at most the limit's, is refused with RetryAfter
-// [floodgate.Never] (the largest take is at least burst − ⌊f×burst⌋).
-// Decisions on the share have Source [floodgate.SourceLease] (a share is a
-// standing lease of part of the bucket) and count in Stats.Lease and
-// Stats.Shares; their Remaining is the share's, scaled to the bucket; a
-// reservation taken from a share settles on it. Results of the pool have
-// the whole limit as their Limit, and Remaining adds this instance's share.
-// Refunds, settles without a reservation and peeks go to the pool; Reset
-// resets both. Shares keep deciding while Redis is down; the pool's part
-// goes to the failure policy, under the pool's limit.
+// split, and Inf is never split. A take larger than the pool's burst waits
+// for the share, and is refused for good (RetryAfter [floodgate.Never])
+// when it is larger than the share's too, though at most the limit's: the
+// largest take is at least burst − ⌊f×burst⌋. Decisions on the share have
+// Source [floodgate.SourceLease] (a share is a standing lease of part of
+// the bucket) and count in Stats.Lease and Stats.Shares; their Remaining
+// and Owed are the share's, scaled to the bucket, and a reservation taken
+// from a share settles on it, with Results in the share's tokens. Results
+// of the pool have the whole limit as their Limit, and Remaining and Owed
+// add this instance's share. Refunds, settles without a reservation and
+// peeks go to the pool; Reset resets both. Shares keep deciding while
+// Redis is down, for those 4 s; the pool's part goes to the failure policy,
+// under the pool's limit.
 //
-// f must be in (0, 1); at most keys ≥ 1 keys have a share here at once
-// (a keyed.Map that never evicts a bucket not yet full: beyond that, new
-// keys go to the pool). The default is off.
+// f must be in (0, 1). At most keys ≥ 1 keys hold a share at once, in a
+// keyed.Map that never evicts a share not yet full: past that, new keys
+// share their shard's overflow bucket, which can admit a key more than its
+// share while a key with a larger limit refills it; size keys above the
+// keys decided within a refill. The default is off.
 func WithShares(f float64, keys int) Option {
 	return func(o *options) { o.share, o.shareKeys = f, keys }
 }

@@ -18,7 +18,9 @@ import (
 // Source says:
 //
 //   - floodgate.SourceRedis and floodgate.SourceLease: on Redis, with
-//     [Store.SettleN];
+//     [Store.SettleN], except a reservation from this instance's share
+//     ([WithShares]), which settles on the share, below zero down to its
+//     part of the debt limit;
 //   - floodgate.SourceFallback: on the [Local] policy's fallback store,
 //     under the scaled limit it decided with, when that store is a
 //     [floodgate.Settler] (the default keyed.Map is); otherwise nowhere;
@@ -31,39 +33,51 @@ import (
 // context ended after Redis took the tokens: ReserveN then returns the
 // context's error, and the tokens stay taken.
 func (s *Store) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
-	share, pool, split := s.split(lim)
-	if split && check(key, lim, n) != nil {
-		split, pool = false, lim // the take reports what is wrong
+	share, pool, ok := s.split(lim)
+	if pool == lim || check(key, lim, n) != nil {
+		return s.reserveOn(ctx, key, lim, lim, n)
 	}
-	if split && n > 0 {
-		if r, ok := s.reserveShare(key, lim, share, n); ok {
+	var sh floodgate.Result // the share's refusal, or peek
+	switch {
+	case ok && n > 0:
+		r, res, took := s.reserveShare(key, lim, share, n)
+		if took {
 			return r, nil
 		}
-	}
-	if split && n > pool.Burst && n <= lim.Burst {
-		return floodgate.NewReservation(nil, key, lim, n, s.tooLarge(lim)), nil
-	}
-	res, err := s.take(ctx, key, pool, n, true)
-	settleLim := lim // SettleN splits it again
-	if !res.Allowed {
-		if split && err == nil {
-			res = s.pooled(res, key, lim, share, n)
+		sh = res
+	case ok:
+		// A reservation of nothing is refused while either part owes.
+		if sh = s.peekShare(key, share); sh.Owed > 0 {
+			res := s.whole(sh, lim, share)
+			res.Allowed, res.RetryAfter = false, waitFor(share, int64(sh.Owed)*1e9)
+			return floodgate.NewReservation(nil, key, lim, 0, res), nil
 		}
+	}
+	if n > pool.Burst {
+		return floodgate.NewReservation(nil, key, lim, n, s.beyondPool(lim, share, ok, n, sh)), nil
+	}
+	r, err := s.reserveOn(ctx, key, lim, pool, n)
+	r.Result = s.pooled(r.Result, lim, sh)
+	return r, err
+}
+
+// reserveOn reserves n tokens of key's bucket under lim on its part on
+// Redis, pool (lim itself without shares).
+func (s *Store) reserveOn(ctx context.Context, key string, lim, pool floodgate.Limit, n int) (floodgate.Reservation, error) {
+	res, err := s.take(ctx, key, pool, n, true)
+	if !res.Allowed {
 		return floodgate.NewReservation(nil, key, lim, n, res), err
 	}
 	var st floodgate.Settler
 	switch res.Source {
 	case floodgate.SourceRedis, floodgate.SourceLease:
-		st = s
+		st = s // under lim, which SettleN splits again
 	case floodgate.SourceFallback:
 		// Nil when the fallback cannot settle: it keeps the estimate.
 		st, _ = s.fallback.(floodgate.Settler)
-		settleLim = res.Limit
+		lim = res.Limit
 	}
-	if split {
-		res = s.pooled(res, key, lim, share, n)
-	}
-	return floodgate.NewReservation(st, key, settleLim, n, res), err
+	return floodgate.NewReservation(st, key, lim, n, res), err
 }
 
 // SettleN settles a take of reserved tokens from key's bucket under lim
@@ -108,10 +122,14 @@ func (s *Store) SettleN(ctx context.Context, key string, lim floodgate.Limit, re
 	if err := ctx.Err(); err != nil {
 		return floodgate.Result{}, err
 	}
-	share, pool, split := s.split(lim)
+	share, pool, ok := s.split(lim)
 	res, err := s.settle(ctx, key, pool, reserved, actual)
-	if split && res.Limit == pool {
-		res = s.pooled(res, key, lim, share, 0)
+	if pool != lim && res.Limit == pool {
+		var sh floodgate.Result
+		if ok {
+			sh = s.peekShare(key, share)
+		}
+		res = s.pooled(res, lim, sh)
 	}
 	return res, err
 }

@@ -27,39 +27,52 @@ func newShares(f float64, keys int, clock floodgate.Clock) (*shares, error) {
 	return &shares{f: f, m: m}, nil
 }
 
-// split returns this instance's share of lim and the part of lim that
-// Redis holds, the pool, and reports whether lim is split at all. With N
+// split returns this instance's share of lim, and reports whether it may
+// decide on it now, and the part of lim that Redis holds, the pool. With N
 // instances counted (or the local divisor rounded up, when larger), each
-// share has a burst of b = ⌊f×burst/N⌋ whole tokens and the rate that goes with it,
-// rate×b/burst; the pool has the rest of both: burst − N×b tokens at
-// rate×(burst − N×b)/burst. So the shares and the pool together never hold
-// more than the bucket would. A limit whose share would hold less than one
-// token is not split, nor is any limit before the first count (a new
-// instance does not know how many share the limits yet), nor Inf or a
-// limit that admits nothing: the pool is then lim itself.
+// share has a burst of b = ⌊f×burst/N⌋ whole tokens and the rate that goes
+// with it, rate×b/burst; the pool has the rest of both: burst − N×b tokens
+// at rate×(burst − N×b)/burst. So the shares and the pool together never
+// hold more than the bucket would. A limit whose share would hold less than
+// one token is not split (the pool is lim itself), nor is Inf or a limit
+// that admits nothing.
+//
+// An instance whose count is not current (see instances.sharing: before
+// its second registration in a row, or once its registrations stopped
+// long enough for the others to drop it) decides nothing on its share and
+// takes from the pool as if it were the only instance, the smallest pool
+// any count gives: it never takes what the others' shares hold.
 func (s *Store) split(lim floodgate.Limit) (share, pool floodgate.Limit, ok bool) {
 	sh := s.shares
 	if sh == nil || lim.Burst < 1 || lim.IsInf() {
 		return floodgate.Limit{}, lim, false
 	}
-	count := int(s.inst.count.Load())
-	if count < 1 {
-		return floodgate.Limit{}, lim, false
+	k := 1
+	ok = s.inst.sharing()
+	if ok {
+		k = max(int(s.inst.count.Load()), int(math.Ceil(s.opts.divisor)))
 	}
-	k := max(count, int(math.Ceil(s.opts.divisor)))
 	b := int(sh.f * float64(lim.Burst) / float64(k))
 	if b < 1 {
 		return floodgate.Limit{}, lim, false
 	}
 	rest := lim.Burst - k*b
-	share = floodgate.Limit{Rate: lim.Rate * float64(b) / float64(lim.Burst), Burst: b, Debt: lim.Debt}
-	pool = floodgate.Limit{Rate: lim.Rate * float64(rest) / float64(lim.Burst), Burst: rest, Debt: lim.Debt}
-	if lim.Debt > 0 {
-		share.Debt = max(1, lim.Debt*b/lim.Burst)
-		pool.Debt = max(1, lim.Debt*rest/lim.Burst)
+	share = floodgate.Limit{Rate: part(lim.Rate, b, lim.Burst), Burst: b, Debt: floodgate.NoDebt}
+	pool = floodgate.Limit{Rate: part(lim.Rate, rest, lim.Burst), Burst: rest, Debt: floodgate.NoDebt}
+	// The debt limit splits as the burst does, in whole tokens: a part
+	// whose share of it rounds to nothing carries none.
+	debt := lim.DebtLimit()
+	if d := int(float64(debt) * float64(b) / float64(lim.Burst)); d > 0 {
+		share.Debt = d
 	}
-	return share, pool, true
+	if d := debt - k*max(share.Debt, 0); d > 0 {
+		pool.Debt = d
+	}
+	return share, pool, ok
 }
+
+// part returns rate×n/of.
+func part(rate float64, n, of int) float64 { return rate * float64(n) / float64(of) }
 
 // poolOf returns the part of lim that Redis holds.
 func (s *Store) poolOf(lim floodgate.Limit) floodgate.Limit {
@@ -68,16 +81,16 @@ func (s *Store) poolOf(lim floodgate.Limit) floodgate.Limit {
 }
 
 // takeShare takes n ≥ 1 tokens from this instance's share of key's bucket,
-// and reports whether it could; a refusal takes nothing. The Result is the
-// whole bucket's as far as this instance can tell: see whole.
+// and reports whether it could. A refusal takes nothing; its Result is the
+// share's, in the share's tokens.
 func (s *Store) takeShare(key string, lim, share floodgate.Limit, n int) (floodgate.Result, bool) {
+	s.register() // keep this instance counted while its shares decide alone
 	if n > share.Burst {
-		return floodgate.Result{}, false
+		return floodgate.Result{Limit: share, RetryAfter: floodgate.Never}, false
 	}
-	s.register() // keep this instance counted while shares decide alone
 	res, err := s.shares.m.TakeN(context.Background(), key, share, n)
 	if err != nil || !res.Allowed {
-		return floodgate.Result{}, false
+		return res, false
 	}
 	s.shared.Add(1)
 	s.decided(floodgate.SourceLease)
@@ -85,59 +98,64 @@ func (s *Store) takeShare(key string, lim, share floodgate.Limit, n int) (floodg
 }
 
 // reserveShare is takeShare for a reservation, which settles on the share.
-func (s *Store) reserveShare(key string, lim, share floodgate.Limit, n int) (floodgate.Reservation, bool) {
-	if n > share.Burst {
-		return floodgate.Reservation{}, false
-	}
+func (s *Store) reserveShare(key string, lim, share floodgate.Limit, n int) (floodgate.Reservation, floodgate.Result, bool) {
 	s.register()
+	if n > share.Burst {
+		return floodgate.Reservation{}, floodgate.Result{Limit: share, RetryAfter: floodgate.Never}, false
+	}
 	r, err := s.shares.m.ReserveN(context.Background(), key, share, n)
 	if err != nil || !r.Result.Allowed {
-		return floodgate.Reservation{}, false
+		return floodgate.Reservation{}, r.Result, false
 	}
 	s.shared.Add(1)
 	s.decided(floodgate.SourceLease)
 	r.Result = s.whole(r.Result, lim, share)
-	return r, true
+	return r, r.Result, true
 }
 
-// whole turns a decision of the share into one of lim: Remaining and
-// ResetAfter scaled from the share to the whole bucket, which is exact
-// while every instance's share and the pool drain alike (as they do when
-// the instances see a key's requests in equal parts), and Source
+// peekShare reports this instance's share of key's bucket, taking nothing.
+func (s *Store) peekShare(key string, share floodgate.Limit) floodgate.Result {
+	res, _ := s.shares.m.Peek(context.Background(), key, share)
+	return res
+}
+
+// whole turns a decision of the share into one of lim: Remaining and Owed
+// scaled from the share to the whole bucket, which is exact while every
+// instance's share and the pool drain alike (as they do when the
+// instances see a key's requests in equal parts), and Source
 // floodgate.SourceLease.
 func (s *Store) whole(res floodgate.Result, lim, share floodgate.Limit) floodgate.Result {
+	scale := float64(lim.Burst) / float64(share.Burst)
 	res.Limit = lim
-	res.Remaining = int(int64(res.Remaining) * int64(lim.Burst) / int64(share.Burst))
-	res.Owed = int(int64(res.Owed) * int64(lim.Burst) / int64(share.Burst))
+	res.Remaining = int(float64(res.Remaining) * scale)
+	res.Owed = int(math.Ceil(float64(res.Owed) * scale))
 	res.Source = floodgate.SourceLease
 	return res
 }
 
-// shareRoom returns the whole tokens this instance's share of key holds
-// under share now.
-func (s *Store) shareRoom(key string, share floodgate.Limit) int {
-	return int(s.shares.m.Tokens(key, share))
-}
-
-// pooled turns a decision of the pool into one of lim: the limit is lim's,
-// Remaining adds what this instance's share holds, and a refusal may be
-// retried as soon as either the share or the pool could admit it.
-func (s *Store) pooled(res floodgate.Result, key string, lim, share floodgate.Limit, n int) floodgate.Result {
+// pooled turns a decision of the pool into one of lim: the Limit is lim,
+// Remaining and Owed add the share's (sh, a decision or a peek of this
+// instance's share; the zero Result when it has none), and a refusal may
+// be retried as soon as either part could admit it.
+func (s *Store) pooled(res floodgate.Result, lim floodgate.Limit, sh floodgate.Result) floodgate.Result {
 	res.Limit = lim
-	room := s.shareRoom(key, share)
-	res.Remaining += max(room, 0)
-	if !res.Allowed && n <= share.Burst && res.Owed == 0 {
-		if wait := waitFor(share, int64(n-room)*1e9); wait < res.RetryAfter {
-			res.RetryAfter = wait
-		}
+	res.Remaining += sh.Remaining
+	res.Owed += sh.Owed
+	if !res.Allowed && !sh.Allowed && sh.Limit.Burst > 0 && sh.RetryAfter < res.RetryAfter {
+		res.RetryAfter = sh.RetryAfter
 	}
 	return res
 }
 
-// tooLarge is the refusal of a take that neither this instance's share of
-// lim nor the pool can ever hold at once, although lim could (see
-// WithShares).
-func (s *Store) tooLarge(lim floodgate.Limit) floodgate.Result {
-	s.counts[floodgate.SourceRedis].Add(1)
-	return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}
+// beyondPool is the refusal of a take of n tokens, at most lim's burst,
+// that the pool can never hold at once: until this instance's share holds
+// them (sh, its refusal, says when), or for good when neither part can
+// (see WithShares), decided here.
+func (s *Store) beyondPool(lim, share floodgate.Limit, ok bool, n int, sh floodgate.Result) floodgate.Result {
+	s.decided(floodgate.SourceLease)
+	res := floodgate.Result{RetryAfter: floodgate.Never, Source: floodgate.SourceLease}
+	if !ok || n > share.Burst {
+		sh = floodgate.Result{}
+	}
+	return s.pooled(res, lim, sh)
 }

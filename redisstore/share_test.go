@@ -73,13 +73,16 @@ func TestSharesDecideWithoutRedis(t *testing.T) {
 }
 
 // TestSharesNotBeforeCount: a store that has not counted the instances
-// yet splits nothing: a new instance does not know its share.
+// yet decides nothing on a share, and takes from the smallest pool any
+// count gives, as if it were the only instance: a new instance does not
+// know its share, and must not take the others'.
 func TestSharesNotBeforeCount(t *testing.T) {
 	srv := sharedServer(t)
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithShares(0.5, 100))
-	res, err := s.TakeN(bg, "k", floodgate.PerSecond(10, 10), 1)
-	if err != nil || !res.Allowed || res.Source != floodgate.SourceRedis || res.Remaining != 9 {
-		t.Fatalf("TakeN = %+v, %v; want Redis's decision on the whole bucket", res, err)
+	lim := floodgate.PerSecond(10, 10)
+	res, err := s.TakeN(bg, "k", lim, 1)
+	if err != nil || !res.Allowed || res.Source != floodgate.SourceRedis || res.Remaining != 4 || res.Limit != lim {
+		t.Fatalf("TakeN = %+v, %v; want Redis's decision on the pool of 5, under the whole limit", res, err)
 	}
 }
 
@@ -148,6 +151,9 @@ func TestSharesReservations(t *testing.T) {
 	if _, err := r.Settle(bg, 8); err != nil { // 6 more: the share owes 3
 		t.Fatalf("Settle: %v", err)
 	}
+	if r0, err := s.ReserveN(bg, "k", lim, 0); err != nil || r0.Result.Allowed || r0.Result.Owed == 0 {
+		t.Errorf("ReserveN(0) while the share owes = %+v, %v; want refused, owing", r0.Result, err)
+	}
 	res, err := s.TakeN(bg, "k", lim, 1)
 	if err != nil || !res.Allowed || res.Source != floodgate.SourceRedis {
 		t.Fatalf("TakeN after the share's debt = %+v, %v; want the pool's", res, err)
@@ -182,6 +188,14 @@ func TestSharesTooLarge(t *testing.T) {
 	if _, err := s.TakeN(bg, "k", lim, 11); !errors.Is(err, floodgate.ErrExceedsBurst) {
 		t.Errorf("TakeN(11) error = %v, want ErrExceedsBurst", err)
 	}
+	// A take only the share can hold waits for it, not for good.
+	big := shareStores(t, srv, 1, 0.8)[0] // share 8, pool 2
+	if res, err := big.TakeN(bg, "k", lim, 5); err != nil || !res.Allowed || res.Source != floodgate.SourceLease {
+		t.Fatalf("TakeN(5) = %+v, %v; want the share's", res, err)
+	}
+	if res, err := big.TakeN(bg, "k", lim, 5); err != nil || res.Allowed || res.RetryAfter <= 0 || res.RetryAfter > time.Second {
+		t.Errorf("TakeN(5) with 3 left in the share = %+v, %v; want refused until the share holds 5 (about 250 ms)", res, err)
+	}
 	// A limit too small to share goes whole to Redis.
 	small := floodgate.PerSecond(1, 1)
 	if res, err := s.TakeN(bg, "small", small, 1); err != nil || !res.Allowed || res.Source != floodgate.SourceRedis {
@@ -189,21 +203,32 @@ func TestSharesTooLarge(t *testing.T) {
 	}
 }
 
-// TestSharesWhileRedisIsDown: shares keep deciding with Redis down; the
-// pool's part goes to the failure policy.
+// TestSharesWhileRedisIsDown: shares keep deciding with Redis down, the
+// pool's part going to the failure policy, until the others could have
+// dropped this instance from their count (its registrations lapse after
+// 5 s): from then on its share is theirs, and it decides nothing on it.
 func TestSharesWhileRedisIsDown(t *testing.T) {
 	srv := redistest.Start(t)
 	s := shareStores(t, srv, 1, 0.5, redisstore.WithDeadline(100*time.Millisecond))[0]
-	lim := floodgate.Limit{Rate: 0.001, Burst: 10}
+	lim := floodgate.Limit{Rate: 0.001, Burst: 10} // share 5
 	srv.Kill()
+	start := time.Now()
 	for i := range 5 {
 		if res, err := s.TakeN(bg, "k", lim, 1); err != nil || !res.Allowed || res.Source != floodgate.SourceLease {
 			t.Fatalf("take %d with Redis down = %+v, %v; want the share's", i, res, err)
 		}
 	}
-	res, err := s.TakeN(bg, "k", lim, 1)
-	if err != nil || res.Source != floodgate.SourceFallback {
-		t.Errorf("take beyond the share with Redis down = %+v, %v; want the Local fallback's", res, err)
+	for i := range 5 {
+		if res, err := s.TakeN(bg, "k", lim, 1); err != nil || res.Source == floodgate.SourceLease || res.Source == floodgate.SourceRedis {
+			t.Fatalf("take %d beyond the share with Redis down = %+v, %v; want the failure policy's", i, res, err)
+		}
+	}
+	if time.Since(start) > 4*time.Second {
+		t.Skip("too slow to tell the share's last seconds from after")
+	}
+	time.Sleep(5*time.Second - time.Since(start))
+	if res, err := s.TakeN(bg, "k2", lim, 1); err != nil || res.Source == floodgate.SourceLease {
+		t.Errorf("take 5 s after Redis went down = %+v, %v; want the failure policy's, not the share's", res, err)
 	}
 }
 

@@ -247,23 +247,29 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	share, pool, split := s.split(lim)
-	if !split || check(key, lim, n) != nil {
+	share, pool, ok := s.split(lim)
+	if pool == lim || check(key, lim, n) != nil {
 		return s.take(ctx, key, lim, n, false)
 	}
-	if n > 0 {
-		if res, ok := s.takeShare(key, lim, share, n); ok {
+	var sh floodgate.Result // the share's refusal, or peek
+	switch {
+	case ok && n > 0:
+		res, took := s.takeShare(key, lim, share, n)
+		if took {
 			return res, nil
 		}
+		sh = res
+	case ok:
+		sh = s.peekShare(key, share)
 	}
-	if n > pool.Burst && n <= lim.Burst {
-		return s.tooLarge(lim), nil
+	if n > pool.Burst {
+		return s.beyondPool(lim, share, ok, n, sh), nil
 	}
 	res, err := s.take(ctx, key, pool, n, false)
 	if err != nil {
 		return res, err
 	}
-	return s.pooled(res, key, lim, share, n), nil
+	return s.pooled(res, lim, sh), nil
 }
 
 // take decides a take, or with reserve a reservation, which differs in
@@ -641,16 +647,21 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 	if lim.IsInf() {
 		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
 	}
-	share, pool, split := s.split(lim)
+	share, pool, ok := s.split(lim)
 	o := op{key: s.Key(key), lim: pool, mode: modePeek}
 	r, err := s.call(ctx, &o)
 	if err != nil {
 		return floodgate.Result{}, s.unavailable(ctx, err)
 	}
-	if split {
-		return s.pooled(o.result(r), key, lim, share, 0), nil
+	res := o.result(r)
+	if pool != lim {
+		var sh floodgate.Result
+		if ok {
+			sh = s.peekShare(key, share)
+		}
+		res = s.pooled(res, lim, sh)
 	}
-	return o.result(r), nil
+	return res, nil
 }
 
 // Refund returns n tokens to key's bucket under lim, never above its burst:
@@ -658,6 +669,9 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 // stays missing. It returns an error wrapping [ErrUnavailable] when Redis
 // cannot answer; tokens taken by the fallback are not refunded.
 func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n int) error {
+	if n < 0 {
+		return floodgate.ErrNegativeN
+	}
 	if err := check(key, lim, 0); err != nil {
 		return err
 	}
@@ -797,21 +811,28 @@ func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result
 	if s.cache == nil || n <= 0 || check(key, lim, n) != nil || lim.IsInf() {
 		return floodgate.Result{}, false
 	}
-	share, pool, split := s.split(lim)
-	if split && n <= share.Burst && s.shareRoom(key, share) >= n {
-		return floodgate.Result{}, false // the share would admit it
+	share, pool, ok := s.split(lim)
+	var sh floodgate.Result
+	if ok {
+		if sh = s.peekShare(key, share); n <= share.Burst && sh.Remaining >= n {
+			return floodgate.Result{}, false // the share would admit it
+		}
+		sh.Allowed, sh.RetryAfter = false, floodgate.Never
+		if n <= share.Burst && sh.Owed == 0 {
+			sh.RetryAfter = waitFor(share, int64(n-sh.Remaining)*1e9)
+		}
 	}
 	if n > pool.Burst {
 		return floodgate.Result{}, false // not the deny cache's to refuse
 	}
-	res, ok := s.cache.lookup(key, pool, n, s.local())
-	if ok {
+	res, denied := s.cache.lookup(key, pool, n, s.local())
+	if denied {
 		s.decided(floodgate.SourceCache)
-		if split {
-			res = s.pooled(res, key, lim, share, n)
+		if pool != lim {
+			res = s.pooled(res, lim, sh)
 		}
 	}
-	return res, ok
+	return res, denied
 }
 
 // Batched reports whether the store batches its round trips
