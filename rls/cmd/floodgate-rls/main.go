@@ -13,6 +13,7 @@
 //	-addr ADDR      gRPC listen address (default 127.0.0.1:8081; port 0 picks one)
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
 //	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
+//	-prefix P       the first part of every Redis key (default floodgate): replicas with one prefix share buckets, and count each other for -share
 //	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
 //	-credit         with -lease, decide cold keys on credit and charge Redis after (default true)
 //	-share F        with -redis, the fraction of every limit the replicas decide in process, in equal shares (default 0.5; 0 off)
@@ -91,6 +92,7 @@ func main() {
 
 type flags struct {
 	config, addr, metrics, redis, lease string
+	prefix                              string
 	batch, capacity, denyCache          int
 	share                               float64
 	deadline, watch, grace              time.Duration
@@ -105,6 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "gRPC listen `address` (port 0 picks a free one)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
+	fs.StringVar(&f.prefix, "prefix", "floodgate", "with -redis, the first part of every key: replicas with one `prefix` share buckets and count each other")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
 	fs.BoolVar(&f.credit, "credit", true, "with -lease, decide takes on credit without a round trip and charge Redis after (redisstore.WithCredit)")
 	fs.Float64Var(&f.share, "share", 0.5, "with -redis, the `fraction` of every limit the replicas decide in process, in equal shares (redisstore.WithShares; 0 off)")
@@ -190,6 +193,7 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 		return nil, nil, err
 	}
 	opts := []redisstore.Option{
+		redisstore.WithPrefix(f.prefix),
 		redisstore.WithDeadline(f.deadline),
 		redisstore.WithBatching(f.batch),
 		redisstore.WithLogger(log),

@@ -211,6 +211,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"-config", "x", "-share", "1"}, "-share 1: want 0 (off) or a fraction below 1"},
 		{[]string{"-config", "x", "-share", "-0.5"}, "-share -0.5"},
 		{[]string{"-config", "x", "-share", "NaN"}, "-share NaN"},
+		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-prefix", "a{b"}, "WithPrefix(\"a{b\")"},
 		{[]string{"-config", "/nonexistent.yaml"}, "/nonexistent.yaml"},
 		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-lease", "sometimes"}, "-lease"},
 	} {
