@@ -52,8 +52,11 @@ func (s *servers) ratelimitEnv(grpcAddr, httpAddr, debugAddr string) []string {
 	}
 }
 
-// start starts one server of variant v and returns it serving.
-func (s *servers) start(ctx context.Context, v string) (*proc, error) {
+// start starts one server of variant v and returns it serving. On Redis,
+// floodgate-rls's fleet is the replicas that share buckets and count each
+// other, by their key prefix: each configuration its own, as separate
+// deployments sharing one Redis would be.
+func (s *servers) start(ctx context.Context, v, fleet string) (*proc, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -74,7 +77,7 @@ func (s *servers) start(ctx context.Context, v string) (*proc, error) {
 			if s.cfg.Lease > 0 {
 				lease = s.cfg.Lease.String()
 			}
-			argv = append(argv, "-redis", s.redis.Addr, "-lease", lease)
+			argv = append(argv, "-redis", s.redis.Addr, "-prefix", fleet, "-lease", lease, "-share", strconv.FormatFloat(s.cfg.Share, 'g', -1, 64))
 		}
 	case vRatelimit:
 		httpAddr, err1 := freeAddr()
@@ -104,8 +107,9 @@ func (s *servers) start(ctx context.Context, v string) (*proc, error) {
 func (s *servers) startReplicas(ctx context.Context, v string, n int) ([]*proc, error) {
 	var ps []*proc
 	var addrs []string
+	fleet := v + "-" + strconv.Itoa(n) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for range n {
-		p, err := s.start(ctx, v)
+		p, err := s.start(ctx, v, fleet)
 		if err != nil {
 			return nil, err
 		}
@@ -113,7 +117,7 @@ func (s *servers) startReplicas(ctx context.Context, v string, n int) ([]*proc, 
 		addrs = append(addrs, p.addr)
 	}
 	if v != vNull {
-		if err := probe(ctx, addrs, v+"-"+strconv.Itoa(n)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36)); err != nil {
+		if err := probe(ctx, addrs, fleet); err != nil {
 			return nil, fmt.Errorf("%s: %w", v, err)
 		}
 	}
