@@ -122,7 +122,10 @@
 // to rate×d more, no more than the key's pace in this process (its last
 // two decisions apart) would spend within d, spent locally
 // (floodgate.SourceLease) until d after the request was sent, then
-// dropped. Every leased token was taken from the shared bucket, so over any
+// dropped. A lease takes at least half of its extra tokens or nothing, so
+// that a key at its limit costs a round trip every half lease time rather
+// than one a token (the deny cache holds the refusal meanwhile). Every
+// leased token was taken from the shared bucket, so over any
 // window of length t all instances together admit at most
 // burst + rate×(t+d): leases add at most rate×d to the bound. Unspent
 // tokens are lost, which under-admits; sizing a lease to the pace keeps

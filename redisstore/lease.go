@@ -216,7 +216,11 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	if x > 0 {
 		// A hot key at a pace that leases: one round trip buys its
 		// decisions for the lease time.
-		o.mode, o.n, o.min = modeLease, n+x, n
+		// At least half of it, or nothing: a key at its limit then
+		// costs a round trip every half lease time, not one for each
+		// token refilled (the deny cache holds the refusal until the
+		// bucket holds the half).
+		o.mode, o.n, o.min = modeLease, n+x, n+x/2
 	}
 	l.mu.Unlock()
 
@@ -263,7 +267,11 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 			l.mu.Unlock()
 		}
 		if s.cache != nil && !r.allowed {
-			s.cache.insert(key, lim, r.tokens*unit, now, res.RetryAfter)
+			least := 0
+			if o.mode == modeLease {
+				least = o.min
+			}
+			s.cache.insertLeast(key, lim, r.tokens*unit, now, res.RetryAfter, least)
 		}
 	}
 	return res, nil
@@ -543,3 +551,4 @@ func (s *Store) peekCredit(key string, lim floodgate.Limit) (floodgate.Result, b
 	s.decided(floodgate.SourceLease)
 	return res, true
 }
+

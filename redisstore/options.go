@@ -185,19 +185,26 @@ func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 
 // WithDenyCache keeps the size buckets Redis most recently denied in
 // process and denies requests on them without a round trip while the
-// bucket cannot yet hold the requested tokens. A cached denial never admits
-// and never denies a request Redis would admit, except that a Refund, Reset
-// or raised limit elsewhere is seen only once the entry expires (at the
-// denied request's retry-after). size = 0 (the default) turns it off. A
+// bucket cannot yet hold the requested tokens (with leases, the refused
+// lease's minimum). A cached denial never admits and never denies a
+// request Redis would admit (or, with leases, lease), except that a
+// Refund, Reset or raised limit elsewhere is seen only once the entry
+// expires (at the denied request's retry-after). size = 0 (the default) turns it off. A
 // repeated call replaces it.
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 
 // WithLeases lets hot buckets (two decisions on one key within d) take up to
 // rate×d tokens from Redis at once, no more than the key's pace in this
-// process would spend within d, and spend them locally for d. Over any
-// window of length t, all instances together admit at most
-// burst + rate×(t+d): the bound grows by rate×d. Tokens unused when a lease
-// expires are lost, which under-admits. At most keys keys are tracked, the
+// process would spend within d, and spend them locally for d. A lease
+// takes at least half of what it asks for beyond the request's own tokens,
+// or nothing: while the bucket holds less, the decision is refused (and the
+// deny cache, when on, refuses the key until it holds that much), so that
+// a key at its limit costs a round trip every half lease, not one for each
+// token refilled. Over any window of length t, all instances together
+// admit at most burst + rate×(t+d): the bound grows by rate×d. Tokens
+// unused when a lease expires are lost, which under-admits; so are, for
+// up to d/2, the last tokens of a bucket that holds fewer than a lease's
+// minimum. At most keys keys are tracked, the
 // ones decided on most recently. d = 0 (the default) turns leases off. A
 // repeated call replaces both.
 func WithLeases(d time.Duration, keys int) Option {

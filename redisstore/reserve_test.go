@@ -427,7 +427,8 @@ func TestSettleCacheAndLeases(t *testing.T) {
 
 // TestReserveLeasesBound: four stores with leases share a bucket and
 // reserve and settle on it, overrunning their estimates, while the client
-// clock advances, asking for more than the bucket gives (7,000 against 4,100). The
+// clock advances, asking for about twice what the bucket gives (3,200
+// against 1,700), their estimates right on average and often short. The
 // actual cost they admitted stays within
 // burst + rate·(t + lease time) + the debt limit, plus what they were told
 // was not charged.
@@ -435,7 +436,7 @@ func TestReserveLeasesBound(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
 	const d = 50 * time.Millisecond
-	lim := floodgate.PerSecond(2000, 20) // leases of up to 19 extra tokens
+	lim := floodgate.PerSecond(800, 20) // leases of up to 19 extra tokens, at least half of them
 	var stores []*redisstore.Store
 	pre := prefix(t)
 	for range 4 {
@@ -447,7 +448,7 @@ func TestReserveLeasesBound(t *testing.T) {
 	var demand, admitted, uncharged, leased int
 	for i := range steps {
 		s := stores[i%len(stores)]
-		actual := 3 * (i % 3) // 0, 3 or 6: under and over the estimate
+		actual := 2 * (i % 2) // 0 or 2: under and over the estimate
 		if i%100 == 0 {
 			actual = 60 // beyond any debt limit
 		}
