@@ -280,7 +280,10 @@ func perf(ctx context.Context, s *servers, variants []string, res *Results) erro
 	}
 	callers := map[string]int{}
 	for round := 1; round <= cfg.Rounds; round++ {
-		for _, v := range variants {
+		// Each round after the first starts one variant later, so that
+		// no variant always runs right after another.
+		for i := range variants {
+			v := variants[(i+round-1)%len(variants)]
 			var meas Measurement
 			var err error
 			if round == 1 {

@@ -92,7 +92,8 @@ type Config struct {
 	Callers int `json:"callers"`
 	Conns   int `json:"conns"`
 	// Rounds of the saturation measurement: each takes every variant in
-	// turn, so that a drift of the machine falls on all of them.
+	// turn, so that a drift of the machine falls on all of them, each
+	// round starting one variant later.
 	Rounds  int           `json:"rounds"`
 	Warm    time.Duration `json:"warm"`
 	Measure time.Duration `json:"measure"`
@@ -136,7 +137,7 @@ func (cfg *Config) defaults() {
 		cfg.OpenMeasure = or(cfg.OpenMeasure, 1500*time.Millisecond)
 	} else {
 		if cfg.Rounds <= 0 {
-			cfg.Rounds = 3
+			cfg.Rounds = 5
 		}
 		cfg.Warm = or(cfg.Warm, 2*time.Second)
 		cfg.Measure = or(cfg.Measure, 10*time.Second)
@@ -207,7 +208,7 @@ func main() {
 	variants := flag.String("variants", "", "comma-separated variants: "+strings.Join(allVariants, ", ")+" (default: all that can run here)")
 	flag.IntVar(&cfg.Callers, "callers", 8, "closed-loop callers at saturation (halved while their p99 exceeds 5 ms)")
 	flag.IntVar(&cfg.Conns, "conns", 0, "gRPC connections per server the callers share (default: min(callers, 4))")
-	flag.IntVar(&cfg.Rounds, "rounds", 0, "rounds of the saturation measurement (default 3, 1 with -quick)")
+	flag.IntVar(&cfg.Rounds, "rounds", 0, "rounds of the saturation measurement (default 5, 1 with -quick)")
 	flag.DurationVar(&cfg.Measure, "measure", 0, "each closed-loop measurement (default 10s, 1.5s with -quick)")
 	flag.DurationVar(&cfg.OpenMeasure, "open-measure", 0, "each open-loop measurement (default 15s, 1.5s with -quick)")
 	flag.DurationVar(&cfg.Lease, "lease", 100*time.Millisecond, "floodgate-rls -lease in the Redis variant (0: off)")
