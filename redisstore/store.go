@@ -812,27 +812,29 @@ func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result
 		return floodgate.Result{}, false
 	}
 	share, pool, ok := s.split(lim)
+	if n > pool.Burst {
+		return floodgate.Result{}, false // not the deny cache's to refuse
+	}
+	res, denied := s.cache.lookup(key, pool, n, s.local())
+	if !denied || pool == lim {
+		if denied {
+			s.decided(floodgate.SourceCache)
+		}
+		return res, denied
+	}
+	// The pool is short: refused unless this instance's share admits it.
 	var sh floodgate.Result
 	if ok {
 		if sh = s.peekShare(key, share); n <= share.Burst && sh.Remaining >= n {
-			return floodgate.Result{}, false // the share would admit it
+			return floodgate.Result{}, false
 		}
 		sh.Allowed, sh.RetryAfter = false, floodgate.Never
 		if n <= share.Burst && sh.Owed == 0 {
 			sh.RetryAfter = waitFor(share, int64(n-sh.Remaining)*1e9)
 		}
 	}
-	if n > pool.Burst {
-		return floodgate.Result{}, false // not the deny cache's to refuse
-	}
-	res, denied := s.cache.lookup(key, pool, n, s.local())
-	if denied {
-		s.decided(floodgate.SourceCache)
-		if pool != lim {
-			res = s.pooled(res, lim, sh)
-		}
-	}
-	return res, denied
+	s.decided(floodgate.SourceCache)
+	return s.pooled(res, lim, sh), true
 }
 
 // Batched reports whether the store batches its round trips
