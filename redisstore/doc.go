@@ -210,8 +210,10 @@
 // # Concurrency and zero value
 //
 // A Store is safe for concurrent use and must be made with [New]; the zero
-// Store is not usable. It needs no Close. It starts no goroutine of its own
-// beyond short-lived ones: those serving in-flight batched (or guarded)
+// Store is not usable. It needs no Close unless it has shares
+// ([WithShares]): their registration runs every second until
+// [Store.Close]. Otherwise it starts no goroutine of its own beyond
+// short-lived ones: those serving in-flight batched (or guarded)
 // calls; probes, at most two at a time (the breaker's, and one checking a
 // starved timeout), each ending within its budget; and at most once a
 // second the registration that counts instances, ending within the

@@ -128,20 +128,45 @@ func (s *Store) register() {
 	if now < next || !in.next.CompareAndSwap(next, now+period) {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.deadline)
-		defer cancel()
-		s.bounded(ctx, func(ctx context.Context) error {
-			n, err := instancesScript.Run(ctx, s.client, []string{in.key}, in.id, s.now(), instanceTTLArg).Int64()
-			if err == nil && n > 0 {
-				in.counted(n)
-				if s.obs != nil {
-					s.obs.ObserveInstances(int(in.count.Load()))
-				}
+	go s.registration()
+}
+
+// registration registers this store on Redis and records the count, within
+// the deadline.
+func (s *Store) registration() {
+	in := s.inst
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.deadline)
+	defer cancel()
+	s.bounded(ctx, func(ctx context.Context) error {
+		n, err := instancesScript.Run(ctx, s.client, []string{in.key}, in.id, s.now(), instanceTTLArg).Int64()
+		if err == nil && n > 0 {
+			in.counted(n)
+			if s.obs != nil {
+				s.obs.ObserveInstances(int(in.count.Load()))
 			}
-			return err
-		})
-	}()
+		}
+		return err
+	})
+}
+
+// heartbeat registers this store every period until Close, whether or not
+// it decides anything: with shares, every instance must stay counted, or
+// one idle for a few seconds would count itself alone when it wakes (the
+// others' registrations having lapsed too) and take a share of the whole
+// limit.
+func (s *Store) heartbeat() {
+	in := s.inst
+	for {
+		in.next.Store(int64(time.Since(monoBase)) + int64(in.period()))
+		s.registration()
+		t := time.NewTimer(in.period())
+		select {
+		case <-s.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // divisor returns the Local policy's divisor now: the instances counted on

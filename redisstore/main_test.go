@@ -96,6 +96,7 @@ func newStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

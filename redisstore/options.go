@@ -249,11 +249,13 @@ func WithCredit() Option { return func(o *options) { o.credit = true } }
 // The shares and the pool together hold no more than the bucket: over any
 // window of length t all instances admit at most burst + rate×t, plus the
 // pool's own terms from leases and credit, which count only its part of
-// the rate. This holds while the count is current. An instance decides on
-// its share only while its own registration (every second while it
-// decides) is less than 4 s old, before the others could drop it from
-// their count; otherwise, and before its first count, it takes from the
-// pool as if it were alone, the smallest pool any count gives. For about a
+// the rate. This holds while the count is current. A store with shares
+// registers every second, from a goroutine that runs until [Store.Close],
+// so that idle instances stay counted. An instance decides on its share
+// only while its last registration is less than 4 s old, before the others
+// could drop it from their count; otherwise (Redis down, or after Close),
+// and before its first count, it takes from the pool as if it were alone,
+// the smallest pool any count gives. For about a
 // second after an instance joins, the others, not yet counting it, hold
 // the larger shares of the smaller count: up to one share of each bucket
 // more. An instance that stops leaves its share unused until the others

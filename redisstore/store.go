@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/floodgate-go/floodgate/remote"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,8 +45,9 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 // a negative n, n above the burst, a key longer than [MaxKeyLen], or a
 // context that ended before Redis answered.
 //
-// A Store is safe for concurrent use. It needs no Close. The goroutines it
-// starts are short-lived: with batching on or with a client that ignores
+// A Store is safe for concurrent use. It needs no Close unless it has
+// shares ([WithShares]), whose registration it keeps fresh every second
+// until [Store.Close]. The other goroutines it starts are short-lived: with batching on or with a client that ignores
 // context deadlines, ones that end with the calls they serve; the breaker's
 // probe, which ends within its budget; and, at most once a second, the
 // registration that counts the instances sharing the store's prefix and
@@ -68,7 +70,9 @@ type Store struct {
 	shares           *shares
 	lastReload       atomic.Int64
 	inst             *instances
-	checking         atomic.Bool // a probe checks a starved timeout
+	checking         atomic.Bool   // a probe checks a starved timeout
+	stop             chan struct{} // closed by Close; nil without shares
+	closeOnce        sync.Once
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
 	credits atomic.Uint64    // takes on credit, also in counts[SourceLease]
@@ -160,6 +164,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("redisstore: shares: %w", err)
 		}
 		s.shares = sh
+		s.stop = make(chan struct{})
+		go s.heartbeat()
 	}
 	return s, nil
 }
@@ -861,4 +867,16 @@ func (s *Store) Stats() Stats {
 		Open:       s.br.isOpen(),
 		Breaker:    s.br.current(),
 	}
+}
+
+// Close stops what the store runs in the background: the registration
+// that [WithShares] renews every second. A store without shares needs no
+// Close. Close is safe to call more than once, and concurrently with
+// decisions, which go on after it: within a few seconds its count lapses
+// and it decides no more on its shares. It returns nil.
+func (s *Store) Close() error {
+	if s.stop != nil {
+		s.closeOnce.Do(func() { close(s.stop) })
+	}
+	return nil
 }

@@ -216,7 +216,7 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 		client.Close()
 		return nil, nil, err
 	}
-	return st, func() { client.Close() }, nil
+	return st, func() { st.Close(); client.Close() }, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal) error {
