@@ -215,11 +215,10 @@ func (s *Store) takeLeased(ctx context.Context, key string, lim floodgate.Limit,
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeTake}
 	if x > 0 {
 		// A hot key at a pace that leases: one round trip buys its
-		// decisions for the lease time.
-		// At least half of it, or nothing: a key at its limit then
-		// costs a round trip every half lease time, not one for each
-		// token refilled (the deny cache holds the refusal until the
-		// bucket holds the half).
+		// decisions for the lease time. It takes at least half the extra
+		// tokens or nothing, so that a key at its limit costs a round trip
+		// every half lease time, not one a refilled token (the deny cache
+		// holds the refusal until the bucket holds the half).
 		o.mode, o.n, o.min = modeLease, n+x, n+x/2
 	}
 	l.mu.Unlock()
@@ -328,10 +327,10 @@ func (s *Store) spentLocally(from int, start bool) {
 // ReserveLocal reserves n tokens of key under lim as [Store.ReserveN]
 // does, when it can decide without a round trip: from this instance's
 // share ([WithShares]), tokens leased ahead ([WithLeases]) or on credit
-// ([WithCredit]). It reports false, having
-// taken nothing, when the take needs Redis: without leases, for n < 1 or an
-// n ReserveN would refuse as invalid, under floodgate.Inf, for a take the
-// deny cache refuses, and when neither a lease nor credit covers it. A
+// ([WithCredit]). It reports false, having taken nothing, when the take
+// needs Redis: for n < 1 or an n ReserveN would refuse as invalid, under
+// floodgate.Inf, for a take the deny cache refuses, and when neither a
+// share, a lease nor credit covers it. A
 // caller deciding several keys for one request takes what it can this way
 // first, and sends only the rest to Redis, concurrently.
 func (s *Store) ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool) {
@@ -551,4 +550,3 @@ func (s *Store) peekCredit(key string, lim floodgate.Limit) (floodgate.Result, b
 	s.decided(floodgate.SourceLease)
 	return res, true
 }
-

@@ -80,26 +80,11 @@ func (s *Store) poolOf(lim floodgate.Limit) floodgate.Limit {
 	return pool
 }
 
-// takeShare takes n ≥ 1 tokens from this instance's share of key's bucket,
-// and reports whether it could. A refusal takes nothing; its Result is the
-// share's, in the share's tokens.
-func (s *Store) takeShare(key string, lim, share floodgate.Limit, n int) (floodgate.Result, bool) {
-	s.register() // keep this instance counted while its shares decide alone
-	if n > share.Burst {
-		return floodgate.Result{Limit: share, RetryAfter: floodgate.Never}, false
-	}
-	res, err := s.shares.m.TakeN(context.Background(), key, share, n)
-	if err != nil || !res.Allowed {
-		return res, false
-	}
-	s.shared.Add(1)
-	s.decided(floodgate.SourceLease)
-	return s.whole(res, lim, share), true
-}
-
-// reserveShare is takeShare for a reservation, which settles on the share.
+// reserveShare reserves n ≥ 1 tokens of this instance's share of key's
+// bucket, a reservation that settles on the share, and reports whether it
+// could; a take is the same reservation never settled. A refusal takes
+// nothing; its Result is the share's, in the share's tokens.
 func (s *Store) reserveShare(key string, lim, share floodgate.Limit, n int) (floodgate.Reservation, floodgate.Result, bool) {
-	s.register()
 	if n > share.Burst {
 		return floodgate.Reservation{}, floodgate.Result{Limit: share, RetryAfter: floodgate.Never}, false
 	}

@@ -72,6 +72,23 @@ func TestSharesDecideWithoutRedis(t *testing.T) {
 	}
 }
 
+// TestSharesHeartbeat: a store with shares registers by itself, deciding
+// nothing: an idle instance stays counted, so that it does not wake to a
+// count of one.
+func TestSharesHeartbeat(t *testing.T) {
+	srv := sharedServer(t)
+	t.Cleanup(redisstore.SetInstancePeriod(20 * time.Millisecond))
+	s := newStore(t, newClient(t, srv.Addr), redisstore.WithShares(0.5, 100))
+	eventually(t, "a registration without a decision", func() bool { return s.Stats().Instances == 1 })
+	if st := s.Stats(); st.Redis+st.Lease+st.Cache != 0 {
+		t.Fatalf("Stats = %+v, want no decision", st)
+	}
+	res, err := s.TakeN(bg, "k", floodgate.Limit{Rate: 0.001, Burst: 10}, 1)
+	if err != nil || res.Source != floodgate.SourceLease {
+		t.Errorf("first TakeN = %+v, %v; want the share's", res, err)
+	}
+}
+
 // TestSharesNotBeforeCount: a store that has not counted the instances
 // yet decides nothing on a share, and takes from the smallest pool any
 // count gives, as if it were the only instance: a new instance does not

@@ -260,7 +260,7 @@ func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n in
 	var sh floodgate.Result // the share's refusal, or peek
 	switch {
 	case ok && n > 0:
-		res, took := s.takeShare(key, lim, share, n)
+		_, res, took := s.reserveShare(key, lim, share, n)
 		if took {
 			return res, nil
 		}
