@@ -235,7 +235,7 @@ func (b *batcher) send(batch []*pending) {
 	var err error
 	if len(groups) == 1 {
 		var vals []int64
-		vals, err = evalOps(ctx, b.s.client, now, ops)
+		vals, err = b.s.evalOps(ctx, b.s.client, now, ops)
 		fill(replies, groups[0], vals, err)
 	} else {
 		err = b.pipelined(ctx, now, ops, groups, replies)
@@ -255,7 +255,7 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 	cmds := make([]*redis.Cmd, len(groups))
 	pipe := b.s.client.Pipeline()
 	for g, idx := range groups {
-		keys, args := groupArgs(ops, idx, now)
+		keys, args := b.s.groupArgs(ops, idx, now)
 		cmds[g] = pipe.EvalSha(ctx, bucketScript.Hash(), keys, args...)
 	}
 	_, err := pipe.Exec(ctx)
@@ -268,7 +268,7 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 	if len(retry) > 0 {
 		pipe := b.s.client.Pipeline()
 		for _, g := range retry {
-			keys, args := groupArgs(ops, groups[g], now)
+			keys, args := b.s.groupArgs(ops, groups[g], now)
 			cmds[g] = pipe.Eval(ctx, bucketLua, keys, args...)
 		}
 		_, err = pipe.Exec(ctx)
@@ -281,10 +281,10 @@ func (b *batcher) pipelined(ctx context.Context, now int64, ops []*op, groups []
 	return err
 }
 
-func groupArgs(ops []*op, idx []int, now int64) ([]string, []any) {
+func (s *Store) groupArgs(ops []*op, idx []int, now int64) ([]string, []any) {
 	keys := make([]string, len(idx))
-	args := make([]any, 0, 3+4*len(idx))
-	args = appendHead(args, now)
+	args := make([]any, 0, headArgs+argsPerOp*len(idx))
+	args = s.appendHead(args, now)
 	for i, j := range idx {
 		keys[i] = ops[j].key
 		args = ops[j].appendArgs(args)

@@ -12,10 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Local policy splits a limit among the instances that share it. A
-// fixed divisor is wrong as soon as the fleet grows, and the old default of
-// 1 let N instances admit N times the limit through any fallback, even one
-// caused by a short stall. So stores count each other: each registers its
+// The Local policy splits a limit among the instances that share it, which
+// count each other for it (see DESIGN.md, "The fallback's divisor"): each
+// registers its
 // random id in one sorted set per prefix and name, scored by the time it
 // last decided on Redis, and reads how many ids are younger than
 // instanceTTL. The Local policy divides by that count, or by the configured
@@ -65,12 +64,6 @@ type instances struct {
 	next  atomic.Int64 // ns since monoBase of the next registration
 	count atomic.Int64 // the divisor the count gives, 0 before the first
 
-	// current is the ns since monoBase until which the count holds for
-	// shares (WithShares): a registration sets it to instanceTTL −
-	// instancePeriod after itself, before the others could drop this
-	// instance from their count.
-	current atomic.Int64
-
 	mu     sync.Mutex
 	high   int64 // the highest count of the last instanceTTL
 	highAt int64 // ns since monoBase when it was last counted
@@ -93,7 +86,6 @@ func (in *instances) counted(n int64) {
 	case n >= in.high || now-in.highAt >= int64(instanceTTL):
 		in.high, in.highAt = n, now
 	}
-	in.current.Store(now + instanceTTL.Nanoseconds() - int64(in.period()))
 	in.lastOK = now
 	in.count.Store(in.high)
 	in.mu.Unlock()
@@ -105,11 +97,6 @@ func (in *instances) period() time.Duration {
 		return time.Duration(p)
 	}
 	return instancePeriod
-}
-
-// sharing reports whether the count may set shares now (see current).
-func (in *instances) sharing() bool {
-	return int64(time.Since(monoBase)) < in.current.Load()
 }
 
 func newInstances(prefix, name string) *instances {
@@ -147,26 +134,6 @@ func (s *Store) registration() {
 		}
 		return err
 	})
-}
-
-// heartbeat registers this store every period until Close, whether or not
-// it decides anything: with shares, every instance must stay counted, or
-// one idle for a few seconds would count itself alone when it wakes (the
-// others' registrations having lapsed too) and take a share of the whole
-// limit.
-func (s *Store) heartbeat() {
-	in := s.inst
-	for {
-		in.next.Store(int64(time.Since(monoBase)) + int64(in.period()))
-		s.registration()
-		t := time.NewTimer(in.period())
-		select {
-		case <-s.stop:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // divisor returns the Local policy's divisor now: the instances counted on

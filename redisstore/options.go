@@ -63,9 +63,6 @@ type options struct {
 	cacheSize    int
 	leaseTime    time.Duration
 	leaseKeys    int
-	credit       bool
-	share        float64
-	shareKeys    int
 	onError      func(error)
 	observer     Observer
 	logger       *slog.Logger
@@ -193,103 +190,19 @@ func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 // repeated call replaces it.
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 
-// WithLeases lets hot buckets (two decisions on one key within d) take up to
-// rate×d tokens from Redis at once, no more than the key's pace in this
-// process would spend within d, and spend them locally for d. A lease
-// takes at least half of what it asks for beyond the request's own tokens,
-// or nothing: while the bucket holds less, the decision is refused (and the
-// deny cache, when on, refuses the key until it holds that much), so that
-// a key at its limit costs a round trip every half lease, not one for each
-// token refilled. Over any window of length t, all instances together
-// admit at most burst + rate×(t+d): the bound grows by rate×d. Tokens
-// unused when a lease expires are lost, which under-admits; so are, for
-// up to d/2, the last tokens of a bucket that holds fewer than a lease's
-// minimum. At most keys keys are tracked, the
-// ones decided on most recently. d = 0 (the default) turns leases off. A
-// repeated call replaces both.
+// WithLeases lets the store decide takes in process on tokens Redis leased
+// to it: a key this store decides on more than once gets, with a round
+// trip it makes anyway, up to a quarter of the lease time d of its demand
+// here (at most a quarter of the burst), recorded on Redis with the
+// bucket, spent here until d after it was asked for, and given back, what
+// is left of it, with the key's next round trip, under a new limit, or at
+// [Store.Close]. Leases change the bound of docs/stores.md by nothing;
+// what a lease left unspent when its process died is lost, until it
+// expires on Redis. At most keys keys are tracked, the ones decided on
+// most recently. d = 0 (the default) turns leases off; d must be at least
+// a millisecond. A repeated call replaces both.
 func WithLeases(d time.Duration, keys int) Option {
 	return func(o *options) { o.leaseTime, o.leaseKeys = d, keys }
-}
-
-// WithCredit lets a store with leases decide a take without a round trip
-// on a key it holds no leased tokens for: on credit, up to c = ⌊rate×d⌋
-// tokens of the key at a time (d the lease time; at most the burst and the
-// limit's DebtLimit), and no more than the shared bucket held when Redis
-// last answered for the key in this process; a key this process has no
-// answer for counts as full. Tokens taken on credit are charged to the
-// shared bucket in the background within about d/20, in one batched call
-// for all keys, as a settle is: below zero if the bucket no longer holds
-// them, so that later takes repay them. A charge that leaves the bucket
-// short stops credit on the key here until Redis admits a take again.
-//
-// Over any window of length t, N instances together admit at most
-// burst + rate×(t + (2N+1)×d), against burst + rate×(t+d) with leases
-// alone: each instance may hold c tokens not yet charged, and the bucket
-// may owe c per instance from charges that found it empty. The bound
-// holds while the lease table (WithLeases' keys) keeps every key decided
-// within the last d/20: a key evicted with charges on their way is again
-// one this process has no answer for, and may take c more. A charge Redis does not apply (Redis down or slow)
-// is lost (the failed call counts in Stats.Errors); while the breaker is
-// open no take is decided on credit. The default is off; New refuses it
-// without leases.
-func WithCredit() Option { return func(o *options) { o.credit = true } }
-
-// WithShares splits every limit between the instances and Redis: each
-// instance decides a share of each bucket in process, with no round trip
-// and nothing sent to Redis, and only what the shares do not cover goes
-// to the bucket on Redis, the pool, with the leases, credit and deny cache
-// of the other options. With N instances counted (the stores with this
-// store's prefix and name that registered on Redis in the last 5 s; see
-// [WithLocalDivisor], whose divisor, rounded up, counts when larger), an
-// instance's share of a limit holds b = ⌊f×burst/N⌋ tokens and refills at
-// rate×b/burst; the pool holds the rest, burst − N×b tokens at the rest of
-// the rate. A take goes to the share first and to the pool when the share
-// cannot admit it.
-//
-// The shares and the pool together hold no more than the bucket: over any
-// window of length t all instances admit at most burst + rate×t, plus the
-// pool's own terms from leases and credit, which count only its part of
-// the rate. This holds while the count is current. A store with shares
-// registers every second, from a goroutine that runs until [Store.Close],
-// so that idle instances stay counted. An instance decides on its share
-// only while its last registration is less than 4 s old, before the others
-// could drop it from their count; otherwise (Redis down, or after Close),
-// and before its first count, it takes from the pool as if it were alone,
-// the smallest pool any count gives. For about a
-// second after an instance joins, the others, not yet counting it, hold
-// the larger shares of the smaller count: up to one share of each bucket
-// more. An instance that stops leaves its share unused until the others
-// drop it, after 5 s.
-//
-// Instances that count each other should see each key's requests in equal
-// parts, as replicas behind a round-robin balancer do: a key whose
-// requests all reach one of N instances is admitted at up to
-// (1 − f + f/N) of its limit, since the others' shares go unused. Give
-// each group of instances that shares limits a prefix of its own
-// ([WithPrefix]).
-//
-// A limit whose share would hold less than a token (f×burst < N) is not
-// split, and Inf is never split. A take larger than the pool's burst waits
-// for the share, and is refused for good (RetryAfter [floodgate.Never])
-// when it is larger than the share's too, though at most the limit's: the
-// largest take is at least burst − ⌊f×burst⌋. Decisions on the share have
-// Source [floodgate.SourceLease] (a share is a standing lease of part of
-// the bucket) and count in Stats.Lease and Stats.Shares; their Remaining
-// and Owed are the share's, scaled to the bucket, and a reservation taken
-// from a share settles on it, with Results in the share's tokens. Results
-// of the pool have the whole limit as their Limit, and Remaining and Owed
-// add this instance's share. Refunds, settles without a reservation and
-// peeks go to the pool; Reset resets both. Shares keep deciding while
-// Redis is down, for those 4 s; the pool's part goes to the failure policy,
-// under the pool's limit.
-//
-// f must be in (0, 1). At most keys ≥ 1 keys hold a share at once, in a
-// keyed.Map that never evicts a share not yet full: past that, new keys
-// share their shard's overflow bucket, which can admit a key more than its
-// share while a key with a larger limit refills it; size keys above the
-// keys decided within a refill. The default is off.
-func WithShares(f float64, keys int) Option {
-	return func(o *options) { o.share, o.shareKeys = f, keys }
 }
 
 // WithOnError sets a function called with every error from Redis that made
@@ -341,15 +254,8 @@ func (o *options) validate() error {
 		return invalid("WithLeases(%v, %d): negative lease time", o.leaseTime, o.leaseKeys)
 	case o.leaseTime > 0 && o.leaseKeys < 1:
 		return invalid("WithLeases(%v, %d): keys below 1", o.leaseTime, o.leaseKeys)
-	case o.credit && o.leaseTime == 0:
-		return invalid("WithCredit(): needs WithLeases, whose lease time sets the credit")
-	case o.shareKeys != 0 || o.share != 0:
-		if !(o.share > 0 && o.share < 1) {
-			return invalid("WithShares(%v, %d): the fraction is not in (0, 1)", o.share, o.shareKeys)
-		}
-		if o.shareKeys < 1 {
-			return invalid("WithShares(%v, %d): keys below 1", o.share, o.shareKeys)
-		}
+	case o.leaseTime > 0 && o.leaseTime < time.Millisecond:
+		return invalid("WithLeases(%v, %d): below a millisecond", o.leaseTime, o.leaseKeys)
 	}
 	return nil
 }

@@ -33,45 +33,14 @@ import (
 // context ended after Redis took the tokens: ReserveN then returns the
 // context's error, and the tokens stay taken.
 func (s *Store) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
-	share, pool, ok := s.split(lim)
-	if pool == lim || check(key, lim, n) != nil {
-		return s.reserveOn(ctx, key, lim, lim, n)
-	}
-	var sh floodgate.Result // the share's refusal, or peek
-	switch {
-	case ok && n > 0:
-		r, res, took := s.reserveShare(key, lim, share, n)
-		if took {
-			return r, nil
-		}
-		sh = res
-	case ok:
-		// A reservation of nothing is refused while either part owes.
-		if sh = s.peekShare(key, share); sh.Owed > 0 {
-			res := s.whole(sh, lim, share)
-			res.Allowed, res.RetryAfter = false, waitFor(share, int64(sh.Owed)*1e9)
-			return floodgate.NewReservation(nil, key, lim, 0, res), nil
-		}
-	}
-	if n > pool.Burst {
-		return floodgate.NewReservation(nil, key, lim, n, s.beyondPool(lim, share, ok, n, sh)), nil
-	}
-	r, err := s.reserveOn(ctx, key, lim, pool, n)
-	r.Result = s.pooled(r.Result, lim, sh)
-	return r, err
-}
-
-// reserveOn reserves n tokens of key's bucket under lim on its part on
-// Redis, pool (lim itself without shares).
-func (s *Store) reserveOn(ctx context.Context, key string, lim, pool floodgate.Limit, n int) (floodgate.Reservation, error) {
-	res, err := s.take(ctx, key, pool, n, true)
+	res, err := s.take(ctx, key, lim, n, true)
 	if !res.Allowed {
 		return floodgate.NewReservation(nil, key, lim, n, res), err
 	}
 	var st floodgate.Settler
 	switch res.Source {
 	case floodgate.SourceRedis, floodgate.SourceLease:
-		st = s // under lim, which SettleN splits again
+		st = s
 	case floodgate.SourceFallback:
 		// Nil when the fallback cannot settle: it keeps the estimate.
 		st, _ = s.fallback.(floodgate.Settler)
@@ -122,29 +91,14 @@ func (s *Store) SettleN(ctx context.Context, key string, lim floodgate.Limit, re
 	if err := ctx.Err(); err != nil {
 		return floodgate.Result{}, err
 	}
-	share, pool, ok := s.split(lim)
-	res, err := s.settle(ctx, key, pool, reserved, actual)
-	if pool != lim && res.Limit == pool {
-		var sh floodgate.Result
-		if ok {
-			sh = s.peekShare(key, share)
-		}
-		res = s.pooled(res, lim, sh)
-	}
-	return res, err
+	return s.settle(ctx, key, lim, reserved, actual)
 }
 
-// settle is SettleN on the part of the limit Redis holds.
+// settle is SettleN past its checks.
 func (s *Store) settle(ctx context.Context, key string, lim floodgate.Limit, reserved, actual int) (floodgate.Result, error) {
 	delta := actual - reserved
 	if s.cache != nil && delta < 0 {
 		s.cache.Remove(key)
-	}
-	if delta < 0 {
-		if delta += s.cancelCredit(key, lim, -delta); delta == 0 {
-			// Tokens taken on credit and not yet sent: given back here.
-			return floodgate.Result{Allowed: true, Limit: lim, Remaining: s.creditRoom(key, lim), Source: floodgate.SourceLease}, nil
-		}
 	}
 	o := op{key: s.Key(key), lim: lim, n: delta, mode: modeSettle}
 	r, err := s.call(ctx, &o)
@@ -153,7 +107,7 @@ func (s *Store) settle(ctx context.Context, key string, lim floodgate.Limit, res
 	}
 	res := o.result(r)
 	if s.leases != nil && r.tokens < 0 {
-		s.leases.owes(key, lim, res)
+		s.leases.owes(key)
 	}
 	if left := int64(delta) - r.taken; delta > 0 && left > 0 {
 		return res, &floodgate.DebtLimitError{Uncharged: int(left)}

@@ -16,175 +16,401 @@ import (
 // decisions on keys of one Cluster slot (or on a standalone server) runs as
 // one call; a lone decision is a batch of one.
 //
-// KEYS[i] is the i-th bucket. ARGV[1] is the time in µs, or -1 to read the
-// server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms added to
-// every TTL (see clockSlack). Then four arguments per decision: rate (tokens
-// per second, which is also micro-tokens per µs), burst (tokens), n (tokens)
-// and mode. Modes: 0 takes n (n = 0 is allowed unless the bucket owes
-// tokens, and writes nothing), 1 peeks, 2 refunds n, "3:<min>" leases:
-// takes as many whole tokens as the bucket holds, at most n and at least
-// min; "4:<debt>" settles: n < 0 refunds −n, never above the burst, and
-// n > 0 charges n whatever the bucket holds, in whole tokens, down to debt
-// tokens below zero at most.
+// KEYS[i] is the i-th decision's bucket. ARGV[1] is the time in µs, or -1
+// to read the server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms
+// added to every TTL and lease expiry (see clockSlack); ARGV[4] the calling
+// store's id, which names its leases; ARGV[5] its lease time in ms. Then
+// seven arguments per decision: rate (tokens per second, which is also
+// micro-tokens per µs), burst (tokens), n (tokens), mode, and three more
+// whose meaning depends on the mode, then a group number (eight in all).
 //
-// State is 16 bytes: micro-tokens and the µs they were counted at, two
-// little-endian doubles (struct.pack '<d<d', much cheaper than formatting
-// text). Both are integers of magnitude below 2^53, which doubles hold
-// exactly (burst and debt ≤ 2^33 tokens = 8.6e15 micro-tokens); tokens are
-// negative while the bucket owes, after a settle. A
-// missing bucket is full. Refill rounds down. Time never moves backwards:
-// a bucket counted at a later time than now keeps its time. Only takes,
-// leases, refunds and settles write, always with a TTL: the time until the bucket is
-// full again plus ARGV[3], at least 1 ms and at most ARGV[2] ms. Once a
-// bucket is full, a missing key means the same thing, so the TTL may run
-// late but must not run early: a decision that writes nothing on a bucket
-// not yet full (a refused take, a peek) lengthens the TTL when the limit in
+// Modes: 0 takes n (n = 0 is allowed unless the bucket owes tokens, and
+// writes nothing); 1 peeks; 2 refunds n; 3 leases: it first closes the
+// store's lease on the bucket, if it holds one, giving back ret = a3 of its
+// tokens (a3 = -1: the store holds no lease), then takes n + x tokens,
+// x = a1 at most and xmin = a2 at least (the whole take is refused when
+// n + xmin whole tokens are not there; n + xmin = 0 only closes), and
+// records the x tokens beyond n as the store's lease until now plus the
+// lease time; 4 settles: n < 0 refunds −n, never above the burst, and n > 0
+// charges n whatever the bucket holds, in whole tokens, down to a1 tokens
+// below zero at most.
+//
+// A bucket is a hash. Field "s" holds its state, five little-endian
+// doubles: micro-tokens, the µs they were counted at, the micro-tokens
+// leased out (G), the earliest and the latest expiry of its leases (µs,
+// 0 without leases). Every other field is a lease, named by its store's id:
+// its micro-tokens and its expiry. All are integers below 2^53, which
+// doubles hold exactly. A missing bucket is full, except when a lease
+// decision says its store held a lease on it (a3 ≥ 0): the bucket was lost
+// (a restarted Redis, FLUSHALL) while leases were out, and starts empty.
+//
+// The bucket and its leases together never hold more than the burst: the
+// refill stops at burst − G. Taking a lease moves tokens into G, closing
+// one moves its unspent part back, and a lease that expired unclosed (its
+// store died) leaves G at the next decision after its expiry. So over any
+// window every token admitted was in the bucket, or in a lease, at its
+// start, or refilled during it: see docs/stores.md.
+//
+// Refill rounds down. Time never moves backwards: a bucket counted at a
+// later time than now keeps its time. Decisions that change a bucket write
+// it with a TTL: the time until it is full again plus ARGV[3], at least
+// 1 ms, at most ARGV[2] ms, and never before its last lease expires. Once
+// a bucket is full with no lease out, a missing key means the same thing,
+// so the TTL may run late but must not run early: a decision that writes
+// nothing on a bucket not yet full lengthens the TTL when the limit in
 // force would take longer to fill it (a TTL at ARGV[2], only once a
 // sixteenth of it has passed).
 //
+// Decisions with the same group number g > 0 are all or nothing: at the
+// first of them, all are checked on the buckets as they are then; if each
+// would be allowed, all are applied there, else none is, and each is
+// answered refused with its bucket as it is.
+//
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
 // micro-tokens after the decision, and the whole tokens taken (by a settle:
-// charged). A key that
-// holds something other than a bucket answers -1, 0, 0 and is left alone;
-// the script's other decisions are made as usual.
+// charged). A key that holds something other than a bucket answers -1, 0,
+// 0 and is left alone; the script's other decisions are made as usual. A
+// bucket of the earlier layout (a 16-byte string) is read, and rewritten
+// as a hash.
 const bucketLua = `
 local now = tonumber(ARGV[1])
 local maxttl = tonumber(ARGV[2])
 local slack = tonumber(ARGV[3])
+local id = ARGV[4]
+local leasettl = tonumber(ARGV[5]) * 1000
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local out = {}
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 4
-  local rate = tonumber(ARGV[a + 1])
-  local burst = tonumber(ARGV[a + 2]) * 1000000
-  local n = tonumber(ARGV[a + 3]) * 1000000
-  local mode = ARGV[a + 4]
-  local arg = 0
-  if #mode > 1 then -- a lease, "3:<min>", or a settle, "4:<debt>"
-    arg = tonumber(string.sub(mode, 3)) * 1000000
-    mode = string.sub(mode, 1, 1)
+local M = 1000000
+local states = {}
+
+-- load returns the key's state, read once per call, or false when the
+-- key holds something else.
+local function load(key, rate, burst)
+  local st = states[key]
+  if st ~= nil then
+    return st
   end
-  local key = KEYS[i]
-  local v = redis.pcall('GET', key)
-  if type(v) == 'table' or (v and #v ~= 16) then
-    -- Not a bucket (WRONGTYPE, or another value): this decision fails,
-    -- the batch's others go on, and nothing is written.
-    out[#out + 1] = -1
-    out[#out + 1] = 0
-    out[#out + 1] = 0
+  local migrated = false
+  local v = redis.pcall('HGET', key, 's')
+  if type(v) == 'table' then
+    local old = redis.pcall('GET', key)
+    if type(old) == 'string' and #old == 16 then
+      local tk, at = struct.unpack('<d<d', old)
+      redis.call('DEL', key)
+      v = struct.pack('<d<d<d<d<d', tk, at, 0, 0, 0)
+      migrated = true
+    else
+      states[key] = false
+      return false
+    end
+  elseif (v and #v ~= 40) or (not v and redis.call('EXISTS', key) == 1) then
+    -- Another value, or a hash that is not a bucket.
+    states[key] = false
+    return false
+  end
+  st = {rate = rate, burst = burst, exists = false, dirty = migrated, recs = {}}
+  if v then
+    st.exists = true
+    st.tokens, st.at, st.g, st.next, st.last = struct.unpack('<d<d<d<d<d', v)
   else
-    local tokens, at = burst, now
-    local exists = false
-    if v then
-      exists = true
-      tokens, at = struct.unpack('<d<d', v)
-      if now > at then
-        if tokens < burst and rate > 0 then
-          local add = (now - at) * rate
-          if add >= burst - tokens then
-            tokens = burst
-          else
-            tokens = tokens + math.floor(add)
-          end
+    st.tokens, st.at, st.g, st.next, st.last = burst, now, 0, 0, 0
+  end
+  states[key] = st
+  return st
+end
+
+-- prepare brings st to now under the limit: lapsed leases leave G, the
+-- bucket refills up to burst − G.
+local function prepare(key, st, rate, burst)
+  st.rate, st.burst = rate, burst
+  if st.g > 0 and st.next > 0 and now >= st.next then
+    local all = redis.call('HGETALL', key)
+    local nxt = 0
+    for j = 1, #all, 2 do
+      local f = all[j]
+      if f ~= 's' and st.recs[f] == nil then
+        local lg, le = struct.unpack('<d<d', all[j + 1])
+        if le <= now then
+          st.recs[f] = false
+          st.g = st.g - lg
+        elseif nxt == 0 or le < nxt then
+          nxt = le
         end
-        at = now
-      end
-      if tokens > burst then
-        tokens = burst
       end
     end
-    local allowed, taken, write = 0, 0, false
-    if mode == '0' then
-      if n <= burst and tokens >= n then
-        tokens = tokens - n
-        allowed, taken, write = 1, n, n > 0
+    if st.g < 1 or nxt == 0 then
+      st.g, nxt = 0, 0
+    end
+    st.next = nxt
+    st.dirty = true
+  end
+  local cap = burst - st.g
+  if now > st.at then
+    if st.tokens < cap and rate > 0 then
+      local add = (now - st.at) * rate
+      if add >= cap - st.tokens then
+        st.tokens = cap
+      else
+        st.tokens = st.tokens + math.floor(add)
       end
-    elseif mode == '1' then
-      allowed = 1
-    elseif mode == '2' then
-      allowed = 1
-      if exists and n > 0 then
-        tokens = tokens + n
-        if tokens >= burst then
-          tokens = burst
-          redis.call('DEL', key)
-        else
-          write = true
-        end
+    end
+    st.at = now
+  end
+  if st.tokens > cap then
+    st.tokens = cap
+  end
+end
+
+-- rec returns the store's lease on the bucket: micro-tokens and expiry,
+-- or nil.
+local function rec(key, st)
+  local r = st.recs[id]
+  if r == nil then
+    r = redis.call('HGET', key, id)
+    if r then
+      local lg, le = struct.unpack('<d<d', r)
+      r = {lg, le}
+    else
+      r = false
+    end
+    st.recs[id] = r
+  end
+  if r then
+    return r
+  end
+  return nil
+end
+
+-- decide applies one decision to st and returns allowed, taken.
+local function decide(key, st, mode, burst, n, a1, a2, a3)
+  if mode == '0' then
+    if n <= burst and st.tokens >= n then
+      st.tokens = st.tokens - n
+      if n > 0 then
+        st.dirty = true
       end
-    elseif mode == '3' then
-      local give = math.floor(tokens / 1000000) * 1000000
-      if give > n then
-        give = n
+      return 1, n
+    end
+    return 0, 0
+  elseif mode == '1' then
+    return 1, 0
+  elseif mode == '2' then
+    if st.exists and n > 0 then
+      st.tokens = math.min(st.tokens + n, burst - st.g)
+      st.dirty = true
+    end
+    return 1, 0
+  elseif mode == '3' then
+    -- Close the store's lease, if any, whatever the store says of it: a
+    -- record left behind would hold G until it expires.
+    local r = rec(key, st)
+    if r then
+      st.g = math.max(st.g - r[1], 0)
+      st.tokens = math.min(st.tokens + math.min(math.max(a3, 0), r[1]), burst - st.g)
+      st.recs[id] = false
+      st.dirty = true
+    end
+    local need = n + a2
+    if need == 0 then
+      return 1, 0
+    end
+    local avail = st.tokens - math.fmod(st.tokens, M)
+    if st.tokens < 0 or avail < need then
+      return 0, 0
+    end
+    local give = math.min(n + a1, avail)
+    st.tokens = st.tokens - give
+    st.dirty = true
+    local x = give - n
+    if x > 0 then
+      local exp = now + leasettl + slack * 1000
+      st.recs[id] = {x, exp}
+      st.g = st.g + x
+      if st.next == 0 or exp < st.next then
+        st.next = exp
       end
-      if give >= arg and give > 0 then
-        tokens = tokens - give
-        allowed, taken, write = 1, give, true
+      if exp > st.last then
+        st.last = exp
+      end
+    end
+    return 1, give
+  end
+  if n < 0 then
+    if st.exists then
+      st.tokens = math.min(st.tokens - n, burst - st.g)
+      st.dirty = true
+    end
+    return 1, 0
+  elseif n > 0 then
+    -- The whole tokens the bucket gives before it owes a1. fmod is
+    -- exact, where a floor of a quotient may round up near 2^33 tokens;
+    -- each operand is whole tokens, so the sum is exact too.
+    local room = 0
+    if st.tokens >= 0 then
+      room = st.tokens - math.fmod(st.tokens, M) + a1
+    elseif st.tokens + a1 > 0 then
+      room = st.tokens + a1 - math.fmod(st.tokens + a1, M)
+    end
+    room = math.min(room, n)
+    if room > 0 then
+      st.tokens = st.tokens - room
+      st.dirty = true
+      return 1, room
+    end
+  end
+  return 1, 0
+end
+
+local W = 8
+local count = #KEYS
+local out = {}
+local function arg(i, k)
+  return ARGV[5 + (i - 1) * W + k]
+end
+-- params reads decision i's arguments, in micro-tokens.
+local function params(i)
+  return tonumber(arg(i, 1)), tonumber(arg(i, 2)) * M, tonumber(arg(i, 3)) * M, arg(i, 4),
+    tonumber(arg(i, 5)) * M, tonumber(arg(i, 6)) * M, tonumber(arg(i, 7))
+end
+-- prepared loads and prepares decision i's bucket, or returns false.
+local function prepared(i)
+  local rate, burst, n, mode, a1, a2, a3 = params(i)
+  local st = load(KEYS[i], rate, burst)
+  if st and not st.exists and mode == '3' and a3 >= 0 then
+    -- Lost while leases were out (see above): the bucket starts empty.
+    st.tokens, st.exists, st.dirty = 0, true, true
+  end
+  if st then
+    prepare(KEYS[i], st, rate, burst)
+  end
+  return st, rate, burst, n, mode, a1, a2, a3 * M
+end
+local function answer(i, allowed, st, taken)
+  if st.dirty then
+    st.exists = true
+  end
+  out[3 * i - 2] = allowed
+  out[3 * i - 1] = st.tokens
+  out[3 * i] = taken / M
+end
+local function copy(st)
+  local c = {}
+  for k, v in pairs(st) do
+    c[k] = v
+  end
+  local r = {}
+  for k, v in pairs(st.recs) do
+    r[k] = v
+  end
+  c.recs = r
+  return c
+end
+
+local decided = {}
+for i = 1, count do
+  if not decided[i] then
+    local grp = arg(i, 8)
+    if grp == '0' then
+      decided[i] = true
+      local st, rate, burst, n, mode, a1, a2, a3 = prepared(i)
+      if st then
+        local allowed, taken = decide(KEYS[i], st, mode, burst, n, a1, a2, a3)
+        answer(i, allowed, st, taken)
+      else
+        out[3 * i - 2], out[3 * i - 1], out[3 * i] = -1, 0, 0
       end
     else
-      allowed = 1
-      if n < 0 then
-        if exists then
-          tokens = tokens - n
-          if tokens >= burst then
-            tokens = burst
-            redis.call('DEL', key)
-          else
-            write = true
+      -- All or nothing: try the group on copies, then apply or refuse.
+      local members = {}
+      for j = i, count do
+        if arg(j, 8) == grp then
+          members[#members + 1] = j
+          decided[j] = true
+        end
+      end
+      local trial = {}
+      local ok = true
+      for _, j in ipairs(members) do
+        local st, rate, burst, n, mode, a1, a2, a3 = prepared(j)
+        if not st then
+          ok = false
+        else
+          local c = trial[KEYS[j]]
+          if c == nil then
+            c = copy(st)
+            trial[KEYS[j]] = c
+          end
+          local allowed = decide(KEYS[j], c, mode, burst, n, a1, a2, a3)
+          if allowed ~= 1 then
+            ok = false
           end
         end
-      elseif n > 0 then
-        -- The whole tokens the bucket gives before it owes arg. fmod is
-        -- exact, where a floor of a quotient may round up near 2^33
-        -- tokens; each operand is whole tokens, so the sum is exact too.
-        local room = 0
-        if tokens >= 0 then
-          room = tokens - math.fmod(tokens, 1000000) + arg
-        elseif tokens + arg > 0 then
-          room = tokens + arg - math.fmod(tokens + arg, 1000000)
-        end
-        if room > n then
-          room = n
-        end
-        if room > 0 then
-          tokens = tokens - room
-          taken, write = room, true
+      end
+      for _, j in ipairs(members) do
+        local st, rate, burst, n, mode, a1, a2, a3 = prepared(j)
+        if not st then
+          out[3 * j - 2], out[3 * j - 1], out[3 * j] = -1, 0, 0
+        elseif ok then
+          local allowed, taken = decide(KEYS[j], st, mode, burst, n, a1, a2, a3)
+          answer(j, allowed, st, taken)
+        else
+          answer(j, 0, st, 0)
         end
       end
     end
-    if write or (exists and tokens < burst) then
-      local ttl = maxttl
-      if rate > 0 then
-        ttl = math.ceil((burst - tokens) / rate / 1000) + slack
-        if ttl < 1 then
-          ttl = 1
-        elseif ttl > maxttl then
-          ttl = maxttl
-        end
-      end
-      if write then
-        redis.call('SET', key, struct.pack('<d<d', tokens, at), 'PX', ttl)
-      else
-        -- The limit changed since the last write (a lower rate, a
-        -- higher burst): the key must not expire before the bucket
-        -- is full under the limit in force. A TTL at the cap is
-        -- renewed only once a sixteenth of it has passed: every
-        -- refusal of a rate-0 bucket would write otherwise.
-        local want = ttl
-        if ttl == maxttl then
-          want = ttl - ttl / 16
-        end
-        if redis.call('PTTL', key) < want then
-          redis.call('PEXPIRE', key, ttl)
-        end
+  end
+end
+
+-- Write what changed, once per key, with its TTL.
+for key, st in pairs(states) do
+  if st then
+    local burst = st.burst
+    local full = st.g <= 0 and st.tokens >= burst
+    local ttl = maxttl
+    if st.rate > 0 then
+      ttl = math.ceil((burst - st.tokens) / st.rate / 1000) + slack
+      if ttl < 1 then
+        ttl = 1
+      elseif ttl > maxttl then
+        ttl = maxttl
       end
     end
-    out[#out + 1] = allowed
-    out[#out + 1] = tokens
-    out[#out + 1] = taken / 1000000
+    if st.last > now then
+      ttl = math.max(ttl, math.ceil((st.last - now) / 1000) + slack + 1)
+    end
+    if st.dirty then
+      if full and st.exists then
+        redis.call('DEL', key)
+      elseif not full then
+        for f, r in pairs(st.recs) do
+          if r == false then
+            redis.call('HDEL', key, f)
+          else
+            redis.call('HSET', key, f, struct.pack('<d<d', r[1], r[2]))
+          end
+        end
+        if st.g <= 0 then
+          st.next, st.last = 0, 0
+        end
+        redis.call('HSET', key, 's', struct.pack('<d<d<d<d<d', st.tokens, st.at, st.g, st.next, st.last))
+        redis.call('PEXPIRE', key, ttl)
+      end
+    elseif st.exists and not full then
+      -- The limit changed since the last write (a lower rate, a higher
+      -- burst): the key must not expire before the bucket is full under
+      -- the limit in force. A TTL at the cap is renewed only once a
+      -- sixteenth of it has passed: every refusal of a rate-0 bucket would
+      -- write otherwise.
+      local want = ttl
+      if ttl == maxttl then
+        want = ttl - ttl / 16
+      end
+      if redis.call('PTTL', key) < want then
+        redis.call('PEXPIRE', key, ttl)
+      end
+    end
   end
 end
 return out
@@ -223,7 +449,12 @@ type op struct {
 	lim  floodgate.Limit
 	n    int // a settle's: the tokens to charge, or to refund when negative
 	mode int
-	min  int // leases only
+	// a1, a2 and a3 are the mode's arguments (bucketLua): a lease's
+	// extra tokens, its minimum and what it gives back (-1: no lease
+	// held); a settle's debt limit comes from lim.
+	a1, a2, a3 int
+	grp        int   // all-or-nothing group within a call, 0 for none
+	sent       int64 // a lease's: local ns when it was asked for
 }
 
 // reply is the script's answer for one op.
@@ -237,33 +468,53 @@ type reply struct {
 // other than a bucket. Redis answered: the key, not Redis, is at fault.
 var errNotBucket = errors.New("redisstore: key holds a value that is not a bucket")
 
-// appendArgs appends op's four script arguments. The limit's two come
-// preformatted from a one-entry cache: most stores apply few limits, and
-// boxing and formatting them was a visible share of a batched decision.
+// argsPerOp is the script's arguments per decision.
+const argsPerOp = 8
+
+// small holds the boxed small integers that most arguments are, so that
+// appending them allocates nothing.
+var small = func() (s [16]any) {
+	for i := range s {
+		s[i] = i
+	}
+	return
+}()
+
+func boxed(v int) any {
+	if v >= 0 && v < len(small) {
+		return small[v]
+	}
+	return v
+}
+
+// appendArgs appends op's script arguments. The limit's come preformatted
+// from a one-entry cache: most stores apply few limits, and boxing and
+// formatting them was a visible share of a batched decision.
 func (o *op) appendArgs(args []any) []any {
 	la := lastLimit.Load()
 	if la == nil || la.lim != o.lim {
 		la = &limitArgs{
-			lim:    o.lim,
-			rate:   strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
-			burst:  strconv.Itoa(o.lim.Burst),
-			settle: "4:" + strconv.Itoa(o.lim.DebtLimit()),
+			lim:   o.lim,
+			rate:  strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
+			burst: strconv.Itoa(o.lim.Burst),
+			debt:  o.lim.DebtLimit(),
 		}
 		lastLimit.Store(la)
 	}
-	var mode any = o.mode
-	switch o.mode {
-	case modeLease:
-		mode = "3:" + strconv.Itoa(o.min)
-	case modeSettle:
-		mode = la.settle
+	a1, a3 := o.a1, o.a3
+	if o.mode == modeSettle {
+		a1 = la.debt
 	}
-	return append(args, la.rate, la.burst, o.n, mode)
+	if o.mode != modeLease {
+		a3 = 0
+	}
+	return append(args, la.rate, la.burst, boxed(o.n), boxed(o.mode), boxed(a1), boxed(o.a2), boxed(a3), boxed(o.grp))
 }
 
 type limitArgs struct {
-	lim                 floodgate.Limit
-	rate, burst, settle any
+	lim         floodgate.Limit
+	rate, burst any
+	debt        int
 }
 
 var lastLimit atomic.Pointer[limitArgs]
@@ -277,10 +528,10 @@ func isNoScript(err error) bool {
 // evalOps runs ops as one script call on c, falling back from EVALSHA to EVAL
 // when the server does not know the script. All keys must share a slot on a
 // Cluster.
-func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int64, error) {
+func (s *Store) evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int64, error) {
 	keys := make([]string, len(ops))
-	args := make([]any, 0, 3+4*len(ops))
-	args = appendHead(args, now)
+	args := make([]any, 0, headArgs+argsPerOp*len(ops))
+	args = s.appendHead(args, now)
 	for i, o := range ops {
 		keys[i] = o.key
 		args = o.appendArgs(args)
@@ -292,14 +543,18 @@ func evalOps(ctx context.Context, c redis.Scripter, now int64, ops []*op) ([]int
 	return cmd.Int64Slice()
 }
 
+// headArgs is the script's arguments before the decisions'.
+const headArgs = 5
+
 // appendHead appends the script's first arguments: the time, the longest
-// TTL, and the TTL slack (none on the server's clock).
-func appendHead(args []any, now int64) []any {
+// TTL, the TTL slack (none on the server's clock), this store's id and
+// lease time.
+func (s *Store) appendHead(args []any, now int64) []any {
 	slack := slackArgs[0]
 	if now >= 0 {
 		slack = slackArgs[1]
 	}
-	return append(args, now, maxTTLArg, slack)
+	return append(args, now, maxTTLArg, slack, s.inst.id, s.leaseArg)
 }
 
 // parse reads the i-th reply out of vals: errShortReply when it is missing,
@@ -355,7 +610,7 @@ func (o *op) result(r reply) floodgate.Result {
 		} else {
 			need := int64(o.n) * 1e9
 			if o.mode == modeLease {
-				need = int64(o.min) * 1e9
+				need = int64(o.n+o.a2) * 1e9
 			}
 			res.RetryAfter = waitFor(o.lim, need-tokens)
 		}

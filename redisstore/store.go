@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/floodgate-go/floodgate/remote"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,13 +46,14 @@ func (e *unavailableError) Unwrap() error        { return e.cause }
 // a negative n, n above the burst, a key longer than [MaxKeyLen], or a
 // context that ended before Redis answered.
 //
-// A Store is safe for concurrent use. It needs no Close unless it has
-// shares ([WithShares]), whose registration it keeps fresh every second
-// until [Store.Close]. The other goroutines it starts are short-lived: with batching on or with a client that ignores
-// context deadlines, ones that end with the calls they serve; the breaker's
-// probe, which ends within its budget; and, at most once a second, the
-// registration that counts the instances sharing the store's prefix and
-// name (see [WithLocalDivisor]), which ends within the deadline.
+// A Store is safe for concurrent use. [Store.Close] gives back the tokens
+// its leases hold ([WithLeases]); without leases it does nothing. The
+// goroutines it starts are short-lived: with batching on or with a client
+// that ignores context deadlines, ones that end with the calls they serve;
+// the breaker's probe, which ends within its budget; and, at most once a
+// second, the registration that counts the instances sharing the store's
+// prefix and name (see [WithLocalDivisor]), which ends within the
+// deadline.
 type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless client is one
@@ -59,6 +61,7 @@ type Store struct {
 	obs     Observer // nil unless WithObserver
 
 	keyHead, keyTail string
+	leaseArg         string        // the lease time in ms, for the script
 	guard            bool          // the client ignores context deadlines
 	budget           time.Duration // Redis's share of the deadline
 	slots            deadlineSlots
@@ -67,16 +70,12 @@ type Store struct {
 	batch            *batcher
 	cache            *denyCache
 	leases           *leaseTable
-	shares           *shares
 	lastReload       atomic.Int64
 	inst             *instances
-	checking         atomic.Bool   // a probe checks a starved timeout
-	stop             chan struct{} // closed by Close; nil without shares
+	checking         atomic.Bool // a probe checks a starved timeout
 	closeOnce        sync.Once
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
-	credits atomic.Uint64    // takes on credit, also in counts[SourceLease]
-	shared  atomic.Uint64    // takes from this instance's shares, also in counts[SourceLease]
 	errs    atomic.Uint64
 	starves atomic.Uint64
 }
@@ -154,18 +153,10 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if o.cacheSize > 0 {
 		s.cache = newDenyCache(o.cacheSize)
 	}
+	s.leaseArg = "0"
 	if o.leaseTime > 0 {
 		s.leases = newLeaseTable(o.leaseTime, o.leaseKeys)
-		s.leases.credit = o.credit
-	}
-	if o.share > 0 {
-		sh, err := newShares(o.share, o.shareKeys, o.clock)
-		if err != nil {
-			return nil, fmt.Errorf("redisstore: shares: %w", err)
-		}
-		s.shares = sh
-		s.stop = make(chan struct{})
-		go s.heartbeat()
+		s.leaseArg = strconv.FormatInt(o.leaseTime.Milliseconds(), 10)
 	}
 	return s, nil
 }
@@ -253,29 +244,7 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	share, pool, ok := s.split(lim)
-	if pool == lim || check(key, lim, n) != nil {
-		return s.take(ctx, key, lim, n, false)
-	}
-	var sh floodgate.Result // the share's refusal, or peek
-	switch {
-	case ok && n > 0:
-		_, res, took := s.reserveShare(key, lim, share, n)
-		if took {
-			return res, nil
-		}
-		sh = res
-	case ok:
-		sh = s.peekShare(key, share)
-	}
-	if n > pool.Burst {
-		return s.beyondPool(lim, share, ok, n, sh), nil
-	}
-	res, err := s.take(ctx, key, pool, n, false)
-	if err != nil {
-		return res, err
-	}
-	return s.pooled(res, lim, sh), nil
+	return s.take(ctx, key, lim, n, false)
 }
 
 // take decides a take, or with reserve a reservation, which differs in
@@ -296,23 +265,22 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 		return floodgate.Result{}, err
 	}
 	if n > 0 && n <= lim.Burst {
+		if s.leases != nil {
+			if res, ok := s.spend(key, lim, n); ok {
+				return res, nil
+			}
+		}
 		if s.cache != nil {
 			if res, ok := s.cache.lookup(key, lim, n, s.local()); ok {
 				s.decided(floodgate.SourceCache)
 				return res, nil
 			}
 		}
-		if s.leases != nil {
-			return s.takeLeased(ctx, key, lim, n)
-		}
 	}
 	mode := modeTake
 	switch {
 	case n > 0:
 	case !reserve:
-		if res, ok := s.peekCredit(key, lim); ok {
-			return res, nil
-		}
 		mode = modePeek
 	case lim.IsZero(): // admits nothing, not even a reservation of nothing
 		s.counts[floodgate.SourceRedis].Add(1)
@@ -322,11 +290,15 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 		return res, err
 	}
 	o := op{key: s.Key(key), lim: lim, n: n, mode: mode}
+	leasing := mode == modeTake && n > 0 && s.leases != nil && s.leaseOp(key, &o)
 	var sent int64
 	if s.cache != nil {
 		sent = s.local()
 	}
 	r, err := s.call(ctx, &o)
+	if leasing {
+		s.leased(key, &o, r, err)
+	}
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
 			return floodgate.Result{}, cerr
@@ -335,8 +307,18 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	}
 	s.counts[floodgate.SourceRedis].Add(1)
 	res := o.result(r)
+	switch {
+	case leasing && r.allowed:
+		res.Remaining += int(r.taken) - n // this store's new lease
+	case s.leases != nil && !leasing:
+		s.observed(key, lim, r)
+	}
 	if s.cache != nil && !r.allowed && n > 0 && n <= lim.Burst {
-		s.cache.insert(key, lim, r.tokens*unit, sent, res.RetryAfter)
+		least := 0
+		if leasing {
+			least = n + o.a2 // the next decision on the key would lease again
+		}
+		s.cache.insertLeast(key, lim, r.tokens*unit, sent, res.RetryAfter, least)
 	}
 	return res, nil
 }
@@ -455,7 +437,7 @@ const probeBudget = time.Second
 // the check of a starved timeout opens the breaker if Redis does not
 // answer either.
 func (s *Store) probe(o op, halfOpen bool) {
-	o.mode, o.n, o.min = modePeek, 0, 0
+	o.mode, o.n, o.a1, o.a2, o.a3, o.grp = modePeek, 0, 0, 0, 0, 0
 	go func() {
 		budget := max(s.opts.deadline, probeBudget) + s.stretch()
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
@@ -554,7 +536,7 @@ func (s *Store) bounded(ctx context.Context, f func(context.Context) error) erro
 }
 
 func (s *Store) run(ctx context.Context, o *op) (reply, error) {
-	vals, err := evalOps(ctx, s.client, s.now(), []*op{o})
+	vals, err := s.evalOps(ctx, s.client, s.now(), []*op{o})
 	if err != nil {
 		return reply{}, err
 	}
@@ -603,9 +585,6 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 		return floodgate.Result{Limit: o.lim, RetryAfter: retry, Source: floodgate.SourceFailClosed}, nil
 	}
 	n := o.n
-	if o.mode == modeLease {
-		n = o.min
-	}
 	lim := o.lim.Scale(1 / s.divisor())
 	var res floodgate.Result
 	err = nil
@@ -653,20 +632,13 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 	if lim.IsInf() {
 		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
 	}
-	share, pool, ok := s.split(lim)
-	o := op{key: s.Key(key), lim: pool, mode: modePeek}
+	o := op{key: s.Key(key), lim: lim, mode: modePeek}
 	r, err := s.call(ctx, &o)
 	if err != nil {
 		return floodgate.Result{}, s.unavailable(ctx, err)
 	}
 	res := o.result(r)
-	if pool != lim {
-		var sh floodgate.Result
-		if ok {
-			sh = s.peekShare(key, share)
-		}
-		res = s.pooled(res, lim, sh)
-	}
+	res.Remaining += s.leaseTokens(key, lim)
 	return res, nil
 }
 
@@ -681,7 +653,6 @@ func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n i
 	if err := check(key, lim, 0); err != nil {
 		return err
 	}
-	lim = s.poolOf(lim)
 	if exceeds(lim, n) {
 		n = lim.Burst // a bucket never holds more
 	}
@@ -693,9 +664,6 @@ func (s *Store) Refund(ctx context.Context, key string, lim floodgate.Limit, n i
 	}
 	if s.cache != nil {
 		s.cache.Remove(key)
-	}
-	if n -= s.cancelCredit(key, lim, n); n == 0 {
-		return nil
 	}
 	o := op{key: s.Key(key), lim: lim, n: n, mode: modeRefund}
 	if _, err := s.call(ctx, &o); err != nil {
@@ -716,9 +684,6 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	}
 	if s.leases != nil {
 		s.leases.remove(key)
-	}
-	if s.shares != nil {
-		s.shares.m.Reset(ctx, key)
 	}
 	if ok, probe := s.br.allow(time.Now()); !ok {
 		if probe {
@@ -765,16 +730,9 @@ type Stats struct {
 	// Cache counts takes denied without a call, from the local cache of
 	// Redis's recent denials.
 	Cache uint64
-	// Lease counts takes served from tokens leased ahead of time, those
-	// taken on credit ([WithCredit]) and those from this instance's share
-	// ([WithShares]).
+	// Lease counts takes decided in process on tokens Redis leased to this
+	// store ([WithLeases]).
 	Lease uint64
-	// Credit counts takes on credit: decided here and charged to Redis
-	// after.
-	Credit uint64
-	// Shares counts takes from this instance's share of their bucket
-	// ([WithShares]): decided here, never sent to Redis.
-	Shares uint64
 	// Fallback counts takes decided by the fallback store under the [Local]
 	// policy while Redis could not decide.
 	Fallback uint64
@@ -817,30 +775,14 @@ func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result
 	if s.cache == nil || n <= 0 || check(key, lim, n) != nil || lim.IsInf() {
 		return floodgate.Result{}, false
 	}
-	share, pool, ok := s.split(lim)
-	if n > pool.Burst {
-		return floodgate.Result{}, false // not the deny cache's to refuse
+	if s.leases != nil && s.leaseCovers(key, lim, n) {
+		return floodgate.Result{}, false // a take would spend the lease
 	}
-	res, denied := s.cache.lookup(key, pool, n, s.local())
-	if !denied || pool == lim {
-		if denied {
-			s.decided(floodgate.SourceCache)
-		}
-		return res, denied
+	res, denied := s.cache.lookup(key, lim, n, s.local())
+	if denied {
+		s.decided(floodgate.SourceCache)
 	}
-	// The pool is short: refused unless this instance's share admits it.
-	var sh floodgate.Result
-	if ok {
-		if sh = s.peekShare(key, share); n <= share.Burst && sh.Remaining >= n {
-			return floodgate.Result{}, false
-		}
-		sh.Allowed, sh.RetryAfter = false, floodgate.Never
-		if n <= share.Burst && sh.Owed == 0 {
-			sh.RetryAfter = waitFor(share, int64(n-sh.Remaining)*1e9)
-		}
-	}
-	s.decided(floodgate.SourceCache)
-	return s.pooled(res, lim, sh), true
+	return res, denied
 }
 
 // Batched reports whether the store batches its round trips
@@ -855,8 +797,6 @@ func (s *Store) Stats() Stats {
 		Redis:      s.counts[floodgate.SourceRedis].Load(),
 		Cache:      s.counts[floodgate.SourceCache].Load(),
 		Lease:      s.counts[floodgate.SourceLease].Load(),
-		Credit:     s.credits.Load(),
-		Shares:     s.shared.Load(),
 		Fallback:   s.counts[floodgate.SourceFallback].Load(),
 		FailOpen:   s.counts[floodgate.SourceFailOpen].Load(),
 		FailClosed: s.counts[floodgate.SourceFailClosed].Load(),
@@ -869,14 +809,15 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// Close stops what the store runs in the background: the registration
-// that [WithShares] renews every second. A store without shares needs no
-// Close. Close is safe to call more than once, and concurrently with
-// decisions, which go on after it: within a few seconds its count lapses
-// and it decides no more on its shares. It returns nil.
+// Close gives back, in batched round trips within the deadline each, the
+// tokens this store's live leases hold ([WithLeases]), so that the other
+// instances may take them at once; a store without leases does nothing.
+// Decisions may go on after Close: they lease again. Close is safe to call
+// more than once, and concurrently with decisions; the first call does the
+// work. It returns nil.
 func (s *Store) Close() error {
-	if s.stop != nil {
-		s.closeOnce.Do(func() { close(s.stop) })
+	if s.leases != nil {
+		s.closeOnce.Do(s.giveBack)
 	}
 	return nil
 }

@@ -301,28 +301,3 @@ func hotRemaining(t *testing.T, st *redisstore.Store) int {
 	return r.Remaining
 }
 
-// TestCreditTakesNothingOnRefusal: on a store with credit, a request one
-// descriptor refuses gives back what another took on credit in process,
-// without a round trip, and nothing reaches that bucket on Redis.
-func TestCreditTakesNothingOnRefusal(t *testing.T) {
-	// A lease time of 2 s: the credit's charges go out every 100 ms, long
-	// after the refund.
-	st, c, cl := sharedService(t, hotCold, redisstore.WithBatching(16),
-		redisstore.WithLeases(2*time.Second, 100), redisstore.WithCredit())
-	call(t, cl, request("d", 0, desc("cold", "k"))) // 1 a minute: no credit
-	scripts := scriptCalls(t, c)
-	resp := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k")))
-	if got := outcomeOf(resp); got.Overall != "OVER_LIMIT" || got.Codes[0] != "OK" || got.Codes[1] != "OVER_LIMIT" {
-		t.Fatalf("hot and cold: %+v, want OVER_LIMIT with hot OK and cold OVER_LIMIT", got)
-	}
-	if n := scriptCalls(t, c) - scripts; n != 1 {
-		t.Errorf("the refused request made %d script calls, want 1 (cold's take): hot's take and its refund are local", n)
-	}
-	if st.Stats().Credit != 1 {
-		t.Errorf("Stats = %+v, want hot's take on credit", st.Stats())
-	}
-	time.Sleep(300 * time.Millisecond) // past a flush
-	if got := hotRemaining(t, st); got != 100 {
-		t.Errorf("the hot bucket holds %d after the refusal, want 100: nothing taken", got)
-	}
-}

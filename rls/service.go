@@ -52,13 +52,10 @@ type Service struct {
 	// concurrent decides a request's buckets at once: the store batches
 	// its round trips.
 	concurrent bool
-	// denier and local are the store's deny cache and its takes without a
-	// round trip (redisstore's), nil when it has none.
+	// denier is the store's deny cache (redisstore's), nil when it has
+	// none.
 	denier interface {
 		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
-	}
-	local interface {
-		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
 	}
 	// seen is the fingerprint of the files the last Load read (applied
 	// or rejected), for Watch.
@@ -102,11 +99,6 @@ func New(store floodgate.Reserver, cfg *Config, opts ...Option) (*Service, error
 		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
 	}); ok {
 		s.denier = d
-	}
-	if l, ok := store.(interface {
-		ReserveLocal(key string, lim floodgate.Limit, n int) (floodgate.Reservation, bool)
-	}); ok {
-		s.local = l
 	}
 	if o.clock != nil {
 		s.clock = o.clock.Now
@@ -223,7 +215,6 @@ type item struct {
 	r        floodgate.Reservation
 	taken    bool
 	settled  bool // a charge on the response, already applied
-	local    bool // decided by the store without a round trip
 }
 
 // hitsOf returns a descriptor's hits: its own hits_addend when set (0
@@ -585,9 +576,8 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		}
 		return i, nil
 	}
-	s.reserveLocal(sv, items)
 	errs := make([]error, len(items))
-	atOnce(items, func(it *item) bool { return it.limited && !it.local }, func(i int) {
+	atOnce(items, func(it *item) bool { return it.limited }, func(i int) {
 		errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
 	})
 	for _, err := range errs {
@@ -607,26 +597,6 @@ func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *do
 		s.refundAllConcurrently(ctx, items)
 	}
 	return refused, nil
-}
-
-// reserveLocal takes what the store can take without a round trip
-// (redisstore's leases and credit) for every limited item that takes, so
-// that only the others go to the store concurrently: a goroutine costs
-// more than such a take.
-func (s *Service) reserveLocal(sv *served, items []item) {
-	if s.local == nil {
-		return
-	}
-	for i := range items {
-		it := &items[i]
-		if !it.limited || it.negative || it.hasResv {
-			continue
-		}
-		if r, ok := s.local.ReserveLocal(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
-			it.res, it.r, it.taken, it.local = r.Result, r, true, true
-			s.count(sv, it)
-		}
-	}
 }
 
 // deniedFirst returns the first limited item that the store's deny cache

@@ -224,11 +224,11 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 	rateEdge := float64(lim.Edge) / lim.Period.Seconds()
 	tb := tokenBucket(t.run.Variant)
 	// ends is how often the pattern's demand stops, leaving each replica
-	// with a lease it may not spend.
-	leases := func(a *Admitted, rate float64, ends int) {
-		if t.run.Variant == vRedis {
-			a.LeaseExtra = float64(2*t.run.Replicas+1) * rate * lease.Seconds()
-			a.LeaseLoss = float64(ends*t.run.Replicas) * rate * lease.Seconds()
+	// with a lease it may not spend: at most a quarter of the burst.
+	// Leases add nothing to what the bucket admits (docs/stores.md).
+	leases := func(a *Admitted, burst float64, ends int) {
+		if t.run.Variant == vRedis && lease > 0 {
+			a.LeaseLoss = float64(ends*t.run.Replicas) * burst / 4
 		}
 	}
 
@@ -258,7 +258,7 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 				// Empty at the drain (it was refused at its end), then the
 				// rate; the token's fraction left is within the tolerance.
 				a.Allowance = rateSteady * span
-				leases(&a, rateSteady, 1)
+				leases(&a, float64(lim.Steady), 1)
 			} else {
 				// The drain took the count of the window it fell in; the
 				// window crosses one edge, after which the limit is fresh.
@@ -288,7 +288,7 @@ func (t *accTarget) drive(ctx context.Context, lim accuracyLimits, at accTimes, 
 			if tb {
 				// Full (a burst of one unit's worth) at the first request.
 				a.Allowance = float64(lim.Edge) + rateEdge*span
-				leases(&a, rateEdge, 2)
+				leases(&a, float64(lim.Edge), 2)
 			} else {
 				a.Allowance = 2 * float64(lim.Edge)
 			}

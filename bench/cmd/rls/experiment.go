@@ -77,7 +77,7 @@ func (s *servers) start(ctx context.Context, v, fleet string) (*proc, error) {
 			if s.cfg.Lease > 0 {
 				lease = s.cfg.Lease.String()
 			}
-			argv = append(argv, "-redis", s.redis.Addr, "-prefix", fleet, "-lease", lease, "-share", strconv.FormatFloat(s.cfg.Share, 'g', -1, 64))
+			argv = append(argv, "-redis", s.redis.Addr, "-prefix", fleet, "-lease", lease)
 		}
 	case vRatelimit:
 		httpAddr, err1 := freeAddr()

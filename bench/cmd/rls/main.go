@@ -8,7 +8,7 @@
 //
 //	null              answers OK to every descriptor without deciding
 //	floodgate-memory  floodgate-rls, buckets in memory
-//	floodgate-redis   floodgate-rls -redis, batched, with shares and leases
+//	floodgate-redis   floodgate-rls -redis, batched, with leases
 //	ratelimit         envoyproxy/ratelimit (service_cmd) on the same Redis
 //
 // Run it from the bench module:
@@ -70,7 +70,7 @@ var allVariants = []string{vNull, vMemory, vRedis, vRatelimit}
 var variantTitles = map[string]string{
 	vNull:      "null server: OK without deciding (grpc-go + go-control-plane)",
 	vMemory:    "floodgate-rls, in memory",
-	vRedis:     "floodgate-rls, Redis with shares, batching and leases",
+	vRedis:     "floodgate-rls, Redis with batching and leases",
 	vRatelimit: "envoyproxy/ratelimit, Redis",
 }
 
@@ -105,8 +105,6 @@ type Config struct {
 	Pin      bool `json:"pin"`
 	// Lease is floodgate-rls's -lease in the Redis variant; 0 is off.
 	Lease time.Duration `json:"lease"`
-	// Share is floodgate-rls's -share in the Redis variant; 0 is off.
-	Share float64 `json:"share"`
 	Seed  uint64  `json:"seed"`
 
 	// Binaries and sources, resolved at start (see binaries.go).
@@ -211,8 +209,7 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", 0, "rounds of the saturation measurement (default 5, 1 with -quick)")
 	flag.DurationVar(&cfg.Measure, "measure", 0, "each closed-loop measurement (default 10s, 1.5s with -quick)")
 	flag.DurationVar(&cfg.OpenMeasure, "open-measure", 0, "each open-loop measurement (default 15s, 1.5s with -quick)")
-	flag.DurationVar(&cfg.Lease, "lease", 100*time.Millisecond, "floodgate-rls -lease in the Redis variant (0: off)")
-	flag.Float64Var(&cfg.Share, "share", 0.5, "floodgate-rls -share in the Redis variant (0: off)")
+	flag.DurationVar(&cfg.Lease, "lease", time.Second, "floodgate-rls -lease in the Redis variant (0: off)")
 	flag.BoolVar(&cfg.Pin, "pin", true, "pin the servers and the driver to different CPUs with taskset")
 	flag.BoolVar(&cfg.Perf, "perf", true, "measure saturation and latency")
 	flag.BoolVar(&cfg.Accuracy, "accuracy", true, "measure what each admits per descriptor (a minute, 1 and 3 replicas; a few seconds with -quick)")

@@ -72,12 +72,7 @@ import (
 )
 
 // defaultLease is the lease time of -lease on.
-const defaultLease = 100 * time.Millisecond
-
-// leaseKeys bounds the keys redisstore tracks leases and credit for: a
-// key evicted from the table is one the service has no answer for, which
-// credit counts as full.
-const leaseKeys = 1 << 16
+const defaultLease = time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -94,9 +89,8 @@ type flags struct {
 	config, addr, metrics, redis, lease string
 	prefix                              string
 	batch, capacity, denyCache          int
-	share                               float64
 	deadline, watch, grace              time.Duration
-	headers, pprof, credit              bool
+	headers, pprof                      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -107,11 +101,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "gRPC listen `address` (port 0 picks a free one)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
-	fs.StringVar(&f.prefix, "prefix", "floodgate", "with -redis, the first part of every key: replicas with one `prefix` share buckets and count each other")
+	fs.StringVar(&f.prefix, "prefix", "floodgate", "with -redis, the first part of every key: replicas with one `prefix` share buckets")
 	fs.StringVar(&f.lease, "lease", "off", "redisstore leases: off, on ("+defaultLease.String()+") or a lease time")
-	fs.BoolVar(&f.credit, "credit", true, "with -lease, decide takes on credit without a round trip and charge Redis after (redisstore.WithCredit)")
-	fs.Float64Var(&f.share, "share", 0.5, "with -redis, the `fraction` of every limit the replicas decide in process, in equal shares (redisstore.WithShares; 0 off)")
-	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis; with it, this replica's shares); past it, new keys share an overflow bucket")
+	fs.IntVar(&f.capacity, "capacity", keyed.DefaultCapacity, "buckets kept in memory (without -redis; with it, the keys whose leases it tracks); past it, new keys share an overflow bucket")
 	fs.IntVar(&f.batch, "batch", 128, "redisstore batching: most decisions per round trip (0 off)")
 	fs.IntVar(&f.denyCache, "deny-cache", 65536, "redisstore deny cache: buckets Redis refused, refused locally until they could admit (0 off)")
 	fs.DurationVar(&f.deadline, "deadline", 50*time.Millisecond, "redisstore deadline per decision")
@@ -127,9 +119,6 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	}
 	if f.config == "" {
 		return f, errors.New("-config is required")
-	}
-	if !(f.share >= 0 && f.share < 1) {
-		return f, fmt.Errorf("-share %v: want 0 (off) or a fraction below 1", f.share)
 	}
 	if f.denyCache < 0 {
 		return f, fmt.Errorf("-deny-cache %d: want 0 (off) or a number of buckets", f.denyCache)
@@ -200,16 +189,10 @@ func openStore(f flags, reg prometheus.Registerer, log *slog.Logger) (floodgate.
 		redisstore.WithObserver(obs),
 	}
 	if lease > 0 {
-		opts = append(opts, redisstore.WithLeases(lease, leaseKeys))
-		if f.credit {
-			opts = append(opts, redisstore.WithCredit())
-		}
+		opts = append(opts, redisstore.WithLeases(lease, f.capacity))
 	}
 	if f.denyCache > 0 {
 		opts = append(opts, redisstore.WithDenyCache(f.denyCache))
-	}
-	if f.share > 0 {
-		opts = append(opts, redisstore.WithShares(f.share, f.capacity))
 	}
 	st, err := redisstore.New(client, opts...)
 	if err != nil {
@@ -291,7 +274,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	go func() { serveErr <- gs.Serve(lis) }()
 	fmt.Fprintf(stdout, "floodgate-rls: grpc listening on %s\n", lis.Addr())
 	log.Info("floodgate-rls: serving", "grpc", lis.Addr().String(), "config", f.config, "domains", svc.Config().Domains(),
-		"redis", f.redis, "lease", f.lease, "share", f.share)
+		"redis", f.redis, "lease", f.lease)
 
 	wctx, cancelWatch := context.WithCancel(ctx)
 	defer cancelWatch()
