@@ -100,7 +100,7 @@
 // return errors wrapping [ErrUnavailable], whose text never includes Redis's (use
 // [WithOnError] to log the causes).
 //
-// # Batching, deny cache, leases, credit and shares
+// # Batching, deny cache and leases
 //
 // [WithBatching] coalesces concurrent decisions: decisions queued while a
 // round trip is on the wire go together in the next one, as one script call
@@ -112,62 +112,34 @@
 // given number, with the tokens Redis counted and the time the request was
 // sent. Until the denied request's retry-after, a request that cannot fit
 // under that count plus the refill since is denied locally
-// (floodgate.SourceCache). The bound is conservative: a cached denial is one
-// Redis would also give, except that a Refund, a Reset or a raised limit
+// (floodgate.SourceCache). A cached denial is one Redis would also give,
+// except that a Refund, a Reset, a lease given back or a raised limit
 // elsewhere is seen only when the entry expires. The cache only ever
 // denies, so it never admits more than Redis would.
 //
-// [WithLeases] serves hot keys (two decisions within the lease time d) from
-// tokens leased in advance: one atomic take of the request's tokens plus up
-// to rate×d more, no more than the key's pace in this process (its last
-// two decisions apart) would spend within d, spent locally
-// (floodgate.SourceLease) until d after the request was sent, then
-// dropped. A lease takes at least half of its extra tokens or nothing, so
-// that a key at its limit costs a round trip every half lease time rather
-// than one a token (the deny cache holds the refusal meanwhile). Every
-// leased token was taken from the shared bucket, so over any
-// window of length t all instances together admit at most
-// burst + rate×(t+d): leases add at most rate×d to the bound. Unspent
-// tokens are lost, which under-admits; sizing a lease to the pace keeps
-// that small while demand is steady.
+// [WithLeases] is the one way a store decides without a round trip: on
+// tokens Redis leased to it. A lease is taken by the script, from the
+// bucket, and recorded with it; the bucket refills only up to its burst
+// less what is leased out, so the bucket and its leases together never
+// hold more than the burst, and leases change the bound below by nothing.
+// A key decided on more than once here leases, with the round trip it
+// makes anyway, what this store's own demand on it asks for in a quarter
+// of the lease time (at most a quarter of the burst; at least half of that
+// or nothing), spends it here (floodgate.SourceLease) until the lease time
+// after it asked, and gives back what is left with the key's next round
+// trip, under a new limit, or at [Store.Close]. A key whose requests all
+// reach one instance gets its whole limit. A lease its store no longer
+// knows of (the process died, the entry was evicted) is lost: Redis counts
+// it out until it expires. Keys seen once in a while lease nothing: each
+// of their decisions is a round trip, batched.
 //
-// [WithCredit] serves the keys leases do not: cold ones, seen once in a
-// while, which are most keys of a large key space (users, addresses). A
-// take of n tokens on a key this process holds no lease for is decided
-// locally, on credit, when the key holds at most c = ⌊rate×d⌋ tokens on
-// credit with n and the shared bucket held as many when Redis last
-// answered for the key here (a key with no answer counts as full). A
-// flusher charges the tokens taken on credit to their buckets every d/20
-// or so, in batched calls (one per slot on a Cluster), as settles that
-// may take a bucket below zero; each answer refreshes what this process
-// knows of the key, so a charge that finds the bucket short stops credit
-// there until Redis admits a take again. Refunds and settles of tokens not yet charged are
-// applied in process, and a take of 0 tokens (a peek) answers from this
-// process's count. Over any window of length t, N instances together
-// admit at most burst + rate×(t + (2N+1)×d): per instance, c tokens taken
-// and not yet charged, and c owed by a charge that found the bucket empty.
-// A charge Redis does not apply is lost, which over-admits by what it
-// carried; while the breaker is open nothing is taken on credit.
-// [Store.ReserveLocal] takes only what a share, a lease or credit covers,
-// and leaves the rest: a caller deciding several keys at once sends only
-// those to Redis.
+// # The bound
 //
-// # Shares
-//
-// Leases and credit still send every token to Redis, soon or late. With
-// [WithShares], each of the N instances counted (see [WithLocalDivisor])
-// owns a share of every bucket, ⌊f×burst/N⌋ tokens at the rate that goes
-// with them, and decides takes within it in process (floodgate.SourceLease,
-// Stats.Shares), with no round trip and nothing sent; only what the
-// shares do not cover goes to Redis, to a bucket holding the rest of the
-// burst and rate. The shares and that bucket together hold no more than
-// the whole bucket, so over any window of length t the instances admit at
-// most burst + rate×t, plus the terms of leases and credit on Redis's part
-// of the rate. A key whose requests the instances see in equal parts (a
-// round-robin balancer in front of them) is admitted up to its limit; one
-// whose requests all reach one instance, up to (1 − f + f/N) of it. Most
-// keys of a large key space never reach Redis: those below f of their
-// limit. Shares keep deciding while Redis is down.
+// Over any window of length t, all instances together admit at most
+// burst + rate×t tokens of a bucket (plus the debt limit for settled
+// reservations), at a fleet's start, as instances join, leave, crash or
+// stop, and across limit changes; docs/stores.md states it with the
+// failure policy's and what a restarted or flushed Redis adds.
 //
 // # Reservations
 //
@@ -187,13 +159,11 @@
 // failure policy (see [Store.SettleN] for one Redis cannot apply); a
 // reservation the [Local] fallback decided settles on the fallback.
 //
-// Batching adds nothing to the bound: each decision is applied alone and
-// in order. Leases add what they add to takes: every leased token was
-// taken from the shared bucket, so over any window of length t all
-// instances together admit a cost of at most burst + rate×(t+d) + the debt
-// limit, plus the tokens reported not charged. A process's leased tokens
-// are spent for up to d after the bucket went into debt elsewhere (the
-// process that settled into debt drops its own), which that rate×d counts.
+// Batching and leases add nothing to the bound: each decision is applied
+// alone and in order, and a leased token is a token taken. A process's
+// leased tokens are spent for up to the lease time after the bucket went
+// into debt elsewhere (the process that settled into debt drops its own):
+// they were taken before the debt.
 //
 // # Observability
 //
@@ -210,12 +180,11 @@
 // # Concurrency and zero value
 //
 // A Store is safe for concurrent use and must be made with [New]; the zero
-// Store is not usable. It needs no Close unless it has shares
-// ([WithShares]): their registration runs every second until
-// [Store.Close]. Otherwise it starts no goroutine of its own beyond
-// short-lived ones: those serving in-flight batched (or guarded)
-// calls; probes, at most two at a time (the breaker's, and one checking a
-// starved timeout), each ending within its budget; and at most once a
-// second the registration that counts instances, ending within the
-// deadline.
+// Store is not usable. [Store.Close] gives back its leases' unspent
+// tokens; a store without leases needs none. It starts no goroutine of its
+// own beyond short-lived ones: those serving in-flight batched (or
+// guarded) calls; probes, at most two at a time (the breaker's, and one
+// checking a starved timeout), each ending within its budget; and at most
+// once a second the registration that counts instances for the [Local]
+// policy, ending within the deadline.
 package redisstore

@@ -18,9 +18,7 @@ import (
 // Source says:
 //
 //   - floodgate.SourceRedis and floodgate.SourceLease: on Redis, with
-//     [Store.SettleN], except a reservation from this instance's share
-//     ([WithShares]), which settles on the share, below zero down to its
-//     part of the debt limit;
+//     [Store.SettleN];
 //   - floodgate.SourceFallback: on the [Local] policy's fallback store,
 //     under the scaled limit it decided with, when that store is a
 //     [floodgate.Settler] (the default keyed.Map is); otherwise nowhere;

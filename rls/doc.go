@@ -121,27 +121,10 @@
 // # Stores, leases and failures
 //
 // The store is any [floodgate.Reserver]. On redisstore, batching and the
-// deny cache cost no accuracy; leases (redisstore.WithLeases, lease time
-// d) let a hot bucket's decisions be served locally from tokens taken
-// ahead, so most decisions cost no round trip. Every leased token was
-// taken from the shared bucket, so over any window of length t all
-// replicas together admit at most burst + rate × (t + d): leases add
-// rate × d to the bound, whatever the number of replicas. Each replica
-// holds at most one lease a bucket, of rate × d tokens at most and no
-// more than its own pace on the bucket would spend within d; what it does
-// not spend is lost: with R replicas up to R × rate × d tokens when
-// demand stops or moves, an under-admission. Credit
-// (redisstore.WithCredit) serves the cold buckets leases do not: a
-// replica takes up to rate × d tokens of a bucket locally and charges them
-// to Redis after, within about d/20; all replicas together then admit at
-// most burst + rate × (t + (2R+1) × d). Shares (redisstore.WithShares,
-// fraction f) keep most buckets off Redis: each of the R replicas counted
-// decides ⌊f × burst / R⌋ tokens of every bucket in process, at the
-// matching part of the rate, and sends Redis only what its share refuses;
-// the shares and Redis's part never hold more than the bucket, so the
-// bound is burst + rate × t plus the lease and credit terms on Redis's
-// part of the rate. A bucket whose requests reach one replica only gets
-// (1 − f + f/R) of its limit.
+// deny cache cost no accuracy, and leases (redisstore.WithLeases) let a
+// replica decide hot buckets in process on tokens Redis leased to it; the
+// bound that holds for all replicas together, leases or not, is in
+// docs/stores.md.
 //
 // When the store cannot decide (Redis down or slow, its breaker open: a
 // Result whose Source is floodgate.SourceFallback, SourceFailOpen or

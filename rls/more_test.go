@@ -151,7 +151,8 @@ func TestWatch(t *testing.T) {
 }
 
 // TestLeasesAllOrNothing: with leases on, a refused request gives back the
-// leased tokens it took, on Redis.
+// leased tokens it took, on Redis: what the bucket and the replica's lease
+// hold together is what it was.
 func TestLeasesAllOrNothing(t *testing.T) {
 	st, _, cl := sharedService(t, hotCold, redisstore.WithLeases(time.Second, 16))
 	// Two decisions make the key hot: the second leases rate × 1 s more.
@@ -165,12 +166,15 @@ func TestLeasesAllOrNothing(t *testing.T) {
 	call(t, cl, request("d", 0, desc("cold", "k")))
 	// The hot take comes from the lease, the cold one refuses: the hot
 	// token goes back to the shared bucket.
-	shared := hotRemaining(t, st)
+	shared, leased := hotRemaining(t, st), st.Stats().Lease
 	if got := call(t, cl, request("d", 0, desc("hot", "k"), desc("cold", "k"))).GetOverallCode().String(); got != "OVER_LIMIT" {
 		t.Fatalf("hot and cold: %s, want OVER_LIMIT", got)
 	}
-	if got := hotRemaining(t, st); got != shared+1 {
-		t.Errorf("the shared bucket holds %d after the refusal, want %d: the leased token given back", got, shared+1)
+	if st.Stats().Lease != leased+1 {
+		t.Fatalf("the hot take was not from the lease: %+v", st.Stats())
+	}
+	if got := hotRemaining(t, st); got != shared {
+		t.Errorf("the bucket and the lease hold %d after the refusal, want %d: the leased token given back", got, shared)
 	}
 }
 
