@@ -304,4 +304,3 @@ func hotRemaining(t *testing.T, st *redisstore.Store) int {
 	}
 	return r.Remaining
 }
-

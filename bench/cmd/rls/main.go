@@ -105,7 +105,7 @@ type Config struct {
 	Pin      bool `json:"pin"`
 	// Lease is floodgate-rls's -lease in the Redis variant; 0 is off.
 	Lease time.Duration `json:"lease"`
-	Seed  uint64  `json:"seed"`
+	Seed  uint64        `json:"seed"`
 
 	// Binaries and sources, resolved at start (see binaries.go).
 	Floodgate string                           `json:"-"` // floodgate-rls binary, or "" to build it
