@@ -3,6 +3,7 @@ package floodgate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 )
@@ -171,4 +172,61 @@ func (r *Reservation) Tokens() int {
 		return 0
 	}
 	return r.n
+}
+
+// A Take asks for N tokens of Key's bucket under Limit: one of the buckets
+// a request takes from together.
+type Take struct {
+	Key   string
+	Limit Limit
+	N     int
+}
+
+// An AllReserver reserves the takes of one request all or none, in one
+// call: envoyproxy/ratelimit's descriptors of a request, or a tenant's
+// quota and a route's, where a request one bucket refuses must take
+// nothing from the others.
+//
+// ReserveAll reserves takes[i] into rs[i] for every i (rs must be at least
+// as long as takes) and returns -1 when every take was reserved. Otherwise
+// it returns the index of the first take refused, and no take holds tokens:
+// each rs[i] settles to nothing (Tokens 0), and its Result is what take i's
+// bucket decided or would have decided alone, Allowed when the take fitted.
+// An error is ReserveN's for takes[refused] (an invalid take is refused
+// before anything is taken); no take then holds tokens.
+type AllReserver interface {
+	Reserver
+	ReserveAll(ctx context.Context, takes []Take, rs []Reservation) (refused int, err error)
+}
+
+// ReserveAll reserves takes on r all or none, as [AllReserver] says: with
+// r's own ReserveAll when r is one, else with ReserveN, take after take,
+// settling every reservation already taken to nothing when one is refused
+// or fails. The takes after a refused one are then not decided: their
+// Result is the zero Result.
+func ReserveAll(ctx context.Context, r Reserver, takes []Take, rs []Reservation) (int, error) {
+	if len(rs) < len(takes) {
+		return -1, fmt.Errorf("floodgate: ReserveAll: %d reservations for %d takes", len(rs), len(takes))
+	}
+	if ar, ok := r.(AllReserver); ok {
+		return ar.ReserveAll(ctx, takes, rs)
+	}
+	for i, t := range takes {
+		var err error
+		rs[i], err = r.ReserveN(ctx, t.Key, t.Limit, t.N)
+		if err == nil && rs[i].Result.Allowed {
+			continue
+		}
+		for j := range rs[:i] {
+			rs[j].Settle(context.WithoutCancel(ctx), 0)
+			rs[j] = NewReservation(nil, takes[j].Key, takes[j].Limit, 0, rs[j].Result)
+		}
+		res := rs[i].Result
+		rs[i] = NewReservation(nil, t.Key, t.Limit, 0, res)
+		for j := i + 1; j < len(takes); j++ {
+			rs[j] = Reservation{}
+		}
+		return i, err
+	}
+	return -1, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -148,5 +149,31 @@ func TestReservationPassesErrors(t *testing.T) {
 	}
 	if got := r.Tokens(); got != 1 {
 		t.Errorf("Tokens() = %d, want 1", got)
+	}
+}
+
+// TestReserveAllInOrder: on a store that is no AllReserver, ReserveAll
+// reserves take after take and gives back what it took when one refuses.
+func TestReserveAllInOrder(t *testing.T) {
+	m, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := floodgate.PerSecond(1, 10)
+	takes := []floodgate.Take{{Key: "a", Limit: lim, N: 3}, {Key: "b", Limit: lim, N: 8}, {Key: "c", Limit: lim, N: 1}}
+	rs := make([]floodgate.Reservation, len(takes))
+	if refused, err := floodgate.ReserveAll(ctx, m, takes, rs); refused != -1 || err != nil || rs[1].Tokens() != 8 {
+		t.Fatalf("ReserveAll = %d, %v, %+v; want all reserved", refused, err, rs)
+	}
+	refused, err := floodgate.ReserveAll(ctx, m, takes, rs)
+	if refused != 1 || err != nil || rs[0].Tokens() != 0 || !rs[0].Result.Allowed || rs[1].Result.Allowed || rs[2].Result != (floodgate.Result{}) {
+		t.Fatalf("ReserveAll again = %d, %v, %+v; want b refused, a given back, c not decided", refused, err, rs)
+	}
+	if res, _ := m.Peek(ctx, "a", lim); res.Remaining != 7 {
+		t.Errorf("a holds %d after the refused request, want 7", res.Remaining)
+	}
+	if _, err := floodgate.ReserveAll(ctx, m, takes, rs[:1]); err == nil {
+		t.Error("ReserveAll with too few reservations: no error")
 	}
 }

@@ -72,38 +72,74 @@ func (b *batcher) do(ctx context.Context, o *op) (reply, error) {
 	p.due = time.Now().Add(b.s.budget + b.s.stretch())
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
+	lead := b.leadLocked()
+	b.mu.Unlock()
+	if lead {
+		b.lead(ctx, p.due)
+	}
+	return b.wait(ctx, p)
+}
+
+// doAll queues ops together, so that they go in one batch (see sendNext),
+// and waits for their replies, into out.
+func (b *batcher) doAll(ctx context.Context, ops []*op, out []result1) {
+	ps := make([]*pending, len(ops))
+	due := time.Now().Add(b.s.budget + b.s.stretch())
+	for i, o := range ops {
+		ps[i] = b.pool.Get().(*pending)
+		ps[i].op, ps[i].due = o, due
+	}
+	b.mu.Lock()
+	b.queue = append(b.queue, ps...)
+	lead := b.leadLocked()
+	b.mu.Unlock()
+	if lead {
+		b.lead(ctx, due)
+	}
+	for i, p := range ps {
+		out[i].r, out[i].err = b.wait(ctx, p)
+	}
+}
+
+// leadLocked reports whether the caller that just queued sends a batch,
+// and counts it.
+func (b *batcher) leadLocked() bool {
 	lead := b.running == 0 || b.running < maxInFlight && len(b.queue) >= min(minSecond, b.max)
 	if lead {
 		b.running++
 	}
-	b.mu.Unlock()
-	if lead {
-		if dl, ok := ctx.Deadline(); b.s.guard || ok && dl.Before(p.due) {
-			// The client may block past the deadline, or the caller
-			// must leave before the batch's due time: flush elsewhere.
+	return lead
+}
+
+// lead sends the queue as a leading caller whose op is due at due.
+func (b *batcher) lead(ctx context.Context, due time.Time) {
+	if dl, ok := ctx.Deadline(); b.s.guard || ok && dl.Before(due) {
+		// The client may block past the deadline, or the caller must
+		// leave before the batch's due time: flush elsewhere.
+		go b.flush()
+		return
+	}
+	// Send the first batch (ours) from this goroutine, which saves two
+	// goroutine switches when there is no contention; hand any later
+	// batches to a flusher. Yield first: goroutines already runnable
+	// (callers just woken) queue their ops and go in this batch instead
+	// of the next round trip. With none, it costs a scheduler check.
+	runtime.Gosched()
+	if b.sendNext() {
+		b.mu.Lock()
+		more := len(b.queue) > 0
+		if !more {
+			b.running--
+		}
+		b.mu.Unlock()
+		if more {
 			go b.flush()
-		} else {
-			// Send the first batch (ours) from this goroutine, which saves
-			// two goroutine switches when there is no contention; hand any
-			// later batches to a flusher. Yield first: goroutines already
-			// runnable (a request's other keys, decided concurrently, or
-			// callers just woken) queue their ops and go in this batch
-			// instead of the next round trip. With none, it costs a
-			// scheduler check.
-			runtime.Gosched()
-			if b.sendNext() {
-				b.mu.Lock()
-				more := len(b.queue) > 0
-				if !more {
-					b.running--
-				}
-				b.mu.Unlock()
-				if more {
-					go b.flush()
-				}
-			}
 		}
 	}
+}
+
+// wait waits for p's reply, until its due time or ctx's end.
+func (b *batcher) wait(ctx context.Context, p *pending) (reply, error) {
 	done := ctx.Done()
 	var timer <-chan time.Time
 	if b.s.guard {
@@ -182,8 +218,12 @@ func (b *batcher) sendNext() bool {
 	}
 	batch := b.queue
 	if len(batch) > b.max {
-		b.queue = append([]*pending(nil), batch[b.max:]...)
-		batch = batch[:b.max]
+		// An all-or-nothing group (doAll) goes in one batch whole.
+		cut := b.max
+		for g := batch[cut-1].op.grp; g != 0 && cut < len(batch) && batch[cut].op.grp == g; cut++ {
+		}
+		b.queue = append([]*pending(nil), batch[cut:]...)
+		batch = batch[:cut]
 	} else {
 		b.queue, b.spare = b.spare, nil
 	}

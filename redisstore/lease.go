@@ -143,6 +143,7 @@ func (s *Store) leaseOp(key string, o *op) bool {
 	if held {
 		o.a3 = e.tokens
 	}
+	o.exp = e.expires
 	e.busy, e.tokens, e.expires = true, 0, 0
 	o.sent = now
 	return true
@@ -151,12 +152,29 @@ func (s *Store) leaseOp(key string, o *op) bool {
 // leased records Redis's answer r to o, a lease round trip (or, with err,
 // its failure: the tokens it gave back are lost, which under-admits).
 func (s *Store) leased(key string, o *op, r reply, err error) {
+	s.leasedIn(key, o, r, err, false)
+}
+
+// leasedGroup is leased for o in an all-or-nothing group: a group Redis
+// refused applied nothing, not even the close of the old lease, which this
+// store keeps spending.
+func (s *Store) leasedGroup(key string, o *op, r reply, err error) {
+	s.leasedIn(key, o, r, err, true)
+}
+
+func (s *Store) leasedIn(key string, o *op, r reply, err error, group bool) {
 	l := s.leases
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entryLocked(key)
 	e.busy = false
 	if err != nil {
+		return
+	}
+	if group && !r.allowed {
+		if o.a3 > 0 && e.expires == 0 {
+			e.tokens, e.expires = o.a3, o.exp
+		}
 		return
 	}
 	e.lim = o.lim
@@ -279,16 +297,6 @@ func (s *Store) sendAll(ops []op) []result1 {
 // WithBatching.
 const maxSendAll = 128
 
-// leaseCovers reports whether key's live lease under lim holds n tokens.
-func (s *Store) leaseCovers(key string, lim floodgate.Limit, n int) bool {
-	l := s.leases
-	now := s.local()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.m.Peek(key)
-	return ok && e.live(lim, now) && e.tokens >= n
-}
-
 // leaseTokens returns the tokens of key's live lease under lim, 0 without
 // one.
 func (s *Store) leaseTokens(key string, lim floodgate.Limit) int {
@@ -303,4 +311,16 @@ func (s *Store) leaseTokens(key string, lim floodgate.Limit) int {
 		return e.tokens
 	}
 	return 0
+}
+
+// unspend gives n tokens spent from key's lease under lim back to it, when
+// it is still live: a request another bucket refused took nothing.
+func (s *Store) unspend(key string, lim floodgate.Limit, n int) {
+	l := s.leases
+	now := s.local()
+	l.mu.Lock()
+	if e, ok := l.m.Peek(key); ok && e.live(lim, now) {
+		e.tokens += n
+	}
+	l.mu.Unlock()
 }

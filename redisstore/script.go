@@ -64,7 +64,8 @@ import (
 // Decisions with the same group number g > 0 are all or nothing: at the
 // first of them, all are checked on the buckets as they are then; if each
 // would be allowed, all are applied there, else none is, and each is
-// answered refused with its bucket as it is.
+// answered with its bucket as it is, refused (0) or, had it fitted alone,
+// 2.
 //
 // The reply has three integers per decision: allowed (0 or 1), the bucket's
 // micro-tokens after the decision, and the whole tokens taken (by a settle:
@@ -331,6 +332,7 @@ for i = 1, count do
         end
       end
       local trial = {}
+      local fits = {}
       local ok = true
       for _, j in ipairs(members) do
         local st, rate, burst, n, mode, a1, a2, a3 = prepared(j)
@@ -342,8 +344,8 @@ for i = 1, count do
             c = copy(st)
             trial[KEYS[j]] = c
           end
-          local allowed = decide(KEYS[j], c, mode, burst, n, a1, a2, a3)
-          if allowed ~= 1 then
+          fits[j] = decide(KEYS[j], c, mode, burst, n, a1, a2, a3)
+          if fits[j] ~= 1 then
             ok = false
           end
         end
@@ -355,6 +357,8 @@ for i = 1, count do
         elseif ok then
           local allowed, taken = decide(KEYS[j], st, mode, burst, n, a1, a2, a3)
           answer(j, allowed, st, taken)
+        elseif fits[j] == 1 then
+          answer(j, 2, st, 0) -- it fitted; the group did not
         else
           answer(j, 0, st, 0)
         end
@@ -455,11 +459,13 @@ type op struct {
 	a1, a2, a3 int
 	grp        int   // all-or-nothing group within a call, 0 for none
 	sent       int64 // a lease's: local ns when it was asked for
+	exp        int64 // a lease's: the expiry of the lease it closes, local ns
 }
 
 // reply is the script's answer for one op.
 type reply struct {
 	allowed bool
+	fitted  bool  // refused with its group, though it fitted alone
 	tokens  int64 // micro-tokens after the decision
 	taken   int64 // whole tokens taken
 }
@@ -567,7 +573,7 @@ func parse(vals []int64, i int) (reply, error) {
 	if v[0] < 0 {
 		return reply{}, errNotBucket
 	}
-	return reply{allowed: v[0] == 1, tokens: v[1], taken: v[2]}, nil
+	return reply{allowed: v[0] == 1, fitted: v[0] == 2, tokens: v[1], taken: v[2]}, nil
 }
 
 // unit converts micro-tokens to the 1e-9 token units of the duration math:

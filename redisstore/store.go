@@ -72,7 +72,8 @@ type Store struct {
 	leases           *leaseTable
 	lastReload       atomic.Int64
 	inst             *instances
-	checking         atomic.Bool // a probe checks a starved timeout
+	checking         atomic.Bool  // a probe checks a starved timeout
+	groups           atomic.Int64 // numbers all-or-nothing groups
 	closeOnce        sync.Once
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
@@ -763,32 +764,6 @@ type Stats struct {
 	// Breaker is the breaker's state now.
 	Breaker remote.BreakerState
 }
-
-// Denied reports, without a call to Redis, whether the deny cache
-// ([WithDenyCache]) refuses a take of n tokens of key under lim now, with
-// the Result TakeN would give (Source [floodgate.SourceCache]); false
-// without a deny cache, without a cached denial the refill has not ended,
-// and for an n TakeN would refuse as invalid. A caller deciding several
-// keys for one request that must take from all or none asks it first, so
-// that a request one bucket refuses takes nothing from the others.
-func (s *Store) Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool) {
-	if s.cache == nil || n <= 0 || check(key, lim, n) != nil || lim.IsInf() {
-		return floodgate.Result{}, false
-	}
-	if s.leases != nil && s.leaseCovers(key, lim, n) {
-		return floodgate.Result{}, false // a take would spend the lease
-	}
-	res, denied := s.cache.lookup(key, lim, n, s.local())
-	if denied {
-		s.decided(floodgate.SourceCache)
-	}
-	return res, denied
-}
-
-// Batched reports whether the store batches its round trips
-// ([WithBatching]). A caller that decides several keys for one request
-// gains by deciding them concurrently: their ops then share a round trip.
-func (s *Store) Batched() bool { return s.batch != nil }
 
 // Stats returns the store's counters. It is safe to call concurrently with
 // decisions.

@@ -378,42 +378,6 @@ func TestDenyCache(t *testing.T) {
 	}
 }
 
-// TestDenied: Denied answers from the deny cache alone, as TakeN would,
-// and reports nothing it would have to ask Redis for.
-func TestDenied(t *testing.T) {
-	srv := sharedServer(t)
-	c := newClient(t, srv.Addr)
-	clock := newFakeClock()
-	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithDenyCache(2), redisstore.WithBatching(8))
-	lim := floodgate.PerSecond(10, 5)
-	if _, ok := s.Denied("k", lim, 1); ok {
-		t.Fatal("Denied before any denial = true")
-	}
-	s.TakeN(bg, "k", lim, 5)
-	s.TakeN(bg, "k", lim, 2) // denied by Redis, cached
-	clock.Advance(50 * time.Millisecond)
-	res, ok := s.Denied("k", lim, 2)
-	if !ok || res.Allowed || res.Source != floodgate.SourceCache || res.RetryAfter != 150*time.Millisecond {
-		t.Errorf("Denied(2) 50ms later = %+v, %v; want a cached denial, retry 150ms", res, ok)
-	}
-	for _, tc := range []struct {
-		name string
-		lim  floodgate.Limit
-		n    int
-	}{{"n = 0", lim, 0}, {"above the burst", lim, 6}, {"another limit", floodgate.PerSecond(10, 6), 2}, {"negative", lim, -1}} {
-		if res, ok := s.Denied("k", tc.lim, tc.n); ok {
-			t.Errorf("%s: Denied = %+v, true; want false", tc.name, res)
-		}
-	}
-	if !s.Batched() {
-		t.Error("Batched() = false with WithBatching")
-	}
-	plain := newStore(t, c, redisstore.WithClientClock(clock))
-	if _, ok := plain.Denied("k", lim, 2); ok || plain.Batched() {
-		t.Errorf("a store without deny cache or batching: Denied true or Batched() true")
-	}
-}
-
 func TestLeases(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)

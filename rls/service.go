@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,14 +48,9 @@ type Service struct {
 	cur   atomic.Pointer[served]
 	unk   *domainMetrics
 	clock func() time.Time
-	// concurrent decides a request's buckets at once: the store batches
-	// its round trips.
-	concurrent bool
-	// denier is the store's deny cache (redisstore's), nil when it has
-	// none.
-	denier interface {
-		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
-	}
+	// all decides a request's buckets in one call, all or none
+	// (redisstore's), nil when the store cannot.
+	all floodgate.AllReserver
 	// seen is the fingerprint of the files the last Load read (applied
 	// or rejected), for Watch.
 	seen atomic.Pointer[string]
@@ -92,14 +86,7 @@ func New(store floodgate.Reserver, cfg *Config, opts ...Option) (*Service, error
 	s := &Service{store: store, o: o, top: top, m: newMetrics(top, o.topK),
 		resv: newReservations(o.resvMax, int64(o.resvTTL))}
 	s.clock = time.Now
-	if b, ok := store.(interface{ Batched() bool }); ok && b.Batched() {
-		s.concurrent = true
-	}
-	if d, ok := store.(interface {
-		Denied(key string, lim floodgate.Limit, n int) (floodgate.Result, bool)
-	}); ok {
-		s.denier = d
-	}
+	s.all, _ = store.(floodgate.AllReserver)
 	if o.clock != nil {
 		s.clock = o.clock.Now
 	}
@@ -215,6 +202,7 @@ type item struct {
 	r        floodgate.Reservation
 	taken    bool
 	settled  bool // a charge on the response, already applied
+	done     bool // decided before the request's takes (decideAll)
 }
 
 // hitsOf returns a descriptor's hits: its own hits_addend when set (0
@@ -298,7 +286,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	// which the request holds no take.
 	var refused int
 	var err error
-	if s.concurrent && limitedCount(items) > 1 {
+	if s.all != nil && limitedCount(items) > 1 {
 		refused, err = s.decideAll(ctx, sv, dom, dm, items)
 	} else {
 		refused, err = s.decideInOrder(ctx, sv, dom, dm, items)
@@ -539,7 +527,7 @@ func (it *item) refuses() bool { return it.limited && !it.res.Allowed && !it.m.r
 func (s *Service) decideInOrder(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
 	for i := range items {
 		it := &items[i]
-		if !it.limited {
+		if !it.limited || it.done {
 			continue
 		}
 		if err := s.decide(ctx, sv, dom, dm, it); err != nil {
@@ -559,79 +547,72 @@ func (s *Service) decideInOrder(ctx context.Context, sv *served, dom *domain, dm
 	return -1, nil
 }
 
-// decideAll decides every limited item at once: first what the store
-// takes without a round trip, then the rest each on a goroutine of its
-// own but the first. It returns the first refused (not in shadow mode),
-// -1 for none, after giving back every take when one refused or failed:
-// the request then holds nothing.
+// decideAll decides a request's takes in one call to the store, all or
+// none ([floodgate.AllReserver]), and returns the first refused (not in
+// shadow mode), -1 for none. Refunds (is_negative_hits), settles of a
+// reservation and shadow rules, which never refuse a request, are decided
+// first, one by one; a refused request gives their takes back. A take the
+// store decided by its failure policy sends the request down
+// decideInOrder, which applies the domain's policy take by take.
 func (s *Service) decideAll(ctx context.Context, sv *served, dom *domain, dm *domainMetrics, items []item) (int, error) {
-	if i := s.deniedFirst(sv, items); i >= 0 {
-		// Refused without a take: the others are peeked, taking
-		// nothing, and the first that refuses is the request's.
-		s.peekAll(ctx, items, i)
-		for j := range items[:i] {
-			if items[j].refuses() {
-				return j, nil
-			}
+	var group []int
+	for i := range items {
+		it := &items[i]
+		if !it.limited {
+			continue
 		}
-		return i, nil
-	}
-	errs := make([]error, len(items))
-	atOnce(items, func(it *item) bool { return it.limited }, func(i int) {
-		errs[i] = s.decide(ctx, sv, dom, dm, &items[i])
-	})
-	for _, err := range errs {
-		if err != nil {
-			s.refundAllConcurrently(ctx, items)
+		if !it.negative && !it.hasResv && !it.m.rule.shadow {
+			group = append(group, i)
+			continue
+		}
+		it.done = true
+		if err := s.decide(ctx, sv, dom, dm, it); err != nil {
+			s.refundAll(ctx, items)
 			return -1, err
 		}
 	}
-	refused := -1
-	for i := range items {
-		if items[i].refuses() {
-			refused = i
-			break
-		}
-	}
-	if refused >= 0 {
-		s.refundAllConcurrently(ctx, items)
-	}
-	return refused, nil
-}
-
-// deniedFirst returns the first limited item that the store's deny cache
-// refuses (not in shadow mode), decided and counted, or -1. A request
-// with a refund (is_negative_hits) or a reservation entry is never
-// refused this way: those must be applied, as when taken in order.
-func (s *Service) deniedFirst(sv *served, items []item) int {
-	if s.denier == nil {
-		return -1
-	}
-	for i := range items {
-		if items[i].limited && (items[i].negative || items[i].hasResv) {
-			return -1
-		}
-	}
-	for i := range items {
+	takes := make([]floodgate.Take, len(group))
+	rs := make([]floodgate.Reservation, len(group))
+	for k, i := range group {
 		it := &items[i]
-		if !it.limited || it.m.rule.shadow {
-			continue
-		}
-		if res, ok := s.denier.Denied(it.m.key, it.m.limit, cost(it.m.cost, it.hits)); ok {
-			it.res = res
-			s.count(sv, it)
-			return i
+		takes[k] = floodgate.Take{Key: it.m.key, Limit: it.m.limit, N: cost(it.m.cost, it.hits)}
+	}
+	refused, err := s.all.ReserveAll(ctx, takes, rs)
+	policy := err != nil && ctx.Err() == nil
+	for k := range group {
+		switch rs[k].Result.Source {
+		case floodgate.SourceFallback, floodgate.SourceFailOpen, floodgate.SourceFailClosed:
+			policy = true
 		}
 	}
-	return -1
-}
-
-// peekAll peeks every limited item but skip, concurrently, for its
-// status: taking nothing, admitted when its cost fits.
-func (s *Service) peekAll(ctx context.Context, items []item, skip int) {
-	atOnce(items, func(it *item) bool { return it.limited && it != &items[skip] }, func(i int) {
-		s.peek(ctx, &items[i])
-	})
+	if policy {
+		// Nothing is held for the request (see AllReserver), or all is:
+		// give it back, and decide take by take.
+		if refused < 0 {
+			for k := range rs {
+				rs[k].Settle(context.WithoutCancel(ctx), 0)
+			}
+		}
+		return s.decideInOrder(ctx, sv, dom, dm, items)
+	}
+	if err != nil {
+		s.refundAll(ctx, items)
+		return -1, status.FromContextError(ctx.Err()).Err()
+	}
+	first := -1
+	for k, i := range group {
+		it := &items[i]
+		it.res, it.r = rs[k].Result, rs[k]
+		it.taken = refused < 0 && it.res.Allowed
+		s.count(sv, it)
+		if refused >= 0 && k == refused {
+			first = i
+		}
+	}
+	if first >= 0 {
+		s.refundAll(ctx, items)
+	}
+	return first, nil
 }
 
 // peek sets it's result from its bucket, taking nothing.
@@ -642,36 +623,6 @@ func (s *Service) peek(ctx context.Context, it *item) {
 	}
 	res.Allowed = res.Remaining >= cost(it.m.cost, it.hits) && res.Owed == 0
 	it.res = res
-}
-
-// refundAllConcurrently is refundAll with the refunds at once, so that
-// they share a round trip.
-func (s *Service) refundAllConcurrently(ctx context.Context, items []item) {
-	atOnce(items, func(it *item) bool { return it.taken }, func(i int) {
-		s.refundAll(ctx, items[i:i+1])
-	})
-}
-
-// atOnce runs f(i) for every item that pick chooses, each on a goroutine
-// of its own but the first, which runs on the caller's, and returns when
-// all have.
-func atOnce(items []item, pick func(*item) bool, f func(i int)) {
-	var wg sync.WaitGroup
-	first := -1
-	for i := range items {
-		if !pick(&items[i]) {
-			continue
-		}
-		if first < 0 {
-			first = i
-			continue
-		}
-		wg.Go(func() { f(i) })
-	}
-	if first >= 0 {
-		f(first)
-	}
-	wg.Wait()
 }
 
 // refundAll gives back every take among items: the request was refused,
