@@ -112,12 +112,12 @@ func TestReserveAllLeases(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock), redisstore.WithLeases(time.Second, 8))
-	lim := floodgate.PerSecond(1, 40)
+	lim := floodgate.PerSecond(1, 80)
 	s.TakeN(bg, "hot", lim, 1)
 	if res, _ := s.TakeN(bg, "hot", lim, 1); !res.Allowed {
 		t.Fatal(res) // leases 10 beyond its own
 	}
-	s.TakeN(bg, "cold", lim, 40)
+	s.TakeN(bg, "cold", lim, 80)
 	before := s.Stats().Lease
 	refused, _, _ := reserveAll(t, s, floodgate.Take{Key: "hot", Limit: lim, N: 2}, floodgate.Take{Key: "cold", Limit: lim, N: 1})
 	if refused != 1 || s.Stats().Lease != before+1 {
@@ -153,5 +153,40 @@ func TestReserveAllCluster(t *testing.T) {
 		if got := remaining(t, s, k, lim); got != 10 || tokens[i] != 0 || !res[i].Allowed || res[i].Remaining != 10 {
 			t.Errorf("%s holds %d, reported %+v with %d tokens; want 10 held and reported, nothing reserved", k, got, res[i], tokens[i])
 		}
+	}
+}
+
+// TestLeaseLostBucket: a bucket that disappears from Redis (a restart
+// without persistence, FLUSHALL) is recreated from what the store that
+// decided on it last saw, not full: full, it would hand out what was
+// already taken again.
+func TestLeaseLostBucket(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	pfx := redisstore.WithPrefix(prefix(t))
+	s := newStore(t, c, pfx, redisstore.WithClientClock(newFakeClock()), redisstore.WithLeases(time.Second, 8))
+	lim := floodgate.PerSecond(1, 80) // no refill to speak of
+	s.TakeN(bg, "k", lim, 1)
+	s.TakeN(bg, "k", lim, 1) // leases 10
+	if err := c.Del(bg, s.Key("k")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if res, _ := s.TakeN(bg, "k", lim, 1); !res.Allowed || res.Source != floodgate.SourceLease {
+			t.Fatalf("take %d = %+v, want from the lease", i, res)
+		}
+	}
+	// The bucket held 80 − 1 − 11 = 68: a lease of 1 + 10 leaves 57, and
+	// the new lease's 10; full, 80 − 11 + 10.
+	if res, _ := s.TakeN(bg, "k", lim, 1); !res.Allowed || res.Remaining != 67 {
+		t.Errorf("TakeN on the lost bucket = %+v, want 67 left: recreated from the hint", res)
+	}
+	// Without a recent answer, a missing bucket is a full one.
+	if err := c.Del(bg, s.Key("k")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := newStore(t, c, pfx, redisstore.WithClientClock(newFakeClock()), redisstore.WithLeases(time.Second, 8))
+	if res, _ := other.TakeN(bg, "k", lim, 1); res.Remaining != 79 {
+		t.Errorf("TakeN from a store that never saw it = %+v, want 79 left", res)
 	}
 }

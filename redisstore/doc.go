@@ -55,7 +55,8 @@
 //
 //   - [Local] (the default): an in-process keyed bucket at the limit divided
 //     by the number of instances sharing it, which the stores count on
-//     Redis (at least [WithLocalDivisor]); Source is
+//     Redis (at least [WithLocalDivisor]), emptied when Redis goes away,
+//     so that it goes on at its part of the rate; Source is
 //     floodgate.SourceFallback;
 //   - [Open]: admit, floodgate.SourceFailOpen;
 //   - [Closed]: reject with a retry hint, floodgate.SourceFailClosed.
@@ -124,7 +125,7 @@
 // hold more than the burst, and leases change the bound below by nothing.
 // A key decided on more than once here leases, with the round trip it
 // makes anyway, what this store's own demand on it asks for in a quarter
-// of the lease time (at most a quarter of the burst; at least half of that
+// of the lease time (at most an eighth of the burst; at least half of that
 // or nothing), spends it here (floodgate.SourceLease) until the lease time
 // after it asked, and gives back what is left with the key's next round
 // trip, under a new limit, or at [Store.Close]. A key whose requests all

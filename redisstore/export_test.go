@@ -9,3 +9,6 @@ func SetInstancePeriod(d time.Duration) (restore func()) {
 	old := testInstancePeriod.Swap(int64(d))
 	return func() { testInstancePeriod.Store(old) }
 }
+
+// Linger is how long a full bucket's key stays, for tests of TTLs.
+const Linger = linger

@@ -35,7 +35,8 @@ type lease struct {
 	since     int64 // local ns of the last round trip on the key, 0 before one
 	asked     int   // tokens asked for on the key since then
 	rate      float64
-	busy      bool // a lease round trip is on its way
+	busy      bool  // a lease round trip is on its way
+	seen      int64 // local ns when the op that remaining answers was sent, 0 before one
 }
 
 // newLeaseTable returns a table of keys ≥ 1 entries, which evicts the key
@@ -69,7 +70,7 @@ func (e *lease) live(lim floodgate.Limit, now int64) bool {
 
 // size returns how many tokens beyond n to lease under lim: what this
 // store's demand on the key, smoothed over its round trips, asks for in a
-// quarter of the lease time, at most a quarter of the burst. A key on its
+// quarter of the lease time, at most an eighth of the burst. A key on its
 // first round trip leases nothing: most keys of a large key space are
 // seen once in a while, and a lease would only hold their tokens back.
 func (l *leaseTable) size(e *lease, lim floodgate.Limit, n int, now int64) int {
@@ -81,7 +82,7 @@ func (l *leaseTable) size(e *lease, lim floodgate.Limit, n int, now int64) int {
 		rate = (rate + e.rate) / 2
 	}
 	e.rate = rate
-	x := min(rate*float64(l.d)/4e9, float64(lim.Burst)/4, float64(lim.Burst-n))
+	x := min(rate*float64(l.d)/4e9, float64(lim.Burst)/8, float64(lim.Burst-n))
 	return max(int(x), 0)
 }
 
@@ -130,6 +131,7 @@ func (s *Store) leaseOp(key string, o *op) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entryLocked(key)
+	s.hint(e, o, now)
 	if e.busy {
 		return false
 	}
@@ -178,15 +180,16 @@ func (s *Store) leasedIn(key string, o *op, r reply, err error, group bool) {
 		return
 	}
 	e.lim = o.lim
-	e.remaining = wholeTokens(r.tokens)
+	e.remaining, e.seen = wholeTokens(r.tokens), o.sent
 	if x := int(r.taken) - o.n; r.allowed && x > 0 {
 		e.tokens, e.expires = x, o.sent+l.d
 	}
 }
 
 // observed records what Redis answered for key under lim to a round trip
-// that leased nothing, for the Results of later leased decisions.
-func (s *Store) observed(key string, lim floodgate.Limit, r reply) {
+// sent at sent that leased nothing: for the Results of later leased
+// decisions, and for hints.
+func (s *Store) observed(key string, lim floodgate.Limit, r reply, sent int64) {
 	l := s.leases
 	l.mu.Lock()
 	if e, ok := l.m.Peek(key); ok && !e.busy {
@@ -194,11 +197,25 @@ func (s *Store) observed(key string, lim floodgate.Limit, r reply) {
 			e.lim, e.tokens, e.expires = lim, 0, 0
 		}
 		if e.since == 0 {
-			e.since = s.local()
+			e.since = sent
 		}
-		e.remaining = wholeTokens(r.tokens)
+		e.remaining, e.seen = wholeTokens(r.tokens), sent
 	}
 	l.mu.Unlock()
+}
+
+// hint sets o's hint from e, what Redis last answered here for the bucket
+// and the refill since, when that answer is recent (see bucketLua): the
+// bucket held at most that, less this store's live lease.
+func (s *Store) hint(e *lease, o *op, now int64) {
+	if e.seen == 0 || now-e.seen >= int64(hintAge) || e.lim != o.lim {
+		return
+	}
+	h := float64(e.remaining) + o.lim.Rate*float64(now-e.seen)/1e9
+	if now < e.expires {
+		h -= float64(e.tokens)
+	}
+	o.hint, o.hinted = int(max(min(h, float64(o.lim.Burst)), 0)), true
 }
 
 // wholeTokens converts micro-tokens to whole tokens, rounding toward

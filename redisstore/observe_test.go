@@ -375,7 +375,7 @@ func TestObserverCalls(t *testing.T) {
 		clock := newFakeClock()
 		s := newStore(t, newClient(t, srv.Addr), redisstore.WithObserver(&rec), redisstore.WithClientClock(clock),
 			redisstore.WithDenyCache(10), redisstore.WithLeases(100*time.Millisecond, 10))
-		hot := floodgate.PerSecond(100, 50) // a lease is 10 tokens
+		hot := floodgate.PerSecond(100, 80) // a lease is 10 tokens, an eighth of the burst
 		for range 12 {                      // 1st: a take, 2nd: a lease of 1+10, then 10 from it
 			s.TakeN(bg, "hot", hot, 1)
 		}

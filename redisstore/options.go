@@ -16,8 +16,10 @@ type Policy uint8
 
 const (
 	// Local decides with an in-process bucket at the limit divided by the
-	// local divisor (see [WithLocalDivisor]): each instance admits its share.
-	// Results carry [floodgate.SourceFallback]. The default. A call that
+	// local divisor (see [WithLocalDivisor]), emptied at a key's first
+	// fallback decision after a second without one: each instance goes on
+	// at its part of the rate, with no burst of its own. Results carry
+	// [floodgate.SourceFallback]. The default. A call that
 	// missed its deadline only because this process was starved of CPU is
 	// refused instead ([floodgate.SourceFailClosed]): Redis is likely up and
 	// deciding for the other instances, and a local bucket beside it would
@@ -193,7 +195,7 @@ func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = si
 // WithLeases lets the store decide takes in process on tokens Redis leased
 // to it: a key this store decides on more than once gets, with a round
 // trip it makes anyway, up to a quarter of the lease time d of its demand
-// here (at most a quarter of the burst), recorded on Redis with the
+// here (at most an eighth of the burst), recorded on Redis with the
 // bucket, spent here until d after it was asked for, and given back, what
 // is left of it, with the key's next round trip, under a new limit, or at
 // [Store.Close]. Leases change the bound of docs/stores.md by nothing;

@@ -346,24 +346,31 @@ func TestSettleLargeBurst(t *testing.T) {
 func TestReserveFallback(t *testing.T) {
 	srv := redistest.Start(t)
 	c := newClient(t, srv.Addr)
-	m, err := keyed.New()
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newStore(t, c, redisstore.WithDeadline(50*time.Millisecond), redisstore.WithFallback(m), redisstore.WithLocalDivisor(2))
+	local := newStore(t, c, redisstore.WithDeadline(50*time.Millisecond), redisstore.WithFallback(m), redisstore.WithLocalDivisor(2),
+		redisstore.WithClientClock(clock))
 	open := newStore(t, c, redisstore.WithDeadline(50*time.Millisecond), redisstore.WithFailurePolicy(redisstore.Open))
 	srv.Kill()
-	lim := floodgate.PerSecond(0, 20) // the fallback's share: burst 10
+	lim := floodgate.PerSecond(20, 20) // the fallback's share: 10/s, burst 10
+	// The fallback starts empty, and refills at its share of the rate.
+	if r, err := local.ReserveN(bg, "k", lim, 4); err != nil || r.Result.Allowed || r.Result.Source != floodgate.SourceFallback {
+		t.Fatalf("ReserveN as Redis went down = %+v, %v; want the fallback's refusal", r.Result, err)
+	}
+	clock.Advance(900 * time.Millisecond)
 	r, err := local.ReserveN(bg, "k", lim, 4)
-	if err != nil || !r.Result.Allowed || r.Result.Source != floodgate.SourceFallback || r.Result.Remaining != 6 {
-		t.Fatalf("ReserveN with Redis down = %+v, %v; want the fallback's, 6 left", r.Result, err)
+	if err != nil || !r.Result.Allowed || r.Result.Source != floodgate.SourceFallback || r.Result.Remaining != 5 {
+		t.Fatalf("ReserveN with Redis down = %+v, %v; want the fallback's, 5 left", r.Result, err)
 	}
 	res, err := r.Settle(bg, 12)
-	if err != nil || res.Owed != 2 {
-		t.Errorf("Settle(12) on the fallback = %+v, %v; want 2 owed", res, err)
+	if err != nil || res.Owed != 3 {
+		t.Errorf("Settle(12) on the fallback = %+v, %v; want 3 owed", res, err)
 	}
-	if got := m.Tokens("k", lim.Scale(0.5)); got != -2 {
-		t.Errorf("fallback tokens = %v, want -2", got)
+	if got := m.Tokens("k", lim.Scale(0.5)); got != -3 {
+		t.Errorf("fallback tokens = %v, want -3", got)
 	}
 	if r, err := local.ReserveN(bg, "k", lim, 0); err != nil || r.Result.Allowed {
 		t.Errorf("ReserveN(0) on the fallback in debt = %+v, %v; want refused", r.Result, err)
@@ -416,9 +423,9 @@ func TestSettleCacheAndLeases(t *testing.T) {
 	if err != nil || r.Result.Source != floodgate.SourceLease {
 		t.Fatalf("ReserveN on a leased key = %+v, %v; want a lease's", r.Result, err)
 	}
-	// 20 − 1 − (1 + 5 leased) = 13 on Redis; 24 more leave it owing 11.
-	if res, err := r.Settle(bg, 25); err != nil || res.Owed != 11 {
-		t.Fatalf("Settle(25) = %+v, %v; want the bucket owing 11", res, err)
+	// 20 − 1 − (1 + 2 leased) = 16 on Redis; 24 more leave it owing 8.
+	if res, err := r.Settle(bg, 25); err != nil || res.Owed != 8 {
+		t.Fatalf("Settle(25) = %+v, %v; want the bucket owing 8", res, err)
 	}
 	if res, _ := s.TakeN(bg, "leased", lim, 1); res.Allowed || res.Source != floodgate.SourceRedis || res.Owed == 0 {
 		t.Errorf("TakeN after the overrun = %+v, want refused by Redis for the debt", res)

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
@@ -18,11 +19,12 @@ import (
 //
 // KEYS[i] is the i-th decision's bucket. ARGV[1] is the time in µs, or -1
 // to read the server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms
-// added to every TTL and lease expiry (see clockSlack); ARGV[4] the calling
-// store's id, which names its leases; ARGV[5] its lease time in ms. Then
-// seven arguments per decision: rate (tokens per second, which is also
-// micro-tokens per µs), burst (tokens), n (tokens), mode, and three more
-// whose meaning depends on the mode, then a group number (eight in all).
+// added to every lease expiry (see clockSlack); ARGV[4] the calling
+// store's id, which names its leases; ARGV[5] its lease time in ms; ARGV[6]
+// the ms a bucket lingers once full (see linger). Then nine arguments per
+// decision: rate (tokens per second, which is also micro-tokens per µs),
+// burst (tokens), n (tokens), mode, three more whose meaning depends on
+// the mode, a group number, and a hint.
 //
 // Modes: 0 takes n (n = 0 is allowed unless the bucket owes tokens, and
 // writes nothing); 1 peeks; 2 refunds n; 3 leases: it first closes the
@@ -40,9 +42,13 @@ import (
 // leased out (G), the earliest and the latest expiry of its leases (µs,
 // 0 without leases). Every other field is a lease, named by its store's id:
 // its micro-tokens and its expiry. All are integers below 2^53, which
-// doubles hold exactly. A missing bucket is full, except when a lease
-// decision says its store held a lease on it (a3 ≥ 0): the bucket was lost
-// (a restarted Redis, FLUSHALL) while leases were out, and starts empty.
+// doubles hold exactly.
+//
+// A bucket's key lingers ARGV[6] ms after the bucket is full, and longer
+// while a lease of it is out. So a missing bucket is full, unless a store
+// decided on it within that time: then it was lost (a restarted Redis,
+// FLUSHALL), and a decision's hint (whole tokens, -1 for none), what its
+// store last saw of the bucket plus the refill since, is what it holds.
 //
 // The bucket and its leases together never hold more than the burst: the
 // refill stops at burst − G. Taking a lease moves tokens into G, closing
@@ -53,13 +59,11 @@ import (
 //
 // Refill rounds down. Time never moves backwards: a bucket counted at a
 // later time than now keeps its time. Decisions that change a bucket write
-// it with a TTL: the time until it is full again plus ARGV[3], at least
-// 1 ms, at most ARGV[2] ms, and never before its last lease expires. Once
-// a bucket is full with no lease out, a missing key means the same thing,
-// so the TTL may run late but must not run early: a decision that writes
-// nothing on a bucket not yet full lengthens the TTL when the limit in
-// force would take longer to fill it (a TTL at ARGV[2], only once a
-// sixteenth of it has passed).
+// it with a TTL: the time until it is full again plus ARGV[6], at most
+// ARGV[2] ms, and never before its last lease expires. The TTL may run
+// late but must not run early: a decision that writes nothing on a bucket
+// lengthens the TTL when the limit in force would take longer to fill it
+// (a TTL at ARGV[2], only once a sixteenth of it has passed).
 //
 // Decisions with the same group number g > 0 are all or nothing: at the
 // first of them, all are checked on the buckets as they are then; if each
@@ -79,6 +83,7 @@ local maxttl = tonumber(ARGV[2])
 local slack = tonumber(ARGV[3])
 local id = ARGV[4]
 local leasettl = tonumber(ARGV[5]) * 1000
+local linger = tonumber(ARGV[6])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -264,11 +269,11 @@ local function decide(key, st, mode, burst, n, a1, a2, a3)
   return 1, 0
 end
 
-local W = 8
+local W = 9
 local count = #KEYS
 local out = {}
 local function arg(i, k)
-  return ARGV[5 + (i - 1) * W + k]
+  return ARGV[6 + (i - 1) * W + k]
 end
 -- params reads decision i's arguments, in micro-tokens.
 local function params(i)
@@ -279,9 +284,10 @@ end
 local function prepared(i)
   local rate, burst, n, mode, a1, a2, a3 = params(i)
   local st = load(KEYS[i], rate, burst)
-  if st and not st.exists and mode == '3' and a3 >= 0 then
-    -- Lost while leases were out (see above): the bucket starts empty.
-    st.tokens, st.exists, st.dirty = 0, true, true
+  local hint = tonumber(arg(i, 9))
+  if st and not st.exists and hint >= 0 then
+    -- Lost (see above): the bucket holds what the store's hint says.
+    st.tokens, st.exists, st.dirty = math.min(hint * M, burst), true, true
   end
   if st then
     prepare(KEYS[i], st, rate, burst)
@@ -371,23 +377,15 @@ end
 for key, st in pairs(states) do
   if st then
     local burst = st.burst
-    local full = st.g <= 0 and st.tokens >= burst
     local ttl = maxttl
     if st.rate > 0 then
-      ttl = math.ceil((burst - st.tokens) / st.rate / 1000) + slack
-      if ttl < 1 then
-        ttl = 1
-      elseif ttl > maxttl then
-        ttl = maxttl
-      end
+      ttl = math.min(math.ceil(math.max(burst - st.tokens, 0) / st.rate / 1000) + linger, maxttl)
     end
     if st.last > now then
-      ttl = math.max(ttl, math.ceil((st.last - now) / 1000) + slack + 1)
+      ttl = math.max(ttl, math.ceil((st.last - now) / 1000) + linger)
     end
     if st.dirty then
-      if full and st.exists then
-        redis.call('DEL', key)
-      elseif not full then
+      if st.exists then
         for f, r in pairs(st.recs) do
           if r == false then
             redis.call('HDEL', key, f)
@@ -401,7 +399,7 @@ for key, st in pairs(states) do
         redis.call('HSET', key, 's', struct.pack('<d<d<d<d<d', st.tokens, st.at, st.g, st.next, st.last))
         redis.call('PEXPIRE', key, ttl)
       end
-    elseif st.exists and not full then
+    elseif st.exists then
       -- The limit changed since the last write (a lower rate, a higher
       -- burst): the key must not expire before the bucket is full under
       -- the limit in force. A TTL at the cap is renewed only once a
@@ -428,14 +426,35 @@ const maxTTL = 400 * 24 * time.Hour
 
 var maxTTLArg = strconv.FormatInt(maxTTL.Milliseconds(), 10)
 
-// clockSlack is added to TTLs in client-clock mode. Keys expire on Redis's
-// clock, but buckets refill on the clients': a client clock δ behind Redis's
-// would see a key vanish δ before its bucket is full, and a fresh full
-// bucket would over-admit. The slack absorbs skews up to 1 s; lingering
-// full buckets cost only memory.
+// clockSlack is added to lease expiries in client-clock mode: each client
+// sends its own clock, and one whose clock runs δ ahead would expire the
+// others' leases on Redis δ early, while they are still spent. The slack
+// absorbs offsets up to 1 s.
 const clockSlack = time.Second
 
 var slackArgs = [2]string{"0", strconv.FormatInt(clockSlack.Milliseconds(), 10)}
+
+// linger is how long a bucket's key outlives the time the bucket is full
+// again: within it, a store that decided on the bucket can tell a lost
+// bucket from a full one, and hints what it held (bucketLua). It is longer
+// than clockSlack, which it also covers: keys expire on Redis's clock,
+// buckets refill on the clients' in client-clock mode.
+const linger = 10 * time.Second
+
+// hintAge is how old a store's last answer for a key may be for a hint:
+// half of linger, so that clock rates and the round trip's time never
+// make a store hint for a bucket that expired full.
+const hintAge = linger / 2
+
+var lingerArg = strconv.FormatInt(linger.Milliseconds(), 10)
+
+// fullState is the state of a bucket that holds more than any burst: full
+// under every limit (bucketLua caps it), with no lease out.
+var fullState = func() string {
+	b := make([]byte, 40)
+	binary.LittleEndian.PutUint64(b, math.Float64bits(float64(floodgate.MaxBurst)*1e6))
+	return string(b)
+}()
 
 var bucketScript = redis.NewScript(bucketLua)
 
@@ -457,9 +476,14 @@ type op struct {
 	// extra tokens, its minimum and what it gives back (-1: no lease
 	// held); a settle's debt limit comes from lim.
 	a1, a2, a3 int
-	grp        int   // all-or-nothing group within a call, 0 for none
-	sent       int64 // a lease's: local ns when it was asked for
-	exp        int64 // a lease's: the expiry of the lease it closes, local ns
+	// hint, when hinted, is a take's or a lease's: the whole tokens this
+	// store expects the bucket to hold, for a bucket Redis lost
+	// (bucketLua).
+	hint   int
+	hinted bool
+	grp    int   // all-or-nothing group within a call, 0 for none
+	sent   int64 // a lease's: local ns when it was asked for
+	exp    int64 // a lease's: the expiry of the lease it closes, local ns
 }
 
 // reply is the script's answer for one op.
@@ -475,7 +499,7 @@ type reply struct {
 var errNotBucket = errors.New("redisstore: key holds a value that is not a bucket")
 
 // argsPerOp is the script's arguments per decision.
-const argsPerOp = 8
+const argsPerOp = 9
 
 // small holds the boxed small integers that most arguments are, so that
 // appending them allocates nothing.
@@ -485,6 +509,15 @@ var small = func() (s [16]any) {
 	}
 	return
 }()
+
+var minusOne any = -1
+
+func boxedHint(v int) any {
+	if v < 0 {
+		return minusOne
+	}
+	return boxed(v)
+}
 
 func boxed(v int) any {
 	if v >= 0 && v < len(small) {
@@ -508,13 +541,19 @@ func (o *op) appendArgs(args []any) []any {
 		lastLimit.Store(la)
 	}
 	a1, a3 := o.a1, o.a3
-	if o.mode == modeSettle {
+	switch o.mode {
+	case modeSettle:
 		a1 = la.debt
-	}
-	if o.mode != modeLease {
+		a3 = 0
+	case modeLease:
+	default:
 		a3 = 0
 	}
-	return append(args, la.rate, la.burst, boxed(o.n), boxed(o.mode), boxed(a1), boxed(o.a2), boxed(a3), boxed(o.grp))
+	hint := -1
+	if o.hinted && (o.mode == modeTake || o.mode == modeLease) {
+		hint = o.hint
+	}
+	return append(args, la.rate, la.burst, boxed(o.n), boxed(o.mode), boxed(a1), boxed(o.a2), boxed(a3), boxed(o.grp), boxedHint(hint))
 }
 
 type limitArgs struct {
@@ -550,7 +589,7 @@ func (s *Store) evalOps(ctx context.Context, c redis.Scripter, now int64, ops []
 }
 
 // headArgs is the script's arguments before the decisions'.
-const headArgs = 5
+const headArgs = 6
 
 // appendHead appends the script's first arguments: the time, the longest
 // TTL, the TTL slack (none on the server's clock), this store's id and
@@ -560,7 +599,7 @@ func (s *Store) appendHead(args []any, now int64) []any {
 	if now >= 0 {
 		slack = slackArgs[1]
 	}
-	return append(args, now, maxTTLArg, slack, s.inst.id, s.leaseArg)
+	return append(args, now, maxTTLArg, slack, s.inst.id, s.leaseArg, lingerArg)
 }
 
 // parse reads the i-th reply out of vals: errShortReply when it is missing,

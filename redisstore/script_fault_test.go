@@ -10,6 +10,7 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/redistest"
+	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/redisstore"
 )
 
@@ -25,8 +26,8 @@ func TestTTLFollowsLimitChange(t *testing.T) {
 	if res, _ := s.TakeN(bg, "k", fast, 20); !res.Allowed {
 		t.Fatalf("drain under %v: %+v", fast, res)
 	}
-	if pttl := c.PTTL(bg, s.Key("k")).Val(); pttl > 200*time.Millisecond {
-		t.Fatalf("PTTL %v after draining under %v, want ≤ 200ms", pttl, fast)
+	if pttl := c.PTTL(bg, s.Key("k")).Val(); pttl > 200*time.Millisecond+redisstore.Linger {
+		t.Fatalf("PTTL %v after draining under %v, want ≤ 200ms + %v", pttl, fast, redisstore.Linger)
 	}
 	if res, _ := s.TakeN(bg, "k", slow, 1); res.Allowed {
 		t.Fatalf("take under %v right after the drain: %+v, want refused", slow, res)
@@ -152,26 +153,36 @@ func TestNotABucketInBatch(t *testing.T) {
 }
 
 // TestLocalShare: the local fallback's share is the limit divided by
-// WithLocalDivisor, exactly when it divides evenly.
+// WithLocalDivisor, exactly when it divides evenly, and starts empty when
+// Redis goes away: it goes on at its part of the rate, with no burst of
+// its own.
 func TestLocalShare(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	s, err := redisstore.New(c, redisstore.WithLocalDivisor(49), redisstore.WithDeadline(50*time.Millisecond))
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
+	s, err := redisstore.New(c, redisstore.WithLocalDivisor(4), redisstore.WithDeadline(50*time.Millisecond),
+		redisstore.WithFallback(m), redisstore.WithClientClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := floodgate.PerSecond(8, 8)
 	admitted := 0
-	for range 5 {
-		res, err := s.TakeN(bg, "k", floodgate.PerSecond(0, 98), 1)
-		if err != nil || res.Source != floodgate.SourceFallback {
+	for range 5 { // over a second, a take every 250 ms
+		res, err := s.TakeN(bg, "k", lim, 1)
+		if err != nil || res.Source != floodgate.SourceFallback || res.Limit != lim.Scale(1.0/4) {
 			t.Fatalf("TakeN with Redis unreachable = %+v, %v", res, err)
 		}
 		if res.Allowed {
 			admitted++
 		}
+		clock.Advance(250 * time.Millisecond)
 	}
 	if admitted != 2 {
-		t.Errorf("the local fallback admitted %d, want 98/49 = 2", admitted)
+		t.Errorf("the local fallback admitted %d in a second, want 8/4 = 2", admitted)
 	}
 }
 

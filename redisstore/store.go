@@ -13,6 +13,7 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -74,6 +75,8 @@ type Store struct {
 	inst             *instances
 	checking         atomic.Bool  // a probe checks a starved timeout
 	groups           atomic.Int64 // numbers all-or-nothing groups
+	fbMu             sync.Mutex
+	fbSeen           *simplelru.LRU[string, int64] // key → local ns of its last fallback decision
 	closeOnce        sync.Once
 
 	counts  [7]atomic.Uint64 // by floodgate.Source
@@ -139,6 +142,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	s.br.init(o.failures, o.cooldown, notify)
 	if o.policy == Local {
+		s.fbSeen, _ = simplelru.NewLRU[string, int64](fallbackKeys, nil)
 		s.fallback = o.fallback
 		if s.fallback == nil {
 			m, err := keyed.New()
@@ -172,6 +176,10 @@ func (s *Store) Key(subject string) string {
 	}
 	return s.keyHead + subject + s.keyTail
 }
+
+// fallbackKeys bounds the keys whose fallback decisions are remembered;
+// a key forgotten mid-outage is drained again, which errs toward the limit.
+const fallbackKeys = 1 << 16
 
 var escaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
@@ -293,7 +301,7 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	o := op{key: s.Key(key), lim: lim, n: n, mode: mode}
 	leasing := mode == modeTake && n > 0 && s.leases != nil && s.leaseOp(key, &o)
 	var sent int64
-	if s.cache != nil {
+	if s.cache != nil || s.leases != nil {
 		sent = s.local()
 	}
 	r, err := s.call(ctx, &o)
@@ -312,7 +320,7 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	case leasing && r.allowed:
 		res.Remaining += int(r.taken) - n // this store's new lease
 	case s.leases != nil && !leasing:
-		s.observed(key, lim, r)
+		s.observed(key, lim, r, sent)
 	}
 	if s.cache != nil && !r.allowed && n > 0 && n <= lim.Burst {
 		least := 0
@@ -613,6 +621,7 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 // tokens (modeTake) is a reservation there too, when the fallback can
 // reserve: a take of 0 would admit it while the local bucket owes tokens.
 func (s *Store) fallbackTake(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, error) {
+	s.drainOnce(ctx, key, lim)
 	if n == 0 && mode == modeTake {
 		if r, ok := s.fallback.(floodgate.Reserver); ok {
 			rv, err := r.ReserveN(ctx, key, lim, 0)
@@ -698,7 +707,18 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	dctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	start := time.Now()
-	err := s.bounded(dctx, func(ctx context.Context) error { return s.client.Del(ctx, s.Key(key)).Err() })
+	err := s.bounded(dctx, func(ctx context.Context) error {
+		// A full bucket, not a missing one: it lingers as every full
+		// bucket does, so that no store takes it for a lost one.
+		k := s.Key(key)
+		_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, k)
+			p.HSet(ctx, k, "s", fullState)
+			p.PExpire(ctx, k, linger)
+			return nil
+		})
+		return err
+	})
 	if s.obs != nil {
 		s.observeFor(ctx, start, err)
 	}
@@ -795,4 +815,32 @@ func (s *Store) Close() error {
 		s.closeOnce.Do(s.giveBack)
 	}
 	return nil
+}
+
+// fallbackGap is how long a key goes without a fallback decision before
+// its next one starts a new outage for it.
+const fallbackGap = time.Second
+
+// drainOnce empties key's fallback bucket at its first fallback decision
+// of an outage: the fallback goes on from nothing at the instance's part
+// of the rate, as the bucket on Redis would for it, instead of admitting
+// a fresh burst each time Redis goes away (see docs/stores.md).
+func (s *Store) drainOnce(ctx context.Context, key string, lim floodgate.Limit) {
+	now := s.local()
+	s.fbMu.Lock()
+	last, ok := s.fbSeen.Get(key)
+	s.fbSeen.Add(key, now)
+	s.fbMu.Unlock()
+	if ok && now-last < int64(fallbackGap) {
+		return
+	}
+	n := lim.Burst
+	if p, ok := s.fallback.(floodgate.Peeker); ok {
+		if res, err := p.Peek(ctx, key, lim); err == nil {
+			n = res.Remaining
+		}
+	}
+	if n > 0 {
+		s.fallback.TakeN(ctx, key, lim, n)
+	}
 }

@@ -111,7 +111,7 @@ func TestTTLInvariants(t *testing.T) {
 			if pttl == -1 { // -2 (gone) happens with 1 ms TTLs
 				t.Fatalf("after TakeN(%v) the key has PTTL %v", lim, pttl)
 			}
-			if res.ResetAfter != floodgate.Never && pttl > res.ResetAfter+time.Second+time.Millisecond {
+			if res.ResetAfter != floodgate.Never && pttl > res.ResetAfter+redisstore.Linger+time.Millisecond {
 				t.Fatalf("after TakeN(%v) PTTL %v exceeds ResetAfter %v", lim, pttl, res.ResetAfter)
 			}
 		}
@@ -160,8 +160,11 @@ func TestPeekRefundReset(t *testing.T) {
 	if err := s.Refund(bg, "k", lim, 100); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.Exists(bg, s.Key("k")).Val(); n != 0 {
-		t.Errorf("a refund to full left the key")
+	if res, _ := s.Peek(bg, "k", lim); res.Remaining != 10 {
+		t.Errorf("Peek after a refund to full = %+v, want full", res)
+	}
+	if pttl := c.PTTL(bg, s.Key("k")).Val(); pttl <= 0 || pttl > redisstore.Linger {
+		t.Errorf("a full bucket's PTTL %v, want it to linger at most %v", pttl, redisstore.Linger)
 	}
 	s.TakeN(bg, "k", lim, 10)
 	if err := s.Reset(bg, "k"); err != nil {
@@ -383,7 +386,7 @@ func TestLeases(t *testing.T) {
 	c := newClient(t, srv.Addr)
 	clock := newFakeClock()
 	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithLeases(100*time.Millisecond, 10))
-	lim := floodgate.PerSecond(100, 50) // a lease is 100/s × 100ms = 10 tokens
+	lim := floodgate.PerSecond(100, 50) // a lease: 6 tokens, an eighth of the burst
 	var sources [8]int
 	for range 12 {
 		res, err := s.TakeN(bg, "hot", lim, 1)
@@ -392,15 +395,16 @@ func TestLeases(t *testing.T) {
 		}
 		sources[res.Source]++
 	}
-	// 1st: plain take; 2nd: hot, leases 1+10; 3rd..12th: spend the 10.
-	if sources[floodgate.SourceRedis] != 2 || sources[floodgate.SourceLease] != 10 {
-		t.Errorf("sources = redis %d, lease %d, want 2 and 10", sources[floodgate.SourceRedis], sources[floodgate.SourceLease])
+	// 1st: plain take; 2nd: leases 1+6; 3rd..8th: spend the 6; 9th:
+	// leases again; 10th..12th: spend 3 of its 6.
+	if sources[floodgate.SourceRedis] != 3 || sources[floodgate.SourceLease] != 9 {
+		t.Errorf("sources = redis %d, lease %d, want 3 and 9", sources[floodgate.SourceRedis], sources[floodgate.SourceLease])
 	}
 	if res, _ := s.Peek(bg, "hot", lim); res.Remaining != 50-12 {
 		t.Errorf("shared bucket has %d left, want %d", res.Remaining, 50-12)
 	}
 	// An expired lease is not spent.
-	s.TakeN(bg, "hot", lim, 1) // leases 10 more
+	s.TakeN(bg, "hot", lim, 1) // from the lease, 2 left
 	clock.Advance(101 * time.Millisecond)
 	if res, _ := s.TakeN(bg, "hot", lim, 1); res.Source == floodgate.SourceLease {
 		t.Errorf("TakeN after the lease expired = %+v, want not from the lease", res)
@@ -416,10 +420,10 @@ func TestLeaseAtLeastHalf(t *testing.T) {
 	clock := newFakeClock()
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock),
 		redisstore.WithLeases(100*time.Millisecond, 10), redisstore.WithDenyCache(10))
-	lim := floodgate.PerSecond(100, 20) // a lease: 1 + 5 tokens (a quarter of the burst), at least 1 + 2
+	lim := floodgate.PerSecond(100, 40) // a lease: 1 + 5 tokens (an eighth of the burst), at least 1 + 2
 	admitted := 0
 	var res floodgate.Result
-	for range 40 { // no time passes: the bucket and the leases drain
+	for range 60 { // no time passes: the bucket and the leases drain
 		var err error
 		if res, err = s.TakeN(bg, "k", lim, 1); err != nil {
 			t.Fatal(err)
@@ -429,11 +433,11 @@ func TestLeaseAtLeastHalf(t *testing.T) {
 		}
 		admitted++
 	}
-	// 1 plain take, then three leases of 6: 19, and 1 token stays.
-	if admitted != 19 || res.Allowed || res.Source != floodgate.SourceRedis || res.RetryAfter != 20*time.Millisecond {
-		t.Fatalf("after %d admitted, TakeN = %+v; want 19 admitted, then Redis refusing the lease until 2 more tokens refill (20 ms)", admitted, res)
+	// 1 plain take, six leases of 6 and one of the last 3: all 40.
+	if admitted != 40 || res.Allowed || res.Source != floodgate.SourceRedis || res.RetryAfter != 30*time.Millisecond {
+		t.Fatalf("after %d admitted, TakeN = %+v; want 40 admitted, then Redis refusing the lease until 3 tokens refill (30 ms)", admitted, res)
 	}
-	clock.Advance(10 * time.Millisecond) // 2 tokens: enough for the request, not for the lease
+	clock.Advance(20 * time.Millisecond) // 2 tokens: enough for the request, not for the lease
 	if res, _ := s.TakeN(bg, "k", lim, 1); res.Allowed || res.Source != floodgate.SourceCache {
 		t.Errorf("TakeN with 2 tokens = %+v; want refused by the deny cache", res)
 	}
@@ -453,7 +457,7 @@ func TestLeasesPaced(t *testing.T) {
 	pfx := redisstore.WithPrefix(prefix(t))
 	s := newStore(t, c, redisstore.WithClientClock(clock), redisstore.WithLeases(time.Second, 10), pfx)
 	other := newStore(t, c, redisstore.WithClientClock(clock), pfx)
-	lim := floodgate.PerSecond(100, 50)
+	lim := floodgate.PerSecond(100, 80)
 	var sources []floodgate.Source
 	for range 12 {
 		res, err := s.TakeN(bg, "paced", lim, 1)
@@ -462,12 +466,12 @@ func TestLeasesPaced(t *testing.T) {
 		}
 		sources = append(sources, res.Source)
 		if len(sources) == 2 {
-			// 49 refilled to the burst, 50, less 1 + the lease's 8.
-			if p, _ := other.Peek(bg, "paced", lim); p.Remaining != 41 {
-				t.Errorf("after the first lease another store sees %d, want 41: a lease of 1+8", p.Remaining)
+			// 79 refilled to the burst, 80, less 1 + the lease's 8.
+			if p, _ := other.Peek(bg, "paced", lim); p.Remaining != 71 {
+				t.Errorf("after the first lease another store sees %d, want 71: a lease of 1+8", p.Remaining)
 			}
-			if p, _ := s.Peek(bg, "paced", lim); p.Remaining != 49 {
-				t.Errorf("after the first lease its store sees %d, want 49: the bucket and its own lease", p.Remaining)
+			if p, _ := s.Peek(bg, "paced", lim); p.Remaining != 79 {
+				t.Errorf("after the first lease its store sees %d, want 79: the bucket and its own lease", p.Remaining)
 			}
 		}
 		clock.Advance(30 * time.Millisecond)
@@ -506,12 +510,12 @@ func TestLeasesBounded(t *testing.T) {
 // TestConcurrentLeasesKeepTheirTokens: a burst spent by concurrent callers
 // on one store loses no token: what was admitted and what the bucket and
 // the store's lease still hold make the burst. Without refill, fewer
-// tokens than a lease's minimum (1 + half of 12) stay in the bucket.
+// tokens than a lease's minimum (1 + half of 6) stay in the bucket.
 func TestConcurrentLeasesKeepTheirTokens(t *testing.T) {
 	srv := sharedServer(t)
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(newFakeClock()), // no refill
 		redisstore.WithLeases(100*time.Millisecond, 16))
-	lim := floodgate.PerSecond(50, 50) // a lease is 12 tokens
+	lim := floodgate.PerSecond(50, 50) // a lease is 6 tokens
 	for round := range 100 {
 		key := fmt.Sprint("burst", round)
 		var admitted atomic.Int64
@@ -533,8 +537,8 @@ func TestConcurrentLeasesKeepTheirTokens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := admitted.Load(); got+int64(p.Remaining) != int64(lim.Burst) || got < int64(lim.Burst)-6 {
-			t.Fatalf("round %d: 8 callers admitted %d of a burst of %d with leases and no refill, and %d are left; want all but at most 6 admitted, and none lost",
+		if got := admitted.Load(); got+int64(p.Remaining) != int64(lim.Burst) || got < int64(lim.Burst)-3 {
+			t.Fatalf("round %d: 8 callers admitted %d of a burst of %d with leases and no refill, and %d are left; want all but at most 3 admitted, and none lost",
 				round, got, lim.Burst, p.Remaining)
 		}
 	}

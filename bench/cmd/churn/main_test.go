@@ -13,10 +13,12 @@ import (
 // token bucket of rate 200/s and burst 200 would keep them alone.
 const (
 	// slackRate and slackTokens widen the steady bound on a sliding
-	// second after the first: the rate's error, and tokens in flight
-	// (leases, a replica's startup) that a fleet may admit twice.
+	// second after the first: the rate's error, and the term stated in
+	// docs/stores.md: what the bucket and its leases hold when the window
+	// opens, which under demand above the limit is about one lease, at
+	// most an eighth of the burst.
 	slackRate   = 1.02
-	slackTokens = 10
+	slackTokens = burst / 8
 	// minSteady is the least share of rate × (run − 1 s) admitted while
 	// the callers ask for twice the limit or more.
 	minSteady = 0.95
