@@ -89,7 +89,10 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 		s.undoSpent(takes, rs, spent)
 		return floodgate.ReserveAll(ctx, sequential{s}, takes, rs)
 	}
-	grp := int(s.groups.Add(1))
+	grp := 0 // a lone op is all or nothing by itself
+	if len(remote) > 1 {
+		grp = int(s.groups.Add(1))
+	}
 	ops := make([]op, len(remote))
 	ptrs := make([]*op, len(remote))
 	leasing := make([]bool, len(remote))

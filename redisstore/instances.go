@@ -60,6 +60,7 @@ var instanceTTLArg = strconv.FormatInt(instanceTTL.Milliseconds(), 10)
 
 type instances struct {
 	id    string
+	raw   string // id's 8 bytes, which name this store's leases (bucketLua)
 	key   string
 	next  atomic.Int64 // ns since monoBase of the next registration
 	count atomic.Int64 // the divisor the count gives, 0 before the first
@@ -102,7 +103,7 @@ func (in *instances) period() time.Duration {
 func newInstances(prefix, name string) *instances {
 	var b [8]byte
 	rand.Read(b[:])
-	return &instances{id: hex.EncodeToString(b[:]), key: prefix + ":{" + name + "}"}
+	return &instances{id: hex.EncodeToString(b[:]), raw: string(b[:]), key: prefix + ":{" + name + "}"}
 }
 
 // register starts a registration if one is due. It is called after calls

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
@@ -37,11 +36,11 @@ import (
 // charges n whatever the bucket holds, in whole tokens, down to a1 tokens
 // below zero at most.
 //
-// A bucket is a hash. Field "s" holds its state, five little-endian
-// doubles: micro-tokens, the µs they were counted at, the micro-tokens
-// leased out (G), the earliest and the latest expiry of its leases (µs,
-// 0 without leases). Every other field is a lease, named by its store's id:
-// its micro-tokens and its expiry. All are integers below 2^53, which
+// A bucket is a string: its state, five little-endian doubles
+// (micro-tokens, the µs they were counted at, the micro-tokens leased out
+// (G), the earliest and the latest expiry of its leases in µs, 0 without
+// leases), then its leases, 24 bytes each: the store's id (8 bytes), the
+// lease's micro-tokens and its expiry. All are integers below 2^53, which
 // doubles hold exactly.
 //
 // A bucket's key lingers ARGV[6] ms after the bucket is full, and longer
@@ -75,12 +74,11 @@ import (
 // micro-tokens after the decision, and the whole tokens taken (by a settle:
 // charged). A key that holds something other than a bucket answers -1, 0,
 // 0 and is left alone; the script's other decisions are made as usual. A
-// bucket of the earlier layout (a 16-byte string) is read, and rewritten
-// as a hash.
+// bucket of the earlier layout (a 16-byte state) is read, and rewritten.
 const bucketLua = `
 local now = tonumber(ARGV[1])
 local maxttl = tonumber(ARGV[2])
-local slack = tonumber(ARGV[3])
+local slack = tonumber(ARGV[3]) * 1000
 local id = ARGV[4]
 local leasettl = tonumber(ARGV[5]) * 1000
 local linger = tonumber(ARGV[6])
@@ -89,328 +87,250 @@ if now < 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local M = 1000000
-local states = {}
+local pack, unpack, sub, fmod, floor, min, max = struct.pack, struct.unpack, string.sub, math.fmod, math.floor, math.min, math.max
 
--- load returns the key's state, read once per call, or false when the
--- key holds something else.
-local function load(key, rate, burst)
-  local st = states[key]
-  if st ~= nil then
-    return st
-  end
-  local migrated = false
-  local v = redis.pcall('HGET', key, 's')
-  if type(v) == 'table' then
-    local old = redis.pcall('GET', key)
-    if type(old) == 'string' and #old == 16 then
-      local tk, at = struct.unpack('<d<d', old)
-      redis.call('DEL', key)
-      v = struct.pack('<d<d<d<d<d', tk, at, 0, 0, 0)
-      migrated = true
-    else
-      states[key] = false
-      return false
+-- step decides on a bucket whose value is v (false: missing), and returns
+-- allowed (-1: not a bucket), the micro-tokens after, the whole tokens
+-- taken, the value to write (nil: none) and its TTL, and whether the TTL
+-- must be checked (a bucket not full that nothing was written to).
+local function step(v, rate, burst, n, mode, a1, a2, a3, hint)
+  local tokens, at, g, nxt, last, recs
+  local exists, dirty = true, false
+  if not v then
+    exists, tokens, at, g, nxt, last, recs = false, burst, now, 0, 0, 0, ''
+    if hint >= 0 then
+      -- Lost (see above): the bucket holds what the store's hint says.
+      exists, dirty, tokens = true, true, min(hint * M, burst)
     end
-  elseif (v and #v ~= 40) or (not v and redis.call('EXISTS', key) == 1) then
-    -- Another value, or a hash that is not a bucket.
-    states[key] = false
-    return false
-  end
-  st = {rate = rate, burst = burst, exists = false, dirty = migrated, recs = {}}
-  if v then
-    st.exists = true
-    st.tokens, st.at, st.g, st.next, st.last = struct.unpack('<d<d<d<d<d', v)
+  elseif #v == 16 then -- the earlier layout
+    tokens, at = unpack('<d<d', v)
+    g, nxt, last, recs, dirty = 0, 0, 0, '', true
+  elseif #v >= 40 and (#v - 40) % 24 == 0 then
+    tokens, at, g, nxt, last = unpack('<d<d<d<d<d', v)
+    recs = sub(v, 41)
   else
-    st.tokens, st.at, st.g, st.next, st.last = burst, now, 0, 0, 0
+    return -1, 0, 0
   end
-  states[key] = st
-  return st
-end
-
--- prepare brings st to now under the limit: lapsed leases leave G, the
--- bucket refills up to burst − G.
-local function prepare(key, st, rate, burst)
-  st.rate, st.burst = rate, burst
-  if st.g > 0 and st.next > 0 and now >= st.next then
-    local all = redis.call('HGETALL', key)
-    local nxt = 0
-    for j = 1, #all, 2 do
-      local f = all[j]
-      if f ~= 's' and st.recs[f] == nil then
-        local lg, le = struct.unpack('<d<d', all[j + 1])
-        if le <= now then
-          st.recs[f] = false
-          st.g = st.g - lg
-        elseif nxt == 0 or le < nxt then
+  -- Lapsed leases leave G; the bucket refills up to burst − G.
+  if g > 0 and now >= nxt then
+    local keep = {}
+    g, nxt = 0, 0
+    for p = 1, #recs, 24 do
+      local lg, le = unpack('<d<d', sub(recs, p + 8, p + 23))
+      if le > now then
+        keep[#keep + 1] = sub(recs, p, p + 23)
+        g = g + lg
+        if nxt == 0 or le < nxt then
           nxt = le
         end
       end
     end
-    if st.g < 1 or nxt == 0 then
-      st.g, nxt = 0, 0
-    end
-    st.next = nxt
-    st.dirty = true
+    recs, dirty = table.concat(keep), true
   end
-  local cap = burst - st.g
-  if now > st.at then
-    if st.tokens < cap and rate > 0 then
-      local add = (now - st.at) * rate
-      if add >= cap - st.tokens then
-        st.tokens = cap
+  local cap = burst - g
+  if now > at then
+    if tokens < cap and rate > 0 then
+      local add = (now - at) * rate
+      if add >= cap - tokens then
+        tokens = cap
       else
-        st.tokens = st.tokens + math.floor(add)
+        tokens = tokens + floor(add)
       end
     end
-    st.at = now
+    at = now
   end
-  if st.tokens > cap then
-    st.tokens = cap
+  if tokens > cap then
+    tokens = cap
   end
-end
-
--- rec returns the store's lease on the bucket: micro-tokens and expiry,
--- or nil.
-local function rec(key, st)
-  local r = st.recs[id]
-  if r == nil then
-    r = redis.call('HGET', key, id)
-    if r then
-      local lg, le = struct.unpack('<d<d', r)
-      r = {lg, le}
+  local allowed, taken = 1, 0
+  if mode == 0 then
+    if n <= burst and tokens >= n then
+      tokens, taken = tokens - n, n
+      dirty = dirty or n > 0
     else
-      r = false
+      allowed = 0
     end
-    st.recs[id] = r
-  end
-  if r then
-    return r
-  end
-  return nil
-end
-
--- decide applies one decision to st and returns allowed, taken.
-local function decide(key, st, mode, burst, n, a1, a2, a3)
-  if mode == '0' then
-    if n <= burst and st.tokens >= n then
-      st.tokens = st.tokens - n
-      if n > 0 then
-        st.dirty = true
-      end
-      return 1, n
+  elseif mode == 1 then
+  elseif mode == 2 then
+    if exists and n > 0 then
+      tokens, dirty = min(tokens + n, cap), true
     end
-    return 0, 0
-  elseif mode == '1' then
-    return 1, 0
-  elseif mode == '2' then
-    if st.exists and n > 0 then
-      st.tokens = math.min(st.tokens + n, burst - st.g)
-      st.dirty = true
-    end
-    return 1, 0
-  elseif mode == '3' then
+  elseif mode == 3 then
     -- Close the store's lease, if any, whatever the store says of it: a
     -- record left behind would hold G until it expires.
-    local r = rec(key, st)
-    if r then
-      st.g = math.max(st.g - r[1], 0)
-      st.tokens = math.min(st.tokens + math.min(math.max(a3, 0), r[1]), burst - st.g)
-      st.recs[id] = false
-      st.dirty = true
+    if g > 0 then
+      for p = 1, #recs, 24 do
+        if sub(recs, p, p + 7) == id then
+          local lg = unpack('<d', sub(recs, p + 8, p + 15))
+          recs = sub(recs, 1, p - 1) .. sub(recs, p + 24)
+          g = max(g - lg, 0)
+          tokens, dirty = min(tokens + min(max(a3, 0), lg), burst - g), true
+          break
+        end
+      end
     end
     local need = n + a2
-    if need == 0 then
-      return 1, 0
-    end
-    local avail = st.tokens - math.fmod(st.tokens, M)
-    if st.tokens < 0 or avail < need then
-      return 0, 0
-    end
-    local give = math.min(n + a1, avail)
-    st.tokens = st.tokens - give
-    st.dirty = true
-    local x = give - n
-    if x > 0 then
-      local exp = now + leasettl + slack * 1000
-      st.recs[id] = {x, exp}
-      st.g = st.g + x
-      if st.next == 0 or exp < st.next then
-        st.next = exp
-      end
-      if exp > st.last then
-        st.last = exp
+    if need > 0 then
+      local avail = tokens - fmod(tokens, M)
+      if tokens < 0 or avail < need then
+        allowed = 0
+      else
+        taken = min(n + a1, avail)
+        tokens, dirty = tokens - taken, true
+        local x = taken - n
+        if x > 0 then
+          local exp = now + leasettl + slack
+          recs, g = recs .. id .. pack('<d<d', x, exp), g + x
+          if nxt == 0 or exp < nxt then
+            nxt = exp
+          end
+          if exp > last then
+            last = exp
+          end
+        end
       end
     end
-    return 1, give
-  end
-  if n < 0 then
-    if st.exists then
-      st.tokens = math.min(st.tokens - n, burst - st.g)
-      st.dirty = true
+  elseif n < 0 then -- settle: a refund
+    if exists then
+      tokens, dirty = min(tokens - n, cap), true
     end
-    return 1, 0
-  elseif n > 0 then
+  elseif n > 0 then -- settle: a charge
     -- The whole tokens the bucket gives before it owes a1. fmod is
     -- exact, where a floor of a quotient may round up near 2^33 tokens;
     -- each operand is whole tokens, so the sum is exact too.
     local room = 0
-    if st.tokens >= 0 then
-      room = st.tokens - math.fmod(st.tokens, M) + a1
-    elseif st.tokens + a1 > 0 then
-      room = st.tokens + a1 - math.fmod(st.tokens + a1, M)
+    if tokens >= 0 then
+      room = tokens - fmod(tokens, M) + a1
+    elseif tokens + a1 > 0 then
+      room = tokens + a1 - fmod(tokens + a1, M)
     end
-    room = math.min(room, n)
+    room = min(room, n)
     if room > 0 then
-      st.tokens = st.tokens - room
-      st.dirty = true
-      return 1, room
+      tokens, taken, dirty = tokens - room, room, true
     end
   end
-  return 1, 0
+  if not (dirty or (exists and tokens < burst)) then
+    return allowed, tokens, taken / M
+  end
+  local ttl = maxttl
+  if rate > 0 then
+    ttl = min(math.ceil(max(burst - tokens, 0) / rate / 1000) + linger, maxttl)
+  end
+  if g <= 0 then
+    g, nxt, last, recs = 0, 0, 0, ''
+  elseif last > now then
+    ttl = max(ttl, math.ceil((last - now) / 1000) + linger)
+  end
+  if dirty then
+    return allowed, tokens, taken / M, pack('<d<d<d<d<d', tokens, at, g, nxt, last) .. recs, ttl
+  end
+  return allowed, tokens, taken / M, nil, ttl, true
 end
 
-local W = 9
 local count = #KEYS
 local out = {}
-local function arg(i, k)
-  return ARGV[6 + (i - 1) * W + k]
+local vals = {} -- the values of the keys read, as written since
+
+-- run decides decision i (or with peek, peeks at its bucket) on the
+-- bucket's value v, and returns step's results. Its arguments are
+-- ARGV[6 + i], little-endian doubles: rate, burst, n, mode, a1, a2, a3,
+-- group and hint.
+local function run(i, v, peek)
+  local rate, burst, n, mode, a1, a2, a3, _, hint = unpack('<d<d<d<d<d<d<d<d<d', ARGV[6 + i])
+  if peek then
+    mode = 1
+  end
+  return step(v, rate, burst * M, n * M, mode, a1 * M, a2 * M, a3 * M, hint)
 end
--- params reads decision i's arguments, in micro-tokens.
-local function params(i)
-  return tonumber(arg(i, 1)), tonumber(arg(i, 2)) * M, tonumber(arg(i, 3)) * M, arg(i, 4),
-    tonumber(arg(i, 5)) * M, tonumber(arg(i, 6)) * M, tonumber(arg(i, 7))
+
+local function read(key)
+  local v = vals[key]
+  if v == nil then
+    v = redis.pcall('GET', key)
+    if type(v) == 'table' then
+      v = '' -- WRONGTYPE: step answers it is not a bucket
+    end
+    vals[key] = v
+  end
+  return v
 end
--- prepared loads and prepares decision i's bucket, or returns false.
-local function prepared(i)
-  local rate, burst, n, mode, a1, a2, a3 = params(i)
-  local st = load(KEYS[i], rate, burst)
-  local hint = tonumber(arg(i, 9))
-  if st and not st.exists and hint >= 0 then
-    -- Lost (see above): the bucket holds what the store's hint says.
-    st.tokens, st.exists, st.dirty = math.min(hint * M, burst), true, true
-  end
-  if st then
-    prepare(KEYS[i], st, rate, burst)
-  end
-  return st, rate, burst, n, mode, a1, a2, a3 * M
+
+local function group(i)
+  return unpack('<d', sub(ARGV[6 + i], 57, 64))
 end
-local function answer(i, allowed, st, taken)
-  if st.dirty then
-    st.exists = true
+
+-- apply decides decision i on Redis, writes, and answers it.
+local function apply(i)
+  local key = KEYS[i]
+  local allowed, tokens, taken, nv, ttl, check = run(i, read(key))
+  if nv then
+    redis.call('SET', key, nv, 'PX', ttl)
+    vals[key] = nv
+  elseif check then
+    -- The limit changed since the last write (a lower rate, a higher
+    -- burst): the key must not expire before the bucket is full under
+    -- the limit in force. A TTL at the cap is renewed only once a
+    -- sixteenth of it has passed: every refusal of a rate-0 bucket would
+    -- write otherwise.
+    local want = ttl
+    if ttl == maxttl then
+      want = ttl - ttl / 16
+    end
+    if redis.call('PTTL', key) < want then
+      redis.call('PEXPIRE', key, ttl)
+    end
   end
-  out[3 * i - 2] = allowed
-  out[3 * i - 1] = st.tokens
-  out[3 * i] = taken / M
-end
-local function copy(st)
-  local c = {}
-  for k, v in pairs(st) do
-    c[k] = v
-  end
-  local r = {}
-  for k, v in pairs(st.recs) do
-    r[k] = v
-  end
-  c.recs = r
-  return c
+  out[3 * i - 2], out[3 * i - 1], out[3 * i] = allowed, tokens, taken
 end
 
 local decided = {}
 for i = 1, count do
   if not decided[i] then
-    local grp = arg(i, 8)
-    if grp == '0' then
-      decided[i] = true
-      local st, rate, burst, n, mode, a1, a2, a3 = prepared(i)
-      if st then
-        local allowed, taken = decide(KEYS[i], st, mode, burst, n, a1, a2, a3)
-        answer(i, allowed, st, taken)
-      else
-        out[3 * i - 2], out[3 * i - 1], out[3 * i] = -1, 0, 0
-      end
+    local grp = group(i)
+    if grp == 0 then
+      apply(i)
     else
-      -- All or nothing: try the group on copies, then apply or refuse.
-      local members = {}
+      -- All or nothing: try the group on the values it would write, then
+      -- apply it, or answer each member as its bucket is.
+      local members, trial, fits, ok = {}, {}, {}, true
       for j = i, count do
-        if arg(j, 8) == grp then
+        if group(j) == grp then
           members[#members + 1] = j
           decided[j] = true
         end
       end
-      local trial = {}
-      local fits = {}
-      local ok = true
       for _, j in ipairs(members) do
-        local st, rate, burst, n, mode, a1, a2, a3 = prepared(j)
-        if not st then
+        local key = KEYS[j]
+        local v = trial[key]
+        if v == nil then
+          v = read(key)
+        end
+        local allowed, _, _, nv = run(j, v)
+        fits[j] = allowed
+        if allowed ~= 1 then
           ok = false
-        else
-          local c = trial[KEYS[j]]
-          if c == nil then
-            c = copy(st)
-            trial[KEYS[j]] = c
-          end
-          fits[j] = decide(KEYS[j], c, mode, burst, n, a1, a2, a3)
-          if fits[j] ~= 1 then
-            ok = false
-          end
+        end
+        if nv then
+          trial[key] = nv
+        elseif trial[key] == nil then
+          trial[key] = v
         end
       end
       for _, j in ipairs(members) do
-        local st, rate, burst, n, mode, a1, a2, a3 = prepared(j)
-        if not st then
-          out[3 * j - 2], out[3 * j - 1], out[3 * j] = -1, 0, 0
-        elseif ok then
-          local allowed, taken = decide(KEYS[j], st, mode, burst, n, a1, a2, a3)
-          answer(j, allowed, st, taken)
-        elseif fits[j] == 1 then
-          answer(j, 2, st, 0) -- it fitted; the group did not
+        if ok then
+          apply(j)
         else
-          answer(j, 0, st, 0)
-        end
-      end
-    end
-  end
-end
-
--- Write what changed, once per key, with its TTL.
-for key, st in pairs(states) do
-  if st then
-    local burst = st.burst
-    local ttl = maxttl
-    if st.rate > 0 then
-      ttl = math.min(math.ceil(math.max(burst - st.tokens, 0) / st.rate / 1000) + linger, maxttl)
-    end
-    if st.last > now then
-      ttl = math.max(ttl, math.ceil((st.last - now) / 1000) + linger)
-    end
-    if st.dirty then
-      if st.exists then
-        for f, r in pairs(st.recs) do
-          if r == false then
-            redis.call('HDEL', key, f)
-          else
-            redis.call('HSET', key, f, struct.pack('<d<d', r[1], r[2]))
+          -- Each as it fitted in the trial (2: it did; the group did not),
+          -- with its bucket as it is.
+          local allowed, tokens = run(j, read(KEYS[j]), true)
+          if allowed >= 0 then
+            allowed = fits[j]
+            if allowed == 1 then
+              allowed = 2
+            end
           end
+          out[3 * j - 2], out[3 * j - 1], out[3 * j] = allowed, tokens, 0
         end
-        if st.g <= 0 then
-          st.next, st.last = 0, 0
-        end
-        redis.call('HSET', key, 's', struct.pack('<d<d<d<d<d', st.tokens, st.at, st.g, st.next, st.last))
-        redis.call('PEXPIRE', key, ttl)
-      end
-    elseif st.exists then
-      -- The limit changed since the last write (a lower rate, a higher
-      -- burst): the key must not expire before the bucket is full under
-      -- the limit in force. A TTL at the cap is renewed only once a
-      -- sixteenth of it has passed: every refusal of a rate-0 bucket would
-      -- write otherwise.
-      local want = ttl
-      if ttl == maxttl then
-        want = ttl - ttl / 16
-      end
-      if redis.call('PTTL', key) < want then
-        redis.call('PEXPIRE', key, ttl)
       end
     end
   end
@@ -499,52 +419,19 @@ type reply struct {
 var errNotBucket = errors.New("redisstore: key holds a value that is not a bucket")
 
 // argsPerOp is the script's arguments per decision.
-const argsPerOp = 9
+const argsPerOp = 1
 
-// small holds the boxed small integers that most arguments are, so that
-// appending them allocates nothing.
-var small = func() (s [16]any) {
-	for i := range s {
-		s[i] = i
-	}
-	return
-}()
+// opArgLen is the length of a decision's argument: nine doubles.
+const opArgLen = 9 * 8
 
-var minusOne any = -1
-
-func boxedHint(v int) any {
-	if v < 0 {
-		return minusOne
-	}
-	return boxed(v)
-}
-
-func boxed(v int) any {
-	if v >= 0 && v < len(small) {
-		return small[v]
-	}
-	return v
-}
-
-// appendArgs appends op's script arguments. The limit's come preformatted
-// from a one-entry cache: most stores apply few limits, and boxing and
-// formatting them was a visible share of a batched decision.
+// appendArgs appends op's script argument: rate, burst, n, mode, the
+// mode's three, the group and the hint, as little-endian doubles (see
+// bucketLua), which the script reads with one unpack.
 func (o *op) appendArgs(args []any) []any {
-	la := lastLimit.Load()
-	if la == nil || la.lim != o.lim {
-		la = &limitArgs{
-			lim:   o.lim,
-			rate:  strconv.FormatFloat(o.lim.Rate, 'f', -1, 64),
-			burst: strconv.Itoa(o.lim.Burst),
-			debt:  o.lim.DebtLimit(),
-		}
-		lastLimit.Store(la)
-	}
 	a1, a3 := o.a1, o.a3
 	switch o.mode {
 	case modeSettle:
-		a1 = la.debt
-		a3 = 0
+		a1, a3 = o.lim.DebtLimit(), 0
 	case modeLease:
 	default:
 		a3 = 0
@@ -553,16 +440,13 @@ func (o *op) appendArgs(args []any) []any {
 	if o.hinted && (o.mode == modeTake || o.mode == modeLease) {
 		hint = o.hint
 	}
-	return append(args, la.rate, la.burst, boxed(o.n), boxed(o.mode), boxed(a1), boxed(o.a2), boxed(a3), boxed(o.grp), boxedHint(hint))
+	b := make([]byte, opArgLen)
+	for i, v := range [9]float64{o.lim.Rate, float64(o.lim.Burst), float64(o.n), float64(o.mode),
+		float64(a1), float64(o.a2), float64(a3), float64(o.grp), float64(hint)} {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	return append(args, b)
 }
-
-type limitArgs struct {
-	lim         floodgate.Limit
-	rate, burst any
-	debt        int
-}
-
-var lastLimit atomic.Pointer[limitArgs]
 
 // isNoScript reports whether err says the script is not in the server's
 // cache (after SCRIPT FLUSH, a restart or a failover).
@@ -599,7 +483,7 @@ func (s *Store) appendHead(args []any, now int64) []any {
 	if now >= 0 {
 		slack = slackArgs[1]
 	}
-	return append(args, now, maxTTLArg, slack, s.inst.id, s.leaseArg, lingerArg)
+	return append(args, now, maxTTLArg, slack, s.inst.raw, s.leaseArg, lingerArg)
 }
 
 // parse reads the i-th reply out of vals: errShortReply when it is missing,

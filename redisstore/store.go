@@ -711,13 +711,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		// A full bucket, not a missing one: it lingers as every full
 		// bucket does, so that no store takes it for a lost one.
 		k := s.Key(key)
-		_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, k)
-			p.HSet(ctx, k, "s", fullState)
-			p.PExpire(ctx, k, linger)
-			return nil
-		})
-		return err
+		return s.client.Set(ctx, k, fullState, linger).Err()
 	})
 	if s.obs != nil {
 		s.observeFor(ctx, start, err)
