@@ -20,10 +20,11 @@ import (
 // to read the server's TIME; ARGV[2] the longest TTL in ms; ARGV[3] the ms
 // added to every lease expiry (see clockSlack); ARGV[4] the calling
 // store's id, which names its leases; ARGV[5] its lease time in ms; ARGV[6]
-// the ms a bucket lingers once full (see linger). Then nine arguments per
-// decision: rate (tokens per second, which is also micro-tokens per µs),
-// burst (tokens), n (tokens), mode, three more whose meaning depends on
-// the mode, a group number, and a hint.
+// the ms a bucket lingers once full (see linger). ARGV[6 + i] is the i-th
+// decision: nine little-endian doubles, rate (tokens per second, which is
+// also micro-tokens per µs), burst (tokens), n (tokens), mode, three more
+// whose meaning depends on the mode (a1, a2, a3), a group number, and a
+// hint.
 //
 // Modes: 0 takes n (n = 0 is allowed unless the bucket owes tokens, and
 // writes nothing); 1 peeks; 2 refunds n; 3 leases: it first closes the
