@@ -31,18 +31,9 @@ import (
 // context ended after Redis took the tokens: ReserveN then returns the
 // context's error, and the tokens stay taken.
 func (s *Store) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
-	res, err := s.take(ctx, key, lim, n, true)
+	res, st, err := s.take(ctx, key, lim, n, true)
 	if !res.Allowed {
-		return floodgate.NewReservation(nil, key, lim, n, res), err
-	}
-	var st floodgate.Settler
-	switch res.Source {
-	case floodgate.SourceRedis, floodgate.SourceLease:
-		st = s
-	case floodgate.SourceFallback:
-		// Nil when the fallback cannot settle: it keeps the estimate.
-		st, _ = s.fallback.(floodgate.Settler)
-		lim = res.Limit
+		st = nil
 	}
 	return floodgate.NewReservation(st, key, lim, n, res), err
 }

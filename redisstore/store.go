@@ -253,36 +253,39 @@ var errExceedsBurst = fmt.Errorf("redisstore: %w", floodgate.ErrExceedsBurst)
 // the store's, cut the call short: such a call never goes to the failure
 // policy, and counts as no failure of Redis.
 func (s *Store) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	return s.take(ctx, key, lim, n, false)
+	res, _, err := s.take(ctx, key, lim, n, false)
+	return res, err
 }
 
 // take decides a take, or with reserve a reservation, which differs in
 // one case: a reservation of 0 tokens is refused while the bucket owes
-// tokens, where a take of 0 is a peek.
-func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int, reserve bool) (floodgate.Result, error) {
+// tokens, where a take of 0 is a peek. It returns what settles a
+// reservation of what it admitted: the store itself, the fallback under
+// its scaled limit, or nil where nothing was taken.
+func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int, reserve bool) (floodgate.Result, floodgate.Settler, error) {
 	if err := check(key, lim, n); err != nil {
 		if err == errExceedsBurst {
-			return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, err
+			return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, nil, err
 		}
-		return floodgate.Result{}, err
+		return floodgate.Result{}, nil, err
 	}
 	if lim.IsInf() {
 		s.counts[floodgate.SourceRedis].Add(1)
-		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, nil
+		return floodgate.Result{Allowed: true, Limit: lim, Remaining: lim.Burst, Source: floodgate.SourceRedis}, s, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return floodgate.Result{}, err
+		return floodgate.Result{}, nil, err
 	}
 	if n > 0 && n <= lim.Burst {
 		if s.leases != nil {
 			if res, ok := s.spend(key, lim, n); ok {
-				return res, nil
+				return res, s, nil
 			}
 		}
 		if s.cache != nil {
 			if res, ok := s.cache.lookup(key, lim, n, s.local()); ok {
 				s.decided(floodgate.SourceCache)
-				return res, nil
+				return res, nil, nil
 			}
 		}
 	}
@@ -293,10 +296,10 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 		mode = modePeek
 	case lim.IsZero(): // admits nothing, not even a reservation of nothing
 		s.counts[floodgate.SourceRedis].Add(1)
-		return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, nil
+		return floodgate.Result{Limit: lim, RetryAfter: floodgate.Never, Source: floodgate.SourceRedis}, nil, nil
 	}
-	if res, ok, err := s.spared(ctx, key, lim, n, mode); ok {
-		return res, err
+	if res, st, ok, err := s.spared(ctx, key, lim, n, mode); ok {
+		return res, st, err
 	}
 	o := op{key: s.Key(key), lim: lim, n: n, mode: mode}
 	leasing := mode == modeTake && n > 0 && s.leases != nil && s.leaseOp(key, &o)
@@ -310,7 +313,7 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	}
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
-			return floodgate.Result{}, cerr
+			return floodgate.Result{}, nil, cerr
 		}
 		return s.fail(ctx, &o, key, err)
 	}
@@ -329,27 +332,27 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 		}
 		s.cache.insertLeast(key, lim, r.tokens*unit, sent, res.RetryAfter, least)
 	}
-	return res, nil
+	return res, s, nil
 }
 
 // spared decides a take by the failure policy when the open breaker keeps
 // it from Redis, and reports whether it did. It allocates nothing: while
 // the breaker is open, decisions are many and cheap, and garbage would
 // only slow them.
-func (s *Store) spared(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, bool, error) {
+func (s *Store) spared(ctx context.Context, key string, lim floodgate.Limit, n, mode int) (floodgate.Result, floodgate.Settler, bool, error) {
 	if !s.br.isOpen() {
-		return floodgate.Result{}, false, nil // no clock read on the common path
+		return floodgate.Result{}, nil, false, nil // no clock read on the common path
 	}
 	ok, probe := s.br.allow(time.Now())
 	if ok {
-		return floodgate.Result{}, false, nil
+		return floodgate.Result{}, nil, false, nil
 	}
 	if probe {
 		s.probe(op{key: s.Key(key), lim: lim}, true)
 	}
 	o := op{lim: lim, n: n, mode: mode}
-	res, err := s.fail(ctx, &o, key, errBreakerOpen)
-	return res, true, err
+	res, st, err := s.fail(ctx, &o, key, errBreakerOpen)
+	return res, st, true, err
 }
 
 // ended returns ctx's error, or context.DeadlineExceeded once ctx's
@@ -571,27 +574,28 @@ func (s *Store) failed(err error) {
 	}
 }
 
-// fail decides o, which failed with err, by the failure policy. A call
-// that the process was too starved to see answered is refused under Local
-// as under Closed: Redis is likely up and deciding for the other
-// instances, so a local bucket would admit beside it.
-func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (floodgate.Result, error) {
+// fail decides o, which failed with err, by the failure policy, and
+// returns what settles a reservation it admitted (see take). A call that
+// the process was too starved to see answered is refused under Local as
+// under Closed: Redis is likely up and deciding for the other instances,
+// so a local bucket would admit beside it.
+func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (floodgate.Result, floodgate.Settler, error) {
 	policy := s.opts.policy
 	if err == errStarved && policy == Local {
 		s.decided(floodgate.SourceFailClosed)
-		return floodgate.Result{Limit: o.lim, RetryAfter: max(sched.recent(), time.Millisecond), Source: floodgate.SourceFailClosed}, nil
+		return floodgate.Result{Limit: o.lim, RetryAfter: max(sched.recent(), time.Millisecond), Source: floodgate.SourceFailClosed}, nil, nil
 	}
 	switch policy {
 	case Open:
 		s.decided(floodgate.SourceFailOpen)
-		return floodgate.Result{Allowed: true, Limit: o.lim, Source: floodgate.SourceFailOpen}, nil
+		return floodgate.Result{Allowed: true, Limit: o.lim, Source: floodgate.SourceFailOpen}, nil, nil
 	case Closed:
 		retry := s.br.retryAfter(time.Now())
 		if err == errStarved {
 			retry = max(sched.recent(), time.Millisecond)
 		}
 		s.decided(floodgate.SourceFailClosed)
-		return floodgate.Result{Limit: o.lim, RetryAfter: retry, Source: floodgate.SourceFailClosed}, nil
+		return floodgate.Result{Limit: o.lim, RetryAfter: retry, Source: floodgate.SourceFailClosed}, nil, nil
 	}
 	n := o.n
 	lim := o.lim.Scale(1 / s.divisor())
@@ -610,11 +614,26 @@ func (s *Store) fail(ctx context.Context, o *op, subject string, err error) (flo
 		}
 		res = floodgate.Result{Limit: lim, RetryAfter: retry}
 	case err != nil:
-		return floodgate.Result{}, err
+		return floodgate.Result{}, nil, err
 	}
 	res.Source = floodgate.SourceFallback
 	s.decided(floodgate.SourceFallback)
-	return res, nil
+	var st floodgate.Settler
+	if fs, ok := s.fallback.(floodgate.Settler); ok {
+		st = scaled{fs, lim}
+	}
+	return res, st, nil
+}
+
+// scaled settles on the fallback under the scaled limit its reservation
+// was taken under, whatever limit the caller names.
+type scaled struct {
+	floodgate.Settler
+	lim floodgate.Limit
+}
+
+func (f scaled) SettleN(ctx context.Context, key string, _ floodgate.Limit, reserved, actual int) (floodgate.Result, error) {
+	return f.Settler.SettleN(ctx, key, f.lim, reserved, actual)
 }
 
 // fallbackTake takes n tokens from the fallback store. A reservation of 0
