@@ -73,7 +73,8 @@ const (
 	SourceRedis
 	// SourceCache: a local cache of a recent remote denial.
 	SourceCache
-	// SourceLease: tokens leased from the remote bucket ahead of time.
+	// SourceLease: tokens the remote bucket leased to this process ahead of
+	// time, spent in process.
 	SourceLease
 	// SourceFallback: a local bucket standing in for an unreachable remote.
 	SourceFallback
