@@ -145,11 +145,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 		}
 		rs[i] = floodgate.NewReservation(s, t.Key, t.Limit, t.N, res)
 		if s.cache != nil && !r.allowed && !r.fitted && t.N > 0 {
-			least := 0
-			if leasing[k] {
-				least = t.N + ops[k].a2
-			}
-			s.cache.insertLeast(t.Key, t.Limit, r.tokens*unit, sent, res.RetryAfter, least)
+			s.cache.insert(t.Key, t.Limit, r.tokens*unit, sent, res.RetryAfter)
 		}
 	}
 	if refused < 0 {

@@ -16,9 +16,7 @@ import (
 // only grow by refill (or by a Refund, a Reset or a raised limit, which the
 // entry does not see), so tokens + rate×(now − sent) bounds the bucket from
 // above: a request that does not fit under the bound would be denied by
-// Redis too. A request that fits goes to Redis. After a refused lease, the
-// bound must hold the lease's minimum (see WithLeases), which the next
-// decision on the key would ask for again.
+// Redis too. A request that fits goes to Redis.
 //
 // The entries live in an LRU that only Redis's denials refresh. Lookups use
 // Peek, which shares the LRU's read lock: under load most decisions are
@@ -37,7 +35,6 @@ type denyEntry struct {
 	tokens int64 // 1e-9 token units, as counted by Redis
 	sent   int64 // local ns
 	until  int64 // local ns: the denied request's retry-after
-	least  int64 // 1e-9 token units the bucket must hold for any request to pass (a lease's minimum), or 0
 }
 
 // maxDeny bounds how long a denial that can never turn into an admission
@@ -68,7 +65,7 @@ func (c *denyCache) lookup(key string, lim floodgate.Limit, n int, now int64) (f
 			tokens += int64(add)
 		}
 	}
-	need := max(int64(n)*1e9, e.least)
+	need := int64(n) * 1e9
 	if tokens >= need {
 		return floodgate.Result{}, false
 	}
@@ -89,17 +86,11 @@ func (c *denyCache) lookup(key string, lim floodgate.Limit, n int, now int64) (f
 // insert records a denial of a request sent at sent, after which Redis
 // counted tokens (in 1e-9 units) and asked to retry after retry.
 func (c *denyCache) insert(key string, lim floodgate.Limit, tokens int64, sent int64, retry time.Duration) {
-	c.insertLeast(key, lim, tokens, sent, retry, 0)
-}
-
-// insertLeast is insert for a refused lease, whose minimum least (whole
-// tokens) any request on the key waits for: it would lease again.
-func (c *denyCache) insertLeast(key string, lim floodgate.Limit, tokens int64, sent int64, retry time.Duration, least int) {
 	switch {
 	case retry == floodgate.Never:
 		retry = maxDeny
 	case retry > maxCached:
 		retry = maxCached
 	}
-	c.Add(key, denyEntry{lim: lim, tokens: tokens, sent: sent, until: sent + int64(retry), least: int64(least) * 1e9})
+	c.Add(key, denyEntry{lim: lim, tokens: tokens, sent: sent, until: sent + int64(retry)})
 }

@@ -27,9 +27,11 @@
 // in integer micro-tokens and microseconds (held exactly by Lua's doubles up
 // to floodgate.MaxBurst). It refills lazily and rounds down, caps a bucket at
 // the current burst, and never moves a bucket's time backwards. It writes
-// only when tokens are taken (or refunded), with SET … PX and a TTL of the
-// time until the bucket is full again (at least 1 ms): an expired key and a
-// full bucket mean the same thing, and no key is left without an expiry.
+// only when tokens are taken (or refunded, or leased), with SET … PX and a
+// TTL of the time until the bucket is full again plus 10 s, during which a
+// store that decided on the bucket can tell a lost bucket from a full one
+// (docs/stores.md); an expired key and a full bucket mean the same thing,
+// and no key is left without an expiry.
 // Buckets that refill slower than one burst per 400 days (rate 0 included)
 // forget their state after 400 days. A rejected take writes nothing.
 //
@@ -125,8 +127,8 @@
 // hold more than the burst, and leases change the bound below by nothing.
 // A key decided on more than once here leases, with the round trip it
 // makes anyway, what this store's own demand on it asks for in a quarter
-// of the lease time (at most an eighth of the burst; at least half of that
-// or nothing), spends it here (floodgate.SourceLease) until the lease time
+// of the lease time (at most an eighth of the burst; at least half of that,
+// or none when the bucket holds less), spends it here (floodgate.SourceLease) until the lease time
 // after it asked, and gives back what is left with the key's next round
 // trip, under a new limit, or at [Store.Close]. A key whose requests all
 // reach one instance gets its whole limit. A lease its store no longer

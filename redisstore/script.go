@@ -30,10 +30,9 @@ import (
 // writes nothing); 1 peeks; 2 refunds n; 3 leases: it first closes the
 // store's lease on the bucket, if it holds one, giving back ret = a3 of its
 // tokens (a3 = -1: the store holds no lease), then takes n + x tokens,
-// x = a1 at most and xmin = a2 at least (the whole take is refused when
-// n + xmin whole tokens are not there; n + xmin = 0 only closes), and
-// records the x tokens beyond n as the store's lease until now plus the
-// lease time; 4 settles: n < 0 refunds −n, never above the burst, and n > 0
+// x = a1 at most and xmin = a2 at least, or only n when fewer than n + xmin
+// whole tokens are there (n + xmin = 0 only closes), and records the x
+// tokens beyond n as the store's lease until now plus the lease time; 4 settles: n < 0 refunds −n, never above the burst, and n > 0
 // charges n whatever the bucket holds, in whole tokens, down to a1 tokens
 // below zero at most.
 //
@@ -173,8 +172,11 @@ local function step(v, rate, burst, n, mode, a1, a2, a3, hint)
     local need = n + a2
     if need > 0 then
       local avail = tokens - fmod(tokens, M)
-      if tokens < 0 or avail < need then
+      if tokens < 0 or avail < n then
         allowed = 0
+      elseif avail < need then
+        -- Too little to lease: the request's tokens only.
+        tokens, taken, dirty = tokens - n, n, dirty or n > 0
       else
         taken = min(n + a1, avail)
         tokens, dirty = tokens - taken, true
@@ -539,9 +541,6 @@ func (o *op) result(r reply) floodgate.Result {
 			res.RetryAfter = floodgate.Never
 		} else {
 			need := int64(o.n) * 1e9
-			if o.mode == modeLease {
-				need = int64(o.n+o.a2) * 1e9
-			}
 			res.RetryAfter = waitFor(o.lim, need-tokens)
 		}
 	}

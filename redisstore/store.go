@@ -326,11 +326,7 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 		s.observed(key, lim, r, sent)
 	}
 	if s.cache != nil && !r.allowed && n > 0 && n <= lim.Burst {
-		least := 0
-		if leasing {
-			least = n + o.a2 // the next decision on the key would lease again
-		}
-		s.cache.insertLeast(key, lim, r.tokens*unit, sent, res.RetryAfter, least)
+		s.cache.insert(key, lim, r.tokens*unit, sent, res.RetryAfter)
 	}
 	return res, s, nil
 }

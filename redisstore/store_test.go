@@ -411,18 +411,18 @@ func TestLeases(t *testing.T) {
 	}
 }
 
-// TestLeaseAtLeastHalf: a lease takes at least half its extra tokens or
-// nothing, and the deny cache holds the refusal until the bucket holds that
-// much: a key at its limit costs a round trip every half lease, not one
-// for each token refilled.
+// TestLeaseAtLeastHalf: a lease takes at least half its extra tokens; a
+// bucket that holds less gives the request its own tokens only, never a
+// refusal while it holds them.
 func TestLeaseAtLeastHalf(t *testing.T) {
 	srv := sharedServer(t)
 	clock := newFakeClock()
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithClientClock(clock),
 		redisstore.WithLeases(100*time.Millisecond, 10), redisstore.WithDenyCache(10))
-	lim := floodgate.PerSecond(100, 40) // a lease: 1 + 5 tokens (an eighth of the burst), at least 1 + 2
+	lim := floodgate.PerSecond(100, 38) // a lease: 1 + 4 tokens (an eighth of the burst), at least 1 + 2
 	admitted := 0
 	var res floodgate.Result
+	var sources []floodgate.Source
 	for range 60 { // no time passes: the bucket and the leases drain
 		var err error
 		if res, err = s.TakeN(bg, "k", lim, 1); err != nil {
@@ -432,18 +432,23 @@ func TestLeaseAtLeastHalf(t *testing.T) {
 			break
 		}
 		admitted++
+		sources = append(sources, res.Source)
 	}
-	// 1 plain take, six leases of 6 and one of the last 3: all 40.
-	if admitted != 40 || res.Allowed || res.Source != floodgate.SourceRedis || res.RetryAfter != 30*time.Millisecond {
-		t.Fatalf("after %d admitted, TakeN = %+v; want 40 admitted, then Redis refusing the lease until 3 tokens refill (30 ms)", admitted, res)
+	// 1 plain take and seven leases of 1 + 4 (36), then 2 left: under
+	// 1 + 2, so each of the last two takes its own from Redis.
+	if admitted != 38 || res.Allowed || res.Source != floodgate.SourceRedis || res.RetryAfter != 10*time.Millisecond {
+		t.Fatalf("after %d admitted, TakeN = %+v; want all 38 admitted, then refused until a token refills (10 ms)", admitted, res)
 	}
-	clock.Advance(20 * time.Millisecond) // 2 tokens: enough for the request, not for the lease
+	if got := sources[len(sources)-3:]; !slices.Equal(got, []floodgate.Source{floodgate.SourceLease, floodgate.SourceRedis, floodgate.SourceRedis}) {
+		t.Errorf("the last three takes' sources %v, want a lease's, then Redis's: too little left to lease", got)
+	}
+	clock.Advance(5 * time.Millisecond)
 	if res, _ := s.TakeN(bg, "k", lim, 1); res.Allowed || res.Source != floodgate.SourceCache {
-		t.Errorf("TakeN with 2 tokens = %+v; want refused by the deny cache", res)
+		t.Errorf("TakeN with half a token = %+v; want refused by the deny cache", res)
 	}
-	clock.Advance(10 * time.Millisecond)
+	clock.Advance(5 * time.Millisecond)
 	if res, _ := s.TakeN(bg, "k", lim, 1); !res.Allowed || res.Source != floodgate.SourceRedis {
-		t.Errorf("TakeN with 3 tokens = %+v; want a lease from Redis", res)
+		t.Errorf("TakeN with a token = %+v; want allowed by Redis", res)
 	}
 }
 
