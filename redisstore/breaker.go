@@ -9,11 +9,14 @@ import (
 
 // breaker is a consecutive-failure circuit breaker with one half-open
 // probe. Closed, it lets every call through and counts failures in a row;
-// at the threshold it opens for the cooldown, during which no call reaches
+// at the threshold it opens for a wait, during which no call reaches
 // Redis. Then the first caller starts the probe, a call of the store's own
 // that does not hold the caller up (see Store.probe): its success closes
-// the breaker, its failure reopens it for another cooldown. Callers keep
-// using the failure policy while the probe is out.
+// the breaker, its failure reopens it for twice the wait. The first wait
+// is an eighth of the cooldown, and the wait never grows past it: a
+// Redis that restarted in milliseconds is back in use in tens, while one
+// that stays away is probed once a cooldown. Callers keep using the
+// failure policy while the breaker is open.
 //
 // The closed path costs one atomic load, the open one three: callers that
 // the open breaker turns away cost next to nothing, and under load they
@@ -22,6 +25,7 @@ import (
 type breaker struct {
 	threshold int
 	cooldown  time.Duration
+	wait      time.Duration // the next open's wait, under mu
 
 	open    atomic.Bool  // open or half-open
 	until   atomic.Int64 // unix ns: the end of the cooldown
@@ -51,7 +55,11 @@ type transition struct {
 
 func (b *breaker) init(threshold int, cooldown time.Duration, notify func(transition)) {
 	b.threshold, b.cooldown, b.notify = threshold, cooldown, notify
+	b.wait = firstWait(cooldown)
 }
+
+// firstWait is the wait of a breaker that opens after being closed.
+func firstWait(cooldown time.Duration) time.Duration { return max(cooldown/8, time.Millisecond) }
 
 // setLocked moves the reported state to s and reports whether that queued a
 // transition to deliver.
@@ -167,8 +175,11 @@ func (b *breaker) trip(start, now time.Time, err error) {
 }
 
 func (b *breaker) openLocked(now time.Time, err error) bool {
-	b.openedAt = now
-	b.until.Store(now.Add(b.cooldown).UnixNano())
+	if !b.open.Load() {
+		b.openedAt = now
+	}
+	b.until.Store(now.Add(b.wait).UnixNano())
+	b.wait = min(2*b.wait, b.cooldown)
 	b.open.Store(true)
 	b.trips.Add(1)
 	return b.setLocked(remote.BreakerOpen, now, err)
@@ -183,6 +194,7 @@ func (b *breaker) probed(now time.Time, err error) {
 	if err == nil {
 		b.fails.Store(0)
 		b.open.Store(false)
+		b.wait = firstWait(b.cooldown)
 		queued = b.setLocked(remote.BreakerClosed, now, nil)
 	} else {
 		queued = b.openLocked(now, err)

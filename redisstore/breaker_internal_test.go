@@ -36,8 +36,9 @@ func TestBreakerLateSuccess(t *testing.T) {
 	}
 }
 
-// TestBreakerProbeFails: a failed probe reopens the breaker for a cooldown
-// from the probe's end.
+// TestBreakerProbeFails: the breaker first waits an eighth of the cooldown
+// before its probe; each failed probe reopens it for twice the last wait,
+// at most the cooldown; a probe's success starts over.
 func TestBreakerProbeFails(t *testing.T) {
 	var b breaker
 	b.init(2, time.Second, nil)
@@ -50,19 +51,31 @@ func TestBreakerProbeFails(t *testing.T) {
 	if !b.isOpen() {
 		t.Fatal("two failures of two left the breaker closed")
 	}
-	end := now.Add(1500 * time.Millisecond)
-	if _, probe := b.allow(now.Add(time.Second)); !probe {
-		t.Fatal("no probe after the cooldown")
+	if _, probe := b.allow(now.Add(124 * time.Millisecond)); probe {
+		t.Fatal("a probe before an eighth of the cooldown")
 	}
-	b.probed(end, errors.New("refused"))
-	if b.current() != remote.BreakerOpen || b.trips.Load() != 2 {
-		t.Fatalf("after a failed probe: state %v, %d trips; want open, 2", b.current(), b.trips.Load())
+	if _, probe := b.allow(now.Add(125 * time.Millisecond)); !probe {
+		t.Fatal("no probe after an eighth of the cooldown")
 	}
-	if _, probe := b.allow(end.Add(999 * time.Millisecond)); probe {
-		t.Error("a probe within the cooldown after the failed probe")
+	end := now.Add(200 * time.Millisecond)
+	for i, wait := range []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, time.Second} {
+		b.probed(end, errors.New("refused"))
+		if b.current() != remote.BreakerOpen || b.trips.Load() != uint64(i+2) {
+			t.Fatalf("after failed probe %d: state %v, %d trips; want open, %d", i+1, b.current(), b.trips.Load(), i+2)
+		}
+		if _, probe := b.allow(end.Add(wait - time.Millisecond)); probe {
+			t.Errorf("failed probe %d: a probe within %v", i+1, wait)
+		}
+		if _, probe := b.allow(end.Add(wait)); !probe {
+			t.Errorf("failed probe %d: no probe %v after it", i+1, wait)
+		}
+		end = end.Add(wait)
 	}
-	if _, probe := b.allow(end.Add(time.Second)); !probe {
-		t.Error("no probe a cooldown after the failed probe")
+	b.probed(end, nil)
+	b.failure(end, errors.New("refused"))
+	b.failure(end, errors.New("refused"))
+	if _, probe := b.allow(end.Add(125 * time.Millisecond)); !probe {
+		t.Error("after a successful probe, the next opening waits more than an eighth of the cooldown")
 	}
 }
 

@@ -65,9 +65,10 @@
 //
 // A circuit breaker ([WithBreaker]) opens after consecutive failures (5 by
 // default); while it is open, decisions skip Redis and go to the policy at
-// once. After a cooldown (500 ms) a probe of the store's own, which holds
-// no caller up and waits for Redis for at least 1 s, checks Redis: its
-// success closes the breaker.
+// once. After a wait (an eighth of the 500 ms cooldown, doubling up to it
+// while probes fail) a probe of the store's own, which holds no caller up
+// and waits for Redis for at least 1 s, checks Redis: its success closes
+// the breaker.
 //
 // Three slow things are not Redis failing, and are kept apart:
 //

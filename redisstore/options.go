@@ -158,15 +158,16 @@ func WithLocalDivisor(divisor float64) Option { return func(o *options) { o.divi
 func WithFallback(s floodgate.Store) Option { return func(o *options) { o.fallback = s } }
 
 // WithBreaker configures the circuit breaker: after failures consecutive
-// failed calls it opens, and decisions go straight to the failure policy
-// for cooldown; then the next decision starts a probe (half-open) and goes
-// to the policy itself. The probe peeks at that decision's bucket from a
-// goroutine of its own, waiting up to the larger of the deadline and 1 s
-// (plus the stretch of a starved process, see [WithDeadline]), so that a
-// busy process still sees a healthy Redis answer; it closes the breaker on
-// success and reopens it for another cooldown on failure. So once Redis is
-// healthy, decisions return to it within about one cooldown, whatever the
-// load. Calls cut short by the caller's context, and timeouts of a process
+// failed calls it opens, and decisions go straight to the failure policy,
+// first for an eighth of cooldown; then the next decision starts a probe
+// (half-open) and goes to the policy itself. The probe peeks at that
+// decision's bucket from a goroutine of its own, waiting up to the larger
+// of the deadline and 1 s (plus the stretch of a starved process, see
+// [WithDeadline]), so that a busy process still sees a healthy Redis
+// answer; it closes the breaker on success and reopens it on failure for
+// twice the last wait, at most cooldown. So once Redis is healthy,
+// decisions return to it within about one cooldown, whatever the load, and
+// within an eighth of it after a brief outage. Calls cut short by the caller's context, and timeouts of a process
 // starved of CPU, are not failures; such a timeout instead has a probe with
 // the same budget check Redis, and opens the breaker if it fails too. The
 // defaults are 5 failures and 500 ms. failures must be ≥ 1 and cooldown > 0.
