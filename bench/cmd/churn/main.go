@@ -43,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 )
 
@@ -83,20 +84,17 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 	var fg, rl string
 	var err error
 	if slices.Contains(cfg.Variants, "floodgate") {
-		if fg, err = floodgateBinary(ctx, cfg.Floodgate, cfg.Log); err != nil {
+		var v string
+		if fg, v, err = floodgateBinary(ctx, cfg.Floodgate, cfg.Log); err != nil {
 			return nil, err
 		}
-		v := "floodgate: " + gitVersion()
-		if cfg.Floodgate != "" {
-			v = "floodgate: " + cfg.Floodgate
-		}
-		res.Versions = append(res.Versions, v)
+		res.Versions = append(res.Versions, "floodgate: "+v)
 	}
 	if slices.Contains(cfg.Variants, "ratelimit") {
 		if rl, err = ratelimitBinary(ctx, cfg.Ratelimit, cfg.Log); err != nil {
 			return nil, err
 		}
-		res.Versions = append(res.Versions, "ratelimit: "+ratelimitMod+"@"+ratelimitVersion)
+		res.Versions = append(res.Versions, "ratelimit: "+rlsproc.RatelimitModule+"@"+rlsproc.RatelimitVersion)
 	}
 	l, err := newLab(fg, rl)
 	if err != nil {
@@ -127,19 +125,6 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	res.Elapsed = time.Since(started).Seconds()
 	return res, nil
-}
-
-// gitVersion is the repository's commit, marked when the tree the binary
-// was built from has changes.
-func gitVersion() string {
-	v, err := output("git", "rev-parse", "--short", "HEAD")
-	if err != nil {
-		return "unknown"
-	}
-	if st, _ := output("git", "status", "--porcelain", "--", ":/rls", ":/redisstore", ":/keyed"); st != "" {
-		v += " (with local changes)"
-	}
-	return v
 }
 
 func main() {

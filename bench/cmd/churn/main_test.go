@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 )
 
@@ -43,12 +44,12 @@ func TestChurnQuick(t *testing.T) {
 	deadline := time.Now().Add(85 * time.Second)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	fg, err := floodgateBinary(ctx, os.Getenv("FLOODGATE_RLS"), t.Logf)
+	fg, _, err := floodgateBinary(ctx, os.Getenv("FLOODGATE_RLS"), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run := []string{"floodgate"}
-	rl := cachedRatelimit()
+	rl, _ := rlsproc.RatelimitPath()
 	if _, err := os.Stat(rl); err == nil {
 		run = append(run, "ratelimit")
 	} else {

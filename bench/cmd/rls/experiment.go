@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 )
 
 // mixSeed draws the mix: the same requests in every run.
@@ -30,26 +32,10 @@ type servers struct {
 	procs []*proc
 }
 
-// ratelimitEnv returns envoyproxy/ratelimit's settings (its
-// src/settings/settings.go) for a server at grpcAddr: the configuration
-// directory, the run's Redis over TCP, loopback listeners, no statsd, and
-// health that waits for the configuration. Everything else keeps its
-// default, as users run it: a pool of 10 Redis connections, no pipelining
-// window, no local cache.
+// ratelimitEnv returns envoyproxy/ratelimit's settings for a server at
+// grpcAddr, on the run's configuration and Redis (rlsproc.RatelimitEnv).
 func (s *servers) ratelimitEnv(grpcAddr, httpAddr, debugAddr string) []string {
-	return []string{
-		"USE_STATSD=false",
-		"LOG_LEVEL=warn",
-		"RUNTIME_ROOT=" + s.root,
-		"RUNTIME_SUBDIRECTORY=" + runtimeSubdir,
-		"RUNTIME_WATCH_ROOT=false",
-		"REDIS_SOCKET_TYPE=tcp",
-		"REDIS_URL=" + s.redis.Addr,
-		"HOST=127.0.0.1", "PORT=" + port(httpAddr),
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(grpcAddr),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(debugAddr),
-		"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true",
-	}
+	return rlsproc.RatelimitEnv(s.root, runtimeSubdir, s.redis.Addr, grpcAddr, httpAddr, debugAddr)
 }
 
 // start starts one server of variant v and returns it serving. On Redis,
@@ -57,7 +43,7 @@ func (s *servers) ratelimitEnv(grpcAddr, httpAddr, debugAddr string) []string {
 // other, by their key prefix: each configuration its own, as separate
 // deployments sharing one Redis would be.
 func (s *servers) start(ctx context.Context, v, fleet string) (*proc, error) {
-	addr, err := freeAddr()
+	addr, err := rlsproc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +54,7 @@ func (s *servers) start(ctx context.Context, v, fleet string) (*proc, error) {
 	case vNull:
 		argv = append(slices.Clone(s.cfg.Exe), "null", "-addr", addr)
 	case vMemory, vRedis:
-		if metrics, err = freeAddr(); err != nil {
+		if metrics, err = rlsproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 		argv = []string{s.fg, "-config", s.confDir, "-addr", addr, "-metrics", metrics}
@@ -80,8 +66,8 @@ func (s *servers) start(ctx context.Context, v, fleet string) (*proc, error) {
 			argv = append(argv, "-redis", s.redis.Addr, "-prefix", fleet, "-lease", lease)
 		}
 	case vRatelimit:
-		httpAddr, err1 := freeAddr()
-		debugAddr, err2 := freeAddr()
+		httpAddr, err1 := rlsproc.FreeAddr()
+		debugAddr, err2 := rlsproc.FreeAddr()
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, err
 		}
@@ -208,7 +194,7 @@ func experiment(ctx context.Context, cfg Config) (*Results, error) {
 			}
 		} else {
 			s.rl = bin
-			res.Versions[vRatelimit] = ratelimitMod + "@" + ratelimitVersion
+			res.Versions[vRatelimit] = rlsproc.RatelimitModule + "@" + rlsproc.RatelimitVersion
 		}
 	}
 	res.Versions[vNull] = "this program, " + runtime.Version()
@@ -273,7 +259,7 @@ func perf(ctx context.Context, s *servers, variants []string, res *Results) erro
 		}
 		defer cl.close()
 		clients[v] = cl
-		cpus[v] = &cpuWindow{servers: []int{ps[0].pid()}, procs: ps}
+		cpus[v] = &cpuWindow{servers: []int{ps[0].Pid()}, procs: ps}
 		if usesRedis(v) {
 			cpus[v].redis = s.redis.pid
 		}
@@ -388,11 +374,11 @@ func accuracy(ctx context.Context, s *servers, variants []string, res *Results) 
 		for _, p := range t.procs {
 			n, err := p.fallbacks()
 			if err != nil {
-				return fmt.Errorf("%s metrics: %w", p.name, err)
+				return fmt.Errorf("%s metrics: %w", p.Name, err)
 			}
 			t.run.Fallbacks += n
 			if n > 0 {
-				cfg.logf("%s: %d fallbacks; its log ends: %s", p.name, n, p.stderr)
+				cfg.logf("%s: %d fallbacks; its log ends: %s", p.Name, n, p.Output())
 			}
 		}
 	}

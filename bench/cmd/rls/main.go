@@ -40,7 +40,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -50,19 +49,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 )
 
 // Variant names, in report order.
 const (
-	vNull        = "null"
-	vMemory      = "floodgate-memory"
-	vRedis       = "floodgate-redis"
-	vRatelimit   = "ratelimit"
-	ratelimitMod = "github.com/envoyproxy/ratelimit"
-	// ratelimitVersion is the pseudo-version of envoyproxy/ratelimit the
-	// experiment installs: its main branch of 2026-01-22 (3fb702589d36),
-	// as the module proxy serves it.
-	ratelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
+	vNull      = "null"
+	vMemory    = "floodgate-memory"
+	vRedis     = "floodgate-redis"
+	vRatelimit = "ratelimit"
 )
 
 var allVariants = []string{vNull, vMemory, vRedis, vRatelimit}
@@ -278,4 +274,4 @@ func main() {
 }
 
 // errSkip marks a variant that cannot run here, with the reason.
-var errSkip = errors.New("unavailable")
+var errSkip = rlsproc.ErrUnavailable

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 )
 
@@ -331,7 +332,7 @@ func TestProbeNull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, err := freeAddr()
+	addr, err := rlsproc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -21,8 +19,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/floodgate-go/floodgate/bench/internal/rlsproc"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 )
 
@@ -176,58 +174,13 @@ func cpuOf(pids []int) (float64, error) {
 	return sum, nil
 }
 
-// freeAddr returns a loopback address whose port was free a moment ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
-func port(addr string) string {
-	_, p, _ := net.SplitHostPort(addr)
-	return p
-}
-
-// tail keeps the last bytes written to it: a server's stderr, for the
-// error that says why it stopped.
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-const tailMax = 4 << 10
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > tailMax {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailMax:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.buf))
-}
-
 // A proc is one running server process.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
+	*rlsproc.Proc
 	addr string // its gRPC address
 	// metrics is its Prometheus endpoint's address (floodgate-rls), or "".
 	metrics string
-	stderr  *tail
-	done    chan struct{} // closed when the process has exited
 }
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
 
 // startProc starts argv with env (nil: this process's environment), pinned
 // to the servers' CPU where that applies, and waits until it serves the
@@ -237,66 +190,27 @@ func startProc(ctx context.Context, iso Isolation, name string, argv, env []stri
 		// taskset execs the server, which keeps its PID.
 		argv = append([]string{iso.Taskset, "-c", strconv.Itoa(iso.ServerCPU)}, argv...)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = env
-	p := &proc{name: name, cmd: cmd, addr: addr, stderr: &tail{}, done: make(chan struct{})}
-	cmd.Stdout = p.stderr
-	cmd.Stderr = p.stderr
-	// The server dies with the driver, whatever kills it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	rp, err := rlsproc.Start(name, argv, env)
+	if err != nil {
+		return nil, err
 	}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	if err := p.waitServing(ctx, health, 30*time.Second); err != nil {
+	p := &proc{Proc: rp, addr: addr}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err == nil {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = p.WaitServing(wctx, conn, health)
+		cancel()
+		conn.Close()
+	}
+	if err != nil {
 		p.stop()
 		return nil, err
 	}
 	return p, nil
 }
 
-// waitServing polls the health service until it reports SERVING.
-func (p *proc) waitServing(ctx context.Context, service string, within time.Duration) error {
-	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(within)
-	var last error
-	for time.Now().Before(deadline) {
-		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		r, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: service})
-		cancel()
-		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		last = err
-		if err == nil {
-			last = fmt.Errorf("health %q: %v", service, r.Status)
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited at start: %s", p.name, p.stderr)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s did not serve within %v (%v): %s", p.name, within, last, p.stderr)
-}
-
 // stop ends the server: SIGTERM, then SIGKILL after two seconds.
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(2 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *proc) stop() { p.Stop(2 * time.Second) }
 
 // fallbackMetric counts floodgate-rls's decisions that its store could not
 // make (Redis down, slow or its breaker open), which the failure policy
