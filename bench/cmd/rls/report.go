@@ -159,7 +159,7 @@ func (p page) Headline() string {
 
 func leaseNote(v string) string {
 	if v == vRedis {
-		return ", widened by the bounds of leases and credit"
+		return ", widened below by what leases may leave unspent"
 	}
 	return ""
 }
