@@ -112,7 +112,11 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 	s.callAll(ctx, ptrs, out)
 	refused, failed := -1, false
 	for k, i := range remote {
-		if leasing[k] {
+		switch {
+		case !leasing[k]:
+		case grp == 0: // a lone op: a refusal closed the old lease
+			s.leased(takes[i].Key, &ops[k], out[k].r, out[k].err)
+		default:
 			s.leasedGroup(takes[i].Key, &ops[k], out[k].r, out[k].err)
 		}
 		if out[k].err != nil {
@@ -249,8 +253,7 @@ func (s *Store) peekAt(ctx context.Context, takes []floodgate.Take, rs []floodga
 		t := takes[i]
 		res := floodgate.Result{Limit: t.Limit, Remaining: t.Limit.Burst}
 		if !open && out[k].err == nil {
-			res = ops[k].result(out[k].r)
-			res.Remaining += s.leaseTokens(t.Key, t.Limit)
+			res = withLease(ops[k].result(out[k].r), s.leaseTokens(t.Key, t.Limit))
 		}
 		res.Allowed = res.Remaining >= t.N && res.Owed == 0
 		rs[i] = floodgate.NewReservation(nil, t.Key, t.Limit, 0, res)

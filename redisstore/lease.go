@@ -341,3 +341,11 @@ func (s *Store) unspend(key string, lim floodgate.Limit, n int) {
 	}
 	l.mu.Unlock()
 }
+
+// withLease adds this store's lease of n tokens to res, a report of the
+// bucket on Redis: it pays what the bucket owes first.
+func withLease(res floodgate.Result, n int) floodgate.Result {
+	room := res.Remaining - res.Owed + n
+	res.Remaining, res.Owed = max(room, 0), max(-room, 0)
+	return res
+}

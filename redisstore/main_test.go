@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +26,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// A fuzz worker talks to its coordinator on fds 3 and 4: a
+	// redis-server started here must not inherit them, or a worker's
+	// death goes unreported while the server holds the pipes open.
+	syscall.CloseOnExec(3)
+	syscall.CloseOnExec(4)
 	code := m.Run()
 	if shared != nil {
 		shared.Close()

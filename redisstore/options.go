@@ -187,8 +187,9 @@ func WithBatching(max int) Option { return func(o *options) { o.batch = max } }
 // process and denies requests on them without a round trip while the
 // bucket cannot yet hold the requested tokens. A cached denial never
 // admits and never denies a request Redis would admit, except that a
-// Refund, Reset, lease given back or raised limit elsewhere is seen only
-// once the entry expires (at the denied request's retry-after). size = 0
+// Refund, Reset, lease given back or raised limit (elsewhere, or a faster
+// rate here) is seen only once the entry expires (at the denied request's
+// retry-after). size = 0
 // (the default) turns it off. A repeated call replaces it.
 func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = size } }
 

@@ -111,7 +111,24 @@ local function step(v, rate, burst, n, mode, a1, a2, a3, hint)
   else
     return -1, 0, 0
   end
-  -- Lapsed leases leave G; the bucket refills up to burst − G.
+  -- The bucket refills up to burst − G, with G as it stood since the last
+  -- decision: a lease that lapsed meanwhile holds its part of the burst
+  -- until now, so that no refill earned under the lower cap is credited
+  -- above it (what the bucket would have refilled above that cap since the
+  -- lapse is not added: it errs toward the limit). Then lapsed leases
+  -- leave G.
+  local cap = burst - g
+  if now > at then
+    if tokens < cap and rate > 0 then
+      local add = (now - at) * rate
+      if add >= cap - tokens then
+        tokens = cap
+      else
+        tokens = tokens + floor(add)
+      end
+    end
+    at = now
+  end
   if g > 0 and now >= nxt then
     local keep = {}
     g, nxt = 0, 0
@@ -126,18 +143,7 @@ local function step(v, rate, burst, n, mode, a1, a2, a3, hint)
       end
     end
     recs, dirty = table.concat(keep), true
-  end
-  local cap = burst - g
-  if now > at then
-    if tokens < cap and rate > 0 then
-      local add = (now - at) * rate
-      if add >= cap - tokens then
-        tokens = cap
-      else
-        tokens = tokens + floor(add)
-      end
-    end
-    at = now
+    cap = burst - g
   end
   if tokens > cap then
     tokens = cap

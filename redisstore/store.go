@@ -662,9 +662,7 @@ func (s *Store) Peek(ctx context.Context, key string, lim floodgate.Limit) (floo
 	if err != nil {
 		return floodgate.Result{}, s.unavailable(ctx, err)
 	}
-	res := o.result(r)
-	res.Remaining += s.leaseTokens(key, lim)
-	return res, nil
+	return withLease(o.result(r), s.leaseTokens(key, lim)), nil
 }
 
 // Refund returns n tokens to key's bucket under lim, never above its burst:
