@@ -81,5 +81,6 @@ rlsbench: deps
 	cd bench && $(GO) run ./cmd/rls
 
 # A short run of every fuzz target, beyond the seed corpus that make test runs.
-fuzz:
+fuzz: deps
 	$(GO) test -run '^$$' -fuzz FuzzTake -fuzztime 30s ./keyed
+	cd redisstore && $(GO) test -run '^$$' -fuzz FuzzLeases -fuzztime 30s .
