@@ -115,7 +115,6 @@ func (l *lab) start(ctx context.Context, variant, prefix, name string) (*replica
 	var addr, health string
 	switch variant {
 	case "floodgate":
-		// -share and -credit keep their defaults: they are on their way out.
 		argv = []string{l.floodgate, "-config", filepath.Join(l.root, "ratelimit", "config"), "-addr", "127.0.0.1:0",
 			"-redis", l.redis.Addr, "-lease", "on", "-prefix", prefix, "-watch", "0"}
 	case "ratelimit":

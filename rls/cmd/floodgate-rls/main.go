@@ -5,7 +5,7 @@
 //
 //	floodgate-rls -config ratelimit.yaml                 # in memory
 //	floodgate-rls -config conf.d/ -redis 127.0.0.1:6379  # a fleet on one Redis
-//	floodgate-rls -config conf.d/ -redis host1:7000,host2:7000,host3:7000 -lease 100ms
+//	floodgate-rls -config conf.d/ -redis host1:7000,host2:7000,host3:7000 -lease on
 //
 // Flags:
 //
@@ -13,11 +13,9 @@
 //	-addr ADDR      gRPC listen address (default 127.0.0.1:8081; port 0 picks one)
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
 //	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
-//	-prefix P       the first part of every Redis key (default floodgate): replicas with one prefix share buckets, and count each other for -share
-//	-lease VALUE    redisstore leases: off (default), on (100ms), or a lease time such as 50ms
-//	-credit         with -lease, decide cold keys on credit and charge Redis after (default true)
-//	-share F        with -redis, the fraction of every limit the replicas decide in process, in equal shares (default 0.5; 0 off)
-//	-capacity N     buckets kept in memory: without -redis, all of them; with it, this replica's shares (default 100000; past it new keys share an overflow bucket)
+//	-prefix P       the first part of every Redis key (default floodgate): replicas with one prefix share buckets
+//	-lease VALUE    redisstore leases: off (default), on (1s), or a lease time such as 500ms
+//	-capacity N     buckets kept in memory without -redis (default 100000; past it new keys share an overflow bucket); with it, the buckets whose leases a replica tracks
 //	-batch N        redisstore batching: at most N decisions a round trip (default 128; 0 off)
 //	-deny-cache N   redisstore deny cache: the N buckets Redis refused last are refused locally until they could admit (default 65536; 0 off)
 //	-deadline D     redisstore's deadline per decision (default 50ms)
