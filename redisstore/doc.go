@@ -129,9 +129,10 @@
 // A key decided on more than once here leases, with the round trip it
 // makes anyway, what this store's own demand on it asks for in a quarter
 // of the lease time (at most an eighth of the burst; at least half of that,
-// or none when the bucket holds less), spends it here (floodgate.SourceLease) until the lease time
-// after it asked, and gives back what is left with the key's next round
-// trip, under a new limit, or at [Store.Close]. A key whose requests all
+// or none when the bucket holds less), spends it here
+// (floodgate.SourceLease) for half the lease time after it asked, and
+// gives back what is left with the key's next round trip within the lease
+// time, under a new limit, or at [Store.Close]. A key whose requests all
 // reach one instance gets its whole limit. A lease its store no longer
 // knows of (the process died, the entry was evicted) is lost: Redis counts
 // it out until it expires. Keys seen once in a while lease nothing: each

@@ -16,7 +16,9 @@ import (
 // than the burst (bucketLua). Here a lease is spent until the lease time d
 // after the request that took it was sent, which is no later than Redis
 // recorded it, so Redis counts it out for at least as long as it is spent
-// here. Its size follows this store's demand on the key (see size), so a
+// here (for half of that time: in the other half, what is left goes back
+// with the key's next round trip while Redis still holds the lease). Its
+// size follows this store's demand on the key (see size), so a
 // key whose requests all reach one instance leases as much as it needs.
 // What is not spent goes back with the next round trip on the key, when
 // the limit changes, or at Close; a lease this store no longer knows of
@@ -30,7 +32,8 @@ type leaseTable struct {
 type lease struct {
 	lim       floodgate.Limit
 	tokens    int   // whole tokens of the live lease, unspent
-	expires   int64 // local ns; the lease is live before it
+	spendBy   int64 // local ns; the lease is spent before it, half the lease time after it was asked for
+	expires   int64 // local ns; before it, Redis still counts the lease out, and it goes back
 	remaining int   // the bucket's whole tokens (less what is leased out) by Redis's last answer here; negative: owed
 	since     int64 // local ns of the last round trip on the key, 0 before one
 	asked     int   // tokens asked for on the key since then
@@ -65,7 +68,7 @@ func (l *leaseTable) remove(key string) {
 
 // live reports whether e holds a lease under lim at now.
 func (e *lease) live(lim floodgate.Limit, now int64) bool {
-	return e.lim == lim && now < e.expires
+	return e.lim == lim && now < e.spendBy
 }
 
 // size returns how many tokens beyond n to lease under lim: what this
@@ -146,7 +149,7 @@ func (s *Store) leaseOp(key string, o *op) bool {
 		o.a3 = e.tokens
 	}
 	o.exp = e.expires
-	e.busy, e.tokens, e.expires = true, 0, 0
+	e.busy, e.tokens, e.expires, e.spendBy = true, 0, 0, 0
 	o.sent = now
 	return true
 }
@@ -175,14 +178,14 @@ func (s *Store) leasedIn(key string, o *op, r reply, err error, group bool) {
 	}
 	if group && !r.allowed {
 		if o.a3 > 0 && e.expires == 0 {
-			e.tokens, e.expires = o.a3, o.exp
+			e.tokens, e.expires, e.spendBy = o.a3, o.exp, o.exp-l.d/2
 		}
 		return
 	}
 	e.lim = o.lim
 	e.remaining, e.seen = wholeTokens(r.tokens), o.sent
 	if x := int(r.taken) - o.n; r.allowed && x > 0 {
-		e.tokens, e.expires = x, o.sent+l.d
+		e.tokens, e.expires, e.spendBy = x, o.sent+l.d, o.sent+l.d/2
 	}
 }
 
@@ -194,7 +197,7 @@ func (s *Store) observed(key string, lim floodgate.Limit, r reply, sent int64) {
 	l.mu.Lock()
 	if e, ok := l.m.Peek(key); ok && !e.busy {
 		if e.lim != lim {
-			e.lim, e.tokens, e.expires = lim, 0, 0
+			e.lim, e.tokens, e.expires, e.spendBy = lim, 0, 0, 0
 		}
 		if e.since == 0 {
 			e.since = sent
@@ -233,7 +236,7 @@ func wholeTokens(micro int64) int {
 func (l *leaseTable) owes(key string) {
 	l.mu.Lock()
 	if e, ok := l.m.Peek(key); ok {
-		e.tokens, e.expires = 0, 0
+		e.tokens, e.expires, e.spendBy = 0, 0, 0
 	}
 	l.mu.Unlock()
 }
@@ -247,11 +250,11 @@ func (s *Store) giveBack() {
 	l.mu.Lock()
 	for _, key := range l.m.Keys() {
 		e, _ := l.m.Peek(key)
-		if e.busy || !e.live(e.lim, now) {
+		if e.busy || now >= e.expires {
 			continue
 		}
 		ops = append(ops, op{key: s.Key(key), lim: e.lim, mode: modeLease, a3: e.tokens})
-		e.tokens, e.expires = 0, 0
+		e.tokens, e.expires, e.spendBy = 0, 0, 0
 	}
 	l.mu.Unlock()
 	s.sendAll(ops)

@@ -197,9 +197,9 @@ func WithDenyCache(size int) Option { return func(o *options) { o.cacheSize = si
 // to it: a key this store decides on more than once gets, with a round
 // trip it makes anyway, up to a quarter of the lease time d of its demand
 // here (at most an eighth of the burst), recorded on Redis with the
-// bucket, spent here until d after it was asked for, and given back, what
-// is left of it, with the key's next round trip, under a new limit, or at
-// [Store.Close]. Leases change the bound of docs/stores.md by nothing;
+// bucket, spent here for d/2 after it was asked for, and given back, what
+// is left of it, with the key's next round trip within d, under a new
+// limit, or at [Store.Close]. Leases change the bound of docs/stores.md by nothing;
 // what a lease left unspent when its process died is lost, until it
 // expires on Redis. At most keys keys are tracked, the ones decided on
 // most recently. d = 0 (the default) turns leases off; d must be at least
