@@ -13,16 +13,14 @@ import (
 //
 // A lease is recorded on Redis, in the bucket's own key, by the script that
 // takes its tokens: the bucket and the leases out of it never hold more
-// than the burst (bucketLua). Here a lease is spent until the lease time d
-// after the request that took it was sent, which is no later than Redis
-// recorded it, so Redis counts it out for at least as long as it is spent
-// here (for half of that time: in the other half, what is left goes back
-// with the key's next round trip while Redis still holds the lease). Its
-// size follows this store's demand on the key (see size), so a
-// key whose requests all reach one instance leases as much as it needs.
-// What is not spent goes back with the next round trip on the key, when
-// the limit changes, or at Close; a lease this store no longer knows of
-// (evicted, or the process died) leaves G when it expires on Redis.
+// than the burst (bucketLua). Redis counts a lease out until the lease
+// time d after it recorded it; here it is spent for d/2 after the request
+// that took it was sent (no later than Redis recorded it), and what is
+// left goes back with the key's next round trip within d, under a new
+// limit, or at Close. Its size follows this store's demand on the key
+// (see size), so a key whose requests all reach one instance leases as
+// much as it needs. A lease this store no longer knows of (evicted, or the
+// process died) leaves G when it expires on Redis.
 type leaseTable struct {
 	mu sync.Mutex // guards m and its entries
 	d  int64      // ns
@@ -92,14 +90,8 @@ func (l *leaseTable) size(e *lease, lim floodgate.Limit, n int, now int64) int {
 // result is the Result of a take from e's lease under lim: the bucket's
 // tokens by Redis's last answer, plus this lease's.
 func (e *lease) result(lim floodgate.Limit) floodgate.Result {
-	res := floodgate.Result{Allowed: true, Limit: lim, Source: floodgate.SourceLease}
-	room := e.remaining + e.tokens
-	if room >= 0 {
-		res.Remaining = room
-	} else {
-		res.Owed = -room
-	}
-	res.ResetAfter = waitFor(lim, int64(lim.Burst-room)*1e9)
+	res := withLease(floodgate.Result{Allowed: true, Limit: lim, Source: floodgate.SourceLease, Remaining: max(e.remaining, 0), Owed: max(-e.remaining, 0)}, e.tokens)
+	res.ResetAfter = waitFor(lim, int64(lim.Burst-e.remaining-e.tokens)*1e9)
 	return res
 }
 
