@@ -4,10 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"net"
 	"net/netip"
 	"time"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/floodgate-go/floodgate"
@@ -44,16 +44,24 @@ type Call struct {
 	// *http.Request of package httplimit, or nil.
 	Request any
 
-	// peer stands in for Addr in the interceptors' calls: parsed only for
-	// the anonymous callers who need it.
-	peer net.Addr
+	// A gRPC call's headers, when Header is nil: the tap handle's
+	// metadata as grpc-go passes it, or the interceptors' context, read
+	// through grpc-go's accessor.
+	md  metadata.MD
+	ctx context.Context
 }
 
+// values returns the values of the header named key, in lower case.
 func (c *Call) values(key string) []string {
-	if c.Header == nil {
-		return nil
+	switch {
+	case c.Header != nil:
+		return c.Header.Values(key)
+	case c.md != nil:
+		return c.md[key]
+	case c.ctx != nil:
+		return metadata.ValueFromIncomingContext(c.ctx, key)
 	}
-	return c.Header.Values(key)
+	return nil
 }
 
 // An Admission is the Limiter's answer to one call (Admit). An admitted
@@ -129,37 +137,32 @@ func (a *Admission) RetryAfter() time.Duration {
 	return a.e.d
 }
 
-// Admit decides one call as the tap handle and UnaryServerInterceptor do
-// together, for transports other than gRPC (httplimit uses it): with
-// WithOverload, the call's entry into the controller (Enter, which may turn
-// it away at once); identity, tenant, the method's rule and a take from
-// the caller's bucket; then a slot of the controller, which may wait. Call
-// it as the call enters, before reading its body. It returns the admission
-// and nil when the call may run (in dry-run mode, always), or the
-// rejection's status error, the one the interceptors return, which a
-// gRPC-aware transport can send as it is; or, when ctx ended while the call
-// waited for a slot, ctx's error as a status. Admit sets no gRPC trailer.
+// Admit decides one call: the one path of the tap handle and the
+// interceptors, which Limit and package httplimit take too. With
+// WithOverload, the call enters the controller (Enter, which may turn it
+// away at once), unless the tap handle counted it in already; then its
+// identity, tenant, the method's rule and a take from the caller's bucket;
+// then a slot of the controller, which may wait. Call it as the call
+// enters, before reading its body. It returns the admission and nil when
+// the call may run (in dry-run mode, always), or the rejection's status
+// error, the one the interceptors return, which a gRPC-aware transport can
+// send as it is; or, when ctx ended while the call waited for a slot,
+// ctx's error as a status. Admit sets no gRPC trailer.
 func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 	var a Admission
-	ctl := l.o.overload
-	if ctl != nil && !l.o.dryRun && !l.Exempt(c.Method) {
-		if ctx, a.e = l.enter(ctx, ctl, &c); a.e != nil {
-			a.ctx = ctx
-			return a, a.e.err
-		}
-		defer func() {
-			if a.permit == (overload.Permit{}) {
-				ctl.Leave(ctx) // rejected, or its context ended: its place goes back now
-			}
-		}()
-	}
-	err := l.admit(ctx, &c, ctl, &a)
+	err := l.admit(ctx, &c, l.o.overload, true, &a)
 	return a, err
 }
 
-// admit is Admit holding the call to the controller ctl (nil: to none),
-// filling in a, which the interceptors keep on their stack.
-func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, a *Admission) error {
+// admit is Admit holding an admitted call to the controller ctl (nil: to
+// none, for a stream and for Limit, which see no end of the call), filling
+// in a, which the interceptors keep on their stack. It reuses the tap
+// handle's resolution of the call, carried by ctx, when the tenant table
+// has not changed since. enter says whether a call the tap handle did not
+// count into ctl enters it here (Admit), or goes to Acquire without
+// (the interceptors on a server without the tap handle, which the
+// controller counts as untapped).
+func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, enter bool, a *Admission) error {
 	a.ctx = ctx
 	if l.Exempt(c.Method) {
 		l.c.exempt.Add(1)
@@ -168,27 +171,69 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 	if l.o.dryRun {
 		ctl = nil
 	}
+	dc, _ := ctx.Value(decisionKey{}).(*decisionCtx)
+	if dc != nil && (!dc.tap || dc.decided || dc.v.method != c.Method) {
+		dc = nil // an outer call's decision: this call is not the tap's
+	}
+	if dc != nil && c.Header == nil {
+		c.md = dc.md // grpc-go's own, as the tap handle got it
+	}
+	table := l.tables.Table()
+	v := &a.v
+	if dc != nil && dc.resolved && dc.table == table {
+		*v = verdict{r: dc.v.r, prio: dc.v.prio, note: dc.v.note}
+	} else {
+		*v = verdict{}
+		l.resolve(ctx, c, table, false, v)
+	}
+	v.method, v.dryRun, v.gated = c.Method, l.o.dryRun, ctl != nil
+	entered := dc != nil && dc.entered
+	switch {
+	case entered && ctl == nil:
+		// The tap counted the call in, and it will not be held: its
+		// place goes back now.
+		l.o.overload.Leave(ctx)
+	case ctl != nil && !entered && enter:
+		var e *entry
+		if ctx, e = l.enter(ctx, ctl, v); e != nil {
+			a.ctx, a.e = ctx, e
+			return e.err
+		}
+	}
 	var rsv floodgate.Reservation
-	if a.e = l.decide(ctx, c, ctl != nil, &a.v, &rsv); a.e != nil {
+	if a.e = l.decide(ctx, c, v, &rsv); a.e != nil {
+		if ctl != nil {
+			ctl.Leave(ctx)
+		}
 		return a.e.err
 	}
-	if rsv.Result.Allowed {
-		mc := l.metered(ctx, &a.v, &rsv, c, nil)
+	switch {
+	case rsv.Result.Allowed:
+		mc := l.metered(ctx, v, &rsv, c, nil)
 		a.ctx, a.m = mc, &mc.m
-	} else {
-		a.ctx = &decisionCtx{Context: ctx, v: a.v}
+	case dc != nil:
+		// The tap's context carries the decision.
+		dc.v, dc.decided = *v, true
+	default:
+		a.ctx = &decisionCtx{Context: ctx, v: *v, decided: true}
 	}
 	if ctl == nil {
 		return nil
 	}
 	var err error
-	a.permit, a.e, err = l.acquire(ctx, ctl, &a.v)
+	a.permit, a.e, err = l.acquire(ctx, ctl, v)
+	if a.permit == (overload.Permit{}) {
+		ctl.Leave(ctx) // shed, or its context ended: its place goes back now
+	}
 	if a.m != nil && (a.e != nil || err != nil) {
 		a.m.release() // the call does not run: its estimate goes back
 		a.m = nil
 	}
 	if a.e != nil {
 		a.v.allowed, a.v.reason = false, ReasonOverload
+		if dc != nil {
+			dc.decided = false
+		}
 		a.ctx = ctx
 		return a.e.err
 	}

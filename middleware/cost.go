@@ -261,7 +261,7 @@ func (d *detached) Value(key any) any         { return d.parent.Value(key) }
 // rsv, carrying its decision v and its meter, for call c by route v.r of
 // table (nil: unknown, found again at the first chunk).
 func (l *Limiter) metered(ctx context.Context, v *verdict, rsv *floodgate.Reservation, c *Call, table *tenant.Table) *meteredCtx {
-	mc := &meteredCtx{decisionCtx: decisionCtx{Context: ctx, v: *v}}
+	mc := &meteredCtx{decisionCtx: decisionCtx{Context: ctx, v: *v, decided: true}}
 	m := &mc.m
 	m.l, m.v, m.ctx, m.call = l, &mc.v, mc, *c
 	m.done.parent = mc
@@ -401,8 +401,9 @@ func (m *meter) resolve() {
 	l := m.l
 	if t := l.tables.Table(); t != m.table {
 		c := m.call
-		ten, found, _ := l.identify(m.ctx, &c, t)
-		m.route, m.table = l.route(ten, found, &c), t
+		var v verdict
+		l.resolve(m.ctx, &c, t, false, &v)
+		m.route, m.table = v.r, t
 	}
 }
 

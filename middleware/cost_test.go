@@ -758,9 +758,10 @@ func (s takeOnly) TakeN(ctx context.Context, key string, lim floodgate.Limit, n 
 	return s.s.TakeN(ctx, key, lim, n)
 }
 
-// TestCostAllocs enforces the allocation budget of metered calls: one
-// object per admitted call (its context, which carries the meter), with
-// its report and settle, and none per rejection, for debt or for an
+// TestCostAllocs enforces the allocation budget of metered calls through
+// the tap handle and the interceptor: the context the tap handle makes,
+// and for an admitted call the one that carries its meter, with its
+// report and settle; the tap's alone for a rejection, for debt or for an
 // invalid estimate.
 func TestCostAllocs(t *testing.T) {
 	f := newMeterFixture(t, tokensPerMinute, middleware.WithObserver(nil))
@@ -778,21 +779,22 @@ func TestCostAllocs(t *testing.T) {
 	ctx := quiet(acmeCall)
 	if got := testing.AllocsPerRun(200, func() {
 		f.clock.Advance(time.Second) // more than the call costs comes back
-		_, _ = icpt(ctx, nil, info, report)
-	}); got > 1 {
-		t.Errorf("admitted metered call: %v allocations, want ≤ 1", got)
+		_, _ = icpt(tapped(f.l, ctx, llmGenerate, acmeCall.md), nil, info, report)
+	}); got > 2 {
+		t.Errorf("admitted metered call: %v allocations, want ≤ 2", got)
 	}
-	bad := quiet(acmeCall.withMD("x-max-tokens", "many"))
-	if got := testing.AllocsPerRun(200, func() { _, _ = icpt(bad, nil, info, report) }); got != 0 {
-		t.Errorf("invalid estimate: %v allocations, want 0", got)
+	badCall := acmeCall.withMD("x-max-tokens", "many")
+	bad := quiet(badCall)
+	if got := testing.AllocsPerRun(200, func() { _, _ = icpt(tapped(f.l, bad, llmGenerate, badCall.md), nil, info, report) }); got != 1 {
+		t.Errorf("invalid estimate: %v allocations, want 1", got)
 	}
 	overrun := func(ctx context.Context, _ any) (any, error) {
 		middleware.ReportCost(ctx, 100000)
 		return nil, nil
 	}
 	_, _ = icpt(ctx, nil, info, overrun)
-	if got := testing.AllocsPerRun(200, func() { _, _ = icpt(ctx, nil, info, report) }); got != 0 {
-		t.Errorf("refused for debt: %v allocations, want 0", got)
+	if got := testing.AllocsPerRun(200, func() { _, _ = icpt(tapped(f.l, ctx, llmGenerate, acmeCall.md), nil, info, report) }); got != 1 {
+		t.Errorf("refused for debt: %v allocations, want 1", got)
 	}
 }
 

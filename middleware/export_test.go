@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"net/netip"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 )
@@ -11,9 +12,17 @@ import (
 // with context ctx: "t:<tenant>" or "a:<address>".
 func Subject(l *Limiter, ctx context.Context) string {
 	method, _ := grpc.Method(ctx)
-	c := serverCall(ctx, method, incoming(ctx))
-	ten, found, _ := l.identify(ctx, &c, l.tables.Table())
-	return l.route(ten, found, &c).subject
+	c := serverCall(ctx, method)
+	var v verdict
+	l.resolve(ctx, &c, l.tables.Table(), false, &v)
+	return v.r.subject
+}
+
+// CountResolves counts the resolutions of calls (identity, tenant, route
+// and priority) into n until the test ends.
+func CountResolves(t interface{ Cleanup(func()) }, n *atomic.Int64) {
+	onResolve = func() { n.Add(1) }
+	t.Cleanup(func() { onResolve = nil })
 }
 
 var (
@@ -26,6 +35,3 @@ var (
 	GridCeil       = gridCeil
 )
 
-// DirectMetadata reports whether the middleware reads grpc-go's incoming
-// metadata without copying it.
-func DirectMetadata() bool { return incomingKey != nil }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/tap"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -137,6 +138,17 @@ func (c call) context(method string) (context.Context, *transportStream) {
 	}
 	ts := &transportStream{method: method}
 	return grpc.NewContextWithServerTransportStream(ctx, ts), ts
+}
+
+// tapped returns the context ctx of a call to method with headers md as
+// the Limiter's tap handle returns it, as a server with ServerOptions
+// gives it to the interceptors; ctx itself when the tap rejects the call.
+func tapped(l *middleware.Limiter, ctx context.Context, method string, md metadata.MD) context.Context {
+	tctx, err := l.TapHandle(ctx, &tap.Info{FullMethodName: method, Header: md})
+	if err != nil {
+		return ctx
+	}
+	return tctx
 }
 
 // unary calls the Limiter's unary interceptor directly with a fake handler

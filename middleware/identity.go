@@ -1,15 +1,12 @@
 package middleware
 
 import (
-	"context"
 	"crypto/x509"
 	"net"
 	"net/netip"
-	"reflect"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate/tenant"
@@ -27,56 +24,6 @@ const (
 	// most tenant.MaxKeyLen bytes.
 	maxAuthLen = len("Bearer ") + tenant.MaxKeyLen
 )
-
-// incomingKey is the context key under which grpc-go stores a server call's
-// incoming metadata. metadata.ValueFromIncomingContext copies the values it
-// returns and, for a missing key, scans every entry with strings.EqualFold;
-// on the request path that is an allocation per header present and a scan
-// per header absent. Reading the map grpc-go stored costs one context lookup
-// and one map access. The key's type is unexported, so it is recovered once,
-// by reflection, and checked against metadata.NewIncomingContext; if grpc-go
-// ever stores metadata differently the check fails and the middleware uses
-// the public, copying accessor instead.
-var incomingKey = findIncomingKey()
-
-func findIncomingKey() any {
-	md := metadata.MD{"floodgate-probe": {"1"}}
-	ctx := metadata.NewIncomingContext(context.Background(), md)
-	rv := reflect.ValueOf(ctx)
-	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
-		return nil
-	}
-	f := rv.Elem().FieldByName("key")
-	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
-		return nil
-	}
-	t := f.Elem().Type()
-	if !t.Comparable() {
-		return nil
-	}
-	key := reflect.New(t).Elem().Interface()
-	got, ok := ctx.Value(key).(metadata.MD)
-	if !ok || reflect.ValueOf(got).Pointer() != reflect.ValueOf(md).Pointer() {
-		return nil
-	}
-	return key
-}
-
-// mdHeader is gRPC metadata, whose keys are lower case, as a Header.
-type mdHeader metadata.MD
-
-func (h mdHeader) Values(key string) []string { return h[key] }
-
-// incoming returns a server call's incoming metadata: grpc-go's own map,
-// or a copy when it cannot be read directly.
-func incoming(ctx context.Context) metadata.MD {
-	if incomingKey != nil {
-		md, _ := ctx.Value(incomingKey).(metadata.MD)
-		return md
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	return md
-}
 
 // addrOf returns a gRPC peer's IP address, unmapped, or the zero Addr
 // when the connection has none (a Unix socket, an in-memory pipe).
@@ -127,9 +74,6 @@ func parseAddr(s string) netip.Addr {
 // its forwarding headers name when the peer is a trusted proxy.
 func (l *Limiter) forwarded(c *Call) netip.Addr {
 	a, h := c.Addr.Unmap(), l.o.fwdHeader
-	if c.peer != nil {
-		a = addrOf(c.peer)
-	}
 	if !a.IsValid() || !l.isTrusted(a) {
 		return a
 	}

@@ -19,12 +19,6 @@ import (
 	"github.com/floodgate-go/floodgate/middleware"
 )
 
-func TestReadsMetadataDirectly(t *testing.T) {
-	if !middleware.DirectMetadata() {
-		t.Error("grpc-go's incoming metadata key was not found: the middleware falls back to copying metadata on every call")
-	}
-}
-
 func subject(l *middleware.Limiter, c call) string {
 	ctx, _ := c.context(methodGet)
 	return middleware.Subject(l, ctx)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/overload"
@@ -299,6 +300,7 @@ type Limiter struct {
 	keys     *keyCache
 	routes   *lru.Cache[routeKey, *route]
 	pen      *penalties
+	streams  streamMethods
 	c        counters
 }
 
@@ -423,11 +425,24 @@ func (v *verdict) decision() Decision {
 	return d
 }
 
-// decisionCtx carries an admitted call's decision: the one allocation of
-// an admitted call.
+// decisionCtx is the context a limited call runs with. The tap handle
+// makes it, with the call's resolution (v.r, v.prio, v.note) in the table
+// it came from, and the interceptor fills in the decision; without the
+// tap, the interceptor makes it. It is the one allocation of an admitted
+// call.
 type decisionCtx struct {
 	context.Context
 	v verdict
+	// The tap handle's: the table it resolved the call in, whether it
+	// resolved it (it may not hash an API key), and whether it counted the
+	// call into the overload controller.
+	tap      bool
+	md       metadata.MD // the call's headers, as the tap handle got them
+	table    *tenant.Table
+	resolved bool
+	entered  bool
+	// decided: v is the call's decision (FromContext).
+	decided bool
 }
 
 type decisionKey struct{}
@@ -444,33 +459,28 @@ func (c *decisionCtx) Value(key any) any {
 // there is one. Exempt calls carry none.
 func FromContext(ctx context.Context) (Decision, bool) {
 	dc, ok := ctx.Value(decisionKey{}).(*decisionCtx)
-	if !ok {
+	if !ok || !dc.decided {
 		return Decision{}, false
 	}
 	return dc.v.decision(), true
 }
 
-// identify finds the caller's tenant: the tenant and true, or the anonymous
-// policy and false, with the reason an API key header was ignored, which
-// it counts.
-func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table) (*tenant.Tenant, bool, keyNote) {
-	if l.o.keyFunc != nil {
-		if id, ok := l.o.keyFunc(ctx, c.Method); ok {
-			ten, found := table.TenantByID(id)
-			return ten, found, noteNone
-		}
+// onResolve, when set (by tests), is called at each resolution of a call.
+var onResolve func()
+
+// resolve resolves call c in table into v: the caller's tenant, or the
+// anonymous policy and its address; its route; its priority; and why an
+// API key header was ignored, which it counts. At the tap handle (tap
+// true) it calls no KeyFunc and hashes no API key, and reports false when
+// it could not tell the caller without: then v holds the route of the
+// caller's address.
+func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap bool, v *verdict) bool {
+	if onResolve != nil {
+		onResolve()
 	}
-	// A certificate that names no tenant (a service mesh's workload
-	// identity, say) leaves the question to the API key.
-	if id, ok := l.certTenant(c); ok {
-		if ten, found := table.TenantByID(id); found {
-			return ten, true, noteNone
-		}
-	}
-	key, note := l.apiKey(c)
-	if key != "" {
-		ten, found := l.keys.resolve(table, key)
-		return ten, found, noteNone
+	ten, found, ok, note := l.identify(ctx, c, table, tap)
+	if !ok {
+		ten, found = table.Anonymous(), false
 	}
 	switch note {
 	case noteRepeated:
@@ -478,44 +488,53 @@ func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table) (*
 	case noteTooLong:
 		l.c.longKeys.Add(1)
 	}
-	return table.Anonymous(), false, note
+	v.r = l.route(ten, found, c)
+	v.prio = l.priority(c, v.r)
+	v.note = note
+	return ok
 }
 
-// tapIdentify is identify as the tap handle can afford it, without a
-// SHA-256 under the transport's lock: it resolves only API keys already
-// cached. It reports ok false when it cannot tell what identify would say:
-// a KeyFunc is set (it may name any caller, and may expect the interceptor
-// chain's context), or the caller presents a key the cache does not hold.
-// Judged by its address instead, such a caller would answer for its
-// neighbours' penalties, and a tenant rejected at the tap would never reach
-// the interceptor to have its key cached; TapHandle hashes the key when the
-// address's penalty makes that matter.
-func (l *Limiter) tapIdentify(c *Call, table *tenant.Table) (ten *tenant.Tenant, found, ok bool, note keyNote) {
+// identify finds the caller's tenant: the tenant and true, or the
+// anonymous policy and false, with the reason an API key header was
+// ignored. At the tap handle (tap true) it resolves only API keys already
+// cached, without a SHA-256 under the transport's lock, and reports ok
+// false when it cannot tell what the interceptor would say: a KeyFunc is
+// set (it may name any caller, and may expect the interceptor chain's
+// context), or the caller presents a key the cache does not hold.
+func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table, tap bool) (ten *tenant.Tenant, found, ok bool, note keyNote) {
 	if l.o.keyFunc != nil {
-		return nil, false, false, noteNone
+		if tap {
+			return nil, false, false, noteNone
+		}
+		if id, ok := l.o.keyFunc(ctx, c.Method); ok {
+			ten, found := table.TenantByID(id)
+			return ten, found, true, noteNone
+		}
 	}
+	// A certificate that names no tenant (a service mesh's workload
+	// identity, say) leaves the question to the API key.
 	if id, ok := l.certTenant(c); ok {
 		if ten, found := table.TenantByID(id); found {
 			return ten, true, true, noteNone
 		}
 	}
 	key, note := l.apiKey(c)
-	if key != "" {
+	if key == "" {
+		return table.Anonymous(), false, true, note
+	}
+	if tap {
 		ten, found := l.keys.lookup(table, key)
 		return ten, found, found, noteNone
 	}
-	return table.Anonymous(), false, true, note
+	ten, found = l.keys.resolve(table, key)
+	return ten, found, true, noteNone
 }
 
-// decide decides one call into v, and returns the rejection when the call
-// must not run. It allocates nothing for a caller whose route is cached.
-// gated says the overload controller decides an admitted call next. A
-// metered call's reservation goes to rsv, which holds its tokens when
-// rsv.Result.Allowed.
-func (l *Limiter) decide(ctx context.Context, c *Call, gated bool, v *verdict, rsv *floodgate.Reservation) *entry {
-	ten, found, note := l.identify(ctx, c, l.tables.Table())
-	*v = verdict{r: l.route(ten, found, c), method: c.Method, dryRun: l.o.dryRun, gated: gated, note: note}
-	v.prio = l.priority(c, v.r)
+// decide decides the call c resolved into v, and returns the rejection
+// when the call must not run. It allocates nothing for a caller whose
+// route is cached. A metered call's reservation goes to rsv, which holds
+// its tokens when rsv.Result.Allowed.
+func (l *Limiter) decide(ctx context.Context, c *Call, v *verdict, rsv *floodgate.Reservation) *entry {
 	if m := v.r.rule.Meter; m != nil {
 		var ok bool
 		v.est, ok = l.estimate(ctx, c, m)

@@ -20,10 +20,10 @@ const PriorityHeader = "floodgate-priority"
 // PriorityHeader names when its caller is trusted to name one, else the
 // tenant's (or its method's) configured priority.
 func (l *Limiter) priority(c *Call, r *route) floodgate.Priority {
-	if len(l.o.prioPeers) == 0 && l.o.prioTenants == nil || c.Header == nil {
+	if len(l.o.prioPeers) == 0 && l.o.prioTenants == nil {
 		return r.flow.Priority
 	}
-	vals := c.Header.Values(PriorityHeader)
+	vals := c.values(PriorityHeader)
 	if len(vals) != 1 {
 		return r.flow.Priority // none, or a repeated header: not guessed at
 	}

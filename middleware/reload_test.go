@@ -51,9 +51,10 @@ func TestRegistryReload(t *testing.T) {
 	}
 }
 
-// TestAllocations enforces the allocation budget: one object per admitted
-// call, whatever the identity, and none per rejection, plain or with
-// details.
+// TestAllocations enforces the allocation budget of a call through the
+// tap handle and the interceptor, as ServerOptions installs them: one
+// object per call, the context the tap handle makes, admitted or
+// rejected, whatever the identity, plain or with details.
 func TestAllocations(t *testing.T) {
 	f := newFixture(t)
 	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
@@ -72,7 +73,7 @@ func TestAllocations(t *testing.T) {
 		ctx, _ := tc.c.context(methodGet)
 		got := testing.AllocsPerRun(200, func() {
 			f.clock.Advance(1e9) // keep the buckets full
-			_, _ = icpt(ctx, nil, info, open)
+			_, _ = icpt(tapped(f.l, ctx, methodGet, tc.c.md), nil, info, open)
 		})
 		if got > tc.want {
 			t.Errorf("%s: %v allocations per call, want ≤ %v", tc.name, got, tc.want)
@@ -89,8 +90,8 @@ func TestAllocations(t *testing.T) {
 			for range 3 {
 				_, _ = ricpt(ctx, nil, info, open)
 			}
-			if got := testing.AllocsPerRun(200, func() { _, _ = ricpt(ctx, nil, info, open) }); got != 0 {
-				t.Errorf("rejection from %v (details %v): %v allocations per call, want 0", addr, details, got)
+			if got := testing.AllocsPerRun(200, func() { _, _ = ricpt(tapped(rf.l, ctx, methodGet, nil), nil, info, open) }); got != 1 {
+				t.Errorf("rejection from %v (details %v): %v allocations per call, want 1", addr, details, got)
 			}
 		}
 	}

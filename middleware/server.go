@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -38,10 +40,10 @@ var ErrNotServerCall = errors.New("middleware: Limit needs a server call's conte
 // estimate when it reported nothing.
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		c := serverCall(ctx, info.FullMethod, incoming(ctx))
+		c := serverCall(ctx, info.FullMethod)
 		c.Request = req
 		var a Admission
-		if err := l.admit(ctx, &c, l.o.overload, &a); err != nil {
+		if err := l.admit(ctx, &c, l.o.overload, false, &a); err != nil {
 			return nil, l.reject(ctx, a.e, err)
 		}
 		if l.o.overload != nil || a.m != nil {
@@ -64,14 +66,19 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
-// serverCall describes the gRPC server call whose context ctx is, to
-// method, with incoming metadata md.
-func serverCall(ctx context.Context, method string, md metadata.MD) Call {
-	c := Call{Method: method, Header: mdHeader(md)}
-	if p, ok := peer.FromContext(ctx); ok {
-		c.peer, c.Cert = p.Addr, verifiedCert(p)
-	}
+// serverCall describes the gRPC server call to method whose context ctx
+// is: its headers are read from ctx's incoming metadata.
+func serverCall(ctx context.Context, method string) Call {
+	c := Call{Method: method, ctx: ctx}
+	withPeer(ctx, &c)
 	return c
+}
+
+// withPeer sets c's address and client certificate from ctx's gRPC peer.
+func withPeer(ctx context.Context, c *Call) {
+	if p, ok := peer.FromContext(ctx); ok {
+		c.Addr, c.Cert = addrOf(p.Addr), verifiedCert(p)
+	}
 }
 
 // reject sets the pushback trailer of the rejection e, if there is one, on
@@ -109,18 +116,18 @@ func (l *Limiter) reject(ctx context.Context, e *entry, err error) error {
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
-		if c := l.o.overload; c != nil {
-			// The tap counted the call as it entered; a stream is not
-			// held to the controller, so it gives the place back.
-			c.Leave(ctx)
+		if l.o.overload != nil {
+			// A stream is not held to the controller: the tap stops
+			// counting its method's calls in.
+			l.streams.add(info.FullMethod)
 		}
 		// The table is read before the decision: if a reload comes between
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.
 		table := l.tables.Table()
-		c := serverCall(ctx, info.FullMethod, incoming(ctx))
+		c := serverCall(ctx, info.FullMethod)
 		var a Admission
-		if err := l.admit(ctx, &c, nil, &a); err != nil {
+		if err := l.admit(ctx, &c, nil, false, &a); err != nil {
 			return l.reject(ctx, a.e, err)
 		}
 		if a.v.r == nil { // exempt
@@ -177,11 +184,12 @@ func (s *stream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil || s.l == nil {
 		return err
 	}
-	ctx := s.dc.Context
+	ctx := s.ctx
 	if t := s.l.tables.Table(); t != s.table {
-		c := serverCall(ctx, s.dc.v.method, incoming(ctx))
-		ten, found, _ := s.l.identify(ctx, &c, t)
-		s.r, s.table = s.l.route(ten, found, &c), t
+		c := serverCall(ctx, s.dc.v.method)
+		var v verdict
+		s.l.resolve(ctx, &c, t, false, &v)
+		s.r, s.table = v.r, t
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted. It takes from the
@@ -209,66 +217,84 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // before a goroutine is started for it or its request is read.
 //
 // It runs on the connection's reader under the transport's lock, so it does
-// constant work and no I/O. With an overload controller (WithOverload) it
-// counts each call into the controller as it enters, and turns a call away
-// when the server holds all the calls it can run and queue and the
-// caller's flow holds at least its share of them. Without one, it rejects
-// only callers the interceptor would reject too: the CPU gate is shedding
-// (at or below WithTapFloor's scale, by default at any scale) and the
-// caller is over its share. A caller is
-// over its share while a retry delay the interceptor gave it under the
-// gate has not yet run out: for each overload rejection, the interceptor
-// remembers, per bucket subject (a tenant, or an anonymous address), until
-// when it told the caller to wait, for the 4096 subjects it penalized last.
-// The tap resolves the subject from the connection's address, the
-// forwarding headers of trusted proxies, a TLS
-// client certificate and API keys: those it has already seen, and, for a
-// caller whose address is under a retry delay, any other key, hashed then
-// (a key that names no tenant leaves the caller judged by its address).
-// With a KeyFunc set every caller passes: the tap cannot tell whose bucket
-// they take from, and must not judge them by a neighbour's penalty on the
-// same address. Everything else passes to the interceptor, which decides
-// exactly.
+// constant work and no I/O. For every call but the exempt ones it makes
+// the context the call runs with, which keeps the call's headers, and the
+// resolution it made of the call, for the interceptors: they decide into
+// it, and resolve the call only when the tap did not or the tenant table
+// changed since. With an overload controller (WithOverload) it counts each
+// call into the controller as it enters (but a stream's, once the stream
+// interceptor has seen its method: the controller does not hold streams),
+// and turns a call away when the server holds all the calls it can run and
+// queue and the caller's flow holds at least its share of them. Without
+// one, it rejects only callers the interceptor would reject too: the CPU
+// gate is shedding (at or below WithTapFloor's scale, by default at any
+// scale) and the caller is over its share. A caller is over its share
+// while a retry delay the interceptor gave it under the gate has not yet
+// run out: for each overload rejection, the interceptor remembers, per
+// bucket subject (a tenant, or an anonymous address), until when it told
+// the caller to wait, for the 4096 subjects it penalized last. The tap
+// resolves the subject from the connection's address, the forwarding
+// headers of trusted proxies, a TLS client certificate and API keys: those
+// it has already seen, and, for a caller whose address is under a retry
+// delay, any other key, hashed then (a key that names no tenant leaves the
+// caller judged by its address). With a KeyFunc set every caller passes:
+// the tap cannot tell whose bucket they take from, and must not judge them
+// by a neighbour's penalty on the same address. Everything else passes to
+// the interceptor, which decides exactly.
 //
 // A rejection carries the overload status with its details; the tap cannot
 // send metadata, so it has no pushback trailer and clients back off by
 // their retry policy instead. Tap rejections are counted in Stats.Tap and
 // reported to the observer, since stats handlers never see them.
 func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if c := l.o.overload; c != nil && !l.o.dryRun {
-		return l.tapOverload(ctx, c, info)
-	}
-	g := l.o.gate
-	if g == nil || l.o.dryRun || !g.Shedding() || g.Scale() > l.o.tapFloor {
-		return ctx, nil
-	}
 	if l.Exempt(info.FullMethodName) {
 		return ctx, nil
 	}
-	c, table := serverCall(ctx, info.FullMethodName, info.Header), l.tables.Table()
-	ten, found, ok, note := l.tapIdentify(&c, table)
-	if !ok && l.o.keyFunc != nil {
-		return ctx, nil
+	dc := &decisionCtx{Context: ctx, tap: true, md: info.Header}
+	dc.v.method = info.FullMethodName
+	ctl := l.o.overload
+	if ctl != nil && (l.o.dryRun || l.streams.has(info.FullMethodName)) {
+		ctl = nil
 	}
-	now := l.o.clock.Now()
-	if !ok {
+	g := l.o.gate
+	if ctl == nil && (l.o.dryRun || g == nil || !g.Shedding() || g.Scale() > l.o.tapFloor) {
+		// Nothing to decide here: the call's context keeps its headers
+		// for the interceptor, which resolves it.
+		return dc, nil
+	}
+	c := Call{Method: info.FullMethodName, md: info.Header}
+	withPeer(ctx, &c)
+	dc.table = l.tables.Table()
+	dc.resolved = l.resolve(ctx, &c, dc.table, true, &dc.v)
+	if ctl != nil {
+		ctx, e := l.enter(ctx, ctl, &dc.v)
+		if e != nil {
+			return ctx, e.err
+		}
+		dc.Context, dc.entered = ctx, true
+		return dc, nil
+	}
+	if !dc.resolved {
+		if l.o.keyFunc != nil {
+			return dc, nil
+		}
 		// An API key the cache does not hold: a tenant's first call, or a
 		// made-up key. Only if its address is under a retry delay is the
 		// key worth a SHA-256 here, to tell the tenant, judged by its own
 		// bucket, from a caller hiding behind a key that names no one.
-		anon := l.route(table.Anonymous(), false, &c)
-		if l.pen.left(anon.subject, now) <= 0 {
-			return ctx, nil
+		if l.pen.left(dc.v.r.subject, l.o.clock.Now()) <= 0 {
+			return dc, nil
 		}
 		key, _ := l.apiKey(&c)
-		ten, found = l.keys.resolve(table, key)
+		ten, found := l.keys.resolve(dc.table, key)
+		dc.v.r = l.route(ten, found, &c)
+		dc.v.prio = l.priority(&c, dc.v.r)
+		dc.resolved = true
 	}
-	r := l.route(ten, found, &c)
-	left := l.pen.left(r.subject, now)
-	if left <= 0 {
-		return ctx, nil
+	if left := l.pen.left(dc.v.r.subject, l.o.clock.Now()); left > 0 {
+		return ctx, l.tapReject(c.Method, dc.v.r.subject, left, dc.v.note).err
 	}
-	return ctx, l.tapReject(info.FullMethodName, r.subject, left, note).err
+	return dc, nil
 }
 
 // tapReject turns a call to method by subject away at the tap, counting
@@ -284,40 +310,42 @@ func (l *Limiter) tapReject(method, subject string, retry time.Duration, note ke
 	return l.rej.lookup(ReasonOverload, retry, note, nil)
 }
 
-// tapOverload counts a call into the overload controller as it enters the
-// server (overload.Controller.Enter), or turns it away when the server
-// holds all the calls it can run and queue and the caller's flow holds at
-// least its share of them.
-func (l *Limiter) tapOverload(ctx context.Context, c *overload.Controller, info *tap.Info) (context.Context, error) {
-	if l.Exempt(info.FullMethodName) {
-		return ctx, nil
-	}
-	call := serverCall(ctx, info.FullMethodName, info.Header)
-	ctx, e := l.enter(ctx, c, &call)
-	if e != nil {
-		return ctx, e.err
-	}
-	return ctx, nil
-}
-
-// enter counts call into the overload controller c as it enters the
-// server (overload.Controller.Enter), returning the context that carries
-// its place; or turns it away, returning the rejection.
-func (l *Limiter) enter(ctx context.Context, c *overload.Controller, call *Call) (context.Context, *entry) {
-	ten, found, ok, note := l.tapIdentify(call, l.tables.Table())
-	if !ok {
-		// A key the tap cannot resolve without a hash: count the call
-		// as its address's, which the interceptor may correct.
-		ten, found = l.tables.Table().Anonymous(), false
-	}
-	r := l.route(ten, found, call)
-	f := r.flow
-	f.Priority = l.priority(call, r)
+// enter counts the call resolved into v into the overload controller c as
+// it enters the server (overload.Controller.Enter), returning the context
+// that carries its place; or turns it away, returning the rejection.
+func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict) (context.Context, *entry) {
+	f := v.r.flow
+	f.Priority = v.prio
 	ctx, in := c.Enter(ctx, f)
 	if in {
 		return ctx, nil
 	}
-	return ctx, l.tapReject(call.Method, r.subject, c.RetryAfter(), note)
+	return ctx, l.tapReject(v.method, v.r.subject, c.RetryAfter(), v.note)
+}
+
+// streamMethods are the stream methods the stream interceptor has seen
+// under an overload controller, at most maxStreamMethods of them (an
+// unknown-service handler sees any name): the tap handle does not count
+// their calls into the controller, which does not hold streams.
+type streamMethods struct {
+	m sync.Map // method → struct{}
+	n atomic.Int32
+}
+
+const maxStreamMethods = 1024
+
+func (s *streamMethods) has(method string) bool {
+	_, ok := s.m.Load(method)
+	return ok
+}
+
+func (s *streamMethods) add(method string) {
+	if s.has(method) || s.n.Load() >= maxStreamMethods {
+		return
+	}
+	if _, loaded := s.m.LoadOrStore(method, struct{}{}); !loaded {
+		s.n.Add(1)
+	}
 }
 
 // Limit implements go-grpc-middleware's ratelimit.Limiter, so the Limiter
@@ -339,17 +367,12 @@ func (l *Limiter) Limit(ctx context.Context) error {
 	if !ok {
 		return ErrNotServerCall
 	}
-	if l.Exempt(method) {
-		l.c.exempt.Add(1)
-		return nil
-	}
-	c := serverCall(ctx, method, incoming(ctx))
-	var v verdict
+	c := serverCall(ctx, method)
 	// A metered quota's reservation is never settled here: the call is
 	// charged its estimate.
-	var rsv floodgate.Reservation
-	if e := l.decide(ctx, &c, false, &v, &rsv); e != nil {
-		return l.reject(ctx, e, e.err)
+	var a Admission
+	if err := l.admit(ctx, &c, nil, false, &a); err != nil {
+		return l.reject(ctx, a.e, err)
 	}
 	return nil
 }
