@@ -34,4 +34,3 @@ var (
 	Bearer         = bearer
 	GridCeil       = gridCeil
 )
-
