@@ -104,13 +104,6 @@ func TestOptionConventionMiddleware(t *testing.T) {
 		{Option: "WithExemptions", Bad: middleware.WithExemptions("health"), Good: middleware.WithExemptions("/grpc.health.v1.Health/")},
 		{Option: "WithTapFloor", Bad: middleware.WithTapFloor(0), Good: middleware.WithTapFloor(0.5)},
 	})
-	lim := floodgate.PerSecond(10, 10)
-	optiontest.Check(t, func(opts ...middleware.ClientOption) error {
-		_, err := middleware.UnaryClientInterceptor(store, lim, opts...)
-		return err
-	}, []optiontest.Case[middleware.ClientOption]{
-		{Option: "WithUpstreamCost", Bad: middleware.WithUpstreamCost(0), Good: middleware.WithUpstreamCost(2)},
-	})
 }
 
 func TestOptionConventionHTTPLimit(t *testing.T) {
@@ -152,6 +145,16 @@ func TestOptionConventionThrottle(t *testing.T) {
 		_, err := throttle.NewBudget(0.1, 1, opts...)
 		return err
 	}, window)
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	optiontest.Check(t, func(opts ...throttle.Option) error {
+		_, err := throttle.NewQuota(store, floodgate.PerSecond(10, 10), opts...)
+		return err
+	}, []optiontest.Case[throttle.Option]{
+		{Option: "WithQuotaCost", Bad: throttle.WithQuotaCost(0), Good: throttle.WithQuotaCost(2)},
+	})
 }
 
 func TestOptionConventionLoadReport(t *testing.T) {

@@ -1,7 +1,6 @@
 // Package middleware admits gRPC calls per tenant and sheds load under
-// overload: a Limiter with unary and stream server interceptors, a tap
-// handle for the cheapest early rejection, and client interceptors that keep
-// calls to a rate-limited upstream within its quota.
+// overload: a Limiter with unary and stream server interceptors and a tap
+// handle for the cheapest early rejection.
 //
 // # The request path
 //
@@ -202,11 +201,8 @@
 //
 // # Outbound
 //
-// UnaryClientInterceptor and StreamClientInterceptor take tokens from any
-// floodgate.Store before calling an upstream that limits its callers: they
-// wait, bounded by the call's context, or fail fast, and never send a call
-// that would be rejected. With a shared store (redisstore), a fleet of
-// workers stays within one quota together.
+// Calls to an upstream that limits its callers are the client's side:
+// package throttle's Quota keeps them within the upstream's quota.
 //
 // The floodgatetest package drives a real interceptor chain over an
 // in-memory connection with a fake clock and scripted CPU readings, to test

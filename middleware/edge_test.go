@@ -23,94 +23,12 @@ func refusing(retry time.Duration) floodgate.Store {
 	return sourceStore{floodgate.Result{RetryAfter: retry}}
 }
 
-// ctxStore behaves like redisstore on a done context: it returns ctx.Err().
-type ctxStore struct{ inner floodgate.Store }
-
-func (s ctxStore) TakeN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Result, error) {
-	if err := ctx.Err(); err != nil {
-		return floodgate.Result{}, err
-	}
-	return s.inner.TakeN(ctx, key, lim, n)
-}
-
-// neverInvoked is an invoker for calls that must not be sent.
-var neverInvoked = func(t *testing.T) grpc.UnaryInvoker {
-	return func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
-		t.Error("call sent")
-		return nil
-	}
-}
-
-func okInvoker(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-	return status.FromContextError(ctx.Err()).Err()
-}
-
 // TestInvalidOptionsWrapErrInvalidOption: option errors wrap
 // floodgate.ErrInvalidOption, as documented, so that errors.Is finds it.
 func TestInvalidOptionsWrapErrInvalidOption(t *testing.T) {
-	_, err := middleware.UnaryClientInterceptor(nil, floodgate.PerSecond(1, 1))
-	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
-		t.Errorf("UnaryClientInterceptor(nil store) = %v; errors.Is(ErrInvalidOption) = false", err)
-	}
-	_, err = middleware.StreamClientInterceptor(refusing(0), floodgate.PerSecond(1, 1), middleware.WithUpstreamCost(0))
-	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
-		t.Errorf("StreamClientInterceptor(cost 0) = %v; errors.Is(ErrInvalidOption) = false", err)
-	}
-	_, err = middleware.New(nil, nil)
+	_, err := middleware.New(nil, nil)
 	if err == nil || !errors.Is(err, floodgate.ErrInvalidOption) {
 		t.Errorf("New(nil, nil) = %v; errors.Is(ErrInvalidOption) = false", err)
-	}
-}
-
-// TestClientSpentZeroRateBucket: a spent bucket that never refills (rate 0)
-// limits the call in both modes; only a cost above the burst is
-// ErrUpstreamCost.
-func TestClientSpentZeroRateBucket(t *testing.T) {
-	lim := floodgate.PerSecond(0, 2) // valid: 2 calls in all
-	for _, failFast := range []bool{false, true} {
-		store, _ := keyed.New()
-		icpt, err := middleware.UnaryClientInterceptor(store, lim, middleware.WithFailFast(failFast), middleware.WithUpstreamKey("k"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range 2 {
-			if err := icpt(context.Background(), "/a.B/C", nil, nil, nil, okInvoker); err != nil {
-				t.Fatal(err)
-			}
-		}
-		err = icpt(context.Background(), "/a.B/C", nil, nil, nil, neverInvoked(t))
-		if err != middleware.ErrUpstreamLimited {
-			t.Errorf("failFast=%v, cost 1 ≤ burst 2, spent bucket: %v, want ErrUpstreamLimited", failFast, err)
-		}
-	}
-}
-
-// TestClientCanceledCall: a canceled call is CANCELED in both modes, with a
-// store that reports the done context as redisstore does, not UNAVAILABLE.
-func TestClientCanceledCall(t *testing.T) {
-	inner, _ := keyed.New()
-	for _, failFast := range []bool{false, true} {
-		icpt, _ := middleware.UnaryClientInterceptor(ctxStore{inner}, floodgate.PerSecond(1, 1), middleware.WithFailFast(failFast))
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := icpt(ctx, "/a.B/C", nil, nil, nil, neverInvoked(t))
-		if status.Code(err) != codes.Canceled {
-			t.Errorf("failFast=%v, canceled ctx: %v, want CANCELED", failFast, err)
-		}
-	}
-}
-
-// TestClientFailFastCanceledSpendsNothing: a canceled call, which gRPC will
-// not send, takes no token.
-func TestClientFailFastCanceledSpendsNothing(t *testing.T) {
-	store, _ := keyed.New()
-	lim := floodgate.PerSecond(0.001, 1)
-	icpt, _ := middleware.UnaryClientInterceptor(store, lim, middleware.WithFailFast(true), middleware.WithUpstreamKey("k"))
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = icpt(ctx, "/a.B/C", nil, nil, nil, okInvoker) // the invoker fails: ctx canceled
-	if err := icpt(context.Background(), "/a.B/C", nil, nil, nil, okInvoker); err != nil {
-		t.Errorf("after a canceled, unsent call the next call fails: %v (the canceled call spent the token)", err)
 	}
 }
 

@@ -150,26 +150,6 @@ func ExampleLimiter_Selector() {
 	// Output: true
 }
 
-// Calls to an upstream that allows 100 requests a second in bursts of 10
-// wait for a token, bounded by each call's deadline. With a redisstore
-// Store, a whole fleet of workers shares the quota.
-func ExampleUnaryClientInterceptor() {
-	wait, err := middleware.UnaryClientInterceptor(mustStore(), floodgate.PerSecond(100, 10),
-		middleware.WithUpstreamKey("fcm:project-42"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	cc, err := grpc.NewClient("dns:///fcm.googleapis.com:443",
-		grpc.WithTransportCredentials(insecure.NewCredentials()), // use TLS credentials in production
-		grpc.WithChainUnaryInterceptor(wait))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer cc.Close()
-	fmt.Println("ready")
-	// Output: ready
-}
-
 func mustCompile(cfg *tenant.Config) *tenant.Table {
 	t, err := tenant.Compile(cfg)
 	if err != nil {

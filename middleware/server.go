@@ -359,7 +359,7 @@ func (s *streamMethods) add(method string) {
 // A context that is not a server call's (the ratelimit package's client
 // interceptors pass one) names no method, peer or caller: Limit returns
 // ErrNotServerCall rather than judge every such call as one anonymous
-// caller. Use UnaryClientInterceptor to limit outgoing calls. Limit sees
+// caller. Use throttle.Quota to limit outgoing calls. Limit sees
 // no end of the call, so a metered quota (tenant.Meter) charges each call
 // its estimate and never settles it.
 func (l *Limiter) Limit(ctx context.Context) error {

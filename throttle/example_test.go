@@ -7,6 +7,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/throttle"
 )
 
@@ -46,4 +48,28 @@ func ExampleThrottle() {
 	// server rejects most of them, and rejected unary calls are retried at
 	// most twice, after the delay the server asked for, within a budget of
 	// a tenth of the calls.
+}
+
+// Calls to an upstream that allows 100 requests a second in bursts of 10
+// wait for a token, bounded by each call's deadline. With a redisstore
+// Store, a whole fleet of workers shares the quota.
+func ExampleQuota() {
+	store, err := keyed.New()
+	if err != nil {
+		log.Fatal(err)
+	}
+	q, err := throttle.NewQuota(store, floodgate.PerSecond(100, 10), throttle.WithQuotaKey("fcm:project-42"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient("dns:///fcm.googleapis.com:443",
+		grpc.WithTransportCredentials(insecure.NewCredentials()), // use TLS credentials in production
+		grpc.WithChainUnaryInterceptor(q.UnaryClientInterceptor()),
+		grpc.WithChainStreamInterceptor(q.StreamClientInterceptor()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	fmt.Println("ready")
+	// Output: ready
 }

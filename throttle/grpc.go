@@ -70,9 +70,9 @@ type Throttle struct {
 	targets map[string]*Adaptive
 }
 
-// New returns a Throttle. It uses every option; it returns an error
-// wrapping [floodgate.ErrInvalidOption] naming the option when one is
-// invalid.
+// New returns a Throttle. It uses every option but the quota's
+// (WithQuota…); it returns an error wrapping [floodgate.ErrInvalidOption]
+// naming the option when one is invalid.
 func New(opts ...Option) (*Throttle, error) {
 	o, err := build(opts)
 	if err != nil {

@@ -62,6 +62,14 @@ func overloaded(retryAfter time.Duration) error {
 // through th's interceptors, and the client's target.
 func dial(t *testing.T, b *backend, th *throttle.Throttle) (inventoryv1.InventoryClient, string) {
 	t.Helper()
+	return connect(t, b, grpc.WithChainUnaryInterceptor(th.UnaryClientInterceptor()),
+		grpc.WithChainStreamInterceptor(th.StreamClientInterceptor()))
+}
+
+// connect serves b on a loopback port and returns a client dialled with
+// opts, and the client's target.
+func connect(t *testing.T, b *backend, opts ...grpc.DialOption) (inventoryv1.InventoryClient, string) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +78,7 @@ func dial(t *testing.T, b *backend, th *throttle.Throttle) (inventoryv1.Inventor
 	inventoryv1.RegisterInventoryServer(srv, b)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(th.UnaryClientInterceptor()),
-		grpc.WithChainStreamInterceptor(th.StreamClientInterceptor()))
+	conn, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -187,10 +188,10 @@ func (b *Budget) Retry() bool {
 	return true
 }
 
-// An Option configures [New], [NewAdaptive] and [NewBudget]; each says
-// which options it uses. Each applies the options in order to a copy of the
-// defaults, skipping nil ones, then validates the result (the convention of
-// [floodgate.ErrInvalidOption]).
+// An Option configures [New], [NewAdaptive], [NewBudget] and [NewQuota];
+// each says which options it uses. Each applies the options in order to a
+// copy of the defaults, skipping nil ones, then validates the result (the
+// convention of [floodgate.ErrInvalidOption]).
 type Option func(*options)
 
 type options struct {
@@ -202,6 +203,9 @@ type options struct {
 	minRetry float64
 	attempts int
 	backoff  time.Duration
+	quotaKey func(ctx context.Context, method string) string
+	cost     int
+	failFast bool
 }
 
 // WithWindow sets how far back requests, accepts and retries are counted,
@@ -228,6 +232,7 @@ func build(opts []Option) (options, error) {
 		minRetry: DefaultMinRetriesPerSecond,
 		attempts: 1,
 		backoff:  DefaultBackoff,
+		cost:     1,
 	}
 	for _, opt := range opts {
 		if opt != nil {
