@@ -48,11 +48,12 @@ func BenchmarkApply(b *testing.B) {
 	}
 }
 
-// sampleAt is what a benchmark needs of a sampler: a sample at an explicit
-// time, so that each iteration covers a whole 250 ms interval as in Run and
-// the periodic limit re-reads are amortized as they are in production.
-type sampleAt interface {
-	SampleAt(time.Time) (Reading, error)
+// timedSampler is what a benchmark needs of a sampler: a sample at an
+// explicit time, so that each iteration covers a whole 250 ms interval as in
+// Run and the periodic limit re-reads are amortized as they are in
+// production.
+type timedSampler interface {
+	sampleAt(time.Time) (Reading, error)
 }
 
 // BenchmarkSample measures one sample of each sampler on this machine, and
@@ -84,8 +85,8 @@ func BenchmarkSample(b *testing.B) {
 			b.ReportMetric(perOp*float64(time.Second/DefaultInterval)/1e9*100, "%core")
 		})
 	}
-	at := func(s sampleAt) func(time.Time) error {
-		return func(now time.Time) error { _, err := s.SampleAt(now); return err }
+	at := func(s timedSampler) func(time.Time) error {
+		return func(now time.Time) error { _, err := s.sampleAt(now); return err }
 	}
 	run("cgroup", cgErr, at(cg))
 	run("process", procErr, at(proc))

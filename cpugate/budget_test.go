@@ -93,9 +93,9 @@ func TestCgroupSamplerGOMAXPROCS(t *testing.T) {
 	for _, st := range steps {
 		gomaxprocs = st.gomaxprocs
 		write(t, root, v1Usage, st.usage)
-		r, err := s.SampleAt(t0.Add(st.at))
+		r, err := s.sampleAt(t0.Add(st.at))
 		if err != nil || math.Abs(r.CPU-st.cpu) > 1e-12 || s.Budget() != st.budget {
-			t.Errorf("%s: SampleAt(%v) = %v, %v, budget %v, want CPU %v, budget %v",
+			t.Errorf("%s: sampleAt(%v) = %v, %v, budget %v, want CPU %v, budget %v",
 				st.name, st.at, r, err, s.Budget(), st.cpu, st.budget)
 		}
 	}
@@ -121,13 +121,13 @@ func TestProcessSamplerGOMAXPROCS(t *testing.T) {
 		t.Errorf("CPUs() with affinity 4, GOMAXPROCS 1 = %d, want %d", got, want)
 	}
 	gomaxprocs = 8
-	if _, err := s.SampleAt(t0.Add(time.Second)); err != nil {
+	if _, err := s.sampleAt(t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := s.CPUs(), 1; got != want {
 		t.Errorf("CPUs() before the limits re-read = %d, want %d", got, want)
 	}
-	if _, err := s.SampleAt(t0.Add(limitsEvery)); err != nil {
+	if _, err := s.sampleAt(t0.Add(limitsEvery)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := s.CPUs(), 4; got != want {

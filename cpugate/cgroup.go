@@ -307,8 +307,7 @@ func (k *kept) close() error {
 // NewCgroupSampler finds this process's cgroup through /proc/self/cgroup and
 // /proc/self/mountinfo and opens its usage counter. It returns an error
 // wrapping [ErrNoCgroup] when there is no cgroup cpu accounting (for instance
-// outside Linux) and one wrapping [ErrMalformed] when a file cannot be
-// parsed.
+// outside Linux), and an error naming the file when a file cannot be parsed.
 func NewCgroupSampler() (*CgroupSampler, error) {
 	return newCgroupSampler("/", time.Now(), liveLimits)
 }
@@ -341,7 +340,7 @@ func newCgroupSampler(root string, now time.Time, procs procLimits) (*CgroupSamp
 	}
 	if c.budget, err = readBudget(c.readFn, p, c.procs); err != nil {
 		c.Close()
-		if errors.Is(err, ErrMalformed) {
+		if errors.Is(err, errMalformed) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: reading limits: %w", ErrNoCgroup, err)
@@ -363,16 +362,15 @@ func (c *CgroupSampler) Source() string { return c.source }
 // quota of 150000/100000 is 1.5, and 1 with GOMAXPROCS 1.
 func (c *CgroupSampler) Budget() float64 { return c.budget }
 
-// Sample returns the cgroup's CPU use since the previous sample.
-func (c *CgroupSampler) Sample() (Reading, error) { return c.SampleAt(time.Now()) }
+// Sample returns the cgroup's CPU use since the previous sample. An error
+// wraps [ErrNoReading]; the sampler then keeps its previous baseline, so the
+// next good read covers the whole gap. A failed re-read of the limits keeps
+// the previous budget and is retried at the next re-read.
+func (c *CgroupSampler) Sample() (Reading, error) { return c.sampleAt(time.Now()) }
 
-// SampleAt is [CgroupSampler.Sample] at time now, which must come from the
-// same clock as the previous call's.
-//
-// An error wraps [ErrNoReading]; the sampler then keeps its previous
-// baseline, so the next good read covers the whole gap. A failed re-read of
-// the limits keeps the previous budget and is retried at the next re-read.
-func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
+// sampleAt is Sample at time now, which must come from the same clock as the
+// previous call's.
+func (c *CgroupSampler) sampleAt(now time.Time) (Reading, error) {
 	u, err := c.readUsage()
 	if err != nil {
 		return Reading{Source: c.source}, err
@@ -390,28 +388,6 @@ func (c *CgroupSampler) SampleAt(now time.Time) (Reading, error) {
 	busy := u - c.last
 	c.last, c.lastAt = u, now
 	if busy < 0 { // the counter was reset: start over from here
-		return Reading{Source: c.source}, ErrNoReading
-	}
-	return Reading{CPU: fraction(busy, wall, c.budget), Source: c.source}, nil
-}
-
-// Peek returns the cgroup's CPU use since the latest Sample, without
-// ending the interval (see [Peeker]).
-func (c *CgroupSampler) Peek() (Reading, error) { return c.PeekAt(time.Now()) }
-
-// PeekAt is [CgroupSampler.Peek] at time now, from the same clock as the
-// latest Sample's. An error wraps [ErrNoReading].
-func (c *CgroupSampler) PeekAt(now time.Time) (Reading, error) {
-	wall := now.Sub(c.lastAt)
-	if wall < MinPeek {
-		return Reading{Source: c.source}, ErrNoReading
-	}
-	u, err := c.readUsage()
-	if err != nil {
-		return Reading{Source: c.source}, err
-	}
-	busy := u - c.last
-	if busy < 0 {
 		return Reading{Source: c.source}, ErrNoReading
 	}
 	return Reading{CPU: fraction(busy, wall, c.budget), Source: c.source}, nil

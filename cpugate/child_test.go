@@ -194,7 +194,7 @@ func TestCgroupChildHelper(t *testing.T) {
 	}
 	wg.Wait()
 	end := time.Now()
-	r, err := s.SampleAt(end)
+	r, err := s.sampleAt(end)
 	if err != nil {
 		t.Fatal(err)
 	}

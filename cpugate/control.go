@@ -109,27 +109,21 @@ type Fixed struct {
 	SchedP99 time.Duration
 }
 
-// Defaults of the policies: Fixed's threshold and factor, the cooldown of
-// both, and Adaptive's band and floor.
-const (
-	DefaultThreshold = 0.8
-	DefaultFactor    = 0.2
-	DefaultCooldown  = 5 * time.Second
+// DefaultFactor is the default of [Fixed.Factor], the scale while shedding.
+const DefaultFactor = 0.2
 
-	DefaultAdaptiveEnter   = 0.9
-	DefaultAdaptiveRecover = 0.8
-	DefaultAdaptiveFloor   = 0.05
-)
+// defaultCooldown is the default Cooldown of both policies.
+const defaultCooldown = 5 * time.Second
 
 func (f Fixed) withDefaults() Fixed {
 	if f.Threshold == 0 {
-		f.Threshold = DefaultThreshold
+		f.Threshold = 0.8
 	}
 	if f.Factor == 0 {
 		f.Factor = DefaultFactor
 	}
 	if f.Cooldown == 0 {
-		f.Cooldown = DefaultCooldown
+		f.Cooldown = defaultCooldown
 	}
 	return f
 }
@@ -199,8 +193,8 @@ func (f Fixed) Step(c Control, r Reading, now time.Time) Control {
 type Adaptive struct {
 	// Enter is the CPU fraction at or above which a reading is hot. Default
 	// 0.9: with the warm band below it, the gate settles with the CPU
-	// between 80% and 90%, so an overloaded server keeps serving close to
-	// its capacity instead of leaving a third of it idle.
+	// between Recover and Enter, so an overloaded server keeps serving
+	// close to its capacity.
 	Enter float64
 	// Recover is the CPU fraction below which a reading is calm, less than
 	// Enter. Default 0.8.
@@ -242,10 +236,10 @@ type Adaptive struct {
 
 func (a Adaptive) withDefaults() Adaptive {
 	if a.Enter == 0 {
-		a.Enter = DefaultAdaptiveEnter
+		a.Enter = 0.9
 	}
 	if a.Recover == 0 {
-		a.Recover = DefaultAdaptiveRecover
+		a.Recover = 0.8
 	}
 	if a.FirstCut == 0 {
 		a.FirstCut = 0.5
@@ -257,10 +251,10 @@ func (a Adaptive) withDefaults() Adaptive {
 		a.HoldOff = time.Second
 	}
 	if a.Floor == 0 {
-		a.Floor = DefaultAdaptiveFloor
+		a.Floor = 0.05
 	}
 	if a.Cooldown == 0 {
-		a.Cooldown = DefaultCooldown
+		a.Cooldown = defaultCooldown
 	}
 	if a.MaxCooldown == 0 {
 		a.MaxCooldown = 8 * a.Cooldown

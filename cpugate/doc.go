@@ -69,8 +69,7 @@
 // from any number of goroutines, and allocate nothing: they are for the
 // request path. [Gate.Snapshot], [Gate.Observe] and [Gate.SampleAt] take a
 // short lock, and the gate calls its sampler from one goroutine at a time.
-// The callback set by [WithOnChange] and the log events run after the locks
-// are released.
+// The log events run after the locks are released.
 //
 // Nothing in this package starts a goroutine. [Gate.Run] is the sampling
 // loop, run by the caller and stopped by cancelling its context; tests and

@@ -12,9 +12,8 @@ import (
 	"github.com/floodgate-go/floodgate"
 )
 
-// DefaultInterval is the gate's default sampling interval: fast enough to
-// react within a second, slow enough that sampling costs about 20 µs per
-// second (a cgroup sample takes about 5 µs).
+// DefaultInterval is the gate's default sampling interval, the one
+// [WithInterval] replaces.
 const DefaultInterval = 250 * time.Millisecond
 
 // smoothing is the time constant of the smoothed CPU in [Snapshot]. It is for
@@ -23,10 +22,10 @@ const DefaultInterval = 250 * time.Millisecond
 // noise on the way back.
 const smoothing = time.Second
 
-// ErrRunning is returned by [Gate.Run] when another Run of the same gate is
+// errRunning is returned by [Gate.Run] when another Run of the same gate is
 // in progress: two loops would sample twice as often and split the
 // sampler's intervals between them.
-var ErrRunning = errors.New("cpugate: gate already running")
+var errRunning = errors.New("cpugate: gate already running")
 
 // A Snapshot is the gate's observable state after its latest reading.
 type Snapshot struct {
@@ -86,8 +85,6 @@ type options struct {
 	interval time.Duration
 	policy   Policy
 	logger   *slog.Logger
-	onChange func(Snapshot)
-	onError  func(error)
 }
 
 // An Option configures a [Gate]. [New] applies the options in order to a
@@ -111,22 +108,6 @@ func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
 // A repeated call replaces the logger.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
-}
-
-// WithOnError sets a function called with every failed sample, on the
-// goroutine of Gate.Run, for logging and metrics apart from the state
-// changes WithLogger reports. It must be fast. A repeated call replaces it;
-// nil removes it.
-func WithOnError(f func(error)) Option { return func(o *options) { o.onError = f } }
-
-// WithOnChange sets a function called after every change of state or scale,
-// with the new snapshot. It is called outside the gate's locks, from the
-// goroutine that took the sample, so it may call any of the gate's methods;
-// it should return quickly, since the sampling loop waits for it. With one
-// driver (Run) calls come in order; concurrent drivers may deliver them out
-// of order. A repeated call replaces the function; nil removes it.
-func WithOnChange(f func(Snapshot)) Option {
-	return func(o *options) { o.onChange = f }
 }
 
 // New returns a gate driven by sampler, with full limits (scale 1) until the
@@ -195,29 +176,6 @@ func (g *Gate) Reading() (cpu float64, schedP99 time.Duration) {
 	return s.CPU, s.SchedP99
 }
 
-// Current returns the CPU use since the latest reading, without taking a
-// reading or changing the gate: ok is false when the sampler is no
-// [Peeker], or it has no reading (less than [MinPeek] has passed, a read
-// failed). An overload.Controller with the gate as its guard asks for it
-// when calls queue while the latest reading is low, since that reading
-// may predate the queue.
-func (g *Gate) Current() (cpu float64, ok bool) {
-	if g == nil {
-		return 0, false
-	}
-	p, isPeeker := g.sampler.(Peeker)
-	if !isPeeker {
-		return 0, false
-	}
-	g.sampleMu.Lock()
-	r, err := p.Peek()
-	g.sampleMu.Unlock()
-	if err != nil {
-		return 0, false
-	}
-	return r.CPU, true
-}
-
 // Snapshot returns the gate's state after its latest reading.
 func (g *Gate) Snapshot() Snapshot {
 	g.mu.Lock()
@@ -228,11 +186,11 @@ func (g *Gate) Snapshot() Snapshot {
 // Run samples every interval until ctx is done, then returns ctx.Err(). The
 // first sample comes one interval after the start, so that it covers a
 // whole interval. Sampling failures are counted in [Snapshot.Failures] and
-// do not stop the loop. Run returns [ErrRunning] at once if another Run of g
+// do not stop the loop. Run returns an error at once if another Run of g
 // is in progress.
 func (g *Gate) Run(ctx context.Context) error {
 	if !g.running.CompareAndSwap(false, true) {
-		return ErrRunning
+		return errRunning
 	}
 	defer g.running.Store(false)
 	t := time.NewTicker(g.o.interval)
@@ -313,9 +271,6 @@ func (g *Gate) Observe(r Reading, now time.Time) {
 			slog.Duration("cooldown", snap.Cooldown),
 			slog.String("source", snap.Source))
 	}
-	if (snap.State != prev.State || snap.Scale != prev.Scale) && g.o.onChange != nil {
-		g.o.onChange(snap)
-	}
 }
 
 func (g *Gate) fail(err error, now time.Time) {
@@ -328,8 +283,5 @@ func (g *Gate) fail(err error, now time.Time) {
 	if first && g.o.logger != nil {
 		g.o.logger.LogAttrs(context.Background(), slog.LevelWarn, "cpugate: sample failed",
 			slog.Any("error", err), slog.Uint64("failures", n), slog.Time("at", now))
-	}
-	if f := g.o.onError; f != nil {
-		f(err)
 	}
 }

@@ -1,7 +1,6 @@
 package cpugate
 
 import (
-	"fmt"
 	"math"
 	"runtime/metrics"
 	"time"
@@ -51,15 +50,6 @@ func (g *SchedGuard) Sample() (Reading, error) {
 	r, err := g.inner.Sample()
 	r.SchedP99 = g.p99()
 	return r, err
-}
-
-// Peek returns inner's [Peeker.Peek], without a scheduling latency; an
-// error wrapping [ErrNoReading] when inner is no Peeker.
-func (g *SchedGuard) Peek() (Reading, error) {
-	if p, ok := g.inner.(Peeker); ok {
-		return p.Peek()
-	}
-	return Reading{}, fmt.Errorf("%w: the sampler cannot peek", ErrNoReading)
 }
 
 // p99 reads the histogram and returns the 99th percentile of the counts

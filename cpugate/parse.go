@@ -9,7 +9,7 @@ import (
 )
 
 // The parsers below are pure functions of a file's bytes, so fixture files
-// stand in for /proc and /sys in tests. Each error wraps [ErrMalformed] and
+// stand in for /proc and /sys in tests. Each error wraps errMalformed and
 // names the file.
 
 // malformed builds the error for a file whose content is not as expected.
@@ -19,7 +19,7 @@ func malformed(file string, content []byte) error {
 	if len(content) > max {
 		content = content[:max]
 	}
-	return fmt.Errorf("%w: %s: %q", ErrMalformed, file, content)
+	return fmt.Errorf("%w: %s: %q", errMalformed, file, content)
 }
 
 // parseDecimal parses an unsigned decimal integer without allocating: the

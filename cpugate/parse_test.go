@@ -35,9 +35,9 @@ func TestParseCPUMax(t *testing.T) {
 	}{
 		{file: "cpu.max.unlimited"},
 		{file: "cpu.max.quota", cpus: 1.5, limited: true},
-		{file: "cpu.max.malformed", err: ErrMalformed},
-		{file: "cpu.max.zero-period", err: ErrMalformed},
-		{file: "cpu.max.extra", err: ErrMalformed},
+		{file: "cpu.max.malformed", err: errMalformed},
+		{file: "cpu.max.zero-period", err: errMalformed},
+		{file: "cpu.max.extra", err: errMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -62,7 +62,7 @@ func TestParseCFS(t *testing.T) {
 	}{
 		{file: "cpu.cfs_quota_us.unlimited"},
 		{file: "cpu.cfs_quota_us.quota", cpus: 0.5, limited: true},
-		{file: "cpu.cfs_quota_us.malformed", err: ErrMalformed},
+		{file: "cpu.cfs_quota_us.malformed", err: errMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -75,8 +75,8 @@ func TestParseCFS(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := parseCFS([]byte("50000\n"), []byte("0\n")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("parseCFS(period 0) error = %v, want ErrMalformed", err)
+	if _, _, err := parseCFS([]byte("50000\n"), []byte("0\n")); !errors.Is(err, errMalformed) {
+		t.Errorf("parseCFS(period 0) error = %v, want errMalformed", err)
 	}
 }
 
@@ -88,9 +88,9 @@ func TestParseCPUList(t *testing.T) {
 	}{
 		{file: "cpuset.cpus", n: 8},
 		{file: "cpuset.cpus.single", n: 1},
-		{file: "cpuset.cpus.empty", err: ErrMalformed},
-		{file: "cpuset.cpus.reversed", err: ErrMalformed},
-		{file: "cpuset.cpus.open", err: ErrMalformed},
+		{file: "cpuset.cpus.empty", err: errMalformed},
+		{file: "cpuset.cpus.reversed", err: errMalformed},
+		{file: "cpuset.cpus.open", err: errMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -109,14 +109,14 @@ func TestParseCounters(t *testing.T) {
 	if got, err := parseCPUStat(readFixture(t, "cpu.stat")); err != nil || got != 87368000 {
 		t.Errorf("parseCPUStat(cpu.stat) = %d, %v, want 87368000, nil", got, err)
 	}
-	if _, err := parseCPUStat(readFixture(t, "cpu.stat.malformed")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("parseCPUStat(cpu.stat.malformed) error = %v, want ErrMalformed", err)
+	if _, err := parseCPUStat(readFixture(t, "cpu.stat.malformed")); !errors.Is(err, errMalformed) {
+		t.Errorf("parseCPUStat(cpu.stat.malformed) error = %v, want errMalformed", err)
 	}
 	if got, err := parseCounter("cpuacct.usage", readFixture(t, "cpuacct.usage")); err != nil || got != 88229658184 {
 		t.Errorf("parseCounter(cpuacct.usage) = %d, %v, want 88229658184, nil", got, err)
 	}
-	if _, err := parseCounter("cpuacct.usage", readFixture(t, "cpuacct.usage.malformed")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("parseCounter(cpuacct.usage.malformed) error = %v, want ErrMalformed", err)
+	if _, err := parseCounter("cpuacct.usage", readFixture(t, "cpuacct.usage.malformed")); !errors.Is(err, errMalformed) {
+		t.Errorf("parseCounter(cpuacct.usage.malformed) error = %v, want errMalformed", err)
 	}
 	if _, ok := parseDecimal([]byte("99999999999999999999")); ok {
 		t.Error("parseDecimal(20 digits) ok, want overflow rejected")
@@ -163,11 +163,11 @@ func TestHostTotalsBackwards(t *testing.T) {
 }
 
 func TestParseProcCgroupAndMountinfo(t *testing.T) {
-	if _, err := parseProcCgroup([]byte("garbage\n")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("parseProcCgroup(garbage) error = %v, want ErrMalformed", err)
+	if _, err := parseProcCgroup([]byte("garbage\n")); !errors.Is(err, errMalformed) {
+		t.Errorf("parseProcCgroup(garbage) error = %v, want errMalformed", err)
 	}
-	if _, err := parseMountinfo([]byte("1 2 3\n")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("parseMountinfo(short line) error = %v, want ErrMalformed", err)
+	if _, err := parseMountinfo([]byte("1 2 3\n")); !errors.Is(err, errMalformed) {
+		t.Errorf("parseMountinfo(short line) error = %v, want errMalformed", err)
 	}
 	got, err := parseMountinfo([]byte(`40 30 0:37 / /sys/fs/my\040cgroup rw - cgroup2 cgroup2 rw` + "\n"))
 	if err != nil {
@@ -272,11 +272,11 @@ func TestReadBudgetMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readBudget(readFS(fsys), p, limits(2, 2)); !errors.Is(err, ErrMalformed) {
-		t.Errorf("readBudget(malformed) error = %v, want ErrMalformed", err)
+	if _, err := readBudget(readFS(fsys), p, limits(2, 2)); !errors.Is(err, errMalformed) {
+		t.Errorf("readBudget(malformed) error = %v, want errMalformed", err)
 	}
-	if _, err := newCgroupSampler(filepath.Join(fixtures, "malformed"), time.Now(), limits(2, 2)); !errors.Is(err, ErrMalformed) {
-		t.Errorf("newCgroupSampler(malformed) error = %v, want ErrMalformed", err)
+	if _, err := newCgroupSampler(filepath.Join(fixtures, "malformed"), time.Now(), limits(2, 2)); !errors.Is(err, errMalformed) {
+		t.Errorf("newCgroupSampler(malformed) error = %v, want errMalformed", err)
 	}
 }
 
@@ -343,48 +343,48 @@ func TestCgroupSamplerV2(t *testing.T) {
 
 	// 0.75 CPU-seconds in one second against a budget of 1.5 CPUs.
 	write(t, root, dir+"cpu.stat", "usage_usec 1750000\nuser_usec 1\n")
-	r, err := s.SampleAt(t0.Add(time.Second))
+	r, err := s.sampleAt(t0.Add(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(Reading{CPU: 0.5, Source: SourceCgroup2}, r); diff != "" {
-		t.Errorf("SampleAt() mismatch (-want +got):\n%s", diff)
+		t.Errorf("sampleAt() mismatch (-want +got):\n%s", diff)
 	}
 
 	// Too soon after the previous reading: no reading, baseline kept.
-	if _, err := s.SampleAt(t0.Add(time.Second + time.Microsecond)); !errors.Is(err, ErrNoReading) {
-		t.Errorf("SampleAt(+1µs) error = %v, want ErrNoReading", err)
+	if _, err := s.sampleAt(t0.Add(time.Second + time.Microsecond)); !errors.Is(err, ErrNoReading) {
+		t.Errorf("sampleAt(+1µs) error = %v, want ErrNoReading", err)
 	}
 
 	// The container is resized to 3 CPUs, but the pod still caps it at 2.
 	// The sampler sees it at the next limits re-read, 5 s after the last.
 	write(t, root, dir+"cpu.max", "300000 100000\n")
 	write(t, root, dir+"cpu.stat", "usage_usec 2750000\nuser_usec 1\n")
-	r, err = s.SampleAt(t0.Add(2 * time.Second))
+	r, err = s.sampleAt(t0.Add(2 * time.Second))
 	if err != nil || r.CPU != 1.0/1.5 {
-		t.Errorf("SampleAt(2s) = %v, %v, want CPU %v (old budget)", r, err, 1.0/1.5)
+		t.Errorf("sampleAt(2s) = %v, %v, want CPU %v (old budget)", r, err, 1.0/1.5)
 	}
 	write(t, root, dir+"cpu.stat", "usage_usec 6750000\nuser_usec 1\n")
-	r, err = s.SampleAt(t0.Add(6 * time.Second))
+	r, err = s.sampleAt(t0.Add(6 * time.Second))
 	if err != nil || r.CPU != 0.5 || s.Budget() != 2 {
-		t.Errorf("SampleAt(6s) = %v, %v, budget %v, want CPU 0.5, budget 2", r, err, s.Budget())
+		t.Errorf("sampleAt(6s) = %v, %v, budget %v, want CPU 0.5, budget 2", r, err, s.Budget())
 	}
 
 	// A garbled counter is no reading, never 0 or 1, and the baseline stays.
 	write(t, root, dir+"cpu.stat", "garbage\n")
-	if _, err := s.SampleAt(t0.Add(7 * time.Second)); !errors.Is(err, ErrNoReading) {
-		t.Errorf("SampleAt(garbled) error = %v, want ErrNoReading", err)
+	if _, err := s.sampleAt(t0.Add(7 * time.Second)); !errors.Is(err, ErrNoReading) {
+		t.Errorf("sampleAt(garbled) error = %v, want ErrNoReading", err)
 	}
 	write(t, root, dir+"cpu.stat", "usage_usec 10750000\n")
-	r, err = s.SampleAt(t0.Add(8 * time.Second))
+	r, err = s.sampleAt(t0.Add(8 * time.Second))
 	if err != nil || r.CPU != 1 {
-		t.Errorf("SampleAt(8s) = %v, %v, want CPU 1 over the 2 s gap", r, err)
+		t.Errorf("sampleAt(8s) = %v, %v, want CPU 1 over the 2 s gap", r, err)
 	}
 
 	// A counter that goes backwards (a recreated cgroup) restarts the baseline.
 	write(t, root, dir+"cpu.stat", "usage_usec 5\n")
-	if _, err := s.SampleAt(t0.Add(9 * time.Second)); !errors.Is(err, ErrNoReading) {
-		t.Errorf("SampleAt(counter reset) error = %v, want ErrNoReading", err)
+	if _, err := s.sampleAt(t0.Add(9 * time.Second)); !errors.Is(err, ErrNoReading) {
+		t.Errorf("sampleAt(counter reset) error = %v, want ErrNoReading", err)
 	}
 
 	// Close is idempotent, and a closed sampler reopens its file.
@@ -395,8 +395,8 @@ func TestCgroupSamplerV2(t *testing.T) {
 		t.Errorf("second Close() = %v, want nil", err)
 	}
 	write(t, root, dir+"cpu.stat", "usage_usec 1000005\n")
-	if r, err := s.SampleAt(t0.Add(10 * time.Second)); err != nil || r.CPU != 0.5 {
-		t.Errorf("SampleAt(after Close) = %v, %v, want CPU 0.5", r, err)
+	if r, err := s.sampleAt(t0.Add(10 * time.Second)); err != nil || r.CPU != 0.5 {
+		t.Errorf("sampleAt(after Close) = %v, %v, want CPU 0.5", r, err)
 	}
 }
 
@@ -425,41 +425,22 @@ func TestCgroupSamplerV1(t *testing.T) {
 	}
 	// 0.1 CPU-seconds (ns) in 250 ms against 0.5 CPU: 80%.
 	write(t, root, v1Usage, "1100000000\n")
-	r, err := s.SampleAt(t0.Add(250 * time.Millisecond))
+	r, err := s.sampleAt(t0.Add(250 * time.Millisecond))
 	if err != nil || math.Abs(r.CPU-0.8) > 1e-12 {
-		t.Errorf("SampleAt() = %v, %v, want CPU 0.8", r, err)
+		t.Errorf("sampleAt() = %v, %v, want CPU 0.8", r, err)
 	}
 	// More than the quota (a burst, or timer jitter) reads as 1.
 	write(t, root, v1Usage, "1400000000\n")
-	if r, err := s.SampleAt(t0.Add(500 * time.Millisecond)); err != nil || r.CPU != 1 {
-		t.Errorf("SampleAt(over quota) = %v, %v, want CPU 1", r, err)
+	if r, err := s.sampleAt(t0.Add(500 * time.Millisecond)); err != nil || r.CPU != 1 {
+		t.Errorf("sampleAt(over quota) = %v, %v, want CPU 1", r, err)
 	}
 	// A vanished counter file is no reading.
 	if err := os.Remove(filepath.Join(root, v1Usage)); err != nil {
 		t.Fatal(err)
 	}
 	s.Close() // drop the open file, as if the kernel had removed the cgroup
-	if _, err := s.SampleAt(t0.Add(time.Second)); !errors.Is(err, ErrNoReading) {
-		t.Errorf("SampleAt(missing file) error = %v, want ErrNoReading", err)
-	}
-}
-
-// A peek reports the use since the latest sample and leaves the interval
-// open: the next sample still covers all of it.
-func TestCgroupSamplerPeek(t *testing.T) {
-	s, root, t0 := v1Sampler(t)
-	// 0.0225 CPU-seconds in 50 ms against 0.5 CPU: 90%.
-	write(t, root, v1Usage, "1022500000\n")
-	if _, err := s.PeekAt(t0.Add(MinPeek - time.Microsecond)); !errors.Is(err, ErrNoReading) {
-		t.Errorf("PeekAt(< MinPeek) error = %v, want ErrNoReading", err)
-	}
-	if r, err := s.PeekAt(t0.Add(50 * time.Millisecond)); err != nil || math.Abs(r.CPU-0.9) > 1e-12 || r.Source != SourceCgroup1 {
-		t.Errorf("PeekAt(50ms) = %v, %v, want CPU 0.9 from %s", r, err, SourceCgroup1)
-	}
-	// Idle since: the sample after the peek covers the whole 250 ms,
-	// 0.0225 of 0.125 CPU-seconds.
-	if r, err := s.SampleAt(t0.Add(250 * time.Millisecond)); err != nil || math.Abs(r.CPU-0.18) > 1e-12 {
-		t.Errorf("SampleAt(250ms) after a peek = %v, %v, want CPU 0.18", r, err)
+	if _, err := s.sampleAt(t0.Add(time.Second)); !errors.Is(err, ErrNoReading) {
+		t.Errorf("sampleAt(missing file) error = %v, want ErrNoReading", err)
 	}
 }
 

@@ -42,12 +42,13 @@ func newProcessSampler(now time.Time, procs procLimits) (*ProcessSampler, error)
 // the smaller of the affinity count and GOMAXPROCS.
 func (p *ProcessSampler) CPUs() int { return p.cpus }
 
-// Sample returns the process's CPU use since the previous sample.
-func (p *ProcessSampler) Sample() (Reading, error) { return p.SampleAt(time.Now()) }
+// Sample returns the process's CPU use since the previous sample. An error
+// wraps [ErrNoReading].
+func (p *ProcessSampler) Sample() (Reading, error) { return p.sampleAt(time.Now()) }
 
-// SampleAt is [ProcessSampler.Sample] at time now, from the same clock as
-// the previous call's. An error wraps [ErrNoReading].
-func (p *ProcessSampler) SampleAt(now time.Time) (Reading, error) {
+// sampleAt is Sample at time now, from the same clock as the previous
+// call's.
+func (p *ProcessSampler) sampleAt(now time.Time) (Reading, error) {
 	u, err := processCPUTime()
 	if err != nil {
 		return Reading{Source: SourceProcess}, err
@@ -62,22 +63,4 @@ func (p *ProcessSampler) SampleAt(now time.Time) (Reading, error) {
 	busy := u - p.last
 	p.last, p.lastAt = u, now
 	return Reading{CPU: fraction(busy, wall, float64(p.cpus)), Source: SourceProcess}, nil
-}
-
-// Peek returns the process's CPU use since the latest Sample, without
-// ending the interval (see [Peeker]).
-func (p *ProcessSampler) Peek() (Reading, error) { return p.PeekAt(time.Now()) }
-
-// PeekAt is [ProcessSampler.Peek] at time now, from the same clock as the
-// latest Sample's. An error wraps [ErrNoReading].
-func (p *ProcessSampler) PeekAt(now time.Time) (Reading, error) {
-	wall := now.Sub(p.lastAt)
-	if wall < MinPeek {
-		return Reading{Source: SourceProcess}, ErrNoReading
-	}
-	u, err := processCPUTime()
-	if err != nil {
-		return Reading{Source: SourceProcess}, err
-	}
-	return Reading{CPU: fraction(u-p.last, wall, float64(p.cpus)), Source: SourceProcess}, nil
 }

@@ -15,8 +15,7 @@ const (
 	SourceHost    = "host"    // the whole machine's busy time, from /proc/stat or the OS equivalent
 )
 
-// Sentinel errors. Errors from this package wrap one of these, so callers can
-// test with errors.Is.
+// Sentinel errors, for errors.Is.
 var (
 	// ErrNoReading means a sampler has nothing new to report: the interval
 	// since its previous read was too short, a counter went backwards, or a
@@ -26,11 +25,13 @@ var (
 	// ErrNoCgroup means no usable cgroup cpu accounting was found for this
 	// process: not on Linux, no cgroup mounted, or the controller missing.
 	ErrNoCgroup = errors.New("cpugate: no cgroup cpu accounting")
-	// ErrMalformed means a kernel file did not have the expected format.
-	ErrMalformed = errors.New("cpugate: malformed file")
 	// ErrUnsupported means a sampler cannot work on this operating system.
 	ErrUnsupported = errors.New("cpugate: unsupported on this platform")
 )
+
+// errMalformed is wrapped by the error for a kernel file that did not have
+// the expected format; the message names the file and quotes its start.
+var errMalformed = errors.New("cpugate: malformed file")
 
 // A Reading is one measurement of CPU use.
 //
@@ -62,27 +63,6 @@ type Reading struct {
 type Sampler interface {
 	Sample() (Reading, error)
 }
-
-// A Peeker is a [Sampler] that can also report the use since its latest
-// Sample without ending the interval: the next Sample still covers all of
-// it. A peek over less than [MinPeek] is no reading: over a few
-// milliseconds, use is all or nothing. [CgroupSampler] and
-// [ProcessSampler] are Peekers; a [SchedGuard] peeks through the sampler
-// it wraps, and fails to where that is no Peeker.
-// [Gate.Current] peeks.
-type Peeker interface {
-	Sampler
-	Peek() (Reading, error)
-}
-
-// MinPeek is the shortest interval a [Peeker] turns into a reading.
-const MinPeek = 10 * time.Millisecond
-
-var (
-	_ Peeker = (*CgroupSampler)(nil)
-	_ Peeker = (*ProcessSampler)(nil)
-	_ Peeker = (*SchedGuard)(nil)
-)
 
 // SamplerFunc adapts a function to a [Sampler], for tests, scripted loads and
 // signals of your own.
