@@ -10,28 +10,18 @@ import (
 var ErrNegativeN = errors.New("floodgate: n must not be negative")
 
 // ErrInvalidOption is wrapped by every configuration error a constructor
-// returns (keyed.New, middleware.New, redisstore.New, promfloodgate.New, …).
-// The message names the option and the value it refused.
+// returns (keyed.New, middleware.New, redisstore.New, promfloodgate.New, …);
+// the message names the option, or the config struct's field it was given
+// (a cpugate.Policy's, say), and the value refused.
 //
 // Every package configured by functional options (an Option type, or a
-// named variant such as middleware.ClientOption) follows one convention:
-//
-//   - An option only records its arguments: it never fails, clamps or
-//     panics. The constructor that takes the options applies them in order
-//     to a copy of the defaults, then validates the result. An invalid
-//     value is an error wrapping ErrInvalidOption whose message names the
-//     option, or the field of the config struct the option was given (a
-//     cpugate.Policy's, say), and the value refused.
-//   - A nil Option is skipped.
-//   - A repeated option replaces the value the earlier one recorded,
-//     unless its doc says that it adds to it; an option that takes a list
-//     says which of the two it does. So a valid value replaces an invalid
-//     one given before it, while an invalid entry added to a list stays.
-//   - The doc of every With… says what a repeated call does and, where
-//     the option takes a function or an interface, what nil means.
-//
-// A test in each module (conventions_test.go) checks the convention for
-// every option it validates.
+// named variant such as otelfloodgate.RedisOption) follows one convention:
+// an option only records its arguments and never fails, clamps or panics;
+// the constructor applies the options in order to a copy of the defaults,
+// skipping nil ones, then validates the result. A repeated option replaces
+// the value the earlier one recorded, unless its doc says it adds to it: a
+// valid value replaces an invalid one given before it, while an invalid
+// entry added to a list stays.
 var ErrInvalidOption = errors.New("floodgate: invalid option")
 
 // ErrKeyTooLong is wrapped by the errors of a store that refuses a key for
@@ -49,8 +39,8 @@ var ErrKeyTooLong = errors.New("floodgate: key too long for the store")
 //   - redisstore's WithClientClock moves the buckets' time from Redis's
 //     TIME to the client's clock: a choice of time source for production,
 //     not only a test seam, so it has its own name;
-//   - cpugate's samplers take the time of each reading as an argument
-//     (SampleAt, PeekAt), which is how tests drive them, and its Gate ticks
+//   - cpugate's Gate takes the time of each reading as an argument
+//     (SampleAt, Observe), which is how tests drive it, and its Run ticks
 //     on real time because it measures real CPU time;
 //   - tenant reads the time only to stamp reloads for Stats and to compare
 //     a file's modification time with the real file system's.

@@ -13,10 +13,9 @@ import (
 )
 
 // The Local policy splits a limit among the instances that share it, which
-// count each other for it (see DESIGN.md, "The fallback's divisor"): each
-// registers its
-// random id in one sorted set per prefix and name, scored by the time it
-// last decided on Redis, and reads how many ids are younger than
+// count each other for it (docs/DESIGN.md, decision 7, "Divisor"): each
+// registers its random id in one sorted set per prefix and name, scored by
+// the time it last decided on Redis, and reads how many ids are younger than
 // instanceTTL. The Local policy divides by that count, or by the configured
 // divisor when it is larger.
 //

@@ -172,11 +172,10 @@
 // digests, so their timing can say something about digests at most, and
 // digests do not lead back to keys.
 //
-// [Table.TenantByKey] costs one SHA-256 of the key (about 150 ns for a
-// 32-byte key and 250–300 ns for a 128-byte one on the project's benchmark
-// VM) plus a map lookup; [Table.TenantByDigest] is the map lookup alone
-// (with the rule lookup, some 30 ns on tables that fit in cache), for
-// callers that hash a key once per connection or stream.
+// [Table.TenantByKey] costs one SHA-256 of the key, which dominates, plus a
+// map lookup; [Table.TenantByDigest] is the map lookup alone, for callers
+// that hash a key once per connection or stream. BENCHMARKS.md has the
+// figures.
 //
 // # Hot reload
 //

@@ -18,9 +18,9 @@ var ErrMalformedKey = errors.New("tenant: malformed API key: want 1 to 256 print
 
 // Digest returns the SHA-256 digest of key, the form in which tables hold
 // API keys. It does not allocate for keys of up to [MaxKeyLen] bytes (no
-// table holds a longer one). It costs one SHA-256 over the key (a few
-// hundred nanoseconds for a typical key), which is why [Table.TenantByDigest]
-// exists for callers that can hash once and look up many times.
+// table holds a longer one). It costs one SHA-256 over the key, which is
+// why [Table.TenantByDigest] exists for callers that can hash once and look
+// up many times.
 func Digest(key string) [32]byte {
 	if len(key) > 32 && len(key) <= MaxKeyLen {
 		// Converting a string of more than 32 bytes to []byte allocates

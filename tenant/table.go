@@ -169,11 +169,9 @@ type ruleSet struct {
 // [ErrMalformedKey]). It never invents a tenant: a caller that rotates
 // made-up keys stays anonymous and keeps sharing its address's buckets.
 //
-// TenantByKey hashes the key with SHA-256 and then calls
-// [Table.TenantByDigest]; the hash dominates (on the project's 2-core
-// benchmark VM, about 150 ns in all for a 32-byte key and 250–300 ns for a
-// 128-byte one, against some 30 ns for the digest lookup and rule). Malformed
-// keys are rejected before hashing.
+// TenantByKey hashes the key with SHA-256, which dominates its cost, and
+// then calls [Table.TenantByDigest]. Malformed keys are rejected before
+// hashing.
 func (t *Table) TenantByKey(key string) (*Tenant, bool) {
 	if !wellFormedKey(key) {
 		return t.anon, false

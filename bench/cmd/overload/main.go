@@ -7,7 +7,7 @@
 //	B   per-tenant buckets (floodgate's middleware, no CPU gate)
 //	C   buckets with the Fixed gate
 //	D   buckets with the Adaptive gate
-//	E   buckets with the overload controller (package overload), the new
+//	E   buckets with the overload controller (package overload), the
 //	    default
 //	P1  go-grpc-middleware's ratelimit with one global x/time/rate limiter
 //	    at the measured capacity

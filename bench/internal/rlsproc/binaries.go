@@ -16,9 +16,9 @@ import (
 const (
 	// RatelimitModule is envoyproxy/ratelimit's module path.
 	RatelimitModule = "github.com/envoyproxy/ratelimit"
-	// RatelimitVersion is the pseudo-version of envoyproxy/ratelimit that
-	// RatelimitBinary installs: its main branch of 2026-01-22
-	// (3fb702589d36), as the module proxy serves it.
+	// RatelimitVersion is the version of envoyproxy/ratelimit that
+	// RatelimitBinary installs: a pseudo-version of a commit on its main
+	// branch, as the module proxy serves it.
 	RatelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
 )
 
