@@ -16,7 +16,7 @@ import (
 // pendingDocs are the directories whose doc comments are still being cleared
 // of measurements, dates and machines. TestDocsStateContracts skips them and
 // logs what they still hold (go test -v); empty the list as each is done.
-var pendingDocs = []string{"middleware", "httplimit", "promfloodgate", "cpugate"}
+var pendingDocs = []string{}
 
 // A docRule is one way a doc comment cites a run, a date, a machine or the
 // past: a phrase re matches, in a sentence that also matches in when in is

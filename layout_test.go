@@ -49,11 +49,10 @@ var allowed = map[string][]string{
 	"loadreport": {module, module + "/overload", module + "/cpugate", "google.golang.org/grpc",
 		"github.com/cncf/xds/go", "google.golang.org/protobuf"},
 	// net/http in front of the middleware's Limiter: it speaks gRPC's and
-	// Connect's error formats, without either's server.
-	// It reads a refused chunk's code and status details (ErrorInfo,
-	// RetryInfo) to answer with the HTTP status and Retry-After.
+	// Connect's error formats, without either's server. It answers with
+	// the HTTP status and Retry-After a middleware.Rejection states, and
+	// encodes its status; it parses no status back.
 	"httplimit": {module, module + "/middleware", module + "/tenant", "google.golang.org/grpc/status",
-		"google.golang.org/grpc/codes", "google.golang.org/genproto/googleapis/rpc/errdetails",
 		"google.golang.org/protobuf", "github.com/hashicorp/golang-lru/v2"},
 	// Envoy's rate-limit service, in a module of its own: Envoy's protos,
 	// gRPC, Prometheus and the tenant config, over any floodgate.Reserver.

@@ -287,7 +287,7 @@ func (h *Harness) sample() (cpugate.Reading, error) {
 // Gate returns the CPU gate, or nil without a Config.Policy.
 func (h *Harness) Gate() *cpugate.Gate { return h.gate }
 
-// Limiter returns the Limiter under test, for its Stats.
+// Limiter returns the Limiter under test.
 func (h *Harness) Limiter() *middleware.Limiter { return h.limiter }
 
 // Store returns the bucket store.

@@ -2,17 +2,20 @@ package httplimit_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/httplimit"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
@@ -30,6 +33,13 @@ const (
 // at a time), on a clock that never moves, with the Map to read the
 // buckets from.
 func metered(t *testing.T, opts ...middleware.Option) (*middleware.Limiter, *keyed.Map, *tenant.Table) {
+	t.Helper()
+	return meteredOn(t, nil, opts...)
+}
+
+// meteredOn is metered on the store wrap returns around the Map, or on the
+// Map for wrap nil.
+func meteredOn(t *testing.T, wrap func(*keyed.Map) floodgate.Store, opts ...middleware.Option) (*middleware.Limiter, *keyed.Map, *tenant.Table) {
 	t.Helper()
 	h, err := tenant.HashKey(acmeKey)
 	if err != nil {
@@ -54,7 +64,11 @@ func metered(t *testing.T, opts ...middleware.Option) (*middleware.Limiter, *key
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := middleware.New(store, middleware.Static(tbl), append([]middleware.Option{middleware.WithClock(c)}, opts...)...)
+	var st floodgate.Store = store
+	if wrap != nil {
+		st = wrap(store)
+	}
+	l, err := middleware.New(st, middleware.Static(tbl), append([]middleware.Option{middleware.WithClock(c)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +222,126 @@ func TestMeteredFirstWriteRefused(t *testing.T) {
 	if !strings.Contains(string(r.body), `"code":8`) {
 		t.Errorf("body %s, want the RESOURCE_EXHAUSTED status", r.body)
 	}
+}
+
+// failing is a Map whose reservations fail once fail is set.
+type failing struct {
+	*keyed.Map
+	fail atomic.Bool
+}
+
+func (s *failing) ReserveN(ctx context.Context, key string, lim floodgate.Limit, n int) (floodgate.Reservation, error) {
+	if s.fail.Load() {
+		return floodgate.Reservation{}, errors.New("store down")
+	}
+	return s.Map.ReserveN(ctx, key, lim, n)
+}
+
+// TestMeteredFirstWriteRefusedByReason: a refused first Write is answered
+// by its rejection's reason, whatever its status says: 429 for the
+// caller's quota or debt, 503 for the server's state, with the rejection's
+// retry delay, if any, as Retry-After.
+func TestMeteredFirstWriteRefusedByReason(t *testing.T) {
+	bytesOf := func(_ context.Context, _ string, resp any) (int64, bool) {
+		p, ok := resp.([]byte)
+		return int64(len(p)), ok
+	}
+	for _, tc := range []struct {
+		name string
+		opts []middleware.Option
+		// before runs in the handler of the request under test, before its
+		// Write of n bytes: h serves another request of acme's.
+		before         func(t *testing.T, h http.Handler)
+		n              int
+		reason         middleware.Reason
+		code           int
+		retry          string
+		grpcCode       codes.Code
+		storeFailsThen bool
+	}{
+		// Without details, and with the quota's status code changed: the
+		// answer is the reason's all the same. 1,000 reserved, 6,000 more
+		// taken by another request: 3,000 left of the 5,000 to reserve,
+		// back in 0.2 s.
+		{name: "quota without details", n: 6000,
+			opts: []middleware.Option{middleware.WithDetails(false), middleware.WithCodes(codes.Unavailable, codes.Unavailable)},
+			before: func(t *testing.T, h http.Handler) {
+				if code := serveAcme(h, download+"?n=6000"); code != http.StatusOK {
+					t.Fatalf("the other request: status %d, want 200", code)
+				}
+			},
+			reason: middleware.ReasonQuota, code: http.StatusTooManyRequests, retry: "1", grpcCode: codes.Unavailable},
+		// Another request settles 15,000 bytes: 6,000 owed.
+		{name: "debt", n: 2000,
+			before: func(t *testing.T, h http.Handler) {
+				if code := serveAcme(h, download+"?report=15000"); code != http.StatusOK {
+					t.Fatalf("the other request: status %d, want 200", code)
+				}
+			},
+			reason: middleware.ReasonDebt, code: http.StatusTooManyRequests, retry: "1", grpcCode: codes.ResourceExhausted},
+		// The gate halves the burst: 4,000 left of the 5,000 to reserve,
+		// back in 0.2 s at half the rate.
+		{name: "gate", n: 6000, opts: []middleware.Option{middleware.WithGate(gate{0.5})},
+			reason: middleware.ReasonGate, code: http.StatusServiceUnavailable, retry: "1", grpcCode: codes.Unavailable},
+		{name: "store failure", n: 2000, opts: []middleware.Option{middleware.WithFailClosed(true)}, storeFailsThen: true,
+			reason: middleware.ReasonStoreError, code: http.StatusServiceUnavailable, grpcCode: codes.Unavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var store *failing
+			l, _, _ := meteredOn(t, func(m *keyed.Map) floodgate.Store {
+				store = &failing{Map: m}
+				return store
+			}, append([]middleware.Option{middleware.WithActualCost(bytesOf)}, tc.opts...)...)
+			mw, err := httplimit.New(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var h http.Handler
+			var werr error
+			h = mw.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				q := r.URL.Query()
+				if n, _ := strconv.ParseInt(q.Get("report"), 10, 64); n > 0 {
+					middleware.ReportCost(r.Context(), n)
+					return
+				}
+				n, _ := strconv.Atoi(q.Get("n"))
+				if q.Get("test") == "" {
+					_, _ = w.Write(make([]byte, n))
+					return
+				}
+				if tc.before != nil {
+					tc.before(t, h)
+				}
+				store.fail.Store(tc.storeFailsThen)
+				_, werr = w.Write(make([]byte, n))
+			}))
+			req := httptest.NewRequest(http.MethodGet, download+"?test=1&n="+strconv.Itoa(tc.n), nil)
+			req.Header.Set("X-Api-Key", acmeKey)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rej, ok := errors.AsType[*middleware.Rejection](werr); !ok || rej.Reason != tc.reason {
+				t.Fatalf("the Write failed with %v, want a rejection for %v", werr, tc.reason)
+			}
+			if got, want := rec.Code, tc.code; got != want {
+				t.Errorf("status %d, want %d", got, want)
+			}
+			if got, want := rec.Header().Get("Retry-After"), tc.retry; got != want {
+				t.Errorf("Retry-After %q, want %q", got, want)
+			}
+			if got, want := codes.Code(statusOf(t, rec.Body.Bytes()).GetCode()), tc.grpcCode; got != want {
+				t.Errorf("body's status code %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// serveAcme serves a GET of path from acme with h, and returns the status.
+func serveAcme(h http.Handler, path string) int {
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.Header.Set("X-Api-Key", acmeKey)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code
 }
 
 // TestMeteredLargeWrite: a Write longer than the burst, which no

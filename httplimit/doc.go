@@ -35,11 +35,16 @@
 //
 // # Rejections
 //
-// A request over its quota gets 429 Too Many Requests; one shed for
-// overload, or refused because the store failed (middleware.WithFailClosed),
-// gets 503 Service Unavailable. Both carry Retry-After, the wait the
-// Limiter states in whole seconds, rounded up, and a body in the protocol
-// the client speaks:
+// The answer follows the middleware.Rejection's Reason, not its gRPC
+// code (middleware.WithCodes): a request over its quota, or whose metered
+// quota is in debt, gets 429 Too Many Requests; one whose estimate header
+// is invalid, 400 Bad Request; one refused by the CPU gate, shed by the
+// overload controller, or refused because the store failed
+// (middleware.WithFailClosed), 503 Service Unavailable. Retry-After is the
+// Rejection's RetryAfter in whole seconds, rounded up, absent when it
+// states no wait (a failed store). A request whose context ended while it
+// waited for a slot gets 503 and its context's status, without
+// Retry-After. Each comes with a body in the protocol the client speaks:
 //
 //   - gRPC and gRPC-Web (Content-Type application/grpc…): a Trailers-Only
 //     response, a 200 without a body whose headers hold grpc-status,
@@ -57,9 +62,9 @@
 //     errors: {"code":8,"message":"rate limit exceeded","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo",…}]}.
 //
 // The details are the interceptors' (ErrorInfo, RetryInfo, QuotaFailure;
-// see middleware.WithDetails). Each body is built once per rejection the
-// Limiter shares (one per retry delay on its grid) and kept for the 1024
-// used last.
+// see middleware.WithDetails). Each body is built once per Rejection, which
+// the Limiter shares (one per reason and retry delay on its grid), and
+// kept for the 1024 used last.
 //
 // # Cost known after the call
 //
@@ -73,23 +78,25 @@
 // estimate when nothing was. Each Write of a streamed response is covered
 // by the request's reservations first: when they run out, the Write
 // reserves the next chunk, and when that is refused it writes nothing and
-// returns the rejection's status error (status.FromError reads it), which
-// the handler should end on. A Write longer than the quota's burst (an
-// io.Copy's 32 KiB against a smaller burst), which no reservation could
-// cover, is covered a chunk at a time (tenant.Meter.Chunk, as the request
-// was admitted): it writes the chunks its reservations cover, returns how
-// many bytes that was with the error, and the WithActualCost function
-// sees each chunk rather than the whole Write. When no header or byte of the response has
-// gone out yet (no WriteHeader, Write or Flush before), the client gets
-// the rejection as if the request had been refused as it came: 429 (503
-// for a failed store under middleware.WithFailClosed) with Retry-After
-// and the body of its protocol, the handler's Content-Length and
+// returns the rejection, a *middleware.Rejection (status.FromError reads
+// its status too), or its context's status when the client went away,
+// which the handler should end on. A Write longer than the quota's burst
+// (an io.Copy's 32 KiB against a smaller burst), which no reservation
+// could cover, is covered a chunk at a time (tenant.Meter.Chunk, as the
+// request was admitted): it writes the chunks its reservations cover,
+// returns how many bytes that was with the error, and the WithActualCost
+// function sees each chunk rather than the whole Write. When no header or
+// byte of the response has gone out yet (no WriteHeader, Write or Flush
+// before), the client gets the rejection as if the request had been
+// refused as it came (see Rejections: 429 for the quota or a debt, 503
+// under the CPU gate or for a failed store), without RateLimit fields
+// beyond those set at admission, the handler's Content-Length and
 // Content-Encoding dropped; the handler's later WriteHeader calls do
 // nothing and its Writes return the same error. Once the response has
-// begun, the client sees it cut short. A request refused for debt gets
-// 429, like one over its quota; one whose estimate header is no whole
-// number within the burst gets 400 and no RateLimit fields. The RateLimit
-// fields describe the call limit only.
+// begun, the client sees it cut short. A request refused for debt as it
+// comes gets 429, like one over its quota; one whose estimate header is no
+// whole number within the burst gets 400 and no RateLimit fields. The
+// RateLimit fields describe the call limit only.
 //
 // The handler of a metered request writes to a ResponseWriter of the
 // middleware's: an http.Flusher (a Flush begins the response), whose

@@ -83,8 +83,8 @@ func TestGRPCServeHTTPBehindTheMiddleware(t *testing.T) {
 			retry = d.GetRetryDelay().AsDuration()
 		}
 	}
-	if reason != middleware.ErrorReasonRateLimited || retry != time.Second {
-		t.Errorf("details: reason %q, retry %v; want %s, 1s", reason, retry, middleware.ErrorReasonRateLimited)
+	if reason != middleware.ReasonQuota.ErrorReason() || retry != time.Second {
+		t.Errorf("details: reason %q, retry %v; want %s, 1s", reason, retry, middleware.ReasonQuota.ErrorReason())
 	}
 	// Health checks stay exempt.
 	hc := healthpb.NewHealthClient(cc)

@@ -19,7 +19,7 @@ import (
 type Middleware struct {
 	l      *middleware.Limiter
 	o      options
-	bodies *lru.Cache[error, *bodies]
+	bodies *lru.Cache[*middleware.Rejection, *bodies]
 }
 
 // An Option configures a Middleware. New applies the options in order to a
@@ -97,7 +97,7 @@ func (m *Middleware) cors(h http.Header, origin string) {
 }
 
 // bodyCacheSize bounds the rejection bodies kept built: one per shared
-// rejection of the Limiter (a retry delay on its grid) in use.
+// Rejection of the Limiter (a reason and a retry delay on its grid) in use.
 const bodyCacheSize = 1024
 
 // New returns a Middleware deciding requests with l. It returns an error
@@ -121,7 +121,7 @@ func New(l *middleware.Limiter, opts ...Option) (*Middleware, error) {
 			return nil, fmt.Errorf("%w: httplimit: WithCORS: origin %q, want scheme://host[:port] or *", floodgate.ErrInvalidOption, origin)
 		}
 	}
-	c, err := lru.New[error, *bodies](bodyCacheSize)
+	c, err := lru.New[*middleware.Rejection, *bodies](bodyCacheSize)
 	if err != nil {
 		return nil, err
 	}
@@ -206,13 +206,13 @@ func (w *meteredWriter) WriteHeader(code int) {
 }
 
 // Write writes p once the request's reservations cover it, or returns the
-// rejection's status error, writing nothing more, once they cannot. A p
-// longer than the quota's burst, which no reservation could cover at
-// once, is covered and written a chunk at a time (tenant.Meter.Chunk),
-// so that it writes what the reservations cover and returns how much. A
-// refused Write before any header or byte went out answers the request
-// with the rejection, as the Middleware answers one it refuses, and every
-// later Write returns that error.
+// rejection (middleware.Admission.Send's error), writing nothing more,
+// once they cannot. A p longer than the quota's burst, which no
+// reservation could cover at once, is covered and written a chunk at a
+// time (tenant.Meter.Chunk), so that it writes what the reservations cover
+// and returns how much. A refused Write before any header or byte went
+// out answers the request with the rejection, as the Middleware answers
+// one it refuses, and every later Write returns that error.
 func (w *meteredWriter) Write(p []byte) (int, error) {
 	if w.err != nil {
 		return 0, w.err

@@ -224,8 +224,8 @@ func TestQuotaRejection(t *testing.T) {
 	if st.GetCode() != 8 || st.GetMessage() != "rate limit exceeded" {
 		t.Errorf("status %d %q, want 8 (RESOURCE_EXHAUSTED) and the quota message", st.GetCode(), st.GetMessage())
 	}
-	if reason, retry, quota := details(t, st); reason != middleware.ErrorReasonRateLimited || retry != time.Second || !quota {
-		t.Errorf("details: reason %q, retry %v, quota failure %v; want %s, 1s, true", reason, retry, quota, middleware.ErrorReasonRateLimited)
+	if reason, retry, quota := details(t, st); reason != middleware.ReasonQuota.ErrorReason() || retry != time.Second || !quota {
+		t.Errorf("details: reason %q, retry %v, quota failure %v; want %s, 1s, true", reason, retry, quota, middleware.ReasonQuota.ErrorReason())
 	}
 	// The body is built once per shared rejection, and stays the same.
 	if again := do(t, ts, "GET", "/v1/items", key); string(again.body) != string(r.body) {
@@ -276,8 +276,8 @@ func TestOverloadRejection(t *testing.T) {
 			t.Fatalf("over the scaled quota: %d, Retry-After %q; want 503 and 2 (0.5/s)", r.code, r.header.Get("Retry-After"))
 		}
 		st := statusOf(t, r.body)
-		if reason, _, _ := details(t, st); st.GetCode() != 14 || reason != middleware.ErrorReasonOverloaded {
-			t.Errorf("status %d, reason %q; want 14 (UNAVAILABLE), %s", st.GetCode(), reason, middleware.ErrorReasonOverloaded)
+		if reason, _, _ := details(t, st); st.GetCode() != 14 || reason != middleware.ReasonGate.ErrorReason() {
+			t.Errorf("status %d, reason %q; want 14 (UNAVAILABLE), %s", st.GetCode(), reason, middleware.ReasonGate.ErrorReason())
 		}
 		// The policy is the rule's; the bucket is the scaled one.
 		if got, want := r.header.Get("Ratelimit-Policy"), `"default";q=3;w=3`; got != want {
@@ -307,8 +307,8 @@ func TestOverloadRejection(t *testing.T) {
 		if r.code != http.StatusServiceUnavailable || r.header.Get("Retry-After") != "2" {
 			t.Errorf("while the slot is held: %d, Retry-After %q; want 503 and 2", r.code, r.header.Get("Retry-After"))
 		}
-		if reason, retry, _ := details(t, statusOf(t, r.body)); reason != middleware.ErrorReasonOverloaded || retry != 1500*time.Millisecond {
-			t.Errorf("details: %q, %v; want %s, 1.5s", reason, retry, middleware.ErrorReasonOverloaded)
+		if reason, retry, _ := details(t, statusOf(t, r.body)); reason != middleware.ReasonOverload.ErrorReason() || retry != 1500*time.Millisecond {
+			t.Errorf("details: %q, %v; want %s, 1.5s", reason, retry, middleware.ReasonOverload.ErrorReason())
 		}
 		// The shed request's quota was not exhausted: its bucket says so.
 		if got, want := r.header.Get("Ratelimit"), `"default";r=1;t=2`; got != want {
@@ -615,7 +615,7 @@ func TestGRPCWebRejection(t *testing.T) {
 	if err := proto.Unmarshal(bin, st); err != nil {
 		t.Fatal(err)
 	}
-	if reason, retry, _ := details(t, st); st.GetCode() != 8 || reason != middleware.ErrorReasonRateLimited || retry != time.Second {
+	if reason, retry, _ := details(t, st); st.GetCode() != 8 || reason != middleware.ReasonQuota.ErrorReason() || retry != time.Second {
 		t.Errorf("grpc-status-details-bin: code %d, %q, %v", st.GetCode(), reason, retry)
 	}
 }

@@ -4,14 +4,13 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -20,59 +19,55 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-// reject answers a request the Limiter turned away, with err, its status,
-// in the protocol the request speaks.
+// reject answers a request the Limiter turned away with err, its
+// rejection or the status of a context that ended while the request
+// waited, in the protocol the request speaks.
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, a *middleware.Admission, err error) {
-	d, decided := a.Decision()
-	// The Limiter's rejections are shared, one per retry delay on its
-	// grid, and so are their bodies. An ended context's status is not.
-	b := m.bodiesOf(err, decided && !d.Allowed)
-	code := http.StatusServiceUnavailable
-	switch {
-	case !decided:
-	case d.Reason == middleware.ReasonQuota, d.Reason == middleware.ReasonDebt:
-		code = http.StatusTooManyRequests
-	case d.Reason == middleware.ReasonInvalidEstimate:
-		code = http.StatusBadRequest
-	}
 	var rl *middleware.Decision
-	if m.o.rateHeaders && decided {
+	if d, decided := a.Decision(); m.o.rateHeaders && decided {
 		rl = &d
 	}
-	m.answer(w, r, b, code, a.RetryAfter(), rl)
+	m.answer(w, r, err, rl)
 }
 
 // refuse answers a metered request whose first Write the Limiter refused a
-// chunk, with err, the chunk's rejection, before anything of the response
-// went out. The admission allowed the request, so the answer is read from
-// err's status; the RateLimit fields set at admission stay.
+// chunk, with err, the chunk's rejection (or the status of the request's
+// ended context), before anything of the response went out. The RateLimit
+// fields set at admission stay.
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	b := m.bodiesOf(err, true) // a chunk's rejections are shared too
 	h := w.Header()
 	// The handler's description of the response it meant to write.
 	delete(h, "Content-Length")
 	delete(h, "Content-Encoding")
-	m.answer(w, r, b, b.code, b.retry, nil)
+	m.answer(w, r, err, nil)
 }
 
-// bodiesOf returns the bodies of err, kept built when shared.
-func (m *Middleware) bodiesOf(err error, shared bool) *bodies {
-	if shared {
-		if b, ok := m.bodies.Get(err); ok {
-			return b
-		}
+// httpStatus returns the HTTP status answering a rejection for reason k:
+// the caller's own quota or debt is 429, its invalid estimate 400, and
+// the server's state (overload, the CPU gate, a failed store) 503.
+func httpStatus(k middleware.Reason) int {
+	switch k {
+	case middleware.ReasonQuota, middleware.ReasonDebt:
+		return http.StatusTooManyRequests
+	case middleware.ReasonInvalidEstimate:
+		return http.StatusBadRequest
 	}
-	b := build(err)
-	if shared {
-		m.bodies.Add(err, b)
-	}
-	return b
+	return http.StatusServiceUnavailable
 }
 
-// answer writes the rejection b in the protocol r speaks: code, with
-// Retry-After for ra > 0 and, for d non-nil, d's RateLimit fields, where
-// the protocol does not carry the status in a 200.
-func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, b *bodies, code int, ra time.Duration, d *middleware.Decision) {
+// answer writes err in the protocol r speaks: the HTTP status and
+// Retry-After of its Rejection (503 and none for any other error, an ended
+// context's) and, for d non-nil, d's RateLimit fields, where the protocol
+// does not carry the status in a 200.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, err error, d *middleware.Decision) {
+	code, ra := http.StatusServiceUnavailable, time.Duration(0)
+	var b *bodies
+	if rej, ok := errors.AsType[*middleware.Rejection](err); ok {
+		code, ra = httpStatus(rej.Reason), rej.RetryAfter
+		b = m.bodiesOf(rej)
+	} else {
+		b = build(status.Convert(err))
+	}
 	h := w.Header()
 	ct := r.Header.Get("Content-Type")
 	if hasPrefixFold(ct, "application/grpc") {
@@ -112,6 +107,18 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, b *bodies, c
 	_, _ = w.Write(body)
 }
 
+// bodiesOf returns the bodies of rej, kept built: the Limiter shares its
+// Rejections, one per reason and retry delay on its grid, and they never
+// change. An ended context's status is not shared, and not kept.
+func (m *Middleware) bodiesOf(rej *middleware.Rejection) *bodies {
+	if b, ok := m.bodies.Get(rej); ok {
+		return b
+	}
+	b := build(rej.GRPCStatus())
+	m.bodies.Add(rej, b)
+	return b
+}
+
 // bodies are the answers to one rejection, in each protocol.
 type bodies struct {
 	// status is the google.rpc.Status as JSON, which grpc-gateway clients
@@ -120,10 +127,6 @@ type bodies struct {
 	status, connect, connectEnd []byte
 	// The gRPC status headers.
 	grpcStatus, grpcMessage, grpcDetails string
-	// code and retry answer a refused chunk (refuse), read from the
-	// status: its HTTP status and the RetryInfo delay, or 0.
-	code  int
-	retry time.Duration
 }
 
 // connectDetail is a status detail as Connect's error JSON holds it.
@@ -138,11 +141,10 @@ type connectError struct {
 	Details []connectDetail `json:"details,omitempty"`
 }
 
-func build(err error) *bodies {
-	st := status.Convert(err)
+// build encodes st in each protocol.
+func build(st *status.Status) *bodies {
 	p := st.Proto()
 	b := &bodies{grpcStatus: strconv.Itoa(int(st.Code())), grpcMessage: percentEncode(st.Message())}
-	b.code, b.retry = answerOf(st)
 	b.status, _ = protojson.Marshal(p)
 	ce := connectError{Code: connectCode(st.Code().String()), Message: st.Message()}
 	for _, d := range p.GetDetails() {
@@ -164,32 +166,6 @@ func build(err error) *bodies {
 		}
 	}
 	return b
-}
-
-// answerOf returns the HTTP status and the retry delay of a rejection
-// the admission did not decide (a refused chunk): 429 for the quota or a
-// debt, 400 for an invalid estimate, else 503, by the ErrorInfo reason, or
-// without details by the default codes (RESOURCE_EXHAUSTED for the quota,
-// see middleware.WithCodes); the delay is RetryInfo's.
-func answerOf(st *status.Status) (int, time.Duration) {
-	code, reason := http.StatusServiceUnavailable, ""
-	var retry time.Duration
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			reason = d.GetReason()
-		case *errdetails.RetryInfo:
-			retry = d.GetRetryDelay().AsDuration()
-		}
-	}
-	switch {
-	case reason == middleware.ErrorReasonRateLimited, reason == middleware.ErrorReasonInDebt,
-		reason == "" && st.Code() == codes.ResourceExhausted:
-		code = http.StatusTooManyRequests
-	case reason == middleware.ErrorReasonInvalidEstimate, reason == "" && st.Code() == codes.InvalidArgument:
-		code = http.StatusBadRequest
-	}
-	return code, retry
 }
 
 // connectCode returns the Connect name of a gRPC code's name:

@@ -41,5 +41,5 @@
 // encoded once per interval.
 //
 // ORCA's own service is exempt from the middleware's limits by default
-// (middleware.DefaultExemptions), so a loaded replica still reports.
+// (middleware.WithExemptions's default), so a loaded replica still reports.
 package loadreport

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/netip"
-	"time"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -71,8 +70,8 @@ type Admission struct {
 	ctx    context.Context
 	v      verdict // v.r is nil for an exempt call
 	permit overload.Permit
-	e      *entry // the rejection, or nil
-	m      *meter // a metered call's account, in ctx; or nil
+	e      *Rejection // the rejection, or nil
+	m      *meter     // a metered call's account, in ctx; or nil
 }
 
 // Context returns the context the call runs with: the caller's, carrying
@@ -125,18 +124,6 @@ func (a *Admission) Decision() (Decision, bool) {
 	return a.v.decision(), true
 }
 
-// RetryAfter returns how long a rejected caller should wait before it
-// tries again, as the rejection's RetryInfo states it (rounded up onto
-// the pushback grid, see WithMaxPushback), or 0 when the call was admitted
-// or no wait will do: the store failed, or the call costs more than its
-// bucket holds.
-func (a *Admission) RetryAfter() time.Duration {
-	if a.e == nil {
-		return 0
-	}
-	return a.e.d
-}
-
 // Admit decides one call: the one path of the tap handle and the
 // interceptors, which Limit and package httplimit take too. With
 // WithOverload, the call enters the controller (Enter, which may turn it
@@ -164,8 +151,10 @@ func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 // controller counts as untapped).
 func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, enter bool, a *Admission) error {
 	a.ctx = ctx
-	if l.Exempt(c.Method) {
-		l.c.exempt.Add(1)
+	if l.exempt(c.Method) {
+		if obs := l.o.observer; obs != nil {
+			obs(Event{Decision: Decision{Allowed: true, Reason: ReasonExempt}, Method: c.Method, Context: ctx})
+		}
 		return nil
 	}
 	if l.o.dryRun {
@@ -194,10 +183,10 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 		// place goes back now.
 		l.o.overload.Leave(ctx)
 	case ctl != nil && !entered && enter:
-		var e *entry
+		var e *Rejection
 		if ctx, e = l.enter(ctx, ctl, v); e != nil {
 			a.ctx, a.e = ctx, e
-			return e.err
+			return e
 		}
 	}
 	var rsv floodgate.Reservation
@@ -205,7 +194,7 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 		if ctl != nil {
 			ctl.Leave(ctx)
 		}
-		return a.e.err
+		return a.e
 	}
 	switch {
 	case rsv.Result.Allowed:
@@ -235,7 +224,7 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 			dc.decided = false
 		}
 		a.ctx = ctx
-		return a.e.err
+		return a.e
 	}
 	return err
 }
@@ -244,9 +233,8 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 // admitted, or returns the overload rejection with the controller's retry
 // delay, or the status of the caller's context when it ended while the
 // call waited.
-func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdict) (overload.Permit, *entry, error) {
-	r := v.r
-	f := r.flow
+func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdict) (overload.Permit, *Rejection, error) {
+	f := v.r.flow
 	f.Priority = v.prio
 	p, err := c.Acquire(ctx, f)
 	var shed *overload.ShedError
@@ -256,15 +244,10 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 		return p, nil, status.FromContextError(err).Err()
 	}
 	if shed == nil {
-		l.observe(v, ReasonAdmitted, true, Event{Context: ctx, Wait: p.Wait(), Reserved: v.reserved})
+		l.observe(v, v.reason, true, Event{Context: ctx, Wait: p.Wait()})
 		return p, nil, nil
 	}
-	// Its quota admitted it, and Admitted keeps it: a counter never falls.
-	l.c.shed.Add(1)
 	e := l.rej.lookup(ReasonOverload, shed.RetryAfter, v.note, nil)
-	l.observe(v, ReasonOverload, false, Event{Context: ctx, RetryAfter: e.d, Shed: true, Cause: shed.Cause, Reserved: v.reserved})
-	if f := l.o.rejected; f != nil {
-		f(r.subject)
-	}
+	l.observe(v, ReasonOverload, false, Event{Context: ctx, Rejection: e, Shed: true, Cause: shed.Cause})
 	return p, e, nil
 }

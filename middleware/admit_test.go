@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -55,17 +56,21 @@ func TestAdmitSharesBucketsWithTheInterceptor(t *testing.T) {
 	if !ok || d.Allowed || d.Reason != middleware.ReasonQuota || d.Result.Limit.Burst != 5 {
 		t.Errorf("Decision() = %+v, %v, want a quota rejection under burst 5", d, ok)
 	}
-	if got, want := a.RetryAfter(), 100*time.Millisecond; got != want {
-		t.Errorf("RetryAfter() = %v, want %v (10/s)", got, want)
+	var rej *middleware.Rejection
+	if !errors.As(err, &rej) {
+		t.Fatalf("Admit over quota: %v, want a *Rejection", err)
+	}
+	if got, want := rej.RetryAfter, 100*time.Millisecond; got != want {
+		t.Errorf("Rejection.RetryAfter = %v, want %v (10/s)", got, want)
 	}
 	if _, ok := middleware.FromContext(a.Context()); ok {
 		t.Error("a rejected call's context carries a decision")
 	}
-	if ran, _, ts, _ := unary(f.l, call{addr: "198.51.100.1:1", md: apiKeyMD(acmeKey)}, methodGet); ran || len(ts.trailer[middleware.PushbackKey]) != 1 {
+	if ran, _, ts, _ := unary(f.l, call{addr: "198.51.100.1:1", md: apiKeyMD(acmeKey)}, methodGet); ran || len(ts.trailer[pushbackKey]) != 1 {
 		t.Errorf("interceptor after Admit drained the bucket: ran %v, trailer %v", ran, ts.trailer)
 	}
-	if st := f.l.Stats(); st.Admitted != 5 || st.Quota != 2 {
-		t.Errorf("Stats() = %+v, want 5 admitted and 2 over quota", st)
+	if st := f.tally.counts(); st.Admitted != 5 || st.Quota != 2 {
+		t.Errorf("counts() = %+v, want 5 admitted and 2 over quota", st)
 	}
 }
 
@@ -90,8 +95,8 @@ func TestAdmitExemptAndAnonymous(t *testing.T) {
 			t.Errorf("anonymous call #%d: tenant %q", i, d.Tenant)
 		}
 	}
-	if st := f.l.Stats(); st.Exempt != 1 {
-		t.Errorf("Stats().Exempt = %d, want 1", st.Exempt)
+	if st := f.tally.counts(); st.Exempt != 1 {
+		t.Errorf("counts().Exempt = %d, want 1", st.Exempt)
 	}
 }
 
@@ -118,8 +123,12 @@ func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 	if d, _ := shed.Decision(); d.Allowed || d.Reason != middleware.ReasonOverload || d.Tenant != "acme" {
 		t.Errorf("shed call's Decision() = %+v, want acme shed for overload", d)
 	}
-	if got, want := shed.RetryAfter(), 3*time.Second; got != want {
-		t.Errorf("shed call's RetryAfter() = %v, want %v", got, want)
+	var rej *middleware.Rejection
+	if !errors.As(err, &rej) {
+		t.Fatalf("Admit while the slot is held: %v, want a *Rejection", err)
+	}
+	if got, want := rej.RetryAfter, 3*time.Second; got != want {
+		t.Errorf("shed call's Rejection.RetryAfter = %v, want %v", got, want)
 	}
 	shed.Done() // holds nothing: a no-op
 	held.Done()
@@ -131,23 +140,24 @@ func TestAdmitHoldsTheControllersSlotUntilDone(t *testing.T) {
 	if s := ctrl.Snapshot(); s.Inflight != 0 {
 		t.Errorf("controller in flight after every Done: %d", s.Inflight)
 	}
-	if st := f.l.Stats(); st.Admitted != 3 || st.Shed != 1 || st.Overload != 0 {
-		t.Errorf("Stats() = %+v, want 3 admitted by their quota, 1 of them shed", st)
+	if st := f.tally.counts(); st.Admitted != 3 || st.Shed != 1 || st.Overload != 1 || st.Tap != 0 {
+		t.Errorf("counts() = %+v, want 3 admitted by their quota, 1 of them shed (an overload rejection), none at the tap", st)
 	}
 }
 
-// TestStatsOnlyGrow reads the counters while a call its quota let
-// through (admitted, or a failed store failing open) waits for the
-// overload controller, and again once the controller has shed it: no
-// counter falls, and the shed is counted in Shed.
-func TestStatsOnlyGrow(t *testing.T) {
+// TestCountsOnlyGrow reads the counts of the events while a call its
+// quota let through (admitted, or a failed store failing open) waits for
+// the overload controller, and again once the controller has shed it: the
+// waiting call is not reported until the controller decides, no count
+// falls, and the shed is counted in Shed, under its quota's decision.
+func TestCountsOnlyGrow(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		store floodgate.Store
-		want  middleware.Stats
+		name          string
+		store         floodgate.Store
+		waiting, want counts
 	}{
-		{"admitted", nil, middleware.Stats{Admitted: 2, Shed: 1}},
-		{"store error", failingStore{}, middleware.Stats{StoreErrors: 2, Shed: 1}},
+		{"admitted", nil, counts{Admitted: 1}, counts{Admitted: 2, Overload: 1, Shed: 1}},
+		{"store error", failingStore{}, counts{StoreErrors: 1}, counts{StoreErrors: 2, Overload: 1, Shed: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -157,9 +167,11 @@ func TestStatsOnlyGrow(t *testing.T) {
 					t.Fatal(err)
 				}
 				var l *middleware.Limiter
+				ty := &tally{}
 				if tc.store == nil {
-					l = newFixture(t, middleware.WithOverload(ctrl)).l
-				} else if l, err = middleware.New(tc.store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl)); err != nil {
+					f := newFixture(t, middleware.WithOverload(ctrl))
+					l, ty = f.l, f.tally
+				} else if l, err = middleware.New(tc.store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl), ty.option(nil)); err != nil {
 					t.Fatal(err)
 				}
 				c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
@@ -174,22 +186,25 @@ func TestStatsOnlyGrow(t *testing.T) {
 					done <- err
 				}()
 				synctest.Wait()
-				waiting := l.Stats()
+				waiting := ty.counts()
 				if s := ctrl.Snapshot(); s.Queued != 1 {
 					t.Fatalf("controller queue %d, want the second call waiting", s.Queued)
+				}
+				if waiting != tc.waiting {
+					t.Errorf("counts() while the call waits = %+v, want %+v", waiting, tc.waiting)
 				}
 				if err := <-done; status.Code(err) != codes.Unavailable {
 					t.Fatalf("Admit after its wait: %v, want UNAVAILABLE", err)
 				}
-				shed := l.Stats()
+				shed := ty.counts()
 				before, after := reflect.ValueOf(waiting), reflect.ValueOf(shed)
 				for i := range before.NumField() {
 					if b, a := before.Field(i).Uint(), after.Field(i).Uint(); a < b {
-						t.Errorf("Stats().%s fell from %d to %d", before.Type().Field(i).Name, b, a)
+						t.Errorf("counts().%s fell from %d to %d", before.Type().Field(i).Name, b, a)
 					}
 				}
 				if shed != tc.want {
-					t.Errorf("Stats() = %+v, want %+v", shed, tc.want)
+					t.Errorf("counts() = %+v, want %+v", shed, tc.want)
 				}
 			})
 		})
@@ -217,7 +232,8 @@ func TestAdmitContextEndsWhileWaiting(t *testing.T) {
 	if got, want := status.Code(err), codes.Canceled; got != want {
 		t.Fatalf("Admit with an ended context: %v, want %v", err, want)
 	}
-	if d, _ := a.Decision(); !d.Allowed || a.RetryAfter() != 0 {
-		t.Errorf("Decision() = %+v, RetryAfter %v: want the quota's admission, no wait", d, a.RetryAfter())
+	var rej *middleware.Rejection
+	if d, _ := a.Decision(); !d.Allowed || errors.As(err, &rej) {
+		t.Errorf("Decision() = %+v, rejection %+v: want the quota's admission, no rejection", d, rej)
 	}
 }

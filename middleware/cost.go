@@ -14,39 +14,34 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-// An EstimateFunc estimates what a call to method will cost in the unit
-// of its metered quota (tenant.Meter), from the call's context and its
-// request: a unary call's request message, the *http.Request of a call
-// through package httplimit, and nil for a stream, whose estimate is taken
-// as it starts. It returns ok false to leave the estimate to the call's
-// estimate header or the config. It runs on the request path, before the
-// call is admitted: keep it fast.
-type EstimateFunc func(ctx context.Context, method string, req any) (n int64, ok bool)
+// WithCostEstimate sets the function that estimates what a call to method
+// will cost in the unit of its metered quota (tenant.Meter), as it is
+// admitted, from its context and its request: a unary call's request
+// message, the *http.Request of a call through package httplimit, and nil
+// for a stream, whose estimate is taken as it starts. It runs on the
+// request path: keep it fast. It takes precedence over the estimate header
+// and the config's estimate (tenant.MeteredSpec), which apply when it
+// returns ok false, or a negative n (ignored, and counted in
+// Event.InvalidCosts). An estimate above the quota's burst can never be
+// reserved: the call is refused with RESOURCE_EXHAUSTED and no retry
+// delay. nil, the default, leaves estimates to the header and the config.
+// A repeated call replaces the function.
+func WithCostEstimate(f func(ctx context.Context, method string, req any) (n int64, ok bool)) Option {
+	return func(o *options) { o.estimate = f }
+}
 
-// A CostFunc says what a response cost in the unit of its call's metered
-// quota: a unary call's response message (after its handler returned
-// without an error), each message a stream sends (before it is sent), and
-// the bytes of each Write of a response through package httplimit. It
-// returns ok false when the response says nothing of its cost. What it
-// returns adds to what the handler reports with ReportCost.
-type CostFunc func(ctx context.Context, method string, resp any) (n int64, ok bool)
-
-// WithCostEstimate sets the function that estimates a metered call's cost
-// as it is admitted; it takes precedence over the estimate header and the
-// config's estimate (tenant.MeteredSpec), which apply when it returns ok
-// false, or a negative n (ignored, and counted in Stats.InvalidCosts). An
-// estimate above the quota's burst can never be reserved: the call is
-// refused with RESOURCE_EXHAUSTED and no retry delay. nil, the default,
-// leaves estimates to the header and the config. A repeated call replaces
-// the function.
-func WithCostEstimate(f EstimateFunc) Option { return func(o *options) { o.estimate = f } }
-
-// WithActualCost sets a function that says what each response of a
-// metered call cost (see CostFunc), so that a handler need not call
-// ReportCost itself: the cost of a message a stream is about to send is
-// covered by its reservations before the message goes. nil, the default,
-// leaves the reports to ReportCost. A repeated call replaces the function.
-func WithActualCost(f CostFunc) Option { return func(o *options) { o.actualCost = f } }
+// WithActualCost sets a function that says what a response cost in the
+// unit of its call's metered quota, so that a handler need not call
+// ReportCost itself: a unary call's response message (after its handler
+// returned without an error), each message a stream sends (before it is
+// sent, covered by the call's reservations before it goes), and the bytes
+// of each Write of a response through package httplimit. It returns ok
+// false when the response says nothing of its cost; what it returns adds
+// to what the handler reports with ReportCost. nil, the default, leaves
+// the reports to ReportCost. A repeated call replaces the function.
+func WithActualCost(f func(ctx context.Context, method string, resp any) (n int64, ok bool)) Option {
+	return func(o *options) { o.actualCost = f }
+}
 
 // ReportCost reports that the metered call whose context ctx is (or
 // derives from) has cost n more units of its quota, n ≥ 0, and reports
@@ -57,7 +52,7 @@ func WithActualCost(f CostFunc) Option { return func(o *options) { o.actualCost 
 // panic, an error or a deadline included, settles at its estimate.
 //
 // It returns false, and counts nothing, for a negative n (counted in
-// Stats.InvalidCosts), after the call ended and settled, and when ctx is
+// Event.InvalidCosts), after the call ended and settled, and when ctx is
 // not a metered call's: no Limiter, an exempt method, a method without a
 // metered quota (tenant.Meter), or a call that holds no reservation (one
 // its quota refused, which runs only in dry-run mode, and one admitted
@@ -70,7 +65,7 @@ func ReportCost(ctx context.Context, n int64) bool {
 		return false
 	}
 	if n < 0 {
-		m.l.c.badCosts.Add(1)
+		m.invalid.Add(1)
 		return false
 	}
 	return m.add(n)
@@ -90,7 +85,7 @@ var errNotReserver = errors.New("middleware: the store is not a floodgate.Reserv
 // estimate returns the estimate of call c under meter m, and false when
 // the call's estimate header states one that is not a whole number within
 // the burst (the config's estimate is returned then, for a dry run).
-func (l *Limiter) estimate(ctx context.Context, c *Call, m *tenant.Meter) (int64, bool) {
+func (l *Limiter) estimate(ctx context.Context, c *Call, m *tenant.Meter, v *verdict) (int64, bool) {
 	if m.Limit.IsInf() {
 		return 0, true
 	}
@@ -99,7 +94,7 @@ func (l *Limiter) estimate(ctx context.Context, c *Call, m *tenant.Meter) (int64
 			if n >= 0 {
 				return min(n, maxCost), true
 			}
-			l.c.badCosts.Add(1)
+			v.invalid++
 		}
 	}
 	if h := m.EstimateHeader; h != "" {
@@ -161,7 +156,7 @@ func (l *Limiter) reserve(ctx context.Context, v *verdict, rsv *floodgate.Reserv
 		// As for a take: the call runs, unmetered, unless the Limiter
 		// fails closed.
 		v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
-		v.reason = ReasonStoreError
+		v.reason, v.err = ReasonStoreError, err
 		return 0
 	case r.Result.Allowed:
 		*rsv = r
@@ -191,7 +186,7 @@ func meterReason(res floodgate.Result, scale float64) Reason {
 	case res.Owed > 0:
 		return ReasonDebt
 	case scale < 1:
-		return ReasonOverload
+		return ReasonGate
 	}
 	return ReasonQuota
 }
@@ -224,6 +219,8 @@ type meter struct {
 	before  int64 // covered, but for rsv's
 	stop    error // the rejection that ended the chunks
 	off     bool  // no more chunks: the rule lost its meter, or a dry run's was refused
+
+	invalid atomic.Int32 // negative costs reported, ignored
 }
 
 const sealed = -1
@@ -293,7 +290,7 @@ func (m *meter) send(msg any) error {
 	ok := false
 	if f := m.l.o.actualCost; f != nil {
 		if c, ok = f(m.ctx, m.v.method, msg); ok && c < 0 {
-			m.l.c.badCosts.Add(1)
+			m.invalid.Add(1)
 			c, ok = 0, false
 		}
 	}
@@ -343,7 +340,7 @@ func (m *meter) chunk(n int64) bool {
 	// The chunk is a decision of its own, reported and counted as one,
 	// under the call's decision and the chunk's route.
 	v := *m.v
-	v.r, v.gated, v.badEst, v.reserved = m.route, false, false, m.covered
+	v.r, v.gated, v.badEst, v.reserved, v.invalid, v.err = m.route, false, false, m.covered, 0, nil
 	retry := time.Duration(0)
 	switch {
 	case mt == nil && m.route.rule.Limit.IsZero():
@@ -378,7 +375,7 @@ func (m *meter) chunk(n int64) bool {
 		case err != nil:
 			v.res, v.mres, v.byMeter = floodgate.Result{}, floodgate.Result{}, false
 			v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
-			v.reason = ReasonStoreError
+			v.reason, v.err = ReasonStoreError, err
 		default:
 			v.mres, v.byMeter, v.allowed, v.reason = r.Result, true, false, meterReason(r.Result, scale)
 			retry = r.Result.RetryAfter
@@ -391,7 +388,7 @@ func (m *meter) chunk(n int64) bool {
 		m.off = true
 		return true
 	}
-	m.stop = l.reject(m.ctx, e, e.err)
+	m.stop = l.reject(m.ctx, e, e)
 	return false
 }
 
@@ -424,6 +421,7 @@ func (m *meter) settle() {
 	actual := m.covered
 	res := m.rsv.Result
 	var uncharged int64
+	var settleErr error
 	// fresh: the store settled, and res is the bucket after the settle,
 	// not as the reservation left it.
 	fresh := false
@@ -435,19 +433,18 @@ func (m *meter) settle() {
 		fresh = err == nil && n != m.rsv.Tokens()
 		if err != nil {
 			if uncharged = unchargedBy(err); uncharged > 0 {
-				l.c.uncharged.Add(uint64(uncharged))
 				fresh = true
 			} else {
-				l.c.settleErrs.Add(1)
+				settleErr = err
 			}
 		}
 	}
-	l.c.settled.Add(1)
 	if l.o.observer == nil {
 		return
 	}
-	e := Event{Context: m.ctx, Reserved: m.covered, Settled: actual, Uncharged: uncharged}
+	e := Event{Context: m.ctx, Settled: actual, Uncharged: uncharged}
 	l.event(m.v, ReasonSettled, true, &e)
+	e.Reserved, e.InvalidCosts, e.Err = m.covered, int(m.invalid.Load()), settleErr
 	e.Source, e.Metered = res.Source, floodgate.Result{}
 	if fresh {
 		e.Metered = res

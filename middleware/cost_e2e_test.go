@@ -121,7 +121,7 @@ func TestEndToEndMetered(t *testing.T) {
 			for _, d := range st.Details() {
 				switch d := d.(type) {
 				case *errdetails.ErrorInfo:
-					kinds = append(kinds, "ErrorInfo:"+d.Reason+":"+d.Metadata[middleware.MetadataKeyUnit])
+					kinds = append(kinds, "ErrorInfo:"+d.Reason+":"+d.Metadata["quota_unit"])
 				case *errdetails.RetryInfo:
 					kinds = append(kinds, "RetryInfo:"+d.RetryDelay.AsDuration().String())
 				case *errdetails.QuotaFailure:
@@ -181,7 +181,7 @@ func TestEndToEndMeteredStream(t *testing.T) {
 			if n != 11 || retry != 2400*time.Millisecond {
 				t.Errorf("%d messages, then RetryInfo %v; want 11, then 2.4s", n, retry)
 			}
-			if got := cs.Trailer().Get(middleware.PushbackKey); !cmp.Equal(got, []string{"2400"}) {
+			if got := cs.Trailer().Get(pushbackKey); !cmp.Equal(got, []string{"2400"}) {
 				t.Errorf("pushback trailer = %q, want 2400", got)
 			}
 			if got, want := f.tokens(), -2000.0; got != want {

@@ -70,14 +70,14 @@ func TestStreamChunks(t *testing.T) {
 	f := newMeterFixture(t, tokensPerMinute, middleware.WithActualCost(costOf))
 	fs, ts, err := openStream(f.l, sendForever(1000, false))
 	st, det := detailsOf(t, err)
-	if st.Code() != codes.ResourceExhausted || det.info.GetReason() != middleware.ErrorReasonRateLimited || det.info.Metadata[middleware.MetadataKeyUnit] != "tokens" {
+	if st.Code() != codes.ResourceExhausted || det.info.GetReason() != middleware.ReasonQuota.ErrorReason() || det.info.Metadata["quota_unit"] != "tokens" {
 		t.Fatalf("stream ended with %v, %v; want RESOURCE_EXHAUSTED in tokens", err, det.info)
 	}
 	// The chunk of 4,000 at 100,000 a minute.
 	if det.retry == nil || det.retry.RetryDelay.AsDuration() != 2400*time.Millisecond {
 		t.Errorf("RetryInfo = %v, want 2.4s", det.retry)
 	}
-	if got := ts.trailer.Get(middleware.PushbackKey); !cmp.Equal(got, []string{"2400"}) {
+	if got := ts.trailer.Get(pushbackKey); !cmp.Equal(got, []string{"2400"}) {
 		t.Errorf("pushback = %q, want 2400", got)
 	}
 	if got, want := fs.sent, 20; got != want { // the burst of 20,000, 1,000 a message
@@ -90,17 +90,21 @@ func TestStreamChunks(t *testing.T) {
 	// the stream reserved, made no store call and carries none.
 	lim, id := f.meter.Limit, f.meter.ID
 	want := []middleware.Event{
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000, MeterID: id,
+		{Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonAdmitted, Allowed: true, Reserved: 4000,
 			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 16000, ResetAfter: 2400 * time.Millisecond}},
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonQuota, Unit: "tokens", Reserved: 20000, RetryAfter: 2400 * time.Millisecond, MeterID: id,
+			Method: llmStream, Unit: "tokens", MeterID: id},
+		{Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonQuota, Reserved: 20000,
 			Metered: floodgate.Result{Limit: lim, RetryAfter: 2400 * time.Millisecond, ResetAfter: 12 * time.Second}},
-		{Method: llmStream, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 20000, Settled: 20000, MeterID: id},
+			Method: llmStream, Unit: "tokens", MeterID: id,
+			Rejection: &middleware.Rejection{Reason: middleware.ReasonQuota, Code: codes.ResourceExhausted, RetryAfter: 2400 * time.Millisecond, Unit: "tokens"}},
+		{Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 20000},
+			Method: llmStream, Unit: "tokens", Settled: 20000, MeterID: id},
 	}
-	if diff := cmp.Diff(want, f.events.take()); diff != "" {
+	if diff := cmp.Diff(want, f.events.take(), eventOpts); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 1, Quota: 1, Settled: 1}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := f.tally.counts(), (counts{Admitted: 1, Quota: 1, Settled: 1}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
 }
 
@@ -121,7 +125,7 @@ func TestStreamReportsAfterSending(t *testing.T) {
 		t.Errorf("bucket holds %v, want %v", got, want)
 	}
 	_, _, err = openStream(f.l, sendForever(1500, true))
-	if _, det := detailsOf(t, err); det.info.GetReason() != middleware.ErrorReasonInDebt {
+	if _, det := detailsOf(t, err); det.info.GetReason() != middleware.ReasonDebt.ErrorReason() {
 		t.Errorf("the next stream: %v, want IN_DEBT", err)
 	}
 }
@@ -243,7 +247,7 @@ func TestStreamRevokedKey(t *testing.T) {
 		return nil
 	})
 	st, det := detailsOf(t, err)
-	if st.Code() != codes.ResourceExhausted || det.info.GetReason() != middleware.ErrorReasonRateLimited || det.retry != nil {
+	if st.Code() != codes.ResourceExhausted || det.info.GetReason() != middleware.ReasonQuota.ErrorReason() || det.retry != nil {
 		t.Fatalf("stream ended with %v, %v; want RESOURCE_EXHAUSTED without a retry delay", err, det.retry)
 	}
 	// The estimate of 4,000 covers five messages of 1,000 reported after
@@ -281,9 +285,9 @@ func TestStreamCancelledMidChunk(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ev := &eventLog{}
+			ev, ty := &eventLog{}, &tally{}
 			l, err := middleware.New(ctxReserver{store}, middleware.Static(meteredTable(t, tokensPerMinute)),
-				append([]middleware.Option{middleware.WithClock(c), middleware.WithObserver(ev.add), middleware.WithActualCost(costOf)}, tc.opts...)...)
+				append([]middleware.Option{middleware.WithClock(c), ty.option(ev.add), middleware.WithActualCost(costOf)}, tc.opts...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -308,8 +312,8 @@ func TestStreamCancelledMidChunk(t *testing.T) {
 			if got, want := fs.sent, 4; got != want {
 				t.Errorf("the stream sent %d messages, want %d", got, want)
 			}
-			if got, want := l.Stats(), (middleware.Stats{Admitted: 1, Settled: 1}); got != want {
-				t.Errorf("Stats() = %+v, want %+v", got, want)
+			if got, want := ty.counts(), (counts{Admitted: 1, Settled: 1}); got != want {
+				t.Errorf("counts() = %+v, want %+v", got, want)
 			}
 			for _, e := range ev.take() {
 				if e.Reason == middleware.ReasonStoreError {

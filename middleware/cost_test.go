@@ -95,13 +95,13 @@ func newMeterFixture(t testing.TB, spec tenant.MeteredSpec, opts ...middleware.O
 func meterFixtureOn(t testing.TB, store *keyed.Map, c *clock, spec tenant.MeteredSpec, opts ...middleware.Option) meterFixture {
 	t.Helper()
 	tbl := meteredTable(t, spec)
-	ev := &eventLog{}
-	l, err := middleware.New(store, middleware.Static(tbl), append([]middleware.Option{middleware.WithClock(c), middleware.WithObserver(ev.add)}, opts...)...)
+	ev, ty := &eventLog{}, &tally{}
+	l, err := middleware.New(store, middleware.Static(tbl), append([]middleware.Option{middleware.WithClock(c), ty.option(ev.add)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	acme, _ := tbl.TenantByID("acme")
-	return meterFixture{fixture: fixture{l: l, store: store, clock: c}, tbl: tbl, meter: acme.Rule(llmGenerate).Meter, events: ev}
+	return meterFixture{fixture: fixture{l: l, store: store, clock: c, tally: ty}, tbl: tbl, meter: acme.Rule(llmGenerate).Meter, events: ev}
 }
 
 // tokens returns what acme's metered bucket holds (negative: owes).
@@ -184,16 +184,18 @@ func TestMeteredRefund(t *testing.T) {
 	}
 	lim, id := f.meter.Limit, f.meter.ID
 	want := []middleware.Event{
-		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonAdmitted, Allowed: true, Unit: "tokens", Reserved: 4000, MeterID: id,
+		{Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonAdmitted, Allowed: true, Reserved: 4000,
 			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 16000, ResetAfter: 2400 * time.Millisecond}},
-		{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Unit: "tokens", Reserved: 4000, Settled: 1000, MeterID: id,
+			Method: llmGenerate, Unit: "tokens", MeterID: id},
+		{Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000,
 			Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 19000, ResetAfter: 600 * time.Millisecond}},
+			Method: llmGenerate, Unit: "tokens", Settled: 1000, MeterID: id},
 	}
-	if diff := cmp.Diff(want, f.events.take()); diff != "" {
+	if diff := cmp.Diff(want, f.events.take(), eventOpts); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 1, Settled: 1}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := f.tally.counts(), (counts{Admitted: 1, Settled: 1}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
 }
 
@@ -243,8 +245,8 @@ func TestMeteredDebt(t *testing.T) {
 	if st.Code() != codes.ResourceExhausted || st.Message() != "quota in debt" {
 		t.Errorf("status = %v, want RESOURCE_EXHAUSTED quota in debt", st)
 	}
-	wantInfo := &errdetails.ErrorInfo{Reason: middleware.ErrorReasonInDebt, Domain: middleware.DefaultDomain,
-		Metadata: map[string]string{middleware.MetadataKeyUnit: "tokens"}}
+	wantInfo := &errdetails.ErrorInfo{Reason: middleware.ReasonDebt.ErrorReason(), Domain: defaultDomain,
+		Metadata: map[string]string{"quota_unit": "tokens"}}
 	if diff := cmp.Diff(wantInfo.String(), det.info.String()); diff != "" {
 		t.Errorf("ErrorInfo (-want +got):\n%s", diff)
 	}
@@ -255,16 +257,20 @@ func TestMeteredDebt(t *testing.T) {
 	if det.quota == nil || !strings.Contains(det.quota.Violations[0].Description, "tokens quota is in debt") {
 		t.Errorf("QuotaFailure = %v, want the tokens quota in debt", det.quota)
 	}
-	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"4800"}; !cmp.Equal(got, want) {
+	if got, want := ts.trailer.Get(pushbackKey), []string{"4800"}; !cmp.Equal(got, want) {
 		t.Errorf("pushback = %q, want %q", got, want)
 	}
-	want := []middleware.Event{{Method: llmGenerate, Tenant: "acme", Reason: middleware.ReasonDebt, Unit: "tokens", RetryAfter: 4800 * time.Millisecond,
-		MeterID: f.meter.ID, Metered: floodgate.Result{Limit: f.meter.Limit, Owed: 4000, RetryAfter: 4800 * time.Millisecond, ResetAfter: 14400 * time.Millisecond}}}
-	if diff := cmp.Diff(want, f.events.take()); diff != "" {
+	want := []middleware.Event{{
+		Decision: middleware.Decision{Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonDebt,
+			Metered: floodgate.Result{Limit: f.meter.Limit, Owed: 4000, RetryAfter: 4800 * time.Millisecond, ResetAfter: 14400 * time.Millisecond}},
+		Method: llmGenerate, Unit: "tokens", MeterID: f.meter.ID,
+		Rejection: &middleware.Rejection{Reason: middleware.ReasonDebt, Code: codes.ResourceExhausted, RetryAfter: 4800 * time.Millisecond, Unit: "tokens"},
+	}}
+	if diff := cmp.Diff(want, f.events.take(), eventOpts); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 4, Debt: 1, Settled: 4}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := f.tally.counts(), (counts{Admitted: 4, Debt: 1, Settled: 4}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
 	// A refused call takes nothing, and once repaid the tenant is back.
 	if got, want := f.tokens(), -4000.0; got != want {
@@ -320,7 +326,8 @@ func TestMeteredEndWithoutReport(t *testing.T) {
 				t.Fatal(err)
 			}
 			store := &settleRecorder{Map: base}
-			l, err := middleware.New(store, middleware.Static(meteredTable(t, tokensPerMinute)), middleware.WithClock(c))
+			ty := &tally{}
+			l, err := middleware.New(store, middleware.Static(meteredTable(t, tokensPerMinute)), middleware.WithClock(c), ty.option(nil))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -333,8 +340,8 @@ func TestMeteredEndWithoutReport(t *testing.T) {
 					return tc.handler(ctx)
 				})
 			}()
-			if got, want := l.Stats().Settled, uint64(1); got != want {
-				t.Errorf("Stats().Settled = %d, want %d", got, want)
+			if got, want := ty.counts().Settled, uint64(1); got != want {
+				t.Errorf("counts().Settled = %d, want %d", got, want)
 			}
 			// The estimate stays charged, and no settle call was needed.
 			acme, _ := meteredTable(t, tokensPerMinute).TenantByID("acme")
@@ -438,7 +445,7 @@ func TestEstimateHeader(t *testing.T) {
 		if st.Code() != codes.InvalidArgument || st.Message() != "invalid cost estimate" {
 			t.Errorf("x-max-tokens %q: status %v, want INVALID_ARGUMENT", bad, st)
 		}
-		if det.info == nil || det.info.Reason != middleware.ErrorReasonInvalidEstimate || det.info.Metadata[middleware.MetadataKeyUnit] != "tokens" {
+		if det.info == nil || det.info.Reason != middleware.ReasonInvalidEstimate.ErrorReason() || det.info.Metadata["quota_unit"] != "tokens" {
 			t.Errorf("x-max-tokens %q: ErrorInfo %v", bad, det.info)
 		}
 		wantBad := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
@@ -446,15 +453,15 @@ func TestEstimateHeader(t *testing.T) {
 		if det.bad.String() != wantBad.String() || det.retry != nil {
 			t.Errorf("x-max-tokens %q: BadRequest %v and RetryInfo %v, want %v and none", bad, det.bad, det.retry, wantBad)
 		}
-		if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"-1"}; !cmp.Equal(got, want) {
+		if got, want := ts.trailer.Get(pushbackKey), []string{"-1"}; !cmp.Equal(got, want) {
 			t.Errorf("x-max-tokens %q: pushback %q, want %q", bad, got, want)
 		}
 	}
 	if f.tokens() != tokens || callBucket() != calls {
 		t.Errorf("refused estimates took tokens: metered %v → %v, calls %v → %v", tokens, f.tokens(), calls, callBucket())
 	}
-	if got, want := f.l.Stats().InvalidEstimates, uint64(14); got != want {
-		t.Errorf("Stats().InvalidEstimates = %d, want %d", got, want)
+	if got, want := f.tally.counts().InvalidEstimates, uint64(14); got != want {
+		t.Errorf("counts().InvalidEstimates = %d, want %d", got, want)
 	}
 }
 
@@ -503,8 +510,8 @@ func TestCostFuncs(t *testing.T) {
 	if got, want := before-f.tokens(), 100.0; got != want {
 		t.Errorf("the call cost %v, want %v", got, want)
 	}
-	if got, want := f.l.Stats().InvalidCosts, uint64(2); got != want {
-		t.Errorf("Stats().InvalidCosts = %d, want %d", got, want)
+	if got, want := f.tally.counts().InvalidCosts, uint64(2); got != want {
+		t.Errorf("counts().InvalidCosts = %d, want %d", got, want)
 	}
 	// An estimate the burst can never hold is a refusal without retry.
 	before = f.tokens()
@@ -514,10 +521,10 @@ func TestCostFuncs(t *testing.T) {
 		return nil, nil
 	})
 	st, det := detailsOf(t, err)
-	if st.Code() != codes.ResourceExhausted || det.retry != nil || det.info.Reason != middleware.ErrorReasonRateLimited {
+	if st.Code() != codes.ResourceExhausted || det.retry != nil || det.info.Reason != middleware.ReasonQuota.ErrorReason() {
 		t.Errorf("estimate over the burst: %v, RetryInfo %v; want RESOURCE_EXHAUSTED without one", st, det.retry)
 	}
-	if got := ts.trailer.Get(middleware.PushbackKey); !cmp.Equal(got, []string{"-1"}) {
+	if got := ts.trailer.Get(pushbackKey); !cmp.Equal(got, []string{"-1"}) {
 		t.Errorf("pushback = %q, want -1", got)
 	}
 	if f.tokens() != before {
@@ -562,8 +569,8 @@ func TestReportCostNoOps(t *testing.T) {
 	if got, want := before-f.tokens(), 1000.0; got != want {
 		t.Errorf("the call cost %v, want %v: only its one valid report", got, want)
 	}
-	if got, want := f.l.Stats().InvalidCosts, uint64(1); got != want {
-		t.Errorf("Stats().InvalidCosts = %d, want %d", got, want)
+	if got, want := f.tally.counts().InvalidCosts, uint64(1); got != want {
+		t.Errorf("counts().InvalidCosts = %d, want %d", got, want)
 	}
 }
 
@@ -582,8 +589,8 @@ func TestChargeBeyondDebtLimit(t *testing.T) {
 	if got := evs[len(evs)-1]; got.Reason != middleware.ReasonSettled || got.Settled != 100000 || got.Uncharged != 60000 {
 		t.Errorf("settle event %+v, want 100000 settled, 60000 uncharged", got)
 	}
-	if got, want := f.l.Stats().Uncharged, uint64(60000); got != want {
-		t.Errorf("Stats().Uncharged = %d, want %d", got, want)
+	if got, want := f.tally.counts().Uncharged, uint64(60000); got != want {
+		t.Errorf("counts().Uncharged = %d, want %d", got, want)
 	}
 }
 
@@ -603,8 +610,8 @@ func TestSettleOnce(t *testing.T) {
 	if got := f.tokens(); got != after || got != 19500 {
 		t.Errorf("bucket holds %v after a second Done, want %v (19500)", got, after)
 	}
-	if got, want := f.l.Stats().Settled, uint64(1); got != want {
-		t.Errorf("Stats().Settled = %d, want %d", got, want)
+	if got, want := f.tally.counts().Settled, uint64(1); got != want {
+		t.Errorf("counts().Settled = %d, want %d", got, want)
 	}
 }
 
@@ -641,7 +648,7 @@ func TestDebtSurvivesReload(t *testing.T) {
 	_, det := detailsOf(t, err)
 	// 10,000 owed and 4,000 to reserve at 50,000 a minute: 16.8 s, on the
 	// grid of retry delays 17 s.
-	if det.info.GetReason() != middleware.ErrorReasonInDebt || det.retry.RetryDelay.AsDuration() != 17*time.Second {
+	if det.info.GetReason() != middleware.ReasonDebt.ErrorReason() || det.retry.RetryDelay.AsDuration() != 17*time.Second {
 		t.Errorf("after the reload: %v, RetryInfo %v; want IN_DEBT for 17s", det.info, det.retry)
 	}
 }
@@ -668,8 +675,8 @@ func TestDryRunBuildsNoDebt(t *testing.T) {
 	if debts == 0 {
 		t.Error("the dry run never reported a call that enforcement would refuse for debt")
 	}
-	if got := dry.l.Stats().Debt; got != uint64(debts) {
-		t.Errorf("Stats().Debt = %d, want %d", got, debts)
+	if got := dry.tally.counts().Debt; got != uint64(debts) {
+		t.Errorf("counts().Debt = %d, want %d", got, debts)
 	}
 	if got := dry.tokens(); got != float64(tokensPerMinute.Burst) {
 		t.Errorf("the enforced bucket holds %v after the dry run, want it full (%d)", got, tokensPerMinute.Burst)
@@ -850,8 +857,8 @@ func TestShedCallRefunds(t *testing.T) {
 	if d, ok := a.Decision(); !ok || d.Reason != middleware.ReasonOverload || d.Reserved != 4000 {
 		t.Fatalf("Decision = %+v, %v; want shed by the controller after the estimate was reserved", d, ok)
 	}
-	if got, want := f.l.Stats().Shed, uint64(1); got != want {
-		t.Fatalf("Stats().Shed = %d, want %d", got, want)
+	if got, want := f.tally.counts().Shed, uint64(1); got != want {
+		t.Fatalf("counts().Shed = %d, want %d", got, want)
 	}
 	if got, want := f.tokens(), 16000.0; got != want {
 		t.Errorf("bucket holds %v, want %v: only the running call's estimate", got, want)

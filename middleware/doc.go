@@ -4,20 +4,35 @@
 //
 // # The request path
 //
-// A call meets the Limiter twice at most:
+// Admit is the one path every call takes: the interceptors, Limit (the
+// go-grpc-middleware adapter) and package httplimit go through it, and the
+// tap handle does its first steps early. One gRPC call through
+// ServerOptions visits each step once:
 //
-//	conn reader ─► TapHandle: constant work, no I/O; counts the call into
-//	               the overload controller (Enter). Exempt method? Server
-//	               full and the caller at its fair share (WithGate: gate shedding and
-//	               the caller inside a retry delay the interceptor gave
-//	               it)? → reject before the body is read.
-//	handler g. ─►  interceptor: identity ─► tenant and method rule ─►
+//	conn reader ─► TapHandle (constant work, no I/O; exempt methods pass
+//	               untouched): makes the call's context, which keeps its
+//	               headers as grpc-go read them. With an overload
+//	               controller, or while the CPU gate sheds, it also
+//	               resolves the caller (identity ─► tenant ─► route, the
+//	               bucket key and flow ─► priority) in the tenant table in
+//	               force, counts the call into the controller (Enter) and
+//	               may reject it: server full and the caller's flow at its
+//	               fair share, or the caller inside a retry delay the gate
+//	               gave it. The call's body is never read then.
+//	handler g. ─►  interceptor ─► Admit: the tap's resolution, when it made
+//	               one in the table still in force (else resolve, once) ─►
 //	               store.TakeN(key, limit (× gate scale), cost) ─►
 //	               metered quota: store.ReserveN(estimate) (see below) ─►
-//	               controller.Acquire(the tenant's flow) (WithOverload)
+//	               controller.Acquire(the caller's flow) (WithOverload)
 //	               admitted → handler, with the Decision in the context,
 //	                          then a metered call's settle
-//	               rejected → status and trailer; the handler never runs
+//	               rejected → the Rejection and its pushback trailer; the
+//	                          handler never runs
+//
+// A stream takes the same path, but is not held to the controller: once
+// the stream interceptor has seen a method, the tap stops counting its
+// calls in. Without the tap handle (the interceptors alone) the
+// interceptor resolves every call, and each header it reads is copied.
 //
 // The Limiter joins three parts built elsewhere: a floodgate.Store holding
 // the buckets (keyed in memory, redisstore across instances), the tenant
@@ -29,19 +44,19 @@
 // bucket per rule (a rule is the method pattern that supplied the limit),
 // so a tenant's cheap and expensive methods do not drain each other;
 // anonymous callers have the same buckets per client address. An admitted
-// call allocates one object: its context, which carries the Decision.
-// A rejected call allocates nothing: each caller's bucket key, per rule,
-// is kept in a bounded LRU cache (golang-lru), by tenant or, for anonymous
-// callers, by address prefix, and rejection statuses are built once per
-// retry delay and shared.
+// call allocates one object through ServerOptions: its context, which
+// carries the Decision; so does a rejected one. Each caller's bucket key,
+// per rule, is kept in a bounded LRU cache (golang-lru), by tenant or, for
+// anonymous callers, by address prefix, and rejections (Rejection) are
+// built once per reason and retry delay and shared.
 //
 // # Identity and trust
 //
-// A caller is, in order of precedence: the tenant a KeyFunc names; the
+// A caller is, in order of precedence: the tenant a WithKeyFunc hook names; the
 // tenant a verified TLS client certificate names (by default its common
 // name); the tenant an API key belongs to (x-api-key, or authorization:
 // Bearer); else an anonymous caller keyed by its address. Every identity
-// must be known to the tenant table: a KeyFunc's unknown tenant ID, an
+// must be known to the tenant table: a hook's unknown tenant ID, an
 // unknown or malformed API key is anonymous, keyed by address, so a caller
 // who makes keys up shares one bucket with itself instead of getting a
 // fresh one per key. A certificate naming no known tenant (a mesh workload
@@ -137,8 +152,8 @@
 // settle runs after the handler, panics included, with the call's values
 // and without its deadline (as context.WithoutCancel). A call the overload
 // controller does not run gets its estimate back. A settle that the debt
-// limit cuts short counts the rest in Stats.Uncharged and
-// Event.Uncharged; one the store fails leaves the estimate charged.
+// limit cuts short reports the rest in Event.Uncharged; one the store
+// fails leaves the estimate charged (Event.Err).
 //
 // A stream reserves its estimate as it starts, then chunks
 // (tenant.Meter.Chunk) as it runs: before each message it sends, what it
@@ -173,31 +188,30 @@
 // # Exemptions
 //
 // gRPC health checks, server reflection and ORCA load reports are exempt by
-// default (DefaultExemptions, WithExemptions): limiting them would make an
+// default (WithExemptions): limiting them would make an
 // overloaded server look dead to its load balancer. Exempt calls take no
 // tokens and their contexts carry no Decision.
 //
 // # Dry run
 //
 // WithDryRun makes the Limiter decide, take tokens, count and report as
-// usual, but admit every call: the Decision, the Event and Stats say what
+// usual, but admit every call: the Decision and the Event say what
 // would have been rejected. Roll out a new quota in dry run first.
 // Metered quotas keep buckets of their own in dry run (see Cost known
 // after the call), so that enforcement never inherits a dry run's debt.
 //
 // # Observing
 //
-// Stats counts decisions by reason, in counters that only grow (Stats says
-// how they add up); WithObserver reports each decision as
-// an Event: its reason, method, tier, tenant and the store's deciding
-// source (memory, Redis, deny cache, lease, fallback or a failure policy),
-// never a key or an address. A metered call's events carry its unit and
-// what it reserved, and its end is one more Event, of ReasonSettled, with
-// the cost it settled at: sum Event.Settled by tenant to rank tenants by
-// what they cost as well as by their calls. Event.Metered is the metered
-// bucket's answer, what it owes included. Method, tier and source are bounded sets; a
-// metrics adapter that labels by tenant must cap its labels, as
-// promfloodgate does.
+// WithObserver reports each decision as an Event, the one record of it:
+// its Decision (reason, tenant, tier, subject, the store's answers), the
+// method, the store's deciding source (memory, Redis, deny cache, lease,
+// fallback or a failure policy), and the Rejection the caller was sent.
+// The tap handle's rejections and exempt calls are events too; so is a
+// metered call's end, of ReasonSettled, with the cost it settled at: sum
+// Event.Settled by tenant to rank tenants by what they cost as well as by
+// their calls. Method, tier and source are bounded sets; an adapter that
+// labels by tenant must cap its labels, and the subject holds an address:
+// promfloodgate and otelfloodgate count from these events alone.
 //
 // # Outbound
 //

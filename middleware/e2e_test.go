@@ -177,7 +177,7 @@ func TestEndToEndRejection(t *testing.T) {
 			if len(header) != 0 {
 				t.Errorf("rejection header metadata = %v, want none", header)
 			}
-			if got, want := trailer.Get(middleware.PushbackKey), []string{"1000"}; !cmp.Equal(got, want) {
+			if got, want := trailer.Get(pushbackKey), []string{"1000"}; !cmp.Equal(got, want) {
 				t.Errorf("pushback = %q, want %q", got, want)
 			}
 			var kinds []string
@@ -258,7 +258,7 @@ func TestEndToEndStream(t *testing.T) {
 			if h, _ := cs.Header(); len(h) != 0 {
 				t.Errorf("rejected stream header = %v, want none", h)
 			}
-			if cs.Trailer().Get(middleware.PushbackKey) == nil {
+			if cs.Trailer().Get(pushbackKey) == nil {
 				t.Error("rejected stream has no pushback trailer")
 			}
 		})
@@ -289,7 +289,8 @@ func TestRetryHonoursPushback(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := middleware.New(store, middleware.Static(tbl))
+			ty := &tally{}
+			l, err := middleware.New(store, middleware.Static(tbl), ty.option(nil))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,8 +304,8 @@ func TestRetryHonoursPushback(t *testing.T) {
 				t.Fatalf("second call, retried after the pushback: %v", err)
 			}
 			waited := time.Since(start)
-			if got, want := l.Stats(), (middleware.Stats{Admitted: 2, Quota: 1}); got != want {
-				t.Errorf("Stats() = %+v, want %+v (one rejected attempt, then the retry admitted)", got, want)
+			if got, want := ty.counts(), (counts{Admitted: 2, Quota: 1}); got != want {
+				t.Errorf("counts() = %+v, want %+v (one rejected attempt, then the retry admitted)", got, want)
 			}
 			if e.calls.Load() != 2 {
 				t.Errorf("handler ran %d times, want 2", e.calls.Load())
@@ -318,7 +319,7 @@ func TestRetryHonoursPushback(t *testing.T) {
 			// Drain the bucket, then call with a deadline shorter than the
 			// wait: pushback -1, no retry, one rejection.
 			_ = invoke(ctx, cc)
-			before := l.Stats()
+			before := ty.counts()
 			dctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 			defer cancel()
 			var trailer metadata.MD
@@ -326,10 +327,10 @@ func TestRetryHonoursPushback(t *testing.T) {
 			if code := status.Code(err); code != codes.ResourceExhausted {
 				t.Fatalf("call with a short deadline: %v, want RESOURCE_EXHAUSTED without retries", err)
 			}
-			if got := trailer.Get(middleware.PushbackKey); !cmp.Equal(got, []string{"-1"}) {
+			if got := trailer.Get(pushbackKey); !cmp.Equal(got, []string{"-1"}) {
 				t.Errorf("pushback = %q, want -1", got)
 			}
-			if got := l.Stats().Quota - before.Quota; got != 1 {
+			if got := ty.counts().Quota - before.Quota; got != 1 {
 				t.Errorf("%d rejected attempts, want 1 (no retry after pushback -1)", got)
 			}
 		})
@@ -353,9 +354,9 @@ func TestTapOverGRPC(t *testing.T) {
 			if diff := cmp.Diff([]codes.Code{codes.OK, codes.Unavailable, codes.Unavailable}, codesSeen); diff != "" {
 				t.Errorf("codes (-want +got):\n%s", diff)
 			}
-			st := f.l.Stats()
-			if st.Admitted != 1 || st.Overload != 1 || st.Tap != 1 {
-				t.Errorf("Stats() = %+v, want 1 admitted, 1 overload in the interceptor, 1 at the tap", st)
+			st := f.tally.counts()
+			if st.Admitted != 1 || st.Gate != 2 || st.Tap != 1 || st.Overload != 0 {
+				t.Errorf("counts() = %+v, want 1 admitted, 2 gate refusals (1 in the interceptor, 1 at the tap), 1 at the tap", st)
 			}
 			if e.calls.Load() != 1 {
 				t.Errorf("handler ran %d times, want 1", e.calls.Load())
@@ -584,11 +585,11 @@ func TestRepeatedKeyIsAnonymousAndSaysSo(t *testing.T) {
 					md = ei.GetMetadata()
 				}
 			}
-			if diff := cmp.Diff(map[string]string{middleware.MetadataKeyIgnored: middleware.KeyIgnoredRepeated}, md); diff != "" {
+			if diff := cmp.Diff(map[string]string{"api_key_ignored": "repeated"}, md); diff != "" {
 				t.Errorf("ErrorInfo metadata (-want +got):\n%s", diff)
 			}
-			if got := f.l.Stats().RepeatedKeys; got != 3 {
-				t.Errorf("Stats().RepeatedKeys = %d, want 3", got)
+			if got := f.tally.counts().RepeatedKeys; got != 3 {
+				t.Errorf("counts().RepeatedKeys = %d, want 3", got)
 			}
 
 			// A caller sending the key once gets its tenant's bucket, and
@@ -607,15 +608,19 @@ func TestRepeatedKeyIsAnonymousAndSaysSo(t *testing.T) {
 	}
 }
 
-// subjects collects the subjects WithRejectedSubjects passes.
+// subjects collects the subjects of the calls turned away, as the
+// observer's events name them.
 type subjects struct {
 	mu   sync.Mutex
 	list []string
 }
 
-func (s *subjects) add(subject string) {
+func (s *subjects) observe(e middleware.Event) {
+	if e.Allowed || e.DryRun {
+		return
+	}
 	s.mu.Lock()
-	s.list = append(s.list, strings.Clone(subject))
+	s.list = append(s.list, strings.Clone(e.Subject))
 	s.mu.Unlock()
 }
 
@@ -634,8 +639,9 @@ func TestRejectedSubjects(t *testing.T) {
 	for _, nw := range networks {
 		t.Run(nw.name, func(t *testing.T) {
 			var got subjects
+			ty := &tally{}
 			g, sample := scriptedGate(t)
-			f := newFixture(t, middleware.WithGate(g), middleware.WithRejectedSubjects(got.add))
+			f := newFixture(t, middleware.WithGate(g), ty.option(got.observe))
 			cc, _ := serve(t, nw, limiterServer(f.l, grpc.InTapHandle(f.l.TapHandle)))
 			addr := "a:-"
 			if nw.name == "tcp" {
@@ -657,8 +663,8 @@ func TestRejectedSubjects(t *testing.T) {
 			if diff := cmp.Diff([]string{"t:acme", "t:acme"}, got.take()); diff != "" {
 				t.Errorf("acme shed by the interceptor, then the tap (-want +got):\n%s", diff)
 			}
-			if st := f.l.Stats(); st.Tap != 1 {
-				t.Errorf("Stats().Tap = %d, want 1", st.Tap)
+			if st := ty.counts(); st.Tap != 1 {
+				t.Errorf("counts().Tap = %d, want 1", st.Tap)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/grpc"
 
@@ -42,6 +43,16 @@ type ctxMark struct{}
 // TestEventCarriesContextAndRetry checks.
 var ignoreContext = cmpopts.IgnoreFields(middleware.Event{}, "Context")
 
+// eventOpts compares events by what the tests state: without their
+// context, a rejection by its exported fields (its status is shared and
+// checked where it is sent), and without the decision's rule and call
+// limit's result, which the tests of Decision check.
+var eventOpts = cmp.Options{
+	ignoreContext,
+	cmpopts.IgnoreUnexported(middleware.Rejection{}),
+	cmpopts.IgnoreFields(middleware.Decision{}, "Rule", "Result"),
+}
+
 // A quota rejection's event carries the call's context and the retry delay
 // its RetryInfo states.
 func TestEventCarriesContextAndRetry(t *testing.T) {
@@ -53,8 +64,8 @@ func TestEventCarriesContextAndRetry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if e := rec.last(t); e.RetryAfter != 0 || e.Context == nil || e.Shed || e.Wait != 0 {
-		t.Errorf("admitted call's event %+v, want a context and no retry, shed or wait", e)
+	if e := rec.last(t); e.Rejection != nil || e.Context == nil || e.Shed || e.Wait != 0 {
+		t.Errorf("admitted call's event %+v, want a context and no rejection, shed or wait", e)
 	}
 	ctx, _ := c.context(methodGet)
 	ctx = context.WithValue(ctx, ctxMark{}, "the call's")
@@ -66,8 +77,8 @@ func TestEventCarriesContextAndRetry(t *testing.T) {
 		t.Fatal("a call over the anonymous burst was admitted")
 	}
 	e := rec.last(t)
-	if e.Reason != middleware.ReasonQuota || e.RetryAfter != time.Second {
-		t.Errorf("rejection's event: reason %v, retry %v; want quota, 1s (1/s from empty)", e.Reason, e.RetryAfter)
+	if e.Reason != middleware.ReasonQuota || e.Rejection == nil || e.Rejection.RetryAfter != time.Second {
+		t.Errorf("rejection's event: reason %v, rejection %+v; want quota, retry 1s (1/s from empty)", e.Reason, e.Rejection)
 	}
 	if e.Context == nil || e.Context.Value(ctxMark{}) != "the call's" {
 		t.Errorf("rejection's event context %v, want the call's", e.Context)
@@ -120,7 +131,7 @@ func TestEventCarriesWaitAndShed(t *testing.T) {
 	if _, err := l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noHandler(t)); err == nil {
 		t.Fatal("a call into a full queue was admitted")
 	}
-	if e := rec.last(t); !e.Shed || e.Cause != overload.ShedQueueFull || e.Reason != middleware.ReasonOverload || e.RetryAfter != ctrl.RetryAfter() {
+	if e := rec.last(t); !e.Shed || e.Cause != overload.ShedQueueFull || e.Reason != middleware.ReasonOverload || e.Rejection == nil || e.Rejection.RetryAfter != ctrl.RetryAfter() {
 		t.Errorf("shed call's event %+v, want shed (queue_full) with the controller's retry delay %v", e, ctrl.RetryAfter())
 	}
 	close(release1)

@@ -65,8 +65,11 @@ func ExampleNew() {
 		grpc.ChainStreamInterceptor(lim.StreamServerInterceptor()),
 	)
 	defer srv.Stop()
-	fmt.Println(lim.Exempt("/grpc.health.v1.Health/Check"))
-	// Output: true
+	// Health checks are exempt: admitted, with no decision.
+	a, err := lim.Admit(context.Background(), middleware.Call{Method: "/grpc.health.v1.Health/Check"})
+	_, decided := a.Decision()
+	fmt.Println(err == nil, decided)
+	// Output: true false
 }
 
 // A handler reads the decision: who the caller is and what is left.
@@ -146,8 +149,11 @@ func ExampleLimiter_Selector() {
 		selector.UnaryServerInterceptor(ratelimit.UnaryServerInterceptor(lim), lim.Selector()),
 	))
 	defer srv.Stop()
-	fmt.Println(lim.Exempt("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"))
-	// Output: true
+	// Reflection is exempt: admitted, with no decision.
+	a, err := lim.Admit(context.Background(), middleware.Call{Method: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"})
+	_, decided := a.Decision()
+	fmt.Println(err == nil, decided)
+	// Output: true false
 }
 
 func mustCompile(cfg *tenant.Config) *tenant.Table {

@@ -25,7 +25,11 @@ func CountResolves(t interface{ Cleanup(func()) }, n *atomic.Int64) {
 	t.Cleanup(func() { onResolve = nil })
 }
 
+// Exempt reports whether l exempts fullMethod.
+func Exempt(l *Limiter, fullMethod string) bool { return l.exempt(fullMethod) }
+
 var (
+	DefaultExemptions = defaultExemptions
 	WalkForwarded = func(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
 		return walkForwarded(peer, values, trusted, parseHop)
 	}

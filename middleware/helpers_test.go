@@ -21,6 +21,12 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const (
+	// pushbackKey is the gRFC A6 trailer of a rejection's retry delay.
+	pushbackKey = "grpc-retry-pushback-ms"
+	// defaultDomain is the ErrorInfo domain of rejections without
+	// WithDomain.
+	defaultDomain = "floodgate.dev"
+
 	acmeKey   = "acme-0123456789abcdef"
 	globexKey = "globex-0123456789abcdef"
 	methodGet = "/inventory.v1.Inventory/Get"
@@ -83,6 +89,7 @@ type fixture struct {
 	l     *middleware.Limiter
 	store *keyed.Map
 	clock *clock
+	tally *tally // counts the Limiter's events, unless an option replaced its observer
 }
 
 func newFixture(t testing.TB, opts ...middleware.Option) fixture {
@@ -92,11 +99,104 @@ func newFixture(t testing.TB, opts ...middleware.Option) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := middleware.New(store, middleware.Static(testTable(t)), append([]middleware.Option{middleware.WithClock(c)}, opts...)...)
+	ty := &tally{}
+	l, err := middleware.New(store, middleware.Static(testTable(t)), append([]middleware.Option{middleware.WithClock(c), ty.option(nil)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fixture{l: l, store: store, clock: c}
+	return fixture{l: l, store: store, clock: c, tally: ty}
+}
+
+// counts are a Limiter's decisions as its events tell them, by kind.
+// Admitted counts the calls their quota admitted, those the overload
+// controller then shed included; StoreErrors the store's failures, those
+// failing open that the controller then admitted (reported as admitted,
+// with Err) or shed included; Gate the quota's refusals while the CPU gate
+// scales limits down, and the tap handle's while the gate sheds; Overload
+// the controller's, Shed and its refusals at the tap included; Tap the tap
+// handle's rejections, of either reason.
+type counts struct {
+	Admitted, Exempt, Quota, Gate, Overload, Shed, StoreErrors, DryRun, Tap uint64
+	RepeatedKeys, LongKeys, Debt, InvalidEstimates                          uint64
+	Settled, SettleErrors, Uncharged, InvalidCosts                          uint64
+}
+
+// tally counts events into counts; it is safe for concurrent use.
+type tally struct {
+	mu sync.Mutex
+	c  counts
+}
+
+// option returns the observer option that counts each event, then passes
+// it to next, if not nil.
+func (t *tally) option(next func(middleware.Event)) middleware.Option {
+	return middleware.WithObserver(func(e middleware.Event) {
+		t.observe(e)
+		if next != nil {
+			next(e)
+		}
+	})
+}
+
+func (t *tally) observe(e middleware.Event) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := &t.c
+	if e.Reason == middleware.ReasonSettled {
+		c.Settled++
+		if e.Err != nil {
+			c.SettleErrors++
+		}
+		c.Uncharged += uint64(e.Uncharged)
+		c.InvalidCosts += uint64(e.InvalidCosts)
+		return
+	}
+	c.InvalidCosts += uint64(e.InvalidCosts) // each reported once
+	switch e.KeyIgnored {
+	case "repeated":
+		c.RepeatedKeys++
+	case "too_long":
+		c.LongKeys++
+	}
+	if e.Tap {
+		c.Tap++
+	}
+	if e.DryRun && !e.Allowed {
+		c.DryRun++
+	}
+	switch e.Reason {
+	case middleware.ReasonAdmitted:
+		c.Admitted++
+	case middleware.ReasonExempt:
+		c.Exempt++
+	case middleware.ReasonQuota:
+		c.Quota++
+	case middleware.ReasonGate:
+		c.Gate++
+	case middleware.ReasonOverload:
+		c.Overload++
+		if e.Shed {
+			c.Shed++
+			if e.Err != nil { // failed open, then shed
+				c.StoreErrors++
+			} else {
+				c.Admitted++
+			}
+		}
+	case middleware.ReasonStoreError:
+		c.StoreErrors++
+	case middleware.ReasonDebt:
+		c.Debt++
+	case middleware.ReasonInvalidEstimate:
+		c.InvalidEstimates++
+	}
+}
+
+// counts returns the counts so far.
+func (t *tally) counts() counts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.c
 }
 
 // transportStream records what the interceptor sets, like grpc-go's.

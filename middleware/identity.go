@@ -217,8 +217,8 @@ func (l *Limiter) aggregate(a netip.Addr) netip.Addr {
 }
 
 // keyNote says why a call's API key header was not used: the caller is
-// then anonymous, and its rejections say why (ErrorInfo metadata
-// MetadataKeyIgnored) and are counted (Stats).
+// then anonymous, and its rejections and events say why
+// (Rejection.KeyIgnored, Decision.KeyIgnored).
 type keyNote uint8
 
 const (
@@ -232,7 +232,7 @@ const (
 	nNotes
 )
 
-var noteNames = [nNotes]string{"", KeyIgnoredRepeated, KeyIgnoredTooLong}
+var noteNames = [nNotes]string{"", "repeated", "too_long"}
 
 // apiKey returns the API key the call presents, or "" when it presents none
 // usable: only the first configured header present counts, it must have one

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -55,14 +53,10 @@ const (
 	ReasonExempt
 	// ReasonQuota: the caller is over its quota at full limits.
 	ReasonQuota
-	// ReasonOverload: the server is overloaded. The overload controller
-	// (WithOverload) shed a call its quota admitted (Event.Shed); or the
-	// tap handle turned the call away (Event.Tap) while the controller
-	// held all the calls it can run and queue and the caller's flow its
-	// share of them, or, with the CPU gate (WithGate) and no controller,
-	// while the gate sheds and the caller is inside a retry delay
-	// (WithTapFloor); or the caller is over its quota while the gate
-	// scales limits down.
+	// ReasonOverload: the overload controller (WithOverload) turned the
+	// call away: it shed a call its quota admitted (Event.Shed), or, at
+	// the tap handle (Event.Tap), the controller held all the calls it can
+	// run and queue and the caller's flow its share of them.
 	ReasonOverload
 	// ReasonStoreError: the store could not decide.
 	ReasonStoreError
@@ -79,9 +73,14 @@ const (
 	// was settled at (Event.Reserved, Event.Settled), with Allowed true
 	// (the call ran). An observer that counts decisions skips it.
 	ReasonSettled
+	// ReasonGate: the CPU gate (WithGate) scales limits down and the
+	// caller is over its scaled quota; or, at the tap handle (Event.Tap),
+	// the gate sheds and the caller is inside the retry delay it was given
+	// (WithTapFloor).
+	ReasonGate
 )
 
-var reasonNames = [...]string{"admitted", "exempt", "quota", "overload", "store_error", "debt", "invalid_estimate", "settled"}
+var reasonNames = [...]string{"admitted", "exempt", "quota", "overload", "store_error", "debt", "invalid_estimate", "settled", "gate"}
 
 // String returns the reason's lower-case name, such as "quota", fit for a
 // metric label.
@@ -107,6 +106,13 @@ type Decision struct {
 	Tenant string
 	// Tier is the tenant's tier, or "".
 	Tier string
+	// Subject names the caller's buckets: "t:<tenant ID>", or
+	// "a:<address prefix>" for an anonymous caller ("a:-" without an IP
+	// address). It holds an address: never use it as a metric label.
+	Subject string
+	// KeyIgnored says why the caller's API key header was ignored, which
+	// left it anonymous (Rejection.KeyIgnored's values), "" when it was not.
+	KeyIgnored string
 	// Rule is the rule the call was held to, with its unscaled limit.
 	Rule tenant.Rule
 	// Result is the store's answer from the call limit's bucket;
@@ -128,43 +134,36 @@ type Decision struct {
 	Metered floodgate.Result
 }
 
-// An Event reports one decision to the observer (WithObserver). Its strings
+// An Event reports one decision to the observer (WithObserver): a call's,
+// the tap handle's, a stream message's or chunk's, an exempt call's
+// (ReasonExempt), or a metered call's settle (ReasonSettled). Its strings
 // are shared with the Limiter's tables, so reporting allocates nothing. It
-// carries no key and no address; it names the tenant, so an observer that
-// labels by tenant must bound its labels (promfloodgate caps them).
+// names the tenant, so an observer that labels by tenant must bound its
+// labels (promfloodgate caps them), and the subject, which holds an
+// address.
 type Event struct {
+	// Decision is the decision. In the tap handle's events it holds the
+	// caller as the tap resolved it (an API key it has not seen counts as
+	// its address's), no rule and no store's answer; in a ReasonSettled
+	// event, Reserved is everything the call reserved, its stream's chunks
+	// included, and Metered the settle's answer (the zero Result when the
+	// settle made no store call or failed).
+	Decision
 	// Method is the full method name, "/pkg.Svc/Method".
 	Method string
-	// Tier is the tier of the caller's policy: its tenant's, or the
-	// anonymous policy's for an anonymous caller; "" when that names none,
-	// and in the tap handle's events (the tap does not resolve tiers).
-	Tier string
-	// Tenant is the caller's tenant ID, "" for an anonymous caller and in
-	// the tap handle's events.
-	Tenant string
-	// Reason is the decision's reason.
-	Reason Reason
 	// Source is what decided in the store (floodgate.Result.Source: the
 	// memory bucket, Redis, the deny cache, a lease, the local fallback, or
 	// a failure policy): the metered bucket's answer when it refused the
 	// call, or settled it (ReasonSettled), else the call limit's. It is
-	// meaningful only for the interceptors' events with reason
-	// ReasonAdmitted, ReasonQuota, ReasonOverload, ReasonDebt or
-	// ReasonSettled; after a store error, for an invalid estimate and in
-	// the tap handle's events no store decided, and it is the zero Source.
+	// the zero Source when no store decided: after a store error, for an
+	// invalid estimate, for an exempt call and in the tap handle's events.
 	Source floodgate.Source
-	// Allowed reports whether the limiter admitted the call. In dry-run
-	// mode the call runs either way.
-	Allowed bool
-	// DryRun reports that the Limiter is in dry-run mode (WithDryRun).
-	DryRun bool
 	// Tap reports a decision of the tap handle, made before the call's
 	// stream was.
 	Tap bool
-	// RetryAfter is the retry delay a rejection states in its RetryInfo,
-	// on the pushback grid (WithMaxPushback); 0 when it states none, and
-	// for a call that runs.
-	RetryAfter time.Duration
+	// Rejection is what the caller was told: nil for a call that runs
+	// (in dry-run mode, every call).
+	Rejection *Rejection
 	// Shed reports a call the overload controller (WithOverload) shed
 	// after its quota admitted it, and Cause says why. The tap handle's
 	// rejections report Tap instead.
@@ -174,13 +173,12 @@ type Event struct {
 	// controller; 0 when it started at once.
 	Wait time.Duration
 	// Unit is the unit of the call's metered quota (tenant.Meter.Unit),
-	// "" when its method has none. The cost fields below are in it.
+	// "" when its method has none. The cost fields are in it.
 	Unit string
-	// Reserved is what the call reserved from its metered quota: the
-	// estimate, in the decision that admitted it; everything it reserved,
-	// its stream's chunks included, in its ReasonSettled event; and what
-	// a stream had reserved when a chunk was refused.
-	Reserved int64
+	// MeterID names the metered bucket among the tenant's buckets
+	// (tenant.Meter.ID), "" when the method has no metered quota: two
+	// events of a tenant with the same MeterID are of the same bucket.
+	MeterID string
 	// Settled is the cost the call was settled at, in its ReasonSettled
 	// event: what it reported, or its estimate when it reported nothing.
 	// Rank tenants by its sum to find who costs most.
@@ -188,89 +186,18 @@ type Event struct {
 	// Uncharged is the part of Settled that the bucket's debt limit left
 	// uncharged (floodgate.DebtLimitError), in a ReasonSettled event.
 	Uncharged int64
-	// Metered is the metered bucket's answer, as in Decision.Metered: its
-	// Owed the units the bucket owes after the decision, its Limit the
-	// metered limit (scaled by the CPU gate). It is the reservation's in
-	// the decision that reserved, admitted or refused, a stream's refused
-	// chunk included, and the settle's in a ReasonSettled event. It is the
-	// zero Result when no store answered: without a metered quota, after a
-	// store error, and in a settle that made no store call (a call that
-	// reported nothing, or exactly what it reserved) or whose store call
-	// failed.
-	Metered floodgate.Result
-	// MeterID names the metered bucket among the tenant's buckets
-	// (tenant.Meter.ID), "" when the method has no metered quota: two
-	// events of a tenant with the same MeterID are of the same bucket.
-	MeterID string
+	// InvalidCosts counts negative costs, all ignored: the one the
+	// WithCostEstimate function returned, in the call's decision; those
+	// WithActualCost returned or ReportCost was given, in its
+	// ReasonSettled event. Each is reported once.
+	InvalidCosts int
+	// Err is the store's error: of a ReasonStoreError decision, or of a
+	// settle that failed, which leaves the call's reservations charged.
+	Err error
 	// Context is the call's context, for what it carries, such as a trace
 	// span; the observer must not keep it. It is nil in the tap handle's
 	// events, made before the call's context is.
 	Context context.Context
-}
-
-// Stats are the Limiter's counters since it was made; each only grows.
-//
-// Each limited call is counted once in Admitted, Quota, Overload,
-// StoreErrors, Debt or InvalidEstimates, by what its quota decided (an
-// exempt call in Exempt instead); a stream that a chunk of its metered
-// quota ends is counted again, in the chunk's reason. The overload
-// controller (WithOverload) then decides the calls the quota let through,
-// those in Admitted and the store errors failing open, and Shed counts
-// those it shed: without store errors, Admitted − Shed calls passed both
-// (less those whose context ended while they waited for a slot). The
-// interceptors' overload rejections are Overload + Shed; the tap handle's
-// are counted apart, in Tap.
-type Stats struct {
-	// Admitted counts calls their quota admitted, those the overload
-	// controller then shed included (store errors admitted under the
-	// default fail-open policy are counted in StoreErrors).
-	Admitted uint64
-	// Exempt counts calls to exempt methods.
-	Exempt uint64
-	// Quota and Overload count the quota's rejections, by the call limit
-	// or a metered quota's empty bucket, dry-run ones included: Quota at
-	// full limits, Overload while the CPU gate (WithGate) scales them
-	// down.
-	Quota, Overload uint64
-	// Shed counts calls the quota let through (Admitted, or a store error
-	// failing open) that the overload controller then shed (reason
-	// ReasonOverload, Event.Shed).
-	Shed uint64
-	// StoreErrors counts decisions the store could not make.
-	StoreErrors uint64
-	// DryRun counts calls admitted only because of dry-run mode.
-	DryRun uint64
-	// Tap counts the tap handle's rejections (and those of Admit as a
-	// call enters the overload controller); they are in no other count.
-	Tap uint64
-	// RepeatedKeys and LongKeys count calls by the interceptors whose API
-	// key header was ignored, leaving the caller anonymous: it had more
-	// than one value, or a value longer than any key.
-	RepeatedKeys, LongKeys uint64
-	// Debt counts the rejections of callers whose metered bucket owed
-	// units (ReasonDebt), dry-run ones and streams' chunks included.
-	Debt uint64
-	// InvalidEstimates counts calls whose estimate header was not a whole
-	// number within the quota's burst (ReasonInvalidEstimate), dry-run
-	// ones included.
-	InvalidEstimates uint64
-	// Settled counts metered calls settled as they ended (ReasonSettled
-	// events), and SettleErrors those whose settle the store failed,
-	// which leave their reservations charged.
-	Settled, SettleErrors uint64
-	// Uncharged sums the units that settles could not charge because
-	// their buckets reached their debt limits (Event.Uncharged).
-	Uncharged uint64
-	// InvalidCosts counts negative costs the WithCostEstimate and
-	// WithActualCost functions returned or ReportCost was given, all
-	// ignored.
-	InvalidCosts uint64
-}
-
-// counters are the Limiter's counts, one atomic word each (see Stats).
-type counters struct {
-	admitted, exempt, quota, overload, shed, storeErr, dryRun, tap, repeatedKeys, longKeys atomic.Uint64
-	debt, badEstimates, settled, settleErrs, uncharged, badCosts                           atomic.Uint64
 }
 
 // A Limiter admits or rejects gRPC calls: it resolves each call's caller to
@@ -301,7 +228,6 @@ type Limiter struct {
 	routes   *lru.Cache[routeKey, *route]
 	pen      *penalties
 	streams  streamMethods
-	c        counters
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.
@@ -315,7 +241,7 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 	switch {
 	case store == nil:
 		return nil, fmt.Errorf("%w: middleware: New: nil store", floodgate.ErrInvalidOption)
-	case tables == nil, reflect.ValueOf(tables).Kind() == reflect.Pointer && reflect.ValueOf(tables).IsNil():
+	case isNil(tables):
 		// A typed nil, such as a nil *tenant.Registry, is nil too.
 		return nil, fmt.Errorf("%w: middleware: New: nil tables", floodgate.ErrInvalidOption)
 	case tables.Table() == nil:
@@ -347,32 +273,8 @@ func New(store floodgate.Store, tables Tables, opts ...Option) (*Limiter, error)
 	return l, nil
 }
 
-// Stats returns the Limiter's counters. Each is read atomically; together
-// they are not a consistent snapshot.
-func (l *Limiter) Stats() Stats {
-	return Stats{
-		Admitted:     l.c.admitted.Load(),
-		Exempt:       l.c.exempt.Load(),
-		Quota:        l.c.quota.Load(),
-		Overload:     l.c.overload.Load(),
-		Shed:         l.c.shed.Load(),
-		StoreErrors:  l.c.storeErr.Load(),
-		DryRun:       l.c.dryRun.Load(),
-		Tap:          l.c.tap.Load(),
-		RepeatedKeys: l.c.repeatedKeys.Load(),
-		LongKeys:     l.c.longKeys.Load(),
-
-		Debt:             l.c.debt.Load(),
-		InvalidEstimates: l.c.badEstimates.Load(),
-		Settled:          l.c.settled.Load(),
-		SettleErrors:     l.c.settleErrs.Load(),
-		Uncharged:        l.c.uncharged.Load(),
-		InvalidCosts:     l.c.badCosts.Load(),
-	}
-}
-
-// Exempt reports whether fullMethod is exempt from limiting.
-func (l *Limiter) Exempt(fullMethod string) bool {
+// exempt reports whether fullMethod is exempt from limiting.
+func (l *Limiter) exempt(fullMethod string) bool {
 	for _, p := range l.o.exempt {
 		if strings.HasPrefix(fullMethod, p) {
 			return true
@@ -396,7 +298,10 @@ type verdict struct {
 	// note says why the caller's API key was ignored, for its rejection.
 	note keyNote
 	res  floodgate.Result
-	prio floodgate.Priority
+	err  error // the store's, for ReasonStoreError
+	// invalid counts the negative costs the estimate function returned.
+	invalid int
+	prio    floodgate.Priority
 	// The metered quota's part, when the rule has a Meter: the estimate
 	// and whether the header that stated it was invalid, the bucket's
 	// answer, and the estimate reserved when it admitted the call.
@@ -409,15 +314,17 @@ type verdict struct {
 
 func (v *verdict) decision() Decision {
 	d := Decision{
-		Allowed:  v.allowed,
-		Reason:   v.reason,
-		DryRun:   v.dryRun,
-		Tier:     v.r.ten.Tier(),
-		Rule:     v.r.rule,
-		Result:   v.res,
-		Priority: v.prio,
-		Reserved: v.reserved,
-		Metered:  v.mres,
+		Allowed:    v.allowed,
+		Reason:     v.reason,
+		DryRun:     v.dryRun,
+		Tier:       v.r.ten.Tier(),
+		Subject:    v.r.subject,
+		KeyIgnored: noteNames[v.note],
+		Rule:       v.r.rule,
+		Result:     v.res,
+		Priority:   v.prio,
+		Reserved:   v.reserved,
+		Metered:    v.mres,
 	}
 	if v.r.found {
 		d.Tenant = v.r.ten.ID()
@@ -470,8 +377,8 @@ var onResolve func()
 
 // resolve resolves call c in table into v: the caller's tenant, or the
 // anonymous policy and its address; its route; its priority; and why an
-// API key header was ignored, which it counts. At the tap handle (tap
-// true) it calls no KeyFunc and hashes no API key, and reports false when
+// API key header was ignored. At the tap handle (tap
+// true) it calls no WithKeyFunc hook and hashes no API key, and reports false when
 // it could not tell the caller without: then v holds the route of the
 // caller's address.
 func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap bool, v *verdict) bool {
@@ -481,12 +388,6 @@ func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap
 	ten, found, ok, note := l.identify(ctx, c, table, tap)
 	if !ok {
 		ten, found = table.Anonymous(), false
-	}
-	switch note {
-	case noteRepeated:
-		l.c.repeatedKeys.Add(1)
-	case noteTooLong:
-		l.c.longKeys.Add(1)
 	}
 	v.r = l.route(ten, found, c)
 	v.prio = l.priority(c, v.r)
@@ -498,7 +399,7 @@ func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap
 // anonymous policy and false, with the reason an API key header was
 // ignored. At the tap handle (tap true) it resolves only API keys already
 // cached, without a SHA-256 under the transport's lock, and reports ok
-// false when it cannot tell what the interceptor would say: a KeyFunc is
+// false when it cannot tell what the interceptor would say: a WithKeyFunc hook is
 // set (it may name any caller, and may expect the interceptor chain's
 // context), or the caller presents a key the cache does not hold.
 func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table, tap bool) (ten *tenant.Tenant, found, ok bool, note keyNote) {
@@ -534,10 +435,10 @@ func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table, ta
 // when the call must not run. It allocates nothing for a caller whose
 // route is cached. A metered call's reservation goes to rsv, which holds
 // its tokens when rsv.Result.Allowed.
-func (l *Limiter) decide(ctx context.Context, c *Call, v *verdict, rsv *floodgate.Reservation) *entry {
+func (l *Limiter) decide(ctx context.Context, c *Call, v *verdict, rsv *floodgate.Reservation) *Rejection {
 	if m := v.r.rule.Meter; m != nil {
 		var ok bool
-		v.est, ok = l.estimate(ctx, c, m)
+		v.est, ok = l.estimate(ctx, c, m, v)
 		v.badEst = !ok
 	}
 	return l.take(ctx, v, rsv)
@@ -545,7 +446,7 @@ func (l *Limiter) decide(ctx context.Context, c *Call, v *verdict, rsv *floodgat
 
 // observe reports v's call to the observer, if there is one, as decided
 // for reason, allowed or not; e holds what only the caller knows (the
-// context, the rejection's delay, the controller's shed or wait).
+// context, the rejection, the controller's shed or wait).
 func (l *Limiter) observe(v *verdict, reason Reason, allowed bool, e Event) {
 	obs := l.o.observer
 	if obs == nil {
@@ -557,22 +458,21 @@ func (l *Limiter) observe(v *verdict, reason Reason, allowed bool, e Event) {
 
 // event fills in e, an Event of v's call, as decided for reason.
 func (l *Limiter) event(v *verdict, reason Reason, allowed bool, e *Event) {
-	e.Method, e.Tier, e.Reason, e.Source, e.Allowed, e.DryRun = v.method, v.r.ten.Tier(), reason, v.res.Source, allowed, v.dryRun
+	e.Decision = v.decision()
+	e.Reason, e.Allowed = reason, allowed
+	e.Method, e.Source, e.Err, e.InvalidCosts = v.method, v.res.Source, v.err, v.invalid
 	if v.byMeter {
 		e.Source = v.mres.Source
 	}
-	if v.r.found {
-		e.Tenant = v.r.ten.ID()
-	}
 	if m := v.r.rule.Meter; m != nil {
-		e.Unit, e.MeterID, e.Metered = m.Unit, m.ID, v.mres
+		e.Unit, e.MeterID = m.Unit, m.ID
 	}
 }
 
 // take takes the route's cost from its bucket and, for a metered rule
 // when rsv is not nil, reserves the call's estimate into rsv; it records
 // the outcome in v and returns the rejection when the call must not run.
-func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservation) *entry {
+func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservation) *Rejection {
 	r := v.r
 	if v.badEst && !v.dryRun {
 		// Refused before anything is taken: the caller's bug costs it
@@ -598,7 +498,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservati
 	retry := res.RetryAfter
 	switch {
 	case err != nil:
-		v.res = floodgate.Result{}
+		v.res, v.err = floodgate.Result{}, err
 		// A key the store refuses for its length never fits: failing
 		// open on it would leave its caller unlimited.
 		v.allowed = !l.o.failClosed && !errors.Is(err, floodgate.ErrKeyTooLong)
@@ -615,7 +515,7 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservati
 		v.allowed = false
 		v.reason = ReasonQuota
 		if scale < 1 {
-			v.reason = ReasonOverload
+			v.reason = ReasonGate
 		}
 	}
 	if v.badEst { // in dry-run mode, which ran the call on the config's estimate
@@ -624,16 +524,12 @@ func (l *Limiter) take(ctx context.Context, v *verdict, rsv *floodgate.Reservati
 	return l.decided(ctx, v, retry)
 }
 
-// decided counts v's decision, reports it unless the overload controller
-// decides next, and returns its rejection, after retry, when the call must
-// not run.
-func (l *Limiter) decided(ctx context.Context, v *verdict, retry time.Duration) *entry {
+// decided reports v's decision unless the overload controller decides
+// next, and returns its rejection, after retry, when the call must not
+// run.
+func (l *Limiter) decided(ctx context.Context, v *verdict, retry time.Duration) *Rejection {
 	r := v.r
-	l.count(v.reason)
-	if !v.allowed && v.dryRun {
-		l.c.dryRun.Add(1)
-	}
-	var e *entry
+	var e *Rejection
 	if !v.allowed && !v.dryRun {
 		var m *tenant.Meter // when the metered quota refused the call
 		if v.byMeter || v.reason == ReasonInvalidEstimate {
@@ -642,41 +538,16 @@ func (l *Limiter) decided(ctx context.Context, v *verdict, retry time.Duration) 
 		e = l.rej.lookup(v.reason, retry, v.note, m)
 	}
 	if !(v.allowed && v.gated) {
-		ev := Event{Context: ctx, Reserved: v.reserved}
-		if e != nil {
-			ev.RetryAfter = e.d
-		}
-		l.observe(v, v.reason, v.allowed, ev)
+		l.observe(v, v.reason, v.allowed, Event{Context: ctx, Rejection: e})
 	}
 	if e == nil {
 		return nil
 	}
-	if f := l.o.rejected; f != nil {
-		f(r.subject)
-	}
 	// The tap handle acts only while the gate sheds, so only then is the
 	// retry delay worth a clock read to remember. A wait beyond the cap (or
 	// Never) is remembered as the cap.
-	if v.reason == ReasonOverload && retry > 0 {
+	if v.reason == ReasonGate && retry > 0 {
 		l.pen.note(r.subject, l.o.clock.Now().Add(min(retry, l.o.maxPushback)))
 	}
 	return e
-}
-
-// count counts a decision for reason.
-func (l *Limiter) count(reason Reason) {
-	switch reason {
-	case ReasonAdmitted:
-		l.c.admitted.Add(1)
-	case ReasonQuota:
-		l.c.quota.Add(1)
-	case ReasonOverload:
-		l.c.overload.Add(1)
-	case ReasonStoreError:
-		l.c.storeErr.Add(1)
-	case ReasonDebt:
-		l.c.debt.Add(1)
-	case ReasonInvalidEstimate:
-		l.c.badEstimates.Add(1)
-	}
 }

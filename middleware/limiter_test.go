@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -74,7 +75,7 @@ func TestRejectsOverQuota(t *testing.T) {
 		t.Errorf("rejection set header metadata %v", ts.header)
 	}
 	// Anonymous 1/s with an empty bucket: the next token is 1 s away.
-	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"1000"}; !cmp.Equal(got, want) {
+	if got, want := ts.trailer.Get(pushbackKey), []string{"1000"}; !cmp.Equal(got, want) {
 		t.Errorf("pushback trailer = %q, want %q", got, want)
 	}
 	var info *errdetails.ErrorInfo
@@ -92,8 +93,8 @@ func TestRejectsOverQuota(t *testing.T) {
 			t.Errorf("unexpected detail %T", d)
 		}
 	}
-	if info == nil || info.Reason != middleware.ErrorReasonRateLimited || info.Domain != middleware.DefaultDomain {
-		t.Errorf("ErrorInfo = %v, want reason %s domain %s", info, middleware.ErrorReasonRateLimited, middleware.DefaultDomain)
+	if info == nil || info.Reason != middleware.ReasonQuota.ErrorReason() || info.Domain != defaultDomain {
+		t.Errorf("ErrorInfo = %v, want reason %s domain %s", info, middleware.ReasonQuota.ErrorReason(), defaultDomain)
 	}
 	if retry == nil || retry.RetryDelay.AsDuration() != time.Second {
 		t.Errorf("RetryInfo = %v, want 1s", retry)
@@ -101,8 +102,8 @@ func TestRejectsOverQuota(t *testing.T) {
 	if quota == nil || len(quota.Violations) != 1 {
 		t.Errorf("QuotaFailure = %v, want one violation", quota)
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 2, Quota: 1}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := f.tally.counts(), (counts{Admitted: 2, Quota: 1}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
 
 	// Once the token is back the caller is admitted again.
@@ -175,7 +176,7 @@ func TestPushback(t *testing.T) {
 					break
 				}
 			}
-			if got := trailer.Get(middleware.PushbackKey); !cmp.Equal(got, []string{tc.want}) {
+			if got := trailer.Get(pushbackKey); !cmp.Equal(got, []string{tc.want}) {
 				t.Errorf("pushback = %q, want %q", got, tc.want)
 			}
 		})
@@ -199,7 +200,7 @@ func TestPushbackNeverZero(t *testing.T) {
 	if err == nil {
 		t.Fatal("second call admitted")
 	}
-	ms, _ := strconv.Atoi(ts.trailer.Get(middleware.PushbackKey)[0])
+	ms, _ := strconv.Atoi(ts.trailer.Get(pushbackKey)[0])
 	if ms < 1 {
 		t.Errorf("pushback = %d ms, want ≥ 1", ms)
 	}
@@ -275,20 +276,20 @@ func TestOverloadUnderGate(t *testing.T) {
 	if ran || status.Code(err) != codes.Unavailable {
 		t.Fatalf("second call: ran %v, err %v; want UNAVAILABLE", ran, err)
 	}
-	if got, want := ts.trailer.Get(middleware.PushbackKey), []string{"500"}; !cmp.Equal(got, want) {
+	if got, want := ts.trailer.Get(pushbackKey), []string{"500"}; !cmp.Equal(got, want) {
 		t.Errorf("pushback = %q, want %q", got, want)
 	}
 	st, _ := status.FromError(err)
 	for _, det := range st.Details() {
-		if info, ok := det.(*errdetails.ErrorInfo); ok && info.Reason != middleware.ErrorReasonOverloaded {
-			t.Errorf("ErrorInfo.Reason = %q, want %q", info.Reason, middleware.ErrorReasonOverloaded)
+		if info, ok := det.(*errdetails.ErrorInfo); ok && info.Reason != middleware.ReasonGate.ErrorReason() {
+			t.Errorf("ErrorInfo.Reason = %q, want %q", info.Reason, middleware.ReasonGate.ErrorReason())
 		}
 		if _, ok := det.(*errdetails.QuotaFailure); ok {
 			t.Error("overload rejection carries QuotaFailure")
 		}
 	}
-	if got := f.l.Stats().Overload; got != 1 {
-		t.Errorf("Stats().Overload = %d, want 1", got)
+	if st := f.tally.counts(); st.Gate != 1 || st.Overload != 0 {
+		t.Errorf("counts() = %+v, want 1 gate refusal and no overload", st)
 	}
 }
 
@@ -305,8 +306,8 @@ func TestExempt(t *testing.T) {
 	if _, ok := middleware.FromContext(context.Background()); ok {
 		t.Error("FromContext on a bare context reports a decision")
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Exempt: 15}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := f.tally.counts(), (counts{Exempt: 15}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
 	custom := newFixture(t, middleware.WithExemptions("/inventory.v1.Inventory/"))
 	for range 5 {
@@ -321,7 +322,8 @@ func TestExempt(t *testing.T) {
 
 func TestDryRun(t *testing.T) {
 	var events []middleware.Event
-	f := newFixture(t, middleware.WithDryRun(true), middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))
+	ty := &tally{}
+	f := newFixture(t, middleware.WithDryRun(true), ty.option(func(e middleware.Event) { events = append(events, e) }))
 	var last middleware.Decision
 	for i := range 4 {
 		ran, d, ts, err := unary(f.l, anon, methodGet)
@@ -336,29 +338,34 @@ func TestDryRun(t *testing.T) {
 	if last.Allowed || !last.DryRun || last.Reason != middleware.ReasonQuota {
 		t.Errorf("last decision = %+v, want a dry-run quota rejection", last)
 	}
-	if got, want := f.l.Stats(), (middleware.Stats{Admitted: 2, Quota: 2, DryRun: 2}); got != want {
-		t.Errorf("Stats() = %+v, want %+v", got, want)
+	if got, want := ty.counts(), (counts{Admitted: 2, Quota: 2, DryRun: 2}); got != want {
+		t.Errorf("counts() = %+v, want %+v", got, want)
 	}
+	// A dry-run refusal runs: its event carries no rejection.
+	const subject = "a:203.0.113.7"
 	want := []middleware.Event{
-		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
-		{Method: methodGet, Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true},
-		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
-		{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true},
+		{Decision: middleware.Decision{Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true, Subject: subject}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonAdmitted, Allowed: true, DryRun: true, Subject: subject}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonQuota, DryRun: true, Subject: subject}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonQuota, DryRun: true, Subject: subject}, Method: methodGet},
 	}
-	if diff := cmp.Diff(want, events, ignoreContext); diff != "" {
+	if diff := cmp.Diff(want, events, eventOpts); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
 
 type failingStore struct{}
 
+var errFailingStore = errors.New("redis: connection refused 10.1.2.3:6379")
+
 func (failingStore) TakeN(context.Context, string, floodgate.Limit, int) (floodgate.Result, error) {
-	return floodgate.Result{}, errors.New("redis: connection refused 10.1.2.3:6379")
+	return floodgate.Result{}, errFailingStore
 }
 
 func TestStoreError(t *testing.T) {
 	for _, closed := range []bool{false, true} {
-		l, err := middleware.New(failingStore{}, middleware.Static(testTable(t)), middleware.WithFailClosed(closed))
+		ty := &tally{}
+		l, err := middleware.New(failingStore{}, middleware.Static(testTable(t)), middleware.WithFailClosed(closed), ty.option(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +379,7 @@ func TestStoreError(t *testing.T) {
 				t.Errorf("fail closed: err = %v, want UNAVAILABLE without the store's text", err)
 			}
 		}
-		if got := l.Stats().StoreErrors; got != 1 {
+		if got := ty.counts().StoreErrors; got != 1 {
 			t.Errorf("StoreErrors = %d, want 1", got)
 		}
 	}
@@ -389,7 +396,8 @@ func (tooLongStore) TakeN(context.Context, string, floodgate.Limit, int) (floodg
 // A key the store refuses for its length is refused, not failed open on:
 // it would never fit, and its caller would go unlimited.
 func TestKeyTooLongIsRefused(t *testing.T) {
-	l, err := middleware.New(tooLongStore{}, middleware.Static(testTable(t)))
+	ty := &tally{}
+	l, err := middleware.New(tooLongStore{}, middleware.Static(testTable(t)), ty.option(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +405,7 @@ func TestKeyTooLongIsRefused(t *testing.T) {
 	if ran || status.Code(err) != codes.Unavailable {
 		t.Errorf("handler ran %v, err %v; want refused with UNAVAILABLE", ran, err)
 	}
-	if got := l.Stats().StoreErrors; got != 1 {
+	if got := ty.counts().StoreErrors; got != 1 {
 		t.Errorf("StoreErrors = %d, want 1", got)
 	}
 }
@@ -468,11 +476,16 @@ func TestObserverLabels(t *testing.T) {
 	c := call{addr: "203.0.113.7:5000", md: apiKeyMD(acmeKey)}
 	unary(f.l, c, methodPut)
 	unary(f.l, c, methodPut)
+	acme := middleware.Decision{Tier: "gold", Tenant: "acme", Subject: "t:acme"}
+	admitted, refused := acme, acme
+	admitted.Reason, admitted.Allowed = middleware.ReasonAdmitted, true
+	refused.Reason = middleware.ReasonQuota
 	want := []middleware.Event{
-		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceMemory, Allowed: true},
-		{Method: methodPut, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, Source: floodgate.SourceMemory, RetryAfter: time.Second},
+		{Decision: admitted, Method: methodPut, Source: floodgate.SourceMemory},
+		{Decision: refused, Method: methodPut, Source: floodgate.SourceMemory,
+			Rejection: &middleware.Rejection{Reason: middleware.ReasonQuota, Code: codes.ResourceExhausted, RetryAfter: time.Second}},
 	}
-	if diff := cmp.Diff(want, events, ignoreContext); diff != "" {
+	if diff := cmp.Diff(want, events, eventOpts); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
@@ -497,13 +510,19 @@ func TestObserverSource(t *testing.T) {
 		want  middleware.Event
 	}{
 		{"lease", sourceStore{floodgate.Result{Allowed: true, Source: floodgate.SourceLease}}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonAdmitted, Source: floodgate.SourceLease, Allowed: true}},
+			middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonAdmitted, Allowed: true},
+				Method: methodGet, Source: floodgate.SourceLease}},
 		{"fail closed", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceFailClosed}}, call{addr: "203.0.113.7:1", md: apiKeyMD(globexKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Reason: middleware.ReasonQuota, Source: floodgate.SourceFailClosed, RetryAfter: time.Second}},
+			middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "globex", Subject: "t:globex", Reason: middleware.ReasonQuota},
+				Method: methodGet, Source: floodgate.SourceFailClosed,
+				Rejection: &middleware.Rejection{Reason: middleware.ReasonQuota, Code: codes.ResourceExhausted, RetryAfter: time.Second}}},
 		{"anonymous cache", sourceStore{floodgate.Result{RetryAfter: time.Second, Source: floodgate.SourceCache}}, call{addr: "203.0.113.7:1"},
-			middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, Source: floodgate.SourceCache, RetryAfter: time.Second}},
+			middleware.Event{Decision: middleware.Decision{Subject: "a:203.0.113.7", Reason: middleware.ReasonQuota},
+				Method: methodGet, Source: floodgate.SourceCache,
+				Rejection: &middleware.Rejection{Reason: middleware.ReasonQuota, Code: codes.ResourceExhausted, RetryAfter: time.Second}}},
 		{"store error", failingStore{}, call{addr: "203.0.113.7:1", md: apiKeyMD(acmeKey)},
-			middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonStoreError, Allowed: true}},
+			middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Subject: "t:acme", Reason: middleware.ReasonStoreError, Allowed: true},
+				Method: methodGet, Err: errFailingStore}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var events []middleware.Event
@@ -512,7 +531,9 @@ func TestObserverSource(t *testing.T) {
 				t.Fatal(err)
 			}
 			unary(l, tc.c, methodGet)
-			if diff := cmp.Diff([]middleware.Event{tc.want}, events, ignoreContext); diff != "" {
+			// The store's error is compared by errors.Is, not its rejection.
+			equateErr := cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Err" }, cmpopts.EquateErrors())
+			if diff := cmp.Diff([]middleware.Event{tc.want}, events, eventOpts, equateErr); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
 		})
@@ -646,7 +667,7 @@ func TestLimitImplementsRatelimit(t *testing.T) {
 	if err := f.l.Limit(ctx); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("Limit() = %v, want RESOURCE_EXHAUSTED", err)
 	}
-	if ts.trailer.Get(middleware.PushbackKey) == nil {
+	if ts.trailer.Get(pushbackKey) == nil {
 		t.Error("Limit() rejection set no pushback trailer")
 	}
 	hctx, _ := anon.context("/grpc.health.v1.Health/Check")
@@ -688,7 +709,7 @@ func TestTapPassesWhomItCannotIdentify(t *testing.T) {
 			}
 			sample(0.95, f.clock.Now())
 			neighbour := call{addr: "203.0.113.7:5000"}
-			for range 5 { // past the anonymous burst: overload rejections
+			for range 5 { // past the anonymous burst: the gate's refusals
 				unary(f.l, neighbour, methodGet)
 			}
 			if err := tapCall(neighbour); (status.Code(err) == codes.Unavailable) != tc.neighbour {
@@ -714,7 +735,7 @@ func TestTapSeesThroughMadeUpKeys(t *testing.T) {
 	f := newFixture(t, middleware.WithGate(g))
 	sample(0.95, f.clock.Now())
 	caller := call{addr: "198.51.100.9:5000"}
-	for range 5 { // past the anonymous burst: overload rejections
+	for range 5 { // past the anonymous burst: the gate's refusals
 		unary(f.l, caller, methodGet)
 	}
 	for _, key := range []string{"made-up-key-a", "made-up-key-a", "made-up-key-b"} {
@@ -729,7 +750,8 @@ func TestTapSeesThroughMadeUpKeys(t *testing.T) {
 func TestTapHandle(t *testing.T) {
 	g, sample := scriptedGate(t)
 	var events []middleware.Event
-	f := newFixture(t, middleware.WithGate(g), middleware.WithObserver(func(e middleware.Event) {
+	ty := &tally{}
+	f := newFixture(t, middleware.WithGate(g), ty.option(func(e middleware.Event) {
 		if e.Tap {
 			events = append(events, e)
 		}
@@ -774,11 +796,44 @@ func TestTapHandle(t *testing.T) {
 	if err := tapCall(acme, methodGet); err != nil {
 		t.Errorf("tap after the retry delay: %v", err)
 	}
-	if got := f.l.Stats().Tap; got != 1 {
-		t.Errorf("Stats().Tap = %d, want 1", got)
+	if got := ty.counts().Tap; got != 1 {
+		t.Errorf("counts().Tap = %d, want 1", got)
 	}
-	if diff := cmp.Diff([]middleware.Event{{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}}, events); diff != "" {
+	// The tap's event names the caller as the tap resolved it, and the
+	// gate's rejection it was given.
+	want := []middleware.Event{{
+		Decision: middleware.Decision{Reason: middleware.ReasonGate, Tenant: "acme", Tier: "gold", Subject: "t:acme"},
+		Method:   methodGet, Tap: true,
+		Rejection: &middleware.Rejection{Reason: middleware.ReasonGate, Code: codes.Unavailable, RetryAfter: 500 * time.Millisecond},
+	}}
+	if diff := cmp.Diff(want, events, eventOpts); diff != "" {
 		t.Errorf("tap events (-want +got):\n%s", diff)
+	}
+}
+
+// TestReasonNames pins the reasons' names, which label metrics, and the
+// ErrorInfo reasons of their rejections, which clients match on.
+func TestReasonNames(t *testing.T) {
+	for _, tc := range []struct {
+		r                 middleware.Reason
+		name, errorReason string
+	}{
+		{middleware.ReasonAdmitted, "admitted", ""},
+		{middleware.ReasonExempt, "exempt", ""},
+		{middleware.ReasonQuota, "quota", "RATE_LIMITED"},
+		{middleware.ReasonOverload, "overload", "OVERLOADED"},
+		{middleware.ReasonStoreError, "store_error", "LIMITER_UNAVAILABLE"},
+		{middleware.ReasonDebt, "debt", "IN_DEBT"},
+		{middleware.ReasonInvalidEstimate, "invalid_estimate", "INVALID_COST_ESTIMATE"},
+		{middleware.ReasonSettled, "settled", ""},
+		{middleware.ReasonGate, "gate", "OVERLOADED"},
+	} {
+		if got := tc.r.String(); got != tc.name {
+			t.Errorf("Reason(%d).String() = %q, want %q", tc.r, got, tc.name)
+		}
+		if got := tc.r.ErrorReason(); got != tc.errorReason {
+			t.Errorf("%v.ErrorReason() = %q, want %q", tc.r, got, tc.errorReason)
+		}
 	}
 }
 
@@ -832,7 +887,7 @@ func TestDecisionCarriesResult(t *testing.T) {
 				t.Fatalf("ran %v, err %v", ran, err)
 			}
 			want := tc.want
-			want.Tenant, want.Tier = "acme", "gold"
+			want.Tenant, want.Tier, want.Subject = "acme", "gold", "t:acme"
 			want.Rule = d.Rule
 			want.Result = tc.res
 			want.Result.Limit = floodgate.PerSecond(1, 1)
@@ -867,7 +922,7 @@ func TestExemptPrefixes(t *testing.T) {
 			for _, p := range prefixes {
 				want = want || strings.HasPrefix(m, p)
 			}
-			if got := l.Exempt(m); got != want {
+			if got := middleware.Exempt(l, m); got != want {
 				t.Errorf("exemptions %q: Exempt(%q) = %v, want %v", prefixes, m, got, want)
 			}
 		}

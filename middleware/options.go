@@ -16,23 +16,21 @@ import (
 
 // Defaults of the options.
 const (
-	// DefaultIPv4Bits keys anonymous IPv4 callers by their whole address.
-	DefaultIPv4Bits = 32
-	// DefaultIPv6Bits keys anonymous IPv6 callers by their /64: one host
+	// defaultIPv4Bits keys anonymous IPv4 callers by their whole address.
+	defaultIPv4Bits = 32
+	// defaultIPv6Bits keys anonymous IPv6 callers by their /64: one host
 	// usually owns a whole /64, so a finer key would hand it 2⁶⁴ buckets.
-	DefaultIPv6Bits = 64
-	// DefaultMaxPushback caps the retry delay a rejection asks for; a longer
+	defaultIPv6Bits = 64
+	// defaultMaxPushback caps the retry delay a rejection asks for; a longer
 	// wait is signalled as "do not retry" (pushback -1).
-	DefaultMaxPushback = 30 * time.Second
-	// DefaultDomain is the ErrorInfo domain of rejections.
-	DefaultDomain = "floodgate.dev"
+	defaultMaxPushback = 30 * time.Second
+	// defaultDomain is the ErrorInfo domain of rejections.
+	defaultDomain = "floodgate.dev"
 )
 
-// DefaultExemptions returns the method prefixes exempt from limiting unless
-// WithExemptions says otherwise: gRPC health checks, server reflection (both
-// versions) and ORCA load reports. Limiting them would make an overloaded
-// server look dead to its load balancer, or hide it from its operators.
-func DefaultExemptions() []string {
+// defaultExemptions returns the method prefixes exempt from limiting
+// unless WithExemptions says otherwise.
+func defaultExemptions() []string {
 	return []string{
 		"/grpc.health.v1.Health/",
 		"/grpc.reflection.",
@@ -40,20 +38,9 @@ func DefaultExemptions() []string {
 	}
 }
 
-// A KeyFunc names the tenant of a call from its context, for identities
-// the middleware does not read itself (a JWT subject checked by an earlier
-// interceptor, a header set by a trusted gateway). It returns ok false to
-// fall through to TLS, API key and address. An ID the table does not know is
-// treated as anonymous, keyed by the client address: a KeyFunc cannot hand a
-// caller a fresh bucket by naming a made-up tenant.
-type KeyFunc func(ctx context.Context, fullMethod string) (tenantID string, ok bool)
-
-// A TLSIdentityFunc maps a verified client certificate to a tenant ID.
-type TLSIdentityFunc func(leaf *x509.Certificate) (tenantID string, ok bool)
-
-// CommonName is the default TLSIdentityFunc: the certificate subject's
-// common name, when it has one.
-func CommonName(leaf *x509.Certificate) (string, bool) {
+// commonName is the default TLS identity: the certificate subject's common
+// name, when it has one.
+func commonName(leaf *x509.Certificate) (string, bool) {
 	cn := leaf.Subject.CommonName
 	return cn, cn != ""
 }
@@ -72,8 +59,8 @@ type options struct {
 	v4Bits      int
 	v6Bits      int
 	keyHeaders  []string
-	tlsIdentity TLSIdentityFunc
-	keyFunc     KeyFunc
+	tlsIdentity func(leaf *x509.Certificate) (tenantID string, ok bool)
+	keyFunc     func(ctx context.Context, fullMethod string) (tenantID string, ok bool)
 	quotaCode   codes.Code
 	overCode    codes.Code
 	details     bool
@@ -83,29 +70,28 @@ type options struct {
 	dryRun      bool
 	exempt      []string
 	observer    func(Event)
-	rejected    func(subject string)
 	perMessage  bool
 	tapFloor    float64
 	failClosed  bool
 	clock       floodgate.Clock
 	prioPeers   []netip.Prefix
 	prioTenants map[string]bool
-	estimate    EstimateFunc
-	actualCost  CostFunc
+	estimate    func(ctx context.Context, method string, req any) (n int64, ok bool)
+	actualCost  func(ctx context.Context, method string, resp any) (n int64, ok bool)
 }
 
 func defaults() options {
 	return options{
-		v4Bits:      DefaultIPv4Bits,
-		v6Bits:      DefaultIPv6Bits,
+		v4Bits:      defaultIPv4Bits,
+		v6Bits:      defaultIPv6Bits,
 		keyHeaders:  []string{"x-api-key", "authorization"},
-		tlsIdentity: CommonName,
+		tlsIdentity: commonName,
 		quotaCode:   codes.ResourceExhausted,
 		overCode:    codes.Unavailable,
 		details:     true,
-		maxPushback: DefaultMaxPushback,
-		domain:      DefaultDomain,
-		exempt:      DefaultExemptions(),
+		maxPushback: defaultMaxPushback,
+		domain:      defaultDomain,
+		exempt:      defaultExemptions(),
 		tapFloor:    1,
 		clock:       floodgate.ClockFunc(time.Now),
 	}
@@ -267,17 +253,28 @@ func WithAPIKeyHeaders(names ...string) Option {
 	return func(o *options) { o.keyHeaders = append([]string(nil), names...) }
 }
 
-// WithTLSIdentity sets how a verified client certificate names its tenant.
-// The default is CommonName; nil ignores client certificates. Only
-// certificates the server verified (tls.ConnectionState.VerifiedChains)
-// count. A repeated call replaces the function.
-func WithTLSIdentity(f TLSIdentityFunc) Option { return func(o *options) { o.tlsIdentity = f } }
+// WithTLSIdentity sets how a verified client certificate names its tenant
+// ID. The default is the certificate subject's common name, when it has
+// one; nil ignores client certificates. Only certificates the server
+// verified (tls.ConnectionState.VerifiedChains) count. A repeated call
+// replaces the function.
+func WithTLSIdentity(f func(leaf *x509.Certificate) (tenantID string, ok bool)) Option {
+	return func(o *options) { o.tlsIdentity = f }
+}
 
-// WithKeyFunc sets a hook consulted before TLS identities and API keys.
-// The default is none. A repeated call replaces the hook; nil removes it. The tap handle
+// WithKeyFunc sets a hook consulted before TLS identities and API keys,
+// that names the tenant of a call from its context, for identities the
+// middleware does not read itself (a JWT subject checked by an earlier
+// interceptor, a header set by a trusted gateway). It returns ok false to
+// fall through to TLS, API key and address. An ID the table does not know
+// is treated as anonymous, keyed by the client address: the hook cannot
+// hand a caller a fresh bucket by naming a made-up tenant. The default is
+// none. A repeated call replaces the hook; nil removes it. The tap handle
 // does not call it, and so, with a hook set, passes every call to the
 // interceptors.
-func WithKeyFunc(f KeyFunc) Option { return func(o *options) { o.keyFunc = f } }
+func WithKeyFunc(f func(ctx context.Context, fullMethod string) (tenantID string, ok bool)) Option {
+	return func(o *options) { o.keyFunc = f }
+}
 
 // WithCodes sets the status codes of rejections: quota for a caller over its
 // quota at full limits (ReasonQuota; default RESOURCE_EXHAUSTED), overload
@@ -302,13 +299,14 @@ func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 // so that a client can tell when, say, an hourly quota resets. Pushbacks are rounded up to a grid (whole milliseconds up
 // to 1 s, tens of them up to 10 s, whole seconds beyond), and the cap is
 // rounded down to it, so that no wait within the cap asks for more. The
-// default is DefaultMaxPushback. A repeated call replaces the cap.
+// default is 30 s. A repeated call replaces the cap.
 func WithMaxPushback(d time.Duration) Option {
 	return func(o *options) { o.maxPushback = d }
 }
 
 // WithDomain sets the ErrorInfo domain of rejections, typically the
-// service's name. It must not be empty. A repeated call replaces it.
+// service's name. It must not be empty; the default is "floodgate.dev". A
+// repeated call replaces it.
 func WithDomain(domain string) Option {
 	return func(o *options) { o.domain = domain }
 }
@@ -321,7 +319,7 @@ func WithDomain(domain string) Option {
 func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHeaders = on } }
 
 // WithDryRun sets whether the Limiter only decides and reports: every call
-// is admitted, and the decision (in the context, the Event and Stats) says
+// is admitted, and the decision (in the context and the Event) says
 // what would have happened. Tokens are still taken; those of metered
 // quotas from buckets of the dry run's own (see the package doc), so that
 // enforcement never inherits its debt. The tap handle rejects nothing in
@@ -329,9 +327,13 @@ func WithRateLimitHeaders(on bool) Option { return func(o *options) { o.rateHead
 func WithDryRun(on bool) Option { return func(o *options) { o.dryRun = on } }
 
 // WithExemptions sets the full-method prefixes that are never limited, such
-// as "/grpc.health.v1.Health/" or "/pkg.Svc/Method". Exempt calls take no
-// tokens and carry no decision. A repeated call replaces the list, so pass
-// DefaultExemptions() along to keep the defaults.
+// as "/pkg.Svc/Method" or "/pkg.Svc/". Exempt calls take no tokens and
+// carry no decision. The default is gRPC's health checks, server
+// reflection (both versions) and ORCA load reports ("/grpc.health.v1.Health/",
+// "/grpc.reflection.", "/xds.service.orca.v3."): limiting them would make
+// an overloaded server look dead to its load balancer, or hide it from its
+// operators. A repeated call replaces the list, so list those along to keep
+// them.
 func WithExemptions(prefixes ...string) Option {
 	return func(o *options) { o.exempt = append([]string(nil), prefixes...) }
 }
@@ -340,20 +342,6 @@ func WithExemptions(prefixes ...string) Option {
 // path, after the decision is made: keep it fast and do not block. A
 // repeated call replaces it; nil removes it.
 func WithObserver(f func(Event)) Option { return func(o *options) { o.observer = f } }
-
-// WithRejectedSubjects sets a function called with the bucket subject of
-// every call the Limiter turns away, by the interceptors (over quota, shed
-// by the overload controller, or a store error failing closed) or by the
-// tap handle: "t:<tenant ID>", or "a:<address prefix>" ("a:-" without an
-// address) for an anonymous caller. It names the identity the call was
-// charged to, so a caller rotating made-up API keys is one subject, its
-// address; promfloodgate's Offenders.RecordSubject fits it. Dry-run
-// rejections, which run, are not passed. It runs on the request path (the
-// tap's under the transport's lock): keep it fast. A repeated call
-// replaces the function; nil removes it.
-func WithRejectedSubjects(f func(subject string)) Option {
-	return func(o *options) { o.rejected = f }
-}
 
 // WithPerMessage sets whether each message a client sends on an admitted
 // stream also takes the method's cost from the caller's bucket. A message
@@ -377,8 +365,8 @@ func WithTapFloor(f float64) Option {
 
 // WithFailClosed sets what happens when the store cannot decide (a Redis
 // store unreachable without a fallback): false, the default, admits the
-// call; true rejects it with the overload code. Either way the Event and
-// Stats count a store error. A repeated call replaces the setting.
+// call; true rejects it with the overload code. Either way the Event
+// reports a store error. A repeated call replaces the setting.
 func WithFailClosed(on bool) Option { return func(o *options) { o.failClosed = on } }
 
 // WithClock sets the clock of the Limiter's own timing: the retry windows

@@ -85,10 +85,14 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 	}
 	var mu sync.Mutex
 	subjects := map[string]int{}
+	ty := &tally{}
 	l, err := middleware.New(store, middleware.Static(tbl), middleware.WithOverload(ctrl),
-		middleware.WithRejectedSubjects(func(s string) {
+		ty.option(func(e middleware.Event) {
+			if e.Allowed || e.DryRun {
+				return
+			}
 			mu.Lock()
-			subjects[strings.Clone(s)]++
+			subjects[strings.Clone(e.Subject)]++
 			mu.Unlock()
 		}))
 	if err != nil {
@@ -130,12 +134,12 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 			retry = d
 		}
 	}
-	if info == nil || info.Reason != middleware.ErrorReasonOverloaded || retry == nil || retry.RetryDelay.AsDuration() <= 0 {
-		t.Errorf("details %v, want ErrorInfo %s and a RetryInfo", s.Details(), middleware.ErrorReasonOverloaded)
+	if info == nil || info.Reason != middleware.ReasonOverload.ErrorReason() || retry == nil || retry.RetryDelay.AsDuration() <= 0 {
+		t.Errorf("details %v, want ErrorInfo %s and a RetryInfo", s.Details(), middleware.ReasonOverload.ErrorReason())
 	}
 	// Turned away at the tap: the controller counts it as its own.
-	if snap := ctrl.Snapshot(); snap.ShedBy(overload.ShedTap) != 1 || l.Stats().Tap != 1 {
-		t.Errorf("tap sheds: controller %d, limiter %d, want 1 and 1", snap.ShedBy(overload.ShedTap), l.Stats().Tap)
+	if snap := ctrl.Snapshot(); snap.ShedBy(overload.ShedTap) != 1 || ty.counts().Tap != 1 {
+		t.Errorf("tap sheds: controller %d, limiter %d, want 1 and 1", snap.ShedBy(overload.ShedTap), ty.counts().Tap)
 	}
 
 	// acme, under its share, displaces globex's oldest waiting call and
@@ -163,9 +167,9 @@ func TestOverloadShedsTheNoisyTenantFirst(t *testing.T) {
 			t.Errorf("globex's waiting call: %v", err)
 		}
 	}
-	st := l.Stats()
-	if st.Shed+st.Tap < 2 {
-		t.Errorf("Stats() = %+v, want the two shed calls counted", st)
+	st := ty.counts()
+	if st.Shed+st.Tap < 2 || st.Overload != st.Shed+st.Tap {
+		t.Errorf("counts() = %+v, want the two shed calls counted, as overload rejections", st)
 	}
 	// Both sheds, at the tap and in the interceptor, are charged to the
 	// tenant, for the offenders list.

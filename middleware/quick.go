@@ -48,7 +48,7 @@ func (l *Limiter) Overload() *overload.Controller { return l.o.overload }
 
 // NewPerAddress returns a Limiter that gives every client address its own
 // token bucket of rate calls a second holding at most burst, for every
-// method but the exempt ones (DefaultExemptions). An address is the peer's
+// method but the exempt ones (WithExemptions). An address is the peer's
 // IP (IPv6 by /64, WithAddressBits); behind a proxy, WithTrustedProxies
 // reads the client's from the header it sets. The buckets live in memory
 // (keyed.New's defaults). opts are New's options.

@@ -17,53 +17,69 @@ import (
 	"github.com/floodgate-go/floodgate/tenant"
 )
 
-// PushbackKey is the trailer through which a rejection tells grpc-go's
+// pushbackKey is the trailer through which a rejection tells grpc-go's
 // retrying client how many milliseconds to wait before its next attempt,
 // or -1 not to retry (gRFC A6).
-const PushbackKey = "grpc-retry-pushback-ms"
+const pushbackKey = "grpc-retry-pushback-ms"
 
-// ErrorInfo reasons of rejections, in the domain set by WithDomain.
+// ErrorInfo reasons of rejections (Reason.ErrorReason).
 const (
-	// ErrorReasonRateLimited: the caller is over its quota.
-	ErrorReasonRateLimited = "RATE_LIMITED"
-	// ErrorReasonOverloaded: the server is overloaded (ReasonOverload): the
-	// overload controller shed the call, or the tap handle turned it away,
-	// or the caller is over its quota while the CPU gate scales limits
-	// down.
-	ErrorReasonOverloaded = "OVERLOADED"
-	// ErrorReasonUnavailable: the store could not decide, and the Limiter
-	// fails closed (WithFailClosed).
-	ErrorReasonUnavailable = "LIMITER_UNAVAILABLE"
-	// ErrorReasonInDebt: the caller's metered quota is in debt
-	// (ReasonDebt): its calls cost more than they reserved. RetryInfo
-	// says when the debt is repaid and the call's estimate is back.
-	ErrorReasonInDebt = "IN_DEBT"
-	// ErrorReasonInvalidEstimate: the call's estimate header was not a
-	// whole number within the quota's burst (ReasonInvalidEstimate); a
-	// BadRequest detail names the header and the values it may hold.
-	ErrorReasonInvalidEstimate = "INVALID_COST_ESTIMATE"
+	errorReasonRateLimited     = "RATE_LIMITED"
+	errorReasonOverloaded      = "OVERLOADED"
+	errorReasonUnavailable     = "LIMITER_UNAVAILABLE"
+	errorReasonInDebt          = "IN_DEBT"
+	errorReasonInvalidEstimate = "INVALID_COST_ESTIMATE"
 )
 
-// MetadataKeyUnit is the ErrorInfo metadata key of a rejection by a
-// metered quota (tenant.Meter): its value is the quota's unit, such as
-// "tokens", so that a client can tell it from a rejection by its call
-// limit, which carries no unit.
-const MetadataKeyUnit = "quota_unit"
-
-// MetadataKeyIgnored is the ErrorInfo metadata key of a rejection whose
-// caller sent an API key header the Limiter ignored, which made it
-// anonymous and judged by its address; its value says why.
-const MetadataKeyIgnored = "api_key_ignored"
-
-// Values of MetadataKeyIgnored.
+// ErrorInfo metadata keys of rejections (Rejection).
 const (
-	// KeyIgnoredRepeated: the header had more than one value, as
-	// metadata.AppendToOutgoingContext makes when a key is already set.
-	// The Limiter does not guess which one is the caller's.
-	KeyIgnoredRepeated = "repeated"
-	// KeyIgnoredTooLong: the value was longer than any API key.
-	KeyIgnoredTooLong = "too_long"
+	metadataKeyUnit    = "quota_unit"
+	metadataKeyIgnored = "api_key_ignored"
 )
+
+// A Rejection is the error a call is turned away with, by the interceptors,
+// the tap handle, Admit, Limit or Admission.Send: its gRPC status
+// (GRPCStatus, which grpc-go sends as it is, with its details: ErrorInfo
+// in the domain of WithDomain, RetryInfo, and QuotaFailure or BadRequest),
+// and what that status says, for other transports and observers to read
+// without parsing it. A remote client finds Unit in the ErrorInfo's
+// metadata under "quota_unit", and KeyIgnored under "api_key_ignored". Rejections are shared and immutable, one for each
+// reason, retry delay, unit and ignored key; compare them with errors.As,
+// never by identity.
+type Rejection struct {
+	// Reason is why: ReasonQuota, ReasonGate, ReasonOverload,
+	// ReasonStoreError (with WithFailClosed), ReasonDebt or
+	// ReasonInvalidEstimate.
+	Reason Reason
+	// Code is the status code (WithCodes; INVALID_ARGUMENT for an invalid
+	// estimate).
+	Code codes.Code
+	// RetryAfter is the retry delay the status states in its RetryInfo,
+	// rounded up onto the pushback grid (WithMaxPushback); 0 when it states
+	// none: the store failed, the estimate was invalid, or no wait will do.
+	RetryAfter time.Duration
+	// Unit is the unit of the metered quota (tenant.Meter) that decided,
+	// such as "tokens"; "" for the call limit.
+	Unit string
+	// KeyIgnored says why the caller's API key header was ignored, which
+	// made it anonymous and judged by its address: "repeated" (the header
+	// had more than one value, as metadata.AppendToOutgoingContext makes
+	// when a key is already set; the Limiter does not guess which one is
+	// the caller's) or "too_long" (longer than any API key); "" when it was
+	// not.
+	KeyIgnored string
+
+	st *status.Status
+	md metadata.MD // the pushback trailer; nil for none
+}
+
+// Error returns the status's error text, as status.Error's does.
+func (r *Rejection) Error() string {
+	return "rpc error: code = " + r.st.Code().String() + " desc = " + r.st.Message()
+}
+
+// GRPCStatus returns the rejection's status, details included.
+func (r *Rejection) GRPCStatus() *status.Status { return r.st }
 
 // Rejection messages: short and static, so that they never carry a key, an
 // address, a method or a backend's error text, and cost nothing to build.
@@ -107,17 +123,8 @@ func gridFloor(d time.Duration) time.Duration {
 	return d.Truncate(time.Second)
 }
 
-// An entry is a shared rejection: its status error and the pushback
-// trailer asking for d, or telling the client not to retry when d is 0, or
-// none for a failed store.
-type entry struct {
-	err error
-	md  metadata.MD
-	d   time.Duration
-}
-
 type entryKey struct {
-	k Reason // a rejection's: ReasonQuota, ReasonOverload, ReasonStoreError, ReasonDebt or ReasonInvalidEstimate
+	k Reason // a rejection's: ReasonQuota, ReasonGate, ReasonOverload, ReasonStoreError, ReasonDebt or ReasonInvalidEstimate
 	n keyNote
 	d time.Duration // on the grid, or 0 for no retry delay
 	// For a metered quota's rejection, its unit; and for an invalid
@@ -132,17 +139,17 @@ const entryCacheSize = 4096
 
 // abortMD tells a retrying client not to retry: the wait exceeds its
 // deadline or the cap, or no wait will do.
-var abortMD = metadata.MD{PushbackKey: {"-1"}}
+var abortMD = metadata.MD{pushbackKey: {"-1"}}
 
 // A rejecter builds rejections and keeps them, so that a rejection costs
 // no proto marshalling and allocates nothing.
 type rejecter struct {
 	o       *options
-	entries *lru.Cache[entryKey, *entry]
+	entries *lru.Cache[entryKey, *Rejection]
 }
 
 func newRejecter(o *options) *rejecter {
-	return &rejecter{o: o, entries: newLRU[entryKey, *entry](entryCacheSize)}
+	return &rejecter{o: o, entries: newLRU[entryKey, *Rejection](entryCacheSize)}
 }
 
 func (r *rejecter) code(k Reason) codes.Code {
@@ -159,7 +166,7 @@ func message(k Reason) string {
 	switch k {
 	case ReasonQuota:
 		return msgQuota
-	case ReasonOverload:
+	case ReasonOverload, ReasonGate:
 		return msgOverload
 	case ReasonDebt:
 		return msgDebt
@@ -169,38 +176,45 @@ func message(k Reason) string {
 	return msgStore
 }
 
-func reasonOf(k Reason) string {
-	switch k {
+// ErrorReason returns the ErrorInfo reason of a rejection for r:
+// "RATE_LIMITED" (ReasonQuota), "OVERLOADED" (ReasonGate, ReasonOverload),
+// "LIMITER_UNAVAILABLE" (ReasonStoreError), "IN_DEBT" (ReasonDebt),
+// "INVALID_COST_ESTIMATE" (ReasonInvalidEstimate), and "" for a reason
+// that rejects nothing.
+func (r Reason) ErrorReason() string {
+	switch r {
 	case ReasonQuota:
-		return ErrorReasonRateLimited
-	case ReasonOverload:
-		return ErrorReasonOverloaded
+		return errorReasonRateLimited
+	case ReasonOverload, ReasonGate:
+		return errorReasonOverloaded
+	case ReasonStoreError:
+		return errorReasonUnavailable
 	case ReasonDebt:
-		return ErrorReasonInDebt
+		return errorReasonInDebt
 	case ReasonInvalidEstimate:
-		return ErrorReasonInvalidEstimate
+		return errorReasonInvalidEstimate
 	}
-	return ErrorReasonUnavailable
+	return ""
 }
 
-// build returns the rejection error of key: for reason key.k with a retry
-// delay of key.d, or without RetryInfo for 0, for a caller whose key was
-// ignored as key.n says, by a metered quota in key.unit or else by the
+// build returns the status of key's rejection: for reason key.k with a
+// retry delay of key.d, or without RetryInfo for 0, for a caller whose key
+// was ignored as key.n says, by a metered quota in key.unit or else by the
 // call limit.
-func (r *rejecter) build(key entryKey) error {
+func (r *rejecter) build(key entryKey) *status.Status {
 	k, d, n := key.k, key.d, key.n
 	st := status.New(r.code(k), message(k))
 	if !r.o.details {
-		return st.Err()
+		return st
 	}
-	info := &errdetails.ErrorInfo{Reason: reasonOf(k), Domain: r.o.domain}
+	info := &errdetails.ErrorInfo{Reason: k.ErrorReason(), Domain: r.o.domain}
 	if n != noteNone || key.unit != "" {
 		info.Metadata = map[string]string{}
 		if n != noteNone {
-			info.Metadata[MetadataKeyIgnored] = noteNames[n]
+			info.Metadata[metadataKeyIgnored] = noteNames[n]
 		}
 		if key.unit != "" {
-			info.Metadata[MetadataKeyUnit] = key.unit
+			info.Metadata[metadataKeyUnit] = key.unit
 		}
 	}
 	details := []protoadapt.MessageV1{info}
@@ -231,7 +245,7 @@ func (r *rejecter) build(key entryKey) error {
 	if withDetails, err := st.WithDetails(details...); err == nil {
 		st = withDetails
 	}
-	return st.Err()
+	return st
 }
 
 // lookup returns the shared rejection of a call rejected for reason k,
@@ -241,7 +255,7 @@ func (r *rejecter) build(key entryKey) error {
 // and an invalid estimate). A store error offers no retry delay and no
 // pushback, so that clients back off by their own policy; an invalid
 // estimate neither, and a pushback that says not to retry.
-func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote, m *tenant.Meter) *entry {
+func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote, m *tenant.Meter) *Rejection {
 	key := entryKey{k: k, n: n}
 	if d > 0 && d != floodgate.Never && k != ReasonStoreError && k != ReasonInvalidEstimate {
 		key.d = gridCeil(d)
@@ -256,13 +270,14 @@ func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote, m *tenant.Meter)
 		return e
 	}
 	// Racing builders make equal entries; whichever is added last stays.
-	e := &entry{d: key.d, err: r.build(key)}
+	st := r.build(key)
+	e := &Rejection{Reason: k, Code: st.Code(), RetryAfter: key.d, Unit: key.unit, KeyIgnored: noteNames[n], st: st}
 	switch {
 	case k == ReasonStoreError:
 	case key.d == 0:
 		e.md = abortMD
 	default:
-		e.md = metadata.MD{PushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}}
+		e.md = metadata.MD{pushbackKey: {strconv.FormatInt(int64(key.d/time.Millisecond), 10)}}
 	}
 	r.entries.Add(key, e)
 	return e
@@ -274,8 +289,8 @@ func (r *rejecter) lookup(k Reason, d time.Duration, n keyNote, m *tenant.Meter)
 // without checking the deadline. A wait past the cap is too long for
 // grpc-go to sleep through, but RetryInfo still tells the caller when to
 // come back: an hourly quota says when it resets.
-func (r *rejecter) pushback(ctx context.Context, e *entry) metadata.MD {
-	if dl, ok := ctx.Deadline(); e.md != nil && (e.d > r.o.maxPushback || ok && time.Until(dl) < e.d) {
+func (r *rejecter) pushback(ctx context.Context, e *Rejection) metadata.MD {
+	if dl, ok := ctx.Deadline(); e.md != nil && (e.RetryAfter > r.o.maxPushback || ok && time.Until(dl) < e.RetryAfter) {
 		return abortMD
 	}
 	return e.md

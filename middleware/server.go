@@ -23,9 +23,9 @@ import (
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
 
-// ErrNotServerCall is Limit's error for a context that is not a server
+// errNotServerCall is Limit's error for a context that is not a server
 // call's.
-var ErrNotServerCall = errors.New("middleware: Limit needs a server call's context")
+var errNotServerCall = errors.New("middleware: Limit needs a server call's context")
 
 // UnaryServerInterceptor returns an interceptor that admits each unary call
 // or rejects it before the handler runs. An admitted call's context carries
@@ -56,7 +56,7 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if f := l.o.actualCost; f != nil && a.m != nil && err == nil {
 			if n, ok := f(a.ctx, info.FullMethod, resp); ok {
 				if n < 0 {
-					l.c.badCosts.Add(1)
+					a.m.invalid.Add(1)
 				} else {
 					a.m.add(n)
 				}
@@ -84,7 +84,7 @@ func withPeer(ctx context.Context, c *Call) {
 // reject sets the pushback trailer of the rejection e, if there is one, on
 // ctx's call, never header metadata, so that the response stays
 // Trailers-Only and grpc-go's retry honours the pushback; it returns err.
-func (l *Limiter) reject(ctx context.Context, e *entry, err error) error {
+func (l *Limiter) reject(ctx context.Context, e *Rejection, err error) error {
 	if e != nil {
 		if md := l.rej.pushback(ctx, e); md != nil {
 			// SetTrailer fails only outside a gRPC call (a direct call in
@@ -198,7 +198,7 @@ func (s *stream) RecvMsg(m any) error {
 	v.r = s.r
 	v.badEst, v.mres, v.reserved, v.byMeter = false, floodgate.Result{}, 0, false
 	if e := s.l.take(ctx, &v, nil); e != nil {
-		return s.l.reject(ctx, e, e.err)
+		return s.l.reject(ctx, e, e)
 	}
 	return nil
 }
@@ -237,17 +237,17 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // headers of trusted proxies, a TLS client certificate and API keys: those
 // it has already seen, and, for a caller whose address is under a retry
 // delay, any other key, hashed then (a key that names no tenant leaves the
-// caller judged by its address). With a KeyFunc set every caller passes:
+// caller judged by its address). With a WithKeyFunc hook set every caller passes:
 // the tap cannot tell whose bucket they take from, and must not judge them
 // by a neighbour's penalty on the same address. Everything else passes to
 // the interceptor, which decides exactly.
 //
 // A rejection carries the overload status with its details; the tap cannot
 // send metadata, so it has no pushback trailer and clients back off by
-// their retry policy instead. Tap rejections are counted in Stats.Tap and
-// reported to the observer, since stats handlers never see them.
+// their retry policy instead. Tap rejections are reported to the observer
+// (Event.Tap), since stats handlers never see them.
 func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if l.Exempt(info.FullMethodName) {
+	if l.exempt(info.FullMethodName) {
 		return ctx, nil
 	}
 	dc := &decisionCtx{Context: ctx, tap: true, md: info.Header}
@@ -269,7 +269,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	if ctl != nil {
 		ctx, e := l.enter(ctx, ctl, &dc.v)
 		if e != nil {
-			return ctx, e.err
+			return ctx, e
 		}
 		dc.Context, dc.entered = ctx, true
 		return dc, nil
@@ -292,35 +292,38 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		dc.resolved = true
 	}
 	if left := l.pen.left(dc.v.r.subject, l.o.clock.Now()); left > 0 {
-		return ctx, l.tapReject(c.Method, dc.v.r.subject, left, dc.v.note).err
+		return ctx, l.tapReject(&dc.v, ReasonGate, left)
 	}
 	return dc, nil
 }
 
-// tapReject turns a call to method by subject away at the tap, counting
-// and reporting it, and returns the overload rejection with retry.
-func (l *Limiter) tapReject(method, subject string, retry time.Duration, note keyNote) *entry {
-	if f := l.o.rejected; f != nil {
-		f(subject)
+// tapReject turns the call resolved into v away at the tap for reason
+// (ReasonOverload, ReasonGate), reporting it, and returns the rejection
+// with retry.
+func (l *Limiter) tapReject(v *verdict, reason Reason, retry time.Duration) *Rejection {
+	e := l.rej.lookup(reason, retry, v.note, nil)
+	if obs := l.o.observer; obs != nil {
+		ev := Event{Method: v.method, Tap: true, Rejection: e}
+		ev.Decision = Decision{Reason: reason, Tier: v.r.ten.Tier(), Subject: v.r.subject, KeyIgnored: noteNames[v.note], Priority: v.prio}
+		if v.r.found {
+			ev.Tenant = v.r.ten.ID()
+		}
+		obs(ev)
 	}
-	l.c.tap.Add(1)
-	if l.o.observer != nil {
-		l.o.observer(Event{Method: method, Reason: ReasonOverload, Tap: true})
-	}
-	return l.rej.lookup(ReasonOverload, retry, note, nil)
+	return e
 }
 
 // enter counts the call resolved into v into the overload controller c as
 // it enters the server (overload.Controller.Enter), returning the context
 // that carries its place; or turns it away, returning the rejection.
-func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict) (context.Context, *entry) {
+func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict) (context.Context, *Rejection) {
 	f := v.r.flow
 	f.Priority = v.prio
 	ctx, in := c.Enter(ctx, f)
 	if in {
 		return ctx, nil
 	}
-	return ctx, l.tapReject(v.method, v.r.subject, c.RetryAfter(), v.note)
+	return ctx, l.tapReject(v, ReasonOverload, c.RetryAfter())
 }
 
 // streamMethods are the stream methods the stream interceptor has seen
@@ -358,14 +361,14 @@ func (s *streamMethods) add(method string) {
 //
 // A context that is not a server call's (the ratelimit package's client
 // interceptors pass one) names no method, peer or caller: Limit returns
-// ErrNotServerCall rather than judge every such call as one anonymous
+// an error rather than judge every such call as one anonymous
 // caller. Use throttle.Quota to limit outgoing calls. Limit sees
 // no end of the call, so a metered quota (tenant.Meter) charges each call
 // its estimate and never settles it.
 func (l *Limiter) Limit(ctx context.Context) error {
 	method, ok := grpc.Method(ctx)
 	if !ok {
-		return ErrNotServerCall
+		return errNotServerCall
 	}
 	c := serverCall(ctx, method)
 	// A metered quota's reservation is never settled here: the call is
@@ -384,6 +387,6 @@ func (l *Limiter) Limit(ctx context.Context) error {
 // interceptors that should skip health checks and reflection too.
 func (l *Limiter) Selector() selector.Matcher {
 	return selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return !l.Exempt(c.FullMethod())
+		return !l.exempt(c.FullMethod())
 	})
 }

@@ -9,6 +9,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/calltest"
@@ -54,7 +55,7 @@ func BenchmarkObserverOverhead(b *testing.B) {
 // BenchmarkObserver is the observer alone on an accepted event.
 func BenchmarkObserver(b *testing.B) {
 	obs := sdkRecorder(b).Observer()
-	e := middleware.Event{Method: methodGet, Tier: "gold", Allowed: true, Context: callCtx(goldKey)}
+	e := middleware.Event{Decision: middleware.Decision{Tier: "gold", Allowed: true}, Method: methodGet, Context: callCtx(goldKey)}
 	b.ReportAllocs()
 	for b.Loop() {
 		obs(e)
@@ -83,21 +84,40 @@ func TestObserverAllocs(t *testing.T) {
 			opts = append(opts, WithTenantLabels(1))
 		}
 		obs := sdkRecorder(t, opts...).Observer()
-		accepted := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Allowed: true, Context: callCtx(goldKey)}
-		rejected := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota, RetryAfter: time.Second, Context: unsampled}
-		overCap := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Allowed: true}
-		traced := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Allowed: true, Context: recording}
+		accepted := middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Allowed: true}, Method: methodGet, Context: callCtx(goldKey)}
+		rejected := middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Reason: middleware.ReasonQuota}, Method: methodGet,
+			Rejection: &middleware.Rejection{Reason: middleware.ReasonQuota, Code: codes.ResourceExhausted, RetryAfter: time.Second}, Context: unsampled}
+		overCap := middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "globex", Allowed: true}, Method: methodGet}
+		traced := middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Allowed: true}, Method: methodGet, Context: recording}
 		owing := floodgate.Result{Limit: floodgate.Limit{Rate: 1000, Burst: 20000}, Owed: 1000} // the bucket is in debt
-		debt := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt, Metered: owing, Context: unsampled}
-		settled := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Metered: owing, Context: recording}
+		debt := middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Reason: middleware.ReasonDebt, Metered: owing}, Method: methodGet, Unit: "tokens", MeterID: "m", Context: unsampled}
+		settled := middleware.Event{
+			Decision:  middleware.Decision{Tier: "gold", Tenant: "acme", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Metered: owing},
+			Method:    methodGet,
+			Unit:      "tokens",
+			MeterID:   "m",
+			Settled:   5000,
+			Uncharged: 10,
+			Context:   recording,
+		}
 		// A settle that leaves a bucket not followed owing nothing.
-		repaid := middleware.Event{Method: methodGet, Tier: "gold", Tenant: "globex", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 1000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}}
-		for _, e := range []middleware.Event{accepted, rejected, overCap, traced, debt, settled, repaid} {
+		repaid := middleware.Event{
+			Decision: middleware.Decision{Tier: "gold", Tenant: "globex", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}},
+			Method:   methodGet,
+			Unit:     "tokens",
+			MeterID:  "m",
+			Settled:  1000,
+		}
+		// An anonymous caller's rejection at the tap, whose API key was
+		// ignored, and an exempt call.
+		tapped := middleware.Event{Decision: middleware.Decision{Subject: "a:203.0.113.7", KeyIgnored: "repeated", Reason: middleware.ReasonGate},
+			Method: methodGet, Tap: true, Rejection: &middleware.Rejection{Reason: middleware.ReasonGate, Code: codes.Unavailable, RetryAfter: time.Second}}
+		exempt := middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonExempt, Allowed: true}, Method: "/grpc.health.v1.Health/Check", Context: recording}
+		for _, e := range []middleware.Event{accepted, rejected, tapped, exempt, overCap, traced, debt, settled, repaid} {
 			obs(e) // the series' first event makes its attribute set
 		}
 		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected, span not recording": rejected,
+			"rejected at the tap": tapped, "exempt, span recording": exempt,
 			"over the tenant cap, no context": overCap, "accepted, span recording": traced,
 			"rejected for debt, span not recording": debt, "settled, span recording": settled, "settled, repaid": repaid} {
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {

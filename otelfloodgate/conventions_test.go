@@ -3,8 +3,6 @@ package otelfloodgate
 import (
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	"github.com/floodgate-go/floodgate/internal/optiontest"
 )
 
@@ -21,7 +19,6 @@ func TestOptionConvention(t *testing.T) {
 		{Option: "WithMethods", Bad: WithMethods("Get"), Good: WithMethods(methodGet), Adds: true},
 		{Option: "WithMaxTiers", Bad: WithMaxTiers(0), Good: WithMaxTiers(4)},
 		{Option: "WithTenantLabels", Bad: WithTenantLabels(-1), Good: WithTenantLabels(4)},
-		{Option: "WithCodes", Bad: WithCodes(codes.OK, codes.Unavailable), Good: WithCodes(codes.ResourceExhausted, codes.ResourceExhausted)},
 	})
 	optiontest.Check(t, func(opts ...RedisOption) error {
 		r, err := NewRedisMetrics(nil, opts...)

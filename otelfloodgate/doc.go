@@ -2,13 +2,13 @@
 // OpenTelemetry: as metrics, with the names, units and attribute bounds of
 // promfloodgate's Prometheus series wherever OTel's conventions allow, and
 // as events on the call's span. The core packages do not import OTel; this
-// module does, and reads them only through their public hooks and Stats.
+// module does, and reads the Limiter only through the events of its
+// observer, and the other sources through their Stats and Snapshot.
 //
 //	rec, _ := otelfloodgate.New(meterProvider, // nil: otel.GetMeterProvider()
 //		otelfloodgate.WithMethods(otelfloodgate.ServiceMethods(&pb.Inventory_ServiceDesc)...),
 //		otelfloodgate.WithKeyed(store), otelfloodgate.WithOverload(ctrl))
 //	lim, _ := middleware.New(store, reg, middleware.WithOverload(ctrl), middleware.WithObserver(rec.Observer()))
-//	rec.SetLimiter(lim)
 //	srv := grpc.NewServer(append(lim.ServerOptions(), grpc.StatsHandler(otelgrpc.NewServerHandler()))...)
 //
 // # Metrics
@@ -19,9 +19,14 @@
 // code, source, tier, method, stage and, with WithTenantLabels, tenant,
 // from the same bounded sets (methods registered with WithMethods, the
 // first WithMaxTiers tiers and WithTenantLabels tenants seen, "other"
-// beyond them, "none" for anonymous callers and the tap); its reasons
-// include a metered quota's (tenant.MeteredSpec) debt and
-// invalid_estimate. Each metered call's settle adds what it reserved, the
+// beyond them, "none" for anonymous callers); its reasons are
+// promfloodgate's: admitted, quota, gate (the CPU gate's), overload (the
+// overload controller's), store_error, and a metered quota's
+// (tenant.MeteredSpec) debt and invalid_estimate, and its code is the
+// rejection's (middleware.Rejection), OK for a call that runs. From the
+// same events it counts the tap handle's rejections, the calls to exempt
+// methods and the decisions of callers whose API key header was ignored.
+// Each metered call's settle adds what it reserved, the
 // cost it settled at, what it reserved beyond that and what the debt limit
 // left uncharged to the cost instruments, by the quota's unit (the first
 // MaxUnitLabels units seen, "other" beyond), tier, method and, with
@@ -101,8 +106,8 @@
 // and when the span records, adds
 //
 //   - floodgate.rejected to a call the Limiter rejected (or in dry-run mode
-//     would have), with floodgate.reason (quota, overload, store_error,
-//     and a metered quota's debt and invalid_estimate),
+//     would have), with floodgate.reason (quota, gate, overload,
+//     store_error, and a metered quota's debt and invalid_estimate),
 //     floodgate.tier and floodgate.tenant when the caller has them,
 //     floodgate.retry_delay (seconds) when the rejection states one,
 //     floodgate.overload.cause when the overload controller shed it
@@ -121,13 +126,10 @@
 // The observer runs on the request path. It labels a decision as
 // promfloodgate does (a map built by New, maps read without a lock) and
 // adds one to the series' count, an atomic word reported at collection
-// through an asynchronous counter: the SDK's synchronous Add would hash the
-// series' seven attributes on every call (about 300 ns). It allocates
-// nothing but a new series' attribute set (TestObserverAllocs; a metered
-// call's settle adds its cost to its series alike), and
-// without a recording span, or for a call admitted at once, it adds no
-// event. On an admitted call through the interceptor, with the SDK's meter
-// provider, it adds about 90 ns, as promfloodgate's observer does
-// (BenchmarkObserverOverhead in both packages measures it: the median
-// difference over alternating blocks of calls without and with it).
+// through an asynchronous counter, so that no call hashes the series'
+// attributes. It allocates nothing but a new series' attribute set
+// (TestObserverAllocs; a metered call's settle adds its cost to its series
+// alike), and without a recording span, or for a call admitted at once, it
+// adds no event. What it adds to an admitted call is in BENCHMARKS.md
+// (BenchmarkObserverOverhead).
 package otelfloodgate

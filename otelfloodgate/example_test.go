@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net"
 	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/otelfloodgate"
+	"github.com/floodgate-go/floodgate/tenant"
 )
 
 func Example() {
@@ -34,13 +38,22 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer rec.Close()
-	// A real server builds its Limiter with
-	// middleware.New(store, tables, middleware.WithObserver(rec.Observer()))
-	// and then calls rec.SetLimiter; here the observer is called directly.
-	observe := rec.Observer()
-	observe(middleware.Event{Method: "/inventory.v1.Inventory/Get", Tier: "pro", Allowed: true})
-	observe(middleware.Event{Method: "/inventory.v1.Inventory/Get", Tier: "free", Reason: middleware.ReasonQuota})
-	observe(middleware.Event{Method: "/made.up/Method", Reason: middleware.ReasonQuota})
+	// Every address gets one call, and one more a second.
+	tbl, err := tenant.Compile(&tenant.Config{Anonymous: &tenant.TenantSpec{Default: &tenant.LimitSpec{Rate: 1, Burst: 1}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(tbl), middleware.WithObserver(rec.Observer()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A server installs lim.ServerOptions(); here its interceptor is
+	// called directly, three times from one address.
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 7), Port: 4242}})
+	handler := func(context.Context, any) (any, error) { return "ok", nil }
+	for _, method := range []string{"/inventory.v1.Inventory/Get", "/inventory.v1.Inventory/Get", "/made.up/Method"} {
+		_, _ = lim.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: method}, handler)
+	}
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -64,7 +77,7 @@ func Example() {
 		fmt.Println(l)
 	}
 	// Output:
-	// admitted admitted OK tier=pro method=/inventory.v1.Inventory/Get: 1
-	// rejected quota ResourceExhausted tier=free method=/inventory.v1.Inventory/Get: 1
+	// admitted admitted OK tier=none method=/inventory.v1.Inventory/Get: 1
+	// rejected quota ResourceExhausted tier=none method=/inventory.v1.Inventory/Get: 1
 	// rejected quota ResourceExhausted tier=none method=other: 1
 }

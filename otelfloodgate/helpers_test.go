@@ -133,7 +133,6 @@ func newFixture(t *testing.T, queueTarget time.Duration) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.rec.SetLimiter(lim)
 	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp)))},
 		lim.ServerOptions()...)...)
 	srv.RegisterService(&echoDesc, &echo{release: f.release})

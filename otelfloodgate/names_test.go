@@ -102,15 +102,14 @@ func TestPrometheusNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
-	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithObserver(r.Observer()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.SetLimiter(lim)
-	r.Observer()(middleware.Event{Method: methodGet, Allowed: true})
-	r.Observer()(middleware.Event{Method: methodGet, Unit: "tokens", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Settled: 1000})
-	r.Observer()(middleware.Event{Method: methodGet, Tenant: "acme", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt,
-		Metered: floodgate.Result{Limit: floodgate.Limit{Rate: 1, Burst: 1000}, Owed: 1000}})
+	r.Observer()(middleware.Event{Decision: middleware.Decision{Allowed: true}, Method: methodGet})
+	r.Observer()(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000}, Method: methodGet, Unit: "tokens", Settled: 1000})
+	r.Observer()(middleware.Event{
+		Decision: middleware.Decision{Tenant: "acme", Reason: middleware.ReasonDebt, Metered: floodgate.Result{Limit: floodgate.Limit{Rate: 1, Burst: 1000}, Owed: 1000}},
+		Method:   methodGet,
+		Unit:     "tokens",
+		MeterID:  "m",
+	})
 	rm, err := NewRedisMetrics(mp)
 	if err != nil {
 		t.Fatal(err)

@@ -3,14 +3,12 @@ package otelfloodgate
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/internal/labels"
-	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 )
 
@@ -79,11 +77,11 @@ func b2i(b bool) int64 {
 }
 
 // observables are a Recorder's instruments read at each collection, from
-// the Limiter and the sources given to New, with their attribute sets made
-// once.
+// the observer's counts and the sources given to New, with their attribute
+// sets made once.
 type observables struct {
 	o         *options
-	limiter   *atomic.Pointer[middleware.Limiter]
+	counts    *labels.Counts
 	series    *labels.Map[labels.Series, *counter]
 	decisions metric.Int64ObservableCounter
 
@@ -94,7 +92,7 @@ type observables struct {
 	debt                                   metric.Float64ObservableGauge
 
 	tap, exempt, keysIgnored metric.Int64ObservableCounter
-	ignoredBy                []metric.MeasurementOption // repeated, too_long
+	ignoredBy                []metric.MeasurementOption // labels.KeysIgnored
 
 	keys                                  metric.Int64ObservableGauge
 	evictions, evictedNotFull, overflowed metric.Int64ObservableCounter
@@ -116,11 +114,11 @@ type observables struct {
 	loadsBy      []metric.MeasurementOption // applied, rejected
 }
 
-// register makes the instruments of the Limiter and of the sources o
-// names, and registers the one callback that reads them all.
-func (s *observables) register(m metric.Meter, o *options, l *labels.Labeler, limiter *atomic.Pointer[middleware.Limiter],
+// register makes the instruments of the observer's counts and of the
+// sources o names, and registers the one callback that reads them all.
+func (s *observables) register(m metric.Meter, o *options, l *labels.Labeler, counts *labels.Counts,
 	series *labels.Map[labels.Series, *counter], costs *labels.Map[labels.CostSeries, *costCounter], debts *labels.Debts) (metric.Registration, error) {
-	s.o, s.labels, s.limiter, s.series, s.costs, s.debts = o, l, limiter, series, costs, debts
+	s.o, s.labels, s.counts, s.series, s.costs, s.debts = o, l, counts, series, costs, debts
 	b := &builder{m: m}
 	s.decisions = b.counter("floodgate.decisions", "{call}", "Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.")
 	s.reserved = b.counter("floodgate.cost.reserved", "{unit}", "Units metered calls reserved, their estimates and their streams' chunks, counted as they settle, by unit, tier, method and, opt-in, tenant.")
@@ -130,8 +128,8 @@ func (s *observables) register(m metric.Meter, o *options, l *labels.Labeler, li
 	s.debt = b.float("floodgate.cost.debt", "{unit}", "Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.")
 	s.tap = b.counter("floodgate.tap.rejections", "{call}", "Calls rejected by the tap handle before their request was read.")
 	s.exempt = b.counter("floodgate.exempt", "{call}", "Calls to exempt methods, which take no tokens and are not in floodgate.decisions.")
-	s.keysIgnored = b.counter("floodgate.api_keys.ignored", "{call}", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.")
-	s.ignoredBy = withEach("reason", middleware.KeyIgnoredRepeated, middleware.KeyIgnoredTooLong)
+	s.keysIgnored = b.counter("floodgate.api_keys.ignored", "{call}", "Decisions of calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.")
+	s.ignoredBy = withEach("reason", labels.KeysIgnored[:]...)
 	if o.keyed != nil {
 		s.keys = b.gauge("floodgate.keyed.keys", "{bucket}", "Buckets the in-memory store tracks.")
 		s.evictions = b.counter("floodgate.keyed.evictions", "{bucket}", "Buckets dropped to make room for new keys.")
@@ -180,7 +178,7 @@ func (s *observables) register(m metric.Meter, o *options, l *labels.Labeler, li
 	return b.register(s.observe)
 }
 
-// observe is the callback: it reads the Limiter and each source once.
+// observe is the callback: it reads the counts and each source once.
 func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 	for _, c := range s.series.Load() {
 		ob.ObserveInt64(s.decisions, c.n.Load(), c.set)
@@ -199,12 +197,10 @@ func (s *observables) observe(_ context.Context, ob metric.Observer) error {
 		}
 		ob.ObserveFloat64(s.debt, owed, metric.WithAttributes(kvs...))
 	})
-	if l := s.limiter.Load(); l != nil {
-		st := l.Stats()
-		ob.ObserveInt64(s.tap, int64(st.Tap))
-		ob.ObserveInt64(s.exempt, int64(st.Exempt))
-		ob.ObserveInt64(s.keysIgnored, int64(st.RepeatedKeys), s.ignoredBy[0])
-		ob.ObserveInt64(s.keysIgnored, int64(st.LongKeys), s.ignoredBy[1])
+	ob.ObserveInt64(s.tap, int64(s.counts.Tap.Load()))
+	ob.ObserveInt64(s.exempt, int64(s.counts.Exempt.Load()))
+	for i := range labels.KeysIgnored {
+		ob.ObserveInt64(s.keysIgnored, int64(s.counts.KeysIgnored[i].Load()), s.ignoredBy[i])
 	}
 	if m := s.o.keyed; m != nil {
 		st := m.Stats()

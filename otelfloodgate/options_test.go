@@ -25,7 +25,6 @@ func TestNewValidates(t *testing.T) {
 		{"bad method", "WithMethods", WithMethods("Get")},
 		{"zero tiers", "WithMaxTiers", WithMaxTiers(0)},
 		{"many tiers", "WithMaxTiers", WithMaxTiers(257)},
-		{"OK code", "WithCodes", WithCodes(codes.OK, codes.Unavailable)},
 		{"many methods", "WithMethods", WithMethods(make([]string, MaxMethods+1)...)},
 		{"many tenants", "WithTenantLabels", WithTenantLabels(MaxTenantLabels + 1)},
 	} {
@@ -52,7 +51,7 @@ func TestNewValidates(t *testing.T) {
 }
 
 // TestCaps: tiers beyond the cap, tenants beyond theirs and unregistered
-// methods share "other"; anonymous callers and the tap are "none".
+// methods share "other"; anonymous callers are "none".
 func TestCaps(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -62,11 +61,12 @@ func TestCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := r.Observer()
-	obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: "acme", Allowed: true})
-	obs(middleware.Event{Method: methodGet, Tier: "silver", Tenant: "globex", Allowed: true})
-	obs(middleware.Event{Method: "/made.Up/Method", Allowed: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // newer than the package: dropped
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "acme", Allowed: true}, Method: methodGet})
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "silver", Tenant: "globex", Allowed: true}, Method: methodGet})
+	obs(middleware.Event{Decision: middleware.Decision{Allowed: true}, Method: "/made.Up/Method"})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonOverload}, Method: methodGet, Tap: true,
+		Rejection: &middleware.Rejection{Reason: middleware.ReasonOverload, Code: codes.Unavailable}})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.Reason(200)}, Method: methodGet}) // newer than the package: dropped
 	admitted := func(tier, method, tenant string) string {
 		return "code=OK,method=" + method + ",outcome=admitted,reason=admitted,source=memory,stage=interceptor,tenant=" + tenant + ",tier=" + tier
 	}
@@ -128,5 +128,38 @@ func TestRedisMetrics(t *testing.T) {
 	}
 	if diff := cmp.Diff(map[string][]uint64{"outcome=ok": {1, 0, 0}, "outcome=error": {1, 0, 1}}, got); diff != "" {
 		t.Errorf("call duration buckets (-want +got):\n%s", diff)
+	}
+}
+
+// TestCounts: the tap handle's rejections, exempt calls and ignored API
+// keys come from the observer's events; a settle counts no ignored key.
+func TestCounts(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r, err := New(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	obs := r.Observer()
+	for _, e := range []middleware.Event{
+		{Decision: middleware.Decision{Reason: middleware.ReasonExempt, Allowed: true}, Method: "/grpc.health.v1.Health/Check"},
+		{Decision: middleware.Decision{Reason: middleware.ReasonGate, KeyIgnored: "too_long"}, Method: methodGet, Tap: true,
+			Rejection: &middleware.Rejection{Reason: middleware.ReasonGate, Code: codes.Unavailable}},
+		{Decision: middleware.Decision{Allowed: true, KeyIgnored: "repeated"}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonSettled, Allowed: true, KeyIgnored: "repeated"}, Method: methodGet},
+	} {
+		obs(e)
+	}
+	m := collect(t, reader)
+	for name, want := range map[string]map[string]int64{
+		"floodgate.tap.rejections":   {"": 1},
+		"floodgate.exempt":           {"": 1},
+		"floodgate.api_keys.ignored": {"reason=repeated": 1, "reason=too_long": 1},
+	} {
+		if diff := cmp.Diff(want, points(t, m[name])); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
+		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
@@ -62,8 +61,6 @@ type options struct {
 	methods    []string
 	maxTiers   int
 	maxTenants int
-	quota      codes.Code
-	over       codes.Code
 	noSpans    bool
 	clock      floodgate.Clock
 }
@@ -120,21 +117,10 @@ func WithMethods(fullMethods ...string) Option {
 func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 
 // WithTenantLabels adds a tenant attribute to floodgate.decisions and the
-// cost instruments (floodgate.cost.*) for the first n tenants seen, in [0, MaxTenantLabels]; later ones are "other",
-// anonymous callers and tap rejections "none". The default, 0, is no tenant
-// attribute. A repeated call replaces the cap.
+// cost instruments (floodgate.cost.*) for the first n tenants seen, in [0,
+// MaxTenantLabels]; later ones are "other", anonymous callers "none". The
+// default, 0, is no tenant attribute. A repeated call replaces the cap.
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
-
-// WithCodes tells the Recorder the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code attribute: quota for the
-// rejections of reason quota, overload for the others (the overload
-// controller's sheds, the tap handle's rejections and those while the CPU
-// gate scales limits down, all of reason overload, and a failed store's).
-// The defaults are RESOURCE_EXHAUSTED and UNAVAILABLE; neither may be OK. A
-// repeated call replaces both.
-func WithCodes(quota, overload codes.Code) Option {
-	return func(o *options) { o.quota, o.over = quota, overload }
-}
 
 // WithSpanEvents sets whether the observer adds events to the call's span
 // (see the package doc, Span events). The default is true; a repeated
@@ -148,7 +134,7 @@ func WithClock(c floodgate.Clock) Option { return func(o *options) { o.clock = c
 
 // labels returns what the decisions are labelled by.
 func (o *options) labels() labels.Config {
-	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
+	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants}
 }
 
 // ServiceMethods returns the full method names of a service's unary and
@@ -164,20 +150,22 @@ type Recorder struct {
 	labels *labels.Labeler
 	// series holds each decision series' count, reported at collection,
 	// and costs each cost series' sums.
-	series  labels.Map[labels.Series, *counter]
-	costs   labels.Map[labels.CostSeries, *costCounter]
-	debts   *labels.Debts // what the metered buckets owe, as last seen
-	limiter atomic.Pointer[middleware.Limiter]
-	obs     observables
-	reg     metric.Registration
-	close   sync.Once
+	series labels.Map[labels.Series, *counter]
+	costs  labels.Map[labels.CostSeries, *costCounter]
+	debts  *labels.Debts // what the metered buckets owe, as last seen
+	// counts are the events no series above holds: the tap handle's
+	// rejections, exempt calls, ignored API keys.
+	counts labels.Counts
+	obs    observables
+	reg    metric.Registration
+	close  sync.Once
 }
 
 // New returns a Recorder whose instruments come from mp's meter (nil: the
 // global otel.GetMeterProvider()), or an error: one wrapping
 // floodgate.ErrInvalidOption that names an invalid option, or the meter's.
 func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
-	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
+	o := options{maxTiers: DefaultMaxTiers}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -196,24 +184,20 @@ func New(mp metric.MeterProvider, opts ...Option) (*Recorder, error) {
 	r := &Recorder{o: o, labels: labels.NewLabeler(o.labels())}
 	r.debts = labels.NewDebts(r.labels, o.clock)
 	var err error
-	if r.reg, err = r.obs.register(m, &r.o, r.labels, &r.limiter, &r.series, &r.costs, r.debts); err != nil {
+	if r.reg, err = r.obs.register(m, &r.o, r.labels, &r.counts, &r.series, &r.costs, r.debts); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-// SetLimiter makes the Recorder report l's tap rejections, exempt calls and
-// ignored API keys (from Limiter.Stats): the Limiter is built with the
-// Recorder's Observer, so it is set afterwards. A later call replaces l;
-// nil stops the report.
-func (r *Recorder) SetLimiter(l *middleware.Limiter) { r.limiter.Store(l) }
-
-// Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision, sums each metered call's settle in the cost
+// Observer returns the function to pass to middleware.WithObserver, the
+// source of every instrument but those of the sources given to New. It
+// counts each decision, the tap handle's rejections, exempt calls and
+// ignored API keys, sums each metered call's settle in the cost
 // instruments and notes what metered buckets owe (floodgate.cost.debt),
 // allocating nothing but a series' first attribute set and a bucket's
-// entry as it is first seen in debt, and
-// adds span events to a recording span in the call's context.
+// entry as it is first seen in debt, and adds span events to a recording
+// span in the call's context.
 func (r *Recorder) Observer() func(middleware.Event) { return r.observe }
 
 // A counter is one decision series' count and its attribute set, made
@@ -227,6 +211,7 @@ type counter struct {
 
 func (r *Recorder) observe(e middleware.Event) {
 	r.debts.Observe(e)
+	r.counts.Observe(e)
 	if e.Reason == middleware.ReasonSettled {
 		r.observeCost(e)
 		return

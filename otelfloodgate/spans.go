@@ -16,8 +16,8 @@ const (
 	// slot of the overload controller.
 	EventWaited = "floodgate.waited"
 
-	// AttrReason is the rejection's reason: quota, overload, store_error,
-	// and a metered quota's debt and invalid_estimate.
+	// AttrReason is the rejection's reason: quota, gate, overload,
+	// store_error, and a metered quota's debt and invalid_estimate.
 	AttrReason = attribute.Key("floodgate.reason")
 	// AttrTier is the caller's tier, absent when it has none.
 	AttrTier = attribute.Key("floodgate.tier")
@@ -59,8 +59,8 @@ func spanEvent(e middleware.Event) {
 	if e.Tenant != "" {
 		attrs = append(attrs, AttrTenant.String(e.Tenant))
 	}
-	if e.RetryAfter > 0 {
-		attrs = append(attrs, AttrRetryDelay.Float64(e.RetryAfter.Seconds()))
+	if e.Rejection != nil && e.Rejection.RetryAfter > 0 {
+		attrs = append(attrs, AttrRetryDelay.Float64(e.Rejection.RetryAfter.Seconds()))
 	}
 	if e.Shed {
 		attrs = append(attrs, AttrCause.String(e.Cause.String()))

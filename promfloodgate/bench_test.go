@@ -75,7 +75,7 @@ func BenchmarkObserver(b *testing.B) {
 		b.Fatal(err)
 	}
 	obs := c.Observer()
-	e := middleware.Event{Method: methodGet, Tier: "pro", Allowed: true}
+	e := middleware.Event{Decision: middleware.Decision{Tier: "pro", Allowed: true}, Method: methodGet}
 	b.ReportAllocs()
 	for b.Loop() {
 		obs(e)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/cpugate"
@@ -60,7 +59,6 @@ type options struct {
 	methods     []string
 	maxTiers    int
 	maxTenants  int // 0: no tenant label
-	quota, over codes.Code
 	logger      *slog.Logger
 	logInterval time.Duration
 	clock       floodgate.Clock
@@ -125,29 +123,14 @@ func WithMethods(fullMethods ...string) Option {
 func WithMaxTiers(n int) Option { return func(o *options) { o.maxTiers = n } }
 
 // WithTenantLabels adds a tenant label to floodgate_decisions_total and the
-// cost series (floodgate_cost_*), for
-// at most n tenants, in [0, MaxTenantLabels]: the first n tenants seen
-// label themselves, later ones "other", and anonymous callers (and the tap
-// handle's rejections, which resolve no tenant) "none". Tiers stay labelled
-// as well. The default, 0, is no tenant label: every tenant multiplies the
-// series by the methods and outcomes it meets, so keep n to the tenants an
-// operator watches one by one. With the label, each decision also costs a
-// map lookup of the tenant ID. A repeated call replaces the cap.
+// cost series (floodgate_cost_*), for at most n tenants, in [0,
+// MaxTenantLabels]: the first n tenants seen label themselves, later ones
+// "other", and anonymous callers "none". Tiers stay labelled as well. The
+// default, 0, is no tenant label: every tenant multiplies the series by the
+// methods and outcomes it meets, so keep n to the tenants an operator
+// watches one by one. With the label, each decision also costs a map
+// lookup of the tenant ID. A repeated call replaces the cap.
 func WithTenantLabels(n int) Option { return func(o *options) { o.maxTenants = n } }
-
-// WithCodes tells the collector the status codes the Limiter rejects with,
-// as given to middleware.WithCodes, for the code label: quota for the
-// rejections of reason quota, overload for the others (the overload
-// controller's sheds, the tap handle's rejections and those while the CPU
-// gate scales limits down, all of reason overload, and a failed store's).
-// The defaults are the middleware's: RESOURCE_EXHAUSTED and UNAVAILABLE.
-// Neither may be OK.
-// Behind go-grpc-middleware's ratelimit interceptors (Limiter.Limit) every
-// rejection reaches the client as RESOURCE_EXHAUSTED: pass that code twice.
-// A repeated call replaces both.
-func WithCodes(quota, overload codes.Code) Option {
-	return func(o *options) { o.quota, o.over = quota, overload }
-}
 
 // WithLogger makes the observer log rejections to l at Warn, at most one line
 // per interval (≥ 0; DefaultLogInterval when 0): the line names the latest
@@ -160,11 +143,13 @@ func WithLogger(l *slog.Logger, interval time.Duration) Option {
 	return func(o *options) { o.logger, o.logInterval = l, interval }
 }
 
-// WithCostOffenders makes the observer record each metered call's
-// settled cost in f's cost ranking, by tenant (Offenders.ObserveCost), so
-// that one observer feeds both. A nil f, the default, records none; a
-// repeated call replaces f.
-func WithCostOffenders(f *Offenders) Option { return func(o *options) { o.offenders = f } }
+// WithOffenders makes the observer feed f: the subject of each call the
+// Limiter turned away (Offenders.RecordSubject), the tap handle's
+// rejections included and dry-run ones, which run, not; and each metered
+// call's settled cost, in its unit's cost ranking, by tenant
+// (Offenders.ObserveCost). A nil f, the default, records none; a repeated
+// call replaces f.
+func WithOffenders(f *Offenders) Option { return func(o *options) { o.offenders = f } }
 
 // WithClock sets the clock the rejection log's interval and the repayment
 // of floodgate_cost_debt are measured on. A nil c, the default, reads
@@ -184,7 +169,7 @@ func (o *options) validate() error {
 
 // labels returns what the decisions are labelled by.
 func (o *options) labels() labels.Config {
-	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants, Quota: o.quota, Overload: o.over}
+	return labels.Config{Methods: o.methods, MaxTiers: o.maxTiers, MaxTenants: o.maxTenants}
 }
 
 // invalid is every configuration error: it wraps floodgate.ErrInvalidOption
@@ -198,7 +183,7 @@ func invalid(option string, v any, want string) error {
 func ServiceMethods(desc *grpc.ServiceDesc) []string { return labels.ServiceMethods(desc) }
 
 // A Collector is a prometheus.Collector over floodgate's counters: the
-// decisions its observer counts and the stats of the sources given to New.
+// events its observer counts and the stats of the sources given to New.
 // It is safe for concurrent use; register it once.
 type Collector struct {
 	o         options
@@ -211,9 +196,11 @@ type Collector struct {
 	costs                                  labels.Map[labels.CostSeries, *costCounters]
 	reserved, settled, refunded, uncharged *prometheus.CounterVec
 	// debts are what the metered buckets owe, as last seen.
-	debts   *labels.Debts
-	debt    *prometheus.Desc
-	limiter atomic.Pointer[middleware.Limiter]
+	debts *labels.Debts
+	debt  *prometheus.Desc
+	// counts are the events no series above holds: the tap handle's
+	// rejections, exempt calls, ignored API keys.
+	counts labels.Counts
 
 	nextLog    atomic.Int64 // ns since logBase before which rejections are not logged
 	logBase    time.Time    // read from the clock at New: monotonic by default
@@ -239,7 +226,7 @@ type descs struct {
 // floodgate.ErrInvalidOption that names the option. Only the sources
 // passed are exported.
 func New(opts ...Option) (*Collector, error) {
-	o := options{maxTiers: DefaultMaxTiers, quota: codes.ResourceExhausted, over: codes.Unavailable}
+	o := options{maxTiers: DefaultMaxTiers}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -288,7 +275,7 @@ func New(opts ...Option) (*Collector, error) {
 	c.descs = descs{
 		exempt:         d("exempt_total", "Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total."),
 		tap:            d("tap_rejections_total", "Calls rejected by the tap handle before their request was read."),
-		keysIgnored:    d("api_keys_ignored_total", "Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.", "reason"),
+		keysIgnored:    d("api_keys_ignored_total", "Decisions of calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.", "reason"),
 		keys:           d("keyed_keys", "Buckets the in-memory store tracks."),
 		evictions:      d("keyed_evictions_total", "Buckets dropped to make room for new keys."),
 		evictedNotFull: d("keyed_evicted_not_full_total", "Evicted buckets that had not refilled: each handed a client a fresh burst."),
@@ -318,29 +305,25 @@ func New(opts ...Option) (*Collector, error) {
 	return c, nil
 }
 
-// SetLimiter makes the collector export l's tap rejections, exempt calls
-// and ignored API keys (floodgate_tap_rejections_total,
-// floodgate_exempt_total and floodgate_api_keys_ignored_total, from
-// Limiter.Stats): the Limiter is built
-// with the collector's Observer, so it is set afterwards. The decisions come
-// from the observer whether or not this is called. A later call replaces l;
-// nil stops the export.
-func (c *Collector) SetLimiter(l *middleware.Limiter) { c.limiter.Store(l) }
-
-// Observer returns the function to pass to middleware.WithObserver. It
-// counts each decision, and each metered call's settle in the cost series,
-// and notes what metered buckets owe (floodgate_cost_debt), allocating
-// nothing but a series' first counters, a bucket's entry as it is first
-// seen in debt (and, with
-// WithCostOffenders, a subject's string as it enters the cost ranking); a
+// Observer returns the function to pass to middleware.WithObserver, the
+// source of every series but those of the sources given to New. It counts
+// each decision, the tap handle's rejections, exempt calls and ignored API
+// keys, and each metered call's settle in the cost series, and notes what
+// metered buckets owe (floodgate_cost_debt), allocating nothing but a
+// series' first counters, a bucket's entry as it is first seen in debt
+// (and, with WithOffenders, a subject's string as it enters a ranking); a
 // rejection may also be logged (WithLogger).
 func (c *Collector) Observer() func(middleware.Event) { return c.observe }
 
 func (c *Collector) observe(e middleware.Event) {
 	c.debts.Observe(e)
+	c.counts.Observe(e)
 	if e.Reason == middleware.ReasonSettled {
 		c.observeCost(e)
 		return
+	}
+	if f := c.o.offenders; f != nil && !e.Allowed && !e.DryRun {
+		f.RecordSubject(e.Subject)
 	}
 	k, v, ok := c.labels.Series(e)
 	if !ok {
@@ -459,12 +442,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	c.debts.Each(func(v labels.DebtValues, owed float64) { gauge(c.debt, owed, c.labels.DebtLabels(v)...) })
-	if l := c.limiter.Load(); l != nil {
-		st := l.Stats()
-		counter(c.descs.tap, st.Tap)
-		counter(c.descs.exempt, st.Exempt)
-		counter(c.descs.keysIgnored, st.RepeatedKeys, middleware.KeyIgnoredRepeated)
-		counter(c.descs.keysIgnored, st.LongKeys, middleware.KeyIgnoredTooLong)
+	counter(c.descs.tap, c.counts.Tap.Load())
+	counter(c.descs.exempt, c.counts.Exempt.Load())
+	for i, reason := range labels.KeysIgnored {
+		counter(c.descs.keysIgnored, c.counts.KeysIgnored[i].Load(), reason)
 	}
 	if m := c.o.keyed; m != nil {
 		st := m.Stats()

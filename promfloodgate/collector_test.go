@@ -85,8 +85,6 @@ func TestNewValidates(t *testing.T) {
 		{"method not UTF-8", "WithMethods", WithMethods("/svc.S/\xff")},
 		{"zero tiers", "WithMaxTiers", WithMaxTiers(0)},
 		{"many tiers", "WithMaxTiers", WithMaxTiers(257)},
-		{"OK code", "WithCodes", WithCodes(codes.OK, codes.Unavailable)},
-		{"bad code", "WithCodes", WithCodes(codes.Code(99), codes.Unavailable)},
 		{"negative log", "WithLogger", WithLogger(slog.Default(), -time.Second)},
 		{"many methods", "WithMethods", WithMethods(make([]string, MaxMethods+1)...)},
 		{"negative tenants", "WithTenantLabels", WithTenantLabels(-1)},
@@ -126,7 +124,6 @@ func TestDecisionsAndSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetLimiter(lim)
 	icpt := lim.UnaryServerInterceptor()
 	call := func(key, method string) error {
 		_, err := icpt(callCtx(key), nil, &grpc.UnaryServerInfo{FullMethod: method}, noop)
@@ -223,30 +220,81 @@ func gather(t *testing.T, c prometheus.Collector, name string) float64 {
 	return 0
 }
 
+// rejection returns a rejection for reason, with code.
+func rejection(reason middleware.Reason, code codes.Code) *middleware.Rejection {
+	return &middleware.Rejection{Reason: reason, Code: code}
+}
+
+// TestCodesAndFlags: the code label is the rejection's, OK for a call that
+// runs, whatever the reason.
 func TestCodesAndFlags(t *testing.T) {
-	c, err := New(WithCodes(codes.Aborted, codes.ResourceExhausted), WithMethods(methodGet))
+	c, err := New(WithMethods(methodGet))
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := c.Observer()
-	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonQuota})
-	obs(middleware.Event{Method: methodGet, Tier: "pro", Reason: middleware.ReasonOverload})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonStoreError, Allowed: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota, DryRun: true})
-	obs(middleware.Event{Method: methodGet, Reason: middleware.Reason(200)}) // unknown: dropped
+	for _, e := range []middleware.Event{
+		{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonQuota}, Method: methodGet, Rejection: rejection(middleware.ReasonQuota, codes.Aborted)},
+		{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonOverload}, Method: methodGet, Shed: true,
+			Rejection: rejection(middleware.ReasonOverload, codes.ResourceExhausted)},
+		{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonGate}, Method: methodGet, Rejection: rejection(middleware.ReasonGate, codes.ResourceExhausted)},
+		{Decision: middleware.Decision{Reason: middleware.ReasonGate}, Method: methodGet, Tap: true, Rejection: rejection(middleware.ReasonGate, codes.Unavailable)},
+		{Decision: middleware.Decision{Reason: middleware.ReasonOverload}, Method: methodGet, Tap: true, Rejection: rejection(middleware.ReasonOverload, codes.Unavailable)},
+		{Decision: middleware.Decision{Reason: middleware.ReasonStoreError}, Method: methodGet, Rejection: rejection(middleware.ReasonStoreError, codes.Unavailable)},
+		{Decision: middleware.Decision{Reason: middleware.ReasonStoreError, Allowed: true}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonQuota, DryRun: true}, Method: methodGet},
+		{Decision: middleware.Decision{Reason: middleware.ReasonExempt, Allowed: true}, Method: methodGet}, // no decision: floodgate_exempt_total
+		{Decision: middleware.Decision{Reason: middleware.Reason(200)}, Method: methodGet},                 // unknown: dropped
+	} {
+		obs(e)
+	}
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
 floodgate_decisions_total{code="Aborted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="quota",source="memory",stage="interceptor",tier="pro"} 1
 floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="store_error",source="none",stage="interceptor",tier="none"} 1
 floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="dry_run_rejected",reason="quota",source="memory",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="gate",source="memory",stage="interceptor",tier="pro"} 1
 floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="memory",stage="interceptor",tier="pro"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="none",stage="tap",tier="none"} 1
-floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="store_error",source="none",stage="interceptor",tier="none"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="gate",source="none",stage="tap",tier="none"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="none",stage="tap",tier="none"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="store_error",source="none",stage="interceptor",tier="none"} 1
+# HELP floodgate_exempt_total Calls to exempt methods, which take no tokens and are not in floodgate_decisions_total.
+# TYPE floodgate_exempt_total counter
+floodgate_exempt_total 1
+# HELP floodgate_tap_rejections_total Calls rejected by the tap handle before their request was read.
+# TYPE floodgate_tap_rejections_total counter
+floodgate_tap_rejections_total 2
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total"); err != nil {
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total", "floodgate_exempt_total", "floodgate_tap_rejections_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestKeysIgnored counts the decisions of callers whose API key header was
+// ignored, by reason, and not their settles.
+func TestKeysIgnored(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := c.Observer()
+	for _, e := range []middleware.Event{
+		{Decision: middleware.Decision{Allowed: true, KeyIgnored: "repeated"}},
+		{Decision: middleware.Decision{Reason: middleware.ReasonQuota, KeyIgnored: "repeated"}},
+		{Decision: middleware.Decision{Reason: middleware.ReasonGate, KeyIgnored: "too_long"}, Tap: true},
+		{Decision: middleware.Decision{Reason: middleware.ReasonSettled, Allowed: true, KeyIgnored: "too_long"}},
+		{Decision: middleware.Decision{Allowed: true}},
+	} {
+		obs(e)
+	}
+	want := `
+# HELP floodgate_api_keys_ignored_total Decisions of calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.
+# TYPE floodgate_api_keys_ignored_total counter
+floodgate_api_keys_ignored_total{reason="repeated"} 2
+floodgate_api_keys_ignored_total{reason="too_long"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_api_keys_ignored_total"); err != nil {
 		t.Error(err)
 	}
 }
@@ -258,7 +306,7 @@ func TestTierCap(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, tier := range []string{"a", "b", "c", "d", "a", "c"} {
-		obs(middleware.Event{Method: "/made.Up/" + tier, Tier: tier, Allowed: true})
+		obs(middleware.Event{Decision: middleware.Decision{Tier: tier, Allowed: true}, Method: "/made.Up/" + tier})
 	}
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
@@ -278,7 +326,7 @@ func TestObserverAllocs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts := []Option{WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour), WithCostOffenders(offenders)}
+		opts := []Option{WithMethods(methodGet), WithLogger(slog.New(slog.DiscardHandler), time.Hour), WithOffenders(offenders)}
 		if tenants {
 			opts = append(opts, WithTenantLabels(1))
 		}
@@ -287,21 +335,48 @@ func TestObserverAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		obs := c.Observer()
-		accepted := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Allowed: true}
-		rejected := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Reason: middleware.ReasonQuota}
-		overCap := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Allowed: true}
+		accepted := middleware.Event{Decision: middleware.Decision{Tier: "pro", Tenant: "p", Allowed: true}, Method: methodGet}
+		rejected := middleware.Event{
+			Decision:  middleware.Decision{Tier: "pro", Tenant: "p", Subject: "t:p", Reason: middleware.ReasonQuota},
+			Method:    methodGet,
+			Rejection: rejection(middleware.ReasonQuota, codes.ResourceExhausted),
+		}
+		// An anonymous caller's rejection at the tap, whose address the
+		// offenders hash, and whose API key was ignored.
+		tapped := middleware.Event{
+			Decision:  middleware.Decision{Subject: "a:203.0.113.7", KeyIgnored: "repeated", Reason: middleware.ReasonGate},
+			Method:    methodGet,
+			Tap:       true,
+			Rejection: rejection(middleware.ReasonGate, codes.Unavailable),
+		}
+		exempt := middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonExempt, Allowed: true}, Method: "/grpc.health.v1.Health/Check"}
+		overCap := middleware.Event{Decision: middleware.Decision{Tier: "pro", Tenant: "q", Allowed: true}, Method: methodGet}
 		owing := floodgate.Result{Limit: floodgate.Limit{Rate: 1000, Burst: 20000}, Owed: 1000} // the bucket is in debt
-		debt := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt, Metered: owing}
-		settled := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "p", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 5000, Uncharged: 10, Metered: owing}
+		debt := middleware.Event{Decision: middleware.Decision{Tier: "pro", Tenant: "p", Reason: middleware.ReasonDebt, Metered: owing}, Method: methodGet, Unit: "tokens", MeterID: "m"}
+		settled := middleware.Event{
+			Decision:  middleware.Decision{Tier: "pro", Tenant: "p", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Metered: owing},
+			Method:    methodGet,
+			Unit:      "tokens",
+			MeterID:   "m",
+			Settled:   5000,
+			Uncharged: 10,
+		}
 		// A settle that leaves a bucket not followed owing nothing.
-		repaid := middleware.Event{Method: methodGet, Tier: "pro", Tenant: "q", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled,
-			Allowed: true, Reserved: 4000, Settled: 1000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}}
-		for _, e := range []middleware.Event{accepted, rejected, overCap, debt, settled, repaid} {
+		repaid := middleware.Event{
+			Decision: middleware.Decision{Tier: "pro", Tenant: "q", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 4000, Metered: floodgate.Result{Allowed: true, Limit: owing.Limit}},
+			Method:   methodGet,
+			Unit:     "tokens",
+			MeterID:  "m",
+			Settled:  1000,
+		}
+		for _, e := range []middleware.Event{accepted, rejected, tapped, exempt, overCap, debt, settled, repaid} {
 			obs(e) // the first makes the series; a rejection logs once, later ones are suppressed
 		}
-		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "over the tenant cap": overCap,
-			"rejected for debt": debt, "settled": settled, "settled, repaid": repaid} {
+		for name, e := range map[string]middleware.Event{"accepted": accepted, "rejected": rejected, "rejected at the tap": tapped,
+			"exempt": exempt, "over the tenant cap": overCap, "rejected for debt": debt, "settled": settled, "settled, repaid": repaid} {
+			if name == "rejected at the tap" && raceEnabled {
+				continue // the race detector drops pooled hashers, which the offenders then make anew
+			}
 			if n := testing.AllocsPerRun(1000, func() { obs(e) }); n != 0 {
 				t.Errorf("tenant labels %v, %s: %g allocations per event, want 0", tenants, name, n)
 			}
@@ -319,13 +394,13 @@ func TestRejectionLogIsBounded(t *testing.T) {
 	}
 	obs := c.Observer()
 	for range 100 {
-		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Reason: middleware.ReasonQuota})
-		obs(middleware.Event{Method: methodGet, Tier: "free", Tenant: "initech", Allowed: true})
+		obs(middleware.Event{Decision: middleware.Decision{Tier: "free", Tenant: "initech", Reason: middleware.ReasonQuota}, Method: methodGet})
+		obs(middleware.Event{Decision: middleware.Decision{Tier: "free", Tenant: "initech", Allowed: true}, Method: methodGet})
 	}
 	now = now.Add(999 * time.Millisecond)
-	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonOverload}, Method: "/x.Y/Z"})
 	now = now.Add(time.Millisecond)
-	obs(middleware.Event{Method: "/x.Y/Z", Reason: middleware.ReasonOverload, Tap: true})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonOverload}, Method: "/x.Y/Z", Tap: true})
 
 	type line struct {
 		Msg, Reason, Tier, Tenant, Method string
@@ -381,7 +456,7 @@ func TestConcurrentObserveAndCollect(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 1000 {
-				e := middleware.Event{Method: methodGet, Tier: string(rune('a' + (i+g)%5)), Allowed: true}
+				e := middleware.Event{Decision: middleware.Decision{Tier: string(rune('a' + (i+g)%5)), Allowed: true}, Method: methodGet}
 				if i%3 == 0 {
 					e.Allowed, e.Reason = false, middleware.ReasonQuota
 				}
@@ -478,7 +553,7 @@ floodgate_decisions_total{code="ResourceExhausted",method="/inventory.v1.Invento
 		t.Error(err)
 	}
 	// A source newer than this package is counted, not dropped.
-	c.Observer()(middleware.Event{Method: methodGet, Tier: "pro", Source: floodgate.Source(42), Allowed: true})
+	c.Observer()(middleware.Event{Decision: middleware.Decision{Tier: "pro", Allowed: true}, Method: methodGet, Source: floodgate.Source(42)})
 	if got := seriesValue(t, c, map[string]string{"source": "unknown"}); got != 1 {
 		t.Errorf("unknown source counted %g times, want 1", got)
 	}
@@ -528,11 +603,13 @@ func TestTenantLabels(t *testing.T) {
 	}
 	obs := c.Observer()
 	for _, ten := range []string{"acme", "globex", "initech", "acme", "umbrella", "globex", "acme"} {
-		obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: ten, Allowed: true})
+		obs(middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: ten, Allowed: true}, Method: methodGet})
 	}
-	obs(middleware.Event{Method: methodGet, Tier: "gold", Tenant: "initech", Reason: middleware.ReasonQuota})
-	obs(middleware.Event{Method: methodGet, Allowed: true})                                // anonymous
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonOverload, Tap: true}) // tap: no tenant
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "gold", Tenant: "initech", Reason: middleware.ReasonQuota}, Method: methodGet,
+		Rejection: rejection(middleware.ReasonQuota, codes.ResourceExhausted)})
+	obs(middleware.Event{Decision: middleware.Decision{Allowed: true}, Method: methodGet}) // anonymous
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonOverload}, Method: methodGet, Tap: true,
+		Rejection: rejection(middleware.ReasonOverload, codes.Unavailable)}) // the caller's key unknown to the tap: no tenant
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
@@ -590,7 +667,7 @@ func TestTenantLabelsFromLimiter(t *testing.T) {
 // twice fails whole.
 func TestScrapeNeverRepeatsALabelSet(t *testing.T) {
 	admit := func(tier, tenant string, dryRun bool) middleware.Event {
-		return middleware.Event{Method: methodGet, Tier: tier, Tenant: tenant, Allowed: true, DryRun: dryRun}
+		return middleware.Event{Decision: middleware.Decision{Tier: tier, Tenant: tenant, Allowed: true, DryRun: dryRun}, Method: methodGet}
 	}
 	for _, tc := range []struct {
 		name       string
@@ -663,7 +740,7 @@ func TestScrapeRacesANewTier(t *testing.T) {
 				return
 			default:
 			}
-			obs(middleware.Event{Method: methodGet, Tier: []string{"gold", "silver", "bronze"}[i%3], Allowed: true})
+			obs(middleware.Event{Decision: middleware.Decision{Tier: []string{"gold", "silver", "bronze"}[i%3], Allowed: true}, Method: methodGet})
 		}
 	})
 	for range 200 {
@@ -686,11 +763,11 @@ func TestRejectionLogSurvivesClockStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := c.Observer()
-	obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonQuota}, Method: methodGet})
 	now = now.Add(-time.Hour)
 	for range 60 { // a rejection a second for a minute
 		now = now.Add(time.Second)
-		obs(middleware.Event{Method: methodGet, Reason: middleware.ReasonQuota})
+		obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonQuota}, Method: methodGet})
 	}
 	if lines := strings.Count(buf.String(), "\n"); lines < 50 {
 		t.Errorf("%d log lines in the minute after the clock stepped back, want about 60", lines)
@@ -705,7 +782,7 @@ func TestRepeatedMethods(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range []string{methodGet, methodSecret, "/x.Y/Z", "/x.Y/Z"} {
-		c.Observer()(middleware.Event{Method: m, Allowed: true})
+		c.Observer()(middleware.Event{Decision: middleware.Decision{Allowed: true}, Method: m})
 	}
 	for m, want := range map[string]float64{methodGet: 1, methodSecret: 1, "/x.Y/Z": 2} {
 		if got := seriesValue(t, c, map[string]string{"method": m}); got != want {

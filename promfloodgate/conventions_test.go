@@ -1,12 +1,9 @@
 package promfloodgate
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc/codes"
 
 	"github.com/floodgate-go/floodgate/internal/optiontest"
 )
@@ -21,7 +18,6 @@ func TestOptionConvention(t *testing.T) {
 		{Option: "WithMethods", Bad: WithMethods("Get"), Good: WithMethods(methodGet), Adds: true},
 		{Option: "WithMaxTiers", Bad: WithMaxTiers(0), Good: WithMaxTiers(4)},
 		{Option: "WithTenantLabels", Bad: WithTenantLabels(-1), Good: WithTenantLabels(4)},
-		{Option: "WithCodes", Bad: WithCodes(codes.OK, codes.Unavailable), Good: WithCodes(codes.ResourceExhausted, codes.ResourceExhausted)},
 		{Option: "WithLogger", Bad: WithLogger(slog.Default(), -time.Second), Good: WithLogger(slog.Default(), time.Second)},
 	})
 	optiontest.Check(t, func(opts ...RedisOption) error {
@@ -36,7 +32,5 @@ func TestOptionConvention(t *testing.T) {
 	}, []optiontest.Case[OffendersOption]{
 		{Option: "WithCapacity", Bad: WithCapacity(0), Good: WithCapacity(8)},
 		{Option: "WithHashSecret", Bad: WithHashSecret([]byte("short")), Good: WithHashSecret(make([]byte, 16))},
-		{Option: "WithKeyFunc", Bad: WithKeyFunc(nil), Good: WithKeyFunc(func(context.Context, string) string { return "k" })},
-		{Option: "WithRejectionCodes", Bad: WithRejectionCodes(codes.OK, codes.Unavailable, "d"), Good: WithRejectionCodes(codes.ResourceExhausted, codes.Unavailable, "d")},
 	})
 }

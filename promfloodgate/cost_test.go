@@ -95,13 +95,13 @@ func meteredLimiter(t *testing.T, obs func(middleware.Event)) (func(cost int64) 
 // debt is repaid, one whose cost passes the debt limit. The decisions
 // count the refusal as reason debt; the cost series count what was
 // reserved, settled, refunded and left uncharged; the offenders rank acme
-// by what its calls cost.
+// by what its calls cost, and by its one rejection.
 func TestCost(t *testing.T) {
 	f, err := NewOffenders()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(WithMethods(methodGenerate), WithTenantLabels(4), WithCostOffenders(f))
+	c, err := New(WithMethods(methodGenerate), WithTenantLabels(4), WithOffenders(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,25 +144,30 @@ floodgate_decisions_total{code="ResourceExhausted",method="/llm.v1.Completions/G
 	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 81000}}, f.TopCost("tokens", 0)); diff != "" {
 		t.Errorf("TopCost (-want +got):\n%s", diff)
 	}
+	if diff := cmp.Diff([]Offender{{Key: "t:acme", Rejections: 1}}, f.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
 }
 
 // TestCostReasons: the metered quota's own reasons label decisions with
-// their codes (debt with the quota's, an invalid estimate with
-// INVALID_ARGUMENT and no source), and a settle is no decision.
+// their rejections' codes (an invalid estimate with no source), and a
+// settle is no decision.
 func TestCostReasons(t *testing.T) {
-	c, err := New(WithMethods(methodGenerate), WithCodes(codes.Aborted, codes.Unavailable))
+	c, err := New(WithMethods(methodGenerate))
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := c.Observer()
-	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonDebt, Source: floodgate.SourceRedis})
-	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonInvalidEstimate})
-	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonDebt, DryRun: true})
-	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Unit: "tokens", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 10, Settled: 4})
-	obs(middleware.Event{Method: methodGenerate, Tier: "pro", Reason: middleware.ReasonSettled, Allowed: true}) // no unit: no cost
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonDebt}, Method: methodGenerate, Unit: "tokens", Source: floodgate.SourceRedis,
+		Rejection: rejection(middleware.ReasonDebt, codes.Aborted)})
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonInvalidEstimate}, Method: methodGenerate, Unit: "tokens",
+		Rejection: rejection(middleware.ReasonInvalidEstimate, codes.InvalidArgument)})
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonDebt, DryRun: true}, Method: methodGenerate, Unit: "tokens"})
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonSettled, Allowed: true, Reserved: 10}, Method: methodGenerate, Unit: "tokens", Settled: 4})
+	obs(middleware.Event{Decision: middleware.Decision{Tier: "pro", Reason: middleware.ReasonSettled, Allowed: true}, Method: methodGenerate}) // no unit: no cost
 	want := `
 # HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
 # TYPE floodgate_decisions_total counter
@@ -186,7 +191,7 @@ func TestCostUnitCap(t *testing.T) {
 	}
 	obs := c.Observer()
 	for i := range MaxUnitLabels + 2 {
-		obs(middleware.Event{Unit: "u" + strconv.Itoa(i), Reason: middleware.ReasonSettled, Allowed: true, Settled: 1})
+		obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonSettled, Allowed: true}, Unit: "u" + strconv.Itoa(i), Settled: 1})
 	}
 	want := `
 # HELP floodgate_cost_settled_total Units metered calls were settled at, as they ended: the cost they reported, or their estimate when they reported none.
@@ -318,8 +323,11 @@ func TestCostDebtBounded(t *testing.T) {
 	obs := c.Observer()
 	lim := floodgate.Limit{Rate: 1, Burst: 10}
 	debt := func(tenant string, owed int) middleware.Event {
-		return middleware.Event{Tier: "pro", Tenant: tenant, Unit: "tokens", MeterID: "m", Reason: middleware.ReasonDebt,
-			Metered: floodgate.Result{Limit: lim, Owed: owed}}
+		return middleware.Event{
+			Decision: middleware.Decision{Tier: "pro", Tenant: tenant, Reason: middleware.ReasonDebt, Metered: floodgate.Result{Limit: lim, Owed: owed}},
+			Unit:     "tokens",
+			MeterID:  "m",
+		}
 	}
 	for i := range MaxDebtBuckets {
 		obs(debt("t"+strconv.Itoa(i), 1))
@@ -327,8 +335,11 @@ func TestCostDebtBounded(t *testing.T) {
 	obs(debt("t0", 2)) // seen again: t1 is now the oldest
 	obs(debt("new", 3))
 	obs(debt("", 100)) // anonymous
-	obs(middleware.Event{Tier: "pro", Tenant: "t2", Unit: "tokens", MeterID: "m", Reason: middleware.ReasonSettled, Allowed: true,
-		Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 3}})
+	obs(middleware.Event{
+		Decision: middleware.Decision{Tier: "pro", Tenant: "t2", Reason: middleware.ReasonSettled, Allowed: true, Metered: floodgate.Result{Allowed: true, Limit: lim, Remaining: 3}},
+		Unit:     "tokens",
+		MeterID:  "m",
+	})
 	// t0's 2, new's 3 and 1 from each of the others but t1 and t2.
 	want := `
 # HELP floodgate_cost_debt Units the tenant's metered bucket owes, as last seen by this process, less what refill has repaid since, by unit, tier and, opt-in, tenant.

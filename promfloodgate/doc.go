@@ -1,14 +1,16 @@
 // Package promfloodgate exports floodgate's counters to Prometheus, keeps a
 // bounded summary of the callers rejected most often, and logs rejections at
 // a bounded rate. The core packages do not import client_golang; this one
-// does, and reads them only through their public hooks and Stats.
+// does, and reads the Limiter only through the events of its observer, and
+// the other sources through their Stats and Snapshot.
 //
+//	offenders, _ := promfloodgate.NewOffenders()
 //	metrics, _ := promfloodgate.New(
 //		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&pb.Inventory_ServiceDesc)...),
 //		promfloodgate.WithKeyed(store), promfloodgate.WithGate(gate),
+//		promfloodgate.WithOffenders(offenders),
 //		promfloodgate.WithLogger(logger, time.Second))
 //	lim, _ := middleware.New(store, reg, middleware.WithObserver(metrics.Observer()))
-//	metrics.SetLimiter(lim)
 //	prometheus.MustRegister(metrics)
 //
 // # Metrics
@@ -16,19 +18,25 @@
 // A Collector is a prometheus.Collector. Its observer (Collector.Observer,
 // for middleware.WithObserver) counts every decision of the Limiter in
 // floodgate_decisions_total, labelled by outcome (admitted, rejected,
-// dry_run_rejected), reason (admitted, quota, overload, store_error, and
-// for metered quotas debt and invalid_estimate), code
-// (the status code the client got), source (what decided in the store:
-// memory, redis, cache, lease, fallback, fail_open, fail_closed; none after
-// a store error and in the tap), tier, method, stage (interceptor or tap)
-// and, with WithTenantLabels, tenant. Exempt calls are not observed by the
-// Limiter; SetLimiter exports them (floodgate_exempt_total) with the tap
-// rejections (floodgate_tap_rejections_total).
+// dry_run_rejected), reason (admitted, quota, gate, overload, store_error,
+// and for metered quotas debt and invalid_estimate), code (the status code
+// of the rejection the client got, middleware.Rejection's; OK for a call
+// that runs), source (what decided in the store: memory, redis, cache,
+// lease, fallback, fail_open, fail_closed; none after a store error and in
+// the tap), tier, method, stage (interceptor or tap) and, with
+// WithTenantLabels, tenant. Reason gate is the CPU gate's (the caller over
+// its quota scaled down, or turned away at the tap while the gate sheds),
+// overload the overload controller's. From the same events it counts the
+// tap handle's rejections (floodgate_tap_rejections_total, which are in
+// floodgate_decisions_total too, at stage tap), the calls to exempt
+// methods, which are no decision (floodgate_exempt_total), and the
+// decisions of callers whose API key header was ignored
+// (floodgate_api_keys_ignored_total{reason}: repeated or too_long).
 //
 // A metered quota (tenant.MeteredSpec: tokens, bytes) refuses a call whose
-// tenant's bucket owes units with reason debt and the quota's code, and a
-// call whose estimate header is not a whole number within the burst with
-// reason invalid_estimate and INVALID_ARGUMENT. As each metered call ends,
+// tenant's bucket owes units with reason debt, and a call whose estimate
+// header is not a whole number within the burst with reason
+// invalid_estimate and INVALID_ARGUMENT. As each metered call ends,
 // the observer counts its settle, by unit, tier, method and, with
 // WithTenantLabels, tenant: floodgate_cost_reserved_total (its estimate and
 // its stream's chunks), floodgate_cost_settled_total (the cost it
@@ -37,7 +45,7 @@
 // floodgate_cost_uncharged_total (what the debt limit left uncharged, the
 // only units the quota did not count). Rank tenants by
 // floodgate_cost_settled_total to find who costs most, or by Offenders'
-// cost ranking, which WithCostOffenders feeds, across every tenant.
+// cost ranking, which WithOffenders feeds, across every tenant.
 //
 // floodgate_cost_debt is the gauge of what tenants' metered buckets owe,
 // by unit, tier and, with WithTenantLabels, tenant: each bucket's debt as
@@ -89,15 +97,17 @@
 // it is "other", so clients calling made-up methods add no series. The
 // first WithMaxTiers tiers seen label themselves, later ones "other";
 // anonymous callers are tier "none" unless the anonymous policy names a
-// tier, and so are the tap handle's rejections, which resolve no tier. Two
+// tier (the tap handle judges a caller it cannot resolve alone, one whose
+// API key it has not seen yet, say, by its address, as anonymous). Two
 // series whose labels come out equal (a tier named "none" or "other", say)
 // are reported as one, their sum. Tenant labels are off by default;
 // WithTenantLabels(n) names the first n tenants seen and labels later ones
-// "other" (anonymous callers and tap rejections "none"). The source label
-// has nine values (none, the seven sources and "unknown"), of which a
-// deployment meets few. The decision series are therefore bounded by 56
-// combinations of reason and flags (7 reasons × 8 settings of Allowed,
-// DryRun and Tap) × 9 sources × (tiers + 2) × (methods + 1) × (n + 2), and
+// "other" (anonymous callers "none"). The source label has nine values
+// (none, the seven sources and "unknown"), of which a deployment meets
+// few; a reason's rejections have one code. The decision series are
+// therefore bounded by 56 combinations of reason and flags (7 reasons × 8
+// settings of Allowed, DryRun and Tap) × 9 sources × (tiers + 2) ×
+// (methods + 1) × (n + 2), and
 // in practice are the few combinations that occur: a series exists from
 // its first count. The cost series are bounded likewise, by the first
 // MaxUnitLabels units seen (later ones "other") × (tiers + 2) × (methods +
@@ -108,34 +118,37 @@
 // The observer runs on the request path. It finds the method's label in a
 // map built by New, the tier's and (with tenant labels) the tenant's in
 // maps read without a lock, and the series' counter in another, keyed by
-// the labels' numbers, and increments it. It allocates nothing but a new
-// series' counter. A metered call's settle costs about as much again, in
-// the cost series. On an admitted call through the interceptor it adds
-// about 90 ns (BenchmarkObserverOverhead measures it: the median difference
-// over alternating blocks of calls without and with it): under 0.2% of a
-// gRPC call's cost (about 60 µs on loopback). A rejection also reads the
-// clock when WithLogger is set; an event that reports a debt reads it and
-// takes the debt gauge's lock, as a settle does while some bucket owes.
+// the labels' numbers, and increments it; the counts beside the series are
+// atomic words. It allocates nothing but a new series' counter, and with
+// WithOffenders a subject's string as it enters a ranking
+// (TestObserverAllocs). A metered call's settle costs about as much again,
+// in the cost series. A rejection also reads the clock when WithLogger is
+// set, and with WithOffenders takes the summary's lock, after hashing an
+// anonymous caller's address; an event that reports a debt reads the clock
+// and takes the debt gauge's lock, as a settle does while some bucket
+// owes. What the observer adds to an admitted call is in BENCHMARKS.md
+// (BenchmarkObserverOverhead).
 //
 // # Top offenders
 //
 // Offenders keeps the callers rejected most often in fixed memory, by the
-// Space-Saving algorithm over k keys: every caller with more than 1/k of the
-// recorded rejections is listed, with a count that is an upper bound, off by
-// at most its Err. Keys are kept as the first 12 hex digits of their
-// HMAC-SHA-256 under a per-process secret (WithHashSecret to share one)
-// unless WithRawKeys: a plain hash of an IPv4 address would be undone by
-// hashing them all. Offenders.Handler serves the list as JSON for an
-// operators' port. Offenders.UnaryServerInterceptor and
-// Offenders.StreamServerInterceptor, installed before the Limiter's, record
-// the callers of the Limiter's rejections by a key function (the peer's IP by
-// default): the Event carries no key, by design. Tap rejections reach no
-// interceptor and are not recorded.
+// Space-Saving algorithm over k subjects: every caller with more than 1/k
+// of the recorded rejections is listed, with a count that is an upper
+// bound, off by at most its Err. The Collector's observer feeds it
+// (WithOffenders) with every rejection's subject, the tap handle's
+// included: the caller as the Limiter charged it, "t:<tenant ID>", or
+// "a:<address prefix>" for an anonymous caller, so a client rotating
+// made-up API keys is one subject, its address. Tenant IDs are kept as
+// they are; addresses as the first 12 hex digits of their HMAC-SHA-256
+// under a per-process secret (WithHashSecret to share one) unless
+// WithRawKeys: a plain hash of an IPv4 address would be undone by hashing
+// them all. Offenders.Handler serves the list as JSON for an operators'
+// port.
 //
 // Beside the rejections, Offenders ranks the callers whose calls cost most
 // under metered quotas, one ranking per unit (tokens, bytes; at most
 // MaxCostUnits), by the same algorithm weighted by each call's cost
-// (RecordCost; ObserveCost, or WithCostOffenders, from the Limiter's
+// (RecordCost; ObserveCost, which WithOffenders calls, from the Limiter's
 // settles, by tenant): a caller with more than 1/k of a unit's cost is
 // listed. The handler's JSON holds them under "costs".
 //

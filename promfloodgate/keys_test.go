@@ -14,7 +14,7 @@ import (
 )
 
 // TestIgnoredKeys counts the calls whose API key header the Limiter
-// ignored, by reason.
+// ignored, by reason, from the Limiter's events.
 func TestIgnoredKeys(t *testing.T) {
 	store, err := keyed.New()
 	if err != nil {
@@ -28,7 +28,6 @@ func TestIgnoredKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetLimiter(lim)
 	icpt := lim.UnaryServerInterceptor()
 	info := &grpc.UnaryServerInfo{FullMethod: methodGet}
 	for _, md := range []metadata.MD{
@@ -40,7 +39,7 @@ func TestIgnoredKeys(t *testing.T) {
 		_, _ = icpt(calltest.Context(methodGet, md), nil, info, noop)
 	}
 	want := `
-# HELP floodgate_api_keys_ignored_total Calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.
+# HELP floodgate_api_keys_ignored_total Decisions of calls whose API key header the limiter ignored, judging the caller anonymous, by reason: repeated (more than one value) or too_long.
 # TYPE floodgate_api_keys_ignored_total counter
 floodgate_api_keys_ignored_total{reason="repeated"} 2
 floodgate_api_keys_ignored_total{reason="too_long"} 1

@@ -2,7 +2,6 @@ package promfloodgate
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,7 +10,6 @@ import (
 	"fmt"
 	"hash"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -19,22 +17,16 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
-
 	"github.com/floodgate-go/floodgate/internal/labels"
 	"github.com/floodgate-go/floodgate/internal/topk"
 	"github.com/floodgate-go/floodgate/middleware"
 )
 
-// DefaultOffenders is the number of keys an Offenders tracks when
+// DefaultOffenders is the number of subjects an Offenders tracks when
 // WithCapacity is not given.
 const DefaultOffenders = 64
 
-// HashedKeyLen is the length of a hashed key: the first 12 hex digits
+// HashedKeyLen is the length of a hashed address: the first 12 hex digits
 // (48 bits) of its HMAC-SHA-256.
 const HashedKeyLen = 12
 
@@ -50,51 +42,33 @@ type OffendersOption func(*offendersOptions)
 type offendersOptions struct {
 	k      int
 	raw    bool
-	secret []byte // the HMAC key of hashed keys
-	key    func(ctx context.Context, fullMethod string) string
-	quota  codes.Code
-	over   codes.Code
-	domain string
+	secret []byte // the HMAC key of hashed addresses
 }
 
-// WithCapacity sets the number of keys tracked, k in [1, 10000]: every key
-// with more than 1/k of the rejections recorded is guaranteed to be listed.
-// The default is DefaultOffenders; a repeated call replaces k.
+// WithCapacity sets the number of subjects tracked, k in [1, 10000]: every
+// subject with more than 1/k of the rejections recorded is guaranteed to
+// be listed. The default is DefaultOffenders; a repeated call replaces k.
 func WithCapacity(k int) OffendersOption { return func(o *offendersOptions) { o.k = k } }
 
-// WithRawKeys sets whether keys are kept and shown as given. The default,
-// false, keeps only the first HashedKeyLen hex digits of each key's
-// HMAC-SHA-256 under a secret (random per Offenders unless WithHashSecret),
-// so the summary and its handler never reveal an API key or an address:
-// a plain hash of an IPv4 address is undone by hashing all 2^32 of them,
-// in minutes. Offenders.HashKey hashes a key the same way, to look one up.
-// Turn raw keys on only where the debug handler is reachable by operators
-// alone; a raw key that is not valid UTF-8 is shown Go-quoted. A repeated
-// call replaces the setting.
+// WithRawKeys sets whether anonymous callers' addresses are kept and shown
+// as given. The default, false, keeps only the first HashedKeyLen hex
+// digits of each address's HMAC-SHA-256 under a secret (random per
+// Offenders unless WithHashSecret), so the summary and its handler never
+// reveal an address: a plain hash of an IPv4 address is undone by hashing
+// all 2^32 of them, in minutes. Offenders.HashKey hashes an address the
+// same way, to look one up. Tenant IDs, names from the operator's config,
+// are kept as they are either way. Turn raw keys on only where the debug
+// handler is reachable by operators alone; a raw subject that is not valid
+// UTF-8 is shown Go-quoted. A repeated call replaces the setting.
 func WithRawKeys(on bool) OffendersOption { return func(o *offendersOptions) { o.raw = on } }
 
-// WithHashSecret sets the HMAC key of hashed keys, at least 16 bytes, so
-// that several processes (a fleet's instances, or one across restarts)
-// hash a caller alike. Keep it as secret as the keys it hides. The default,
-// nil, is 32 random bytes per Offenders; a repeated call replaces the
-// secret.
+// WithHashSecret sets the HMAC key of hashed addresses, at least 16 bytes,
+// so that several processes (a fleet's instances, or one across restarts)
+// hash a caller alike. Keep it as secret as the addresses it hides. The
+// default, nil, is 32 random bytes per Offenders; a repeated call replaces
+// the secret.
 func WithHashSecret(secret []byte) OffendersOption {
 	return func(o *offendersOptions) { o.secret = bytes.Clone(secret) }
-}
-
-// WithKeyFunc sets how UnaryServerInterceptor names the caller of a rejected
-// call. The default, PeerIP, is the client's address; f must not be nil.
-// A repeated call replaces f.
-func WithKeyFunc(f func(ctx context.Context, fullMethod string) string) OffendersOption {
-	return func(o *offendersOptions) { o.key = f }
-}
-
-// WithRejectionCodes tells UnaryServerInterceptor the codes and ErrorInfo
-// domain of the Limiter's rejections, as given to middleware.WithCodes and
-// middleware.WithDomain. The defaults are the middleware's; a repeated
-// call replaces all three.
-func WithRejectionCodes(quota, overload codes.Code, domain string) OffendersOption {
-	return func(o *offendersOptions) { o.quota, o.over, o.domain = quota, overload, domain }
 }
 
 func (o *offendersOptions) validate() error {
@@ -103,22 +77,22 @@ func (o *offendersOptions) validate() error {
 		return invalid("WithCapacity", o.k, "in [1, 10000]")
 	case o.secret != nil && len(o.secret) < 16:
 		return invalid("WithHashSecret", fmt.Sprintf("%d bytes", len(o.secret)), "at least 16")
-	case o.key == nil:
-		return invalid("WithKeyFunc", "nil", "a function")
-	case !labels.RejectionCode(o.quota) || !labels.RejectionCode(o.over) || o.domain == "":
-		return invalid("WithRejectionCodes", fmt.Sprintf("%v, %v, %q", o.quota, o.over, o.domain), "codes other than OK and a domain")
 	}
 	return nil
 }
 
 // Offenders is a bounded summary of the callers rejected most often
-// (Space-Saving over k keys): memory stays fixed however many distinct
+// (Space-Saving over k subjects): memory stays fixed however many distinct
 // callers there are, every caller with more than 1/k of the rejections is
-// listed, and each count is an upper bound, off by at most Err. Beside it,
-// one summary per unit of metered quotas (tokens, bytes) ranks the callers
-// whose calls cost most, by the same algorithm over k keys, weighted by
-// each call's settled cost (RecordCost, ObserveCost). It is safe for
-// concurrent use.
+// listed, and each count is an upper bound, off by at most Err. Callers are
+// named as the Limiter charges them, by their bucket subject
+// (middleware.Decision.Subject): a tenant, or an anonymous caller's
+// address prefix, so a caller rotating made-up API keys is one subject,
+// its address. Beside it, one summary per unit of metered quotas (tokens,
+// bytes) ranks the callers whose calls cost most, by the same algorithm
+// over k subjects, weighted by each call's settled cost (RecordCost,
+// ObserveCost). The Collector's observer feeds both (WithOffenders). It is
+// safe for concurrent use.
 type Offenders struct {
 	o offendersOptions
 	s *topk.Summary
@@ -131,7 +105,8 @@ type Offenders struct {
 
 // An Offender is one entry of the summary.
 type Offender struct {
-	// Key is the caller's key, hashed unless WithRawKeys.
+	// Key is the caller's subject, as RecordSubject keeps it:
+	// "t:<tenant ID>", or "a:" and the address, hashed unless WithRawKeys.
 	Key string `json:"key"`
 	// Rejections is an upper bound of the caller's rejections recorded.
 	Rejections uint64 `json:"rejections"`
@@ -142,8 +117,7 @@ type Offender struct {
 // NewOffenders returns an empty summary, or an error wrapping
 // floodgate.ErrInvalidOption that names the option.
 func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
-	o := offendersOptions{k: DefaultOffenders, key: PeerIP, quota: codes.ResourceExhausted,
-		over: codes.Unavailable, domain: middleware.DefaultDomain}
+	o := offendersOptions{k: DefaultOffenders}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -162,41 +136,37 @@ func NewOffenders(opts ...OffendersOption) (*Offenders, error) {
 	}
 	f := &Offenders{o: o, s: s}
 	f.macs.New = func() any {
-		return &mac{h: hmac.New(sha256.New, f.o.secret), in: make([]byte, 0, 64), sum: make([]byte, 0, sha256.Size)}
+		return &mac{h: hmac.New(sha256.New, f.o.secret), in: make([]byte, 0, 64), sum: make([]byte, 0, sha256.Size),
+			key: make([]byte, 0, len("a:")+HashedKeyLen)}
 	}
 	return f, nil
 }
 
-// Record counts one rejection of key. An empty key is ignored.
-func (f *Offenders) Record(key string) {
-	if key == "" {
-		return
+// RecordSubject counts one rejection of a bucket subject
+// (middleware.Decision.Subject): "t:<tenant ID>", or "a:<address prefix>"
+// for an anonymous caller. The Collector's observer calls it for each
+// rejection (WithOffenders). Tenant IDs are names from the operator's
+// config and are kept as they are; without WithRawKeys an address is
+// hashed, as "a:" followed by HashKey of the address. An empty subject is
+// ignored. It allocates nothing but a subject's string as it enters the
+// summary.
+func (f *Offenders) RecordSubject(subject string) {
+	if subject != "" {
+		f.add(f.s, subject, 1)
 	}
-	if !f.o.raw {
-		key = f.HashKey(key)
-	}
-	f.s.Add(key, 1)
 }
 
-// RecordSubject counts one rejection of a bucket subject, as
-// middleware.WithRejectedSubjects passes it: "t:<tenant ID>" or
-// "a:<address prefix>". Pass it to that option to name offenders by the
-// identity their calls were charged to, the tap handle's rejections
-// included, instead of installing UnaryServerInterceptor (which would count
-// each rejection again). Tenant IDs are names from the operator's config
-// and are kept as they are; without WithRawKeys an address is hashed, as
-// "a:" followed by HashKey of the address. An empty subject is ignored.
-func (f *Offenders) RecordSubject(subject string) {
-	switch {
-	case subject == "":
+// add counts n of subject in s, its address hashed unless WithRawKeys.
+func (f *Offenders) add(s *topk.Summary, subject string, n uint64) {
+	if f.o.raw || strings.HasPrefix(subject, "t:") {
+		s.Add(subject, n) // which copies a subject it keeps
 		return
-	case f.o.raw || strings.HasPrefix(subject, "t:"):
-		// The caller's buffer may be reused once this returns.
-		subject = strings.Clone(subject)
-	default:
-		subject = "a:" + f.HashKey(strings.TrimPrefix(subject, "a:"))
 	}
-	f.s.Add(subject, 1)
+	m := f.macs.Get().(*mac)
+	m.key = append(m.key[:0], "a:"...)
+	m.key = f.hash(m, m.key, strings.TrimPrefix(subject, "a:"))
+	s.AddBytes(m.key, n)
+	f.macs.Put(m)
 }
 
 // Top returns up to n offenders, most rejected first; all of them for n ≤ 0.
@@ -239,22 +209,17 @@ func (f *Offenders) RecordCost(subject, unit string, cost int64) {
 	if subject == "" || cost <= 0 {
 		return
 	}
-	s := f.costSummary(unit)
-	switch {
-	case s == nil:
-	case f.o.raw || strings.HasPrefix(subject, "t:"):
-		s.Add(subject, uint64(cost))
-	default:
-		s.Add("a:"+f.HashKey(strings.TrimPrefix(subject, "a:")), uint64(cost))
+	if s := f.costSummary(unit); s != nil {
+		f.add(s, subject, uint64(cost))
 	}
 }
 
 // ObserveCost records the cost of each metered call's settle, an Event of
 // reason middleware.ReasonSettled, by its tenant ("t:<tenant ID>"), in its
 // unit, as RecordCost does, and ignores every other Event. Anonymous
-// callers, whose events name no tenant, are not ranked. Call it from the
-// Limiter's observer (Collector's WithCostOffenders does); it allocates
-// nothing but a subject's string as it enters the ranking.
+// callers are not ranked. The Collector's observer calls it
+// (WithOffenders); it allocates nothing but a subject's string as it
+// enters the ranking.
 func (f *Offenders) ObserveCost(e middleware.Event) {
 	if e.Reason != middleware.ReasonSettled || e.Tenant == "" || e.Settled <= 0 {
 		return
@@ -313,103 +278,44 @@ func (f *Offenders) CostUnits() []string {
 // Total returns the rejections recorded.
 func (f *Offenders) Total() uint64 { return f.s.Total() }
 
-// HashKey returns the form key takes in f without WithRawKeys: the first
-// HashedKeyLen hex digits of its HMAC-SHA-256 under f's secret.
+// HashKey returns the form an anonymous caller's address takes in f
+// without WithRawKeys, after "a:": the first HashedKeyLen hex digits of
+// its HMAC-SHA-256 under f's secret.
 func (f *Offenders) HashKey(key string) string {
 	m := f.macs.Get().(*mac)
+	m.key = f.hash(m, m.key[:0], key)
+	out := string(m.key)
+	f.macs.Put(m)
+	return out
+}
+
+// hash appends HashKey(key) to dst, with m's buffers.
+func (f *Offenders) hash(m *mac, dst []byte, key string) []byte {
 	m.h.Reset()
 	m.in = append(m.in[:0], key...)
 	m.h.Write(m.in)
 	m.sum = m.h.Sum(m.sum[:0])
-	var out [HashedKeyLen]byte
-	hex.Encode(out[:], m.sum[:HashedKeyLen/2])
 	if cap(m.in) > 1024 {
 		m.in = make([]byte, 0, 64) // keep no long key, nor its bytes
 	} else {
 		clear(m.in)
 	}
-	f.macs.Put(m)
-	return string(out[:])
+	return hex.AppendEncode(dst, m.sum[:HashedKeyLen/2])
 }
 
 // mac is a keyed HMAC with buffers for its input and sum, which the hash's
-// interface methods would otherwise make escape, once per key.
+// interface methods would otherwise make escape, once per key, and for a
+// hashed subject.
 type mac struct {
-	h       hash.Hash
-	in, sum []byte
-}
-
-// PeerIP is the default key of UnaryServerInterceptor: the IP address of the
-// call's peer, "" when it has none.
-func PeerIP(ctx context.Context, _ string) string {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
-		return ""
-	}
-	if a, ok := p.Addr.(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	host, _, err := net.SplitHostPort(p.Addr.String())
-	if err != nil {
-		return ""
-	}
-	return host
-}
-
-// UnaryServerInterceptor returns an interceptor that records the caller of
-// every call the Limiter rejects. Install it before (outside) the Limiter's
-// interceptor. A rejection is an error with one of the Limiter's codes and an
-// ErrorInfo of the Limiter's domain and reasons, so the Limiter must send
-// details (middleware.WithDetails, on by default): without them its
-// rejections cannot be told from a handler's own errors and none is recorded. Admitted calls
-// cost one comparison; tap rejections never reach interceptors and are not
-// recorded, and the default key is the peer's address, not the subject the
-// call was charged to: prefer RecordSubject with
-// middleware.WithRejectedSubjects.
-func (f *Offenders) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		resp, err := handler(ctx, req)
-		if err != nil && f.isRejection(err) {
-			f.Record(f.o.key(ctx, info.FullMethod))
-		}
-		return resp, err
-	}
-}
-
-// StreamServerInterceptor is UnaryServerInterceptor for streams: it records
-// the caller of every stream the Limiter rejects at its start, or ends with a
-// per-message rejection (middleware.WithPerMessage).
-func (f *Offenders) StreamServerInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		err := handler(srv, ss)
-		if err != nil && f.isRejection(err) {
-			f.Record(f.o.key(ss.Context(), info.FullMethod))
-		}
-		return err
-	}
-}
-
-func (f *Offenders) isRejection(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok || (st.Code() != f.o.quota && st.Code() != f.o.over) {
-		return false
-	}
-	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == f.o.domain {
-			switch ei.GetReason() {
-			case middleware.ErrorReasonRateLimited, middleware.ErrorReasonOverloaded, middleware.ErrorReasonUnavailable, middleware.ErrorReasonInDebt:
-				return true
-			}
-		}
-	}
-	return false
+	h            hash.Hash
+	in, sum, key []byte
 }
 
 // Handler returns an http.Handler serving the summary as JSON, and the
 // cost rankings, by unit, once a cost is recorded:
 //
 //	{"total": 1234, "capacity": 64, "hashed": true,
-//	 "offenders": [{"key": "3f2a…", "rejections": 1000, "err": 0}, …],
+//	 "offenders": [{"key": "a:3f2a…", "rejections": 1000, "err": 0}, …],
 //	 "costs": {"tokens": {"total": 5000000,
 //	   "offenders": [{"key": "t:acme", "cost": 3200000, "err": 0}, …]}}}
 //

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -31,9 +30,6 @@ func TestNewOffendersValidates(t *testing.T) {
 		{"zero capacity", "WithCapacity", WithCapacity(0)},
 		{"huge capacity", "WithCapacity", WithCapacity(10001)},
 		{"short secret", "WithHashSecret", WithHashSecret([]byte("short"))},
-		{"nil key func", "WithKeyFunc", WithKeyFunc(nil)},
-		{"OK code", "WithRejectionCodes", WithRejectionCodes(codes.OK, codes.Unavailable, "d")},
-		{"empty domain", "WithRejectionCodes", WithRejectionCodes(codes.ResourceExhausted, codes.Unavailable, "")},
 	} {
 		if _, err := NewOffenders(tc.opt); !errors.Is(err, floodgate.ErrInvalidOption) || !strings.Contains(err.Error(), tc.option) {
 			t.Errorf("%s: NewOffenders() error = %v, want floodgate.ErrInvalidOption naming %s", tc.name, err, tc.option)
@@ -41,19 +37,19 @@ func TestNewOffendersValidates(t *testing.T) {
 	}
 }
 
-func TestOffendersHashesKeys(t *testing.T) {
+func TestOffendersHashesAddresses(t *testing.T) {
 	f, err := NewOffenders(WithCapacity(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"secret-a", "secret-b", "secret-a", "", "secret-a"} {
-		f.Record(k)
+	for _, s := range []string{"a:203.0.113.7", "a:198.51.100.1", "a:203.0.113.7", "", "a:203.0.113.7"} {
+		f.RecordSubject(s)
 	}
-	want := []Offender{{Key: f.HashKey("secret-a"), Rejections: 3}, {Key: f.HashKey("secret-b"), Rejections: 1}}
+	want := []Offender{{Key: "a:" + f.HashKey("203.0.113.7"), Rejections: 3}, {Key: "a:" + f.HashKey("198.51.100.1"), Rejections: 1}}
 	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
 		t.Errorf("Top (-want +got):\n%s", diff)
 	}
-	if got := f.HashKey("secret-a"); len(got) != HashedKeyLen || strings.Contains(got, "secret") {
+	if got := f.HashKey("203.0.113.7"); len(got) != HashedKeyLen || strings.Contains(got, "203") {
 		t.Errorf("HashKey = %q", got)
 	}
 	if f.Total() != 4 {
@@ -61,55 +57,54 @@ func TestOffendersHashesKeys(t *testing.T) {
 	}
 
 	raw, _ := NewOffenders(WithRawKeys(true))
-	raw.Record("10.0.0.1")
-	if got := raw.Top(1); len(got) != 1 || got[0].Key != "10.0.0.1" {
+	raw.RecordSubject("a:10.0.0.1")
+	if got := raw.Top(1); len(got) != 1 || got[0].Key != "a:10.0.0.1" {
 		t.Errorf("raw Top = %v", got)
 	}
 }
 
-// TestInterceptorRecordsRejections runs a real Limiter behind the
-// offenders' interceptor: only its rejections are recorded, by key.
-func TestInterceptorRecordsRejections(t *testing.T) {
+// TestCollectorRecordsOffenders runs a real Limiter whose observer is a
+// collector's with WithOffenders: each rejection is recorded once, by the
+// subject the Limiter charged, streams' included, and nothing else is.
+func TestCollectorRecordsOffenders(t *testing.T) {
 	store, err := keyed.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := middleware.New(store, middleware.Static(testTable(t)))
+	f, err := NewOffenders(WithRawKeys(true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := NewOffenders(WithRawKeys(true), WithKeyFunc(func(ctx context.Context, _ string) string {
-		return PeerIP(ctx, "") + "/key"
-	}))
+	c, err := New(WithOffenders(f))
 	if err != nil {
 		t.Fatal(err)
 	}
-	outer, inner := f.UnaryServerInterceptor(), lim.UnaryServerInterceptor()
-	call := func(key string, h grpc.UnaryHandler) error {
-		info := &grpc.UnaryServerInfo{FullMethod: methodGet}
-		_, err := outer(callCtx(key), nil, info, func(ctx context.Context, req any) (any, error) {
-			return inner(ctx, req, info, h)
-		})
-		return err
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary := func(key string, h grpc.UnaryHandler) {
+		_, _ = lim.UnaryServerInterceptor()(callCtx(key), nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, h)
 	}
 	for range 5 {
-		_ = call(freeKey, noop) // burst 2: three rejections
+		unary(freeKey, noop) // burst 2: three rejections
 	}
-	_ = call(proKey, noop)
+	unary("", noop) // anonymous, admitted
 	// The handler's own RESOURCE_EXHAUSTED is not the limiter's.
-	_ = call(proKey, func(context.Context, any) (any, error) {
+	unary(proKey, func(context.Context, any) (any, error) {
 		return nil, status.Error(codes.ResourceExhausted, "out of stock")
 	})
-	want := []Offender{{Key: "203.0.113.7/key", Rejections: 3}}
+	info := &grpc.StreamServerInfo{FullMethod: methodGet, IsServerStream: true}
+	for range 2 {
+		_ = lim.StreamServerInterceptor()(nil, ctxStream{ctx: callCtx(freeKey)}, info, func(any, grpc.ServerStream) error { return nil })
+	}
+	// The events of the tap handle and of dry-run rejections, fed alike.
+	obs := c.Observer()
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonGate, Subject: "a:198.51.100.1"}, Tap: true})
+	obs(middleware.Event{Decision: middleware.Decision{Reason: middleware.ReasonQuota, DryRun: true, Subject: "t:p"}})
+	want := []Offender{{Key: "t:f", Rejections: 5}, {Key: "a:198.51.100.1", Rejections: 1}}
 	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
 		t.Errorf("Top (-want +got):\n%s", diff)
-	}
-
-	// Statuses without the Limiter's ErrorInfo are not rejections.
-	for _, err := range []error{errors.New("x"), status.Error(codes.Unavailable, "x"), status.Error(codes.Internal, "x")} {
-		if f.isRejection(err) {
-			t.Errorf("isRejection(%v) = true", err)
-		}
 	}
 }
 
@@ -120,41 +115,12 @@ type ctxStream struct {
 
 func (s ctxStream) Context() context.Context { return s.ctx }
 
-func TestStreamInterceptorRecordsRejections(t *testing.T) {
-	store, err := keyed.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := middleware.New(store, middleware.Static(testTable(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := NewOffenders(WithRawKeys(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	outer, inner := f.StreamServerInterceptor(), lim.StreamServerInterceptor()
-	info := &grpc.StreamServerInfo{FullMethod: methodGet, IsServerStream: true}
-	handlerErr := status.Error(codes.ResourceExhausted, "handler's own")
-	for range 4 {
-		_ = outer(nil, ctxStream{ctx: callCtx(freeKey)}, info, func(srv any, ss grpc.ServerStream) error {
-			return inner(srv, ss, info, func(any, grpc.ServerStream) error { return handlerErr })
-		})
-	}
-	// burst 2: two streams reach the handler, whose errors are not
-	// rejections; two are rejected.
-	want := []Offender{{Key: "203.0.113.7", Rejections: 2}}
-	if diff := cmp.Diff(want, f.Top(0)); diff != "" {
-		t.Errorf("Top (-want +got):\n%s", diff)
-	}
-}
-
 func TestHandler(t *testing.T) {
 	f, _ := NewOffenders(WithCapacity(3))
 	for range 3 {
-		f.Record("a")
+		f.RecordSubject("a:a")
 	}
-	f.Record("b")
+	f.RecordSubject("a:b")
 	h := f.Handler()
 
 	rec := httptest.NewRecorder()
@@ -171,7 +137,7 @@ func TestHandler(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatal(err)
 	}
-	want := []Offender{{Key: f.HashKey("a"), Rejections: 3}}
+	want := []Offender{{Key: "a:" + f.HashKey("a"), Rejections: 3}}
 	if body.Total != 4 || body.Capacity != 3 || !body.Hashed || !cmp.Equal(want, body.Offenders) {
 		t.Errorf("body = %+v, want total 4, capacity 3, hashed, offenders %v", body, want)
 	}
@@ -216,12 +182,12 @@ func TestOffendersHashSecret(t *testing.T) {
 	}
 }
 
-// TestRawKeysNotUTF8: raw keys that are not valid UTF-8 stay distinct in
-// the summary's JSON.
+// TestRawKeysNotUTF8: raw subjects that are not valid UTF-8 stay distinct
+// in the summary's JSON.
 func TestRawKeysNotUTF8(t *testing.T) {
 	f, _ := NewOffenders(WithRawKeys(true))
-	f.Record("a\xffb")
-	f.Record("a\xfeb")
+	f.RecordSubject("a:a\xffb")
+	f.RecordSubject("a:a\xfeb")
 	rec := httptest.NewRecorder()
 	f.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	var body struct{ Offenders []Offender }
@@ -233,16 +199,18 @@ func TestRawKeysNotUTF8(t *testing.T) {
 	}
 }
 
-// TestRecordAllocs: recording a rejection of a key already listed costs
-// only the hashed key's string.
+// TestRecordAllocs: recording a rejection of a subject already listed
+// allocates nothing, its address hashed or not.
 func TestRecordAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts differ under the race detector")
 	}
 	f, _ := NewOffenders()
-	f.Record("203.0.113.7")
-	if n := testing.AllocsPerRun(200, func() { f.Record("203.0.113.7") }); n > 1 {
-		t.Errorf("Record allocates %v times, want at most 1", n)
+	for _, subject := range []string{"a:203.0.113.7", "t:acme"} {
+		f.RecordSubject(subject)
+		if n := testing.AllocsPerRun(200, func() { f.RecordSubject(subject) }); n != 0 {
+			t.Errorf("RecordSubject(%q) allocates %v times, want 0", subject, n)
+		}
 	}
 }
 
@@ -357,21 +325,5 @@ func TestHandlerCosts(t *testing.T) {
 	tokens := costs["tokens"]
 	if diff := cmp.Diff([]CostOffender{{Key: "t:acme", Cost: 3000}}, tokens.Offenders); diff != "" || tokens.Total != 4000 {
 		t.Errorf("costs.tokens = total %d, offenders (-want +got):\n%s", tokens.Total, diff)
-	}
-}
-
-// TestDebtIsRejection: a call refused because its metered bucket is in
-// debt is a rejection of the Limiter's, recorded as the others.
-func TestDebtIsRejection(t *testing.T) {
-	f, err := NewOffenders(WithRawKeys(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := status.New(codes.ResourceExhausted, "in debt").WithDetails(&errdetails.ErrorInfo{Reason: middleware.ErrorReasonInDebt, Domain: f.o.domain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !f.isRejection(st.Err()) {
-		t.Errorf("isRejection(%v) = false, want true", st.Err())
 	}
 }

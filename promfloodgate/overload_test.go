@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -36,7 +37,6 @@ func TestOverloadMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetLimiter(lim)
 	icpt := lim.UnaryServerInterceptor()
 	// A call holds the only slot; the next one waits its millisecond and
 	// is shed.
@@ -149,4 +149,68 @@ floodgate_overload_untapped_total ` + want + "\n"
 		t.Fatal(err)
 	}
 	untapped("1")
+}
+
+// TestTapRejections: the tap handle's rejections, of the caller it
+// resolved, count in floodgate_tap_rejections_total and in the decisions
+// at stage tap, and feed the offenders by subject.
+func TestTapRejections(t *testing.T) {
+	ctrl, err := overload.New(overload.WithLimits(1, 1), overload.WithQueueTarget(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := keyed.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewOffenders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithMethods(methodGet), WithOffenders(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := middleware.New(store, middleware.Static(testTable(t)), middleware.WithOverload(ctrl), middleware.WithObserver(c.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enter := func() (context.Context, error) {
+		ctx, cancel := context.WithCancel(callCtx(proKey))
+		t.Cleanup(cancel) // gives the call's place back
+		md, _ := metadata.FromIncomingContext(ctx)
+		return lim.TapHandle(ctx, &tap.Info{FullMethodName: methodGet, Header: md})
+	}
+	// One call runs through, so that the tap knows the caller's key.
+	ctx, err := enter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet}, noop); err != nil {
+		t.Fatal(err)
+	}
+	// Calls that enter and never end fill the server's places.
+	for i := 0; ; i++ {
+		if i == 100 {
+			t.Fatal("the tap handle admitted 100 calls to a controller of limit 1")
+		}
+		if _, err := enter(); err != nil {
+			break
+		}
+	}
+	want := `
+# HELP floodgate_decisions_total Decisions of the limiter, by outcome (admitted, rejected, dry_run_rejected), reason, status code sent, deciding source in the store, tier, method, deciding stage (interceptor or tap) and, opt-in, tenant.
+# TYPE floodgate_decisions_total counter
+floodgate_decisions_total{code="OK",method="/inventory.v1.Inventory/Get",outcome="admitted",reason="admitted",source="memory",stage="interceptor",tier="pro"} 1
+floodgate_decisions_total{code="Unavailable",method="/inventory.v1.Inventory/Get",outcome="rejected",reason="overload",source="none",stage="tap",tier="pro"} 1
+# HELP floodgate_tap_rejections_total Calls rejected by the tap handle before their request was read.
+# TYPE floodgate_tap_rejections_total counter
+floodgate_tap_rejections_total 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "floodgate_decisions_total", "floodgate_tap_rejections_total"); err != nil {
+		t.Error(err)
+	}
+	if got, want := f.Top(0), []Offender{{Key: "t:p", Rejections: 1}}; !cmp.Equal(got, want) {
+		t.Errorf("offenders %v, want %v", got, want)
+	}
 }

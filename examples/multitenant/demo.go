@@ -91,7 +91,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*loadgen.Summary, error) {
 		return nil, err
 	}
 	defer gen.Close()
-	sum := gen.Run(ctx, loadgen.RunOptions{Gate: srv.gate, Ctrl: srv.ctrl, Limiter: srv.limiter,
+	sum := gen.Run(ctx, loadgen.RunOptions{Gate: srv.gate, Ctrl: srv.ctrl, Counts: srv.counts.load,
 		Out: out, Live: cfg.Live, Tick: cfg.tick, Every: cfg.Every})
 	sum.Measured = cfg.Capacity == 0
 	title := fmt.Sprintf("floodgate multitenant demo: %g×–%g× of %.0f calls/s, %v CPU per call, %s",

@@ -207,9 +207,8 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		go statusLoop(ctx, srv, log, every)
 	}
 	err = srv.run(ctx, grace)
-	st := srv.limiter.Stats()
-	// The controller's sheds are calls the quota admitted (Stats).
-	log.Info("stopped", "admitted", st.Admitted-st.Shed, "quota", st.Quota, "overload", st.Overload+st.Shed, "tap", st.Tap, "exempt", st.Exempt)
+	st := srv.counts.load()
+	log.Info("stopped", "admitted", st.Admitted, "quota", st.Quota, "overload", st.Overload, "tap", st.Tap, "exempt", st.Exempt)
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/floodgate-go/floodgate/examples/multitenant/internal/loadgen"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/otelfloodgate"
@@ -46,21 +48,21 @@ type observability struct {
 	http      *http.Server
 }
 
-// observer returns the function the Limiter reports its decisions to.
+// observer returns the function the Limiter reports its decisions to:
+// the collector's, which feeds the offenders (WithOffenders), or the
+// recorder's, beside which the offenders are fed here, as the collector
+// would.
 func (o *observability) observer() func(middleware.Event) {
-	if o.otel != nil {
-		return o.otel.Observer()
+	if o.otel == nil {
+		return o.metrics.Observer()
 	}
-	return o.metrics.Observer()
-}
-
-// setLimiter exports l's tap rejections, exempt calls and ignored keys.
-func (o *observability) setLimiter(l *middleware.Limiter) {
-	if o.otel != nil {
-		o.otel.SetLimiter(l)
-		return
+	rec := o.otel.Observer()
+	return func(e middleware.Event) {
+		rec(e)
+		if !e.Allowed && !e.DryRun {
+			o.offenders.RecordSubject(e.Subject)
+		}
 	}
-	o.metrics.SetLimiter(l)
 }
 
 // newOTel returns a Recorder over the server's gate, controller, store and
@@ -92,20 +94,29 @@ func newOTel(s *server, reg *prometheus.Registry) (*otelfloodgate.Recorder, *sdk
 }
 
 // newObservability builds the collector over the server's gate, overload
-// controller (if any) and store and listens on addr. The Limiter is attached later (setLimiter), since it
-// is built with the collector's observer.
+// controller (if any) and store, and the offenders it feeds, and listens
+// on addr. The Limiter is built with the collector's observer, the source
+// of every series of its own.
 func newObservability(s *server, addr string) (*observability, error) {
 	reg := prometheus.NewRegistry()
+	// Offenders are named by the subject their calls were charged to, as
+	// the Limiter's events give it: a tenant by its ID, an anonymous caller
+	// by its address, hashed, however many API keys it makes up; the tap
+	// handle's rejections count too.
+	offenders, err := promfloodgate.NewOffenders()
+	if err != nil {
+		return nil, err
+	}
 	if s.cfg.OTel {
 		rec, mp, err := newOTel(s, reg)
 		if err != nil {
 			return nil, err
 		}
-		return serveObservability(&observability{otel: rec, mp: mp}, reg, s, addr)
+		return serveObservability(&observability{otel: rec, mp: mp, offenders: offenders}, reg, s, addr)
 	}
 	opts := []promfloodgate.Option{
 		promfloodgate.WithMethods(promfloodgate.ServiceMethods(&inventoryv1.Inventory_ServiceDesc)...),
-		promfloodgate.WithGate(s.gate),
+		promfloodgate.WithGate(s.gate), promfloodgate.WithOffenders(offenders),
 	}
 	if s.ctrl != nil {
 		opts = append(opts, promfloodgate.WithOverload(s.ctrl))
@@ -124,20 +135,13 @@ func newObservability(s *server, addr string) (*observability, error) {
 	if err := reg.Register(metrics); err != nil {
 		return nil, err
 	}
-	return serveObservability(&observability{metrics: metrics}, reg, s, addr)
+	return serveObservability(&observability{metrics: metrics, offenders: offenders}, reg, s, addr)
 }
 
-// serveObservability completes o: the offenders, the runtime's series and
-// the Redis store's in reg, and the HTTP server of both on addr.
+// serveObservability completes o: the runtime's series and the Redis
+// store's in reg, and the HTTP server of them and of the offenders on
+// addr.
 func serveObservability(o *observability, reg *prometheus.Registry, s *server, addr string) (*observability, error) {
-	// Offenders are named by the subject their calls were charged to (the
-	// Limiter passes it, WithRejectedSubjects): a tenant by its ID, an
-	// anonymous caller by its address, hashed, however many API keys it
-	// makes up; the tap handle's rejections count too.
-	offenders, err := promfloodgate.NewOffenders()
-	if err != nil {
-		return nil, err
-	}
 	// The Go runtime's and the process's own series, which a dashboard
 	// graphs next to floodgate's: goroutines, GC pauses, CPU, memory.
 	// The scheduling latency histogram too: how long goroutines wait to
@@ -157,12 +161,12 @@ func serveObservability(o *observability, reg *prometheus.Registry, s *server, a
 	}
 	mux := http.NewServeMux()
 	mux.Handle(metricsPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle(offendersPath, offenders.Handler())
+	mux.Handle(offendersPath, o.offenders.Handler())
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	o.offenders, o.lis = offenders, lis
+	o.lis = lis
 	o.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return o, nil
 }
@@ -191,22 +195,48 @@ func (o *observability) shutdown(grace time.Duration) {
 	}
 }
 
+// tally counts the Limiter's decisions from its observer's events, for
+// the status lines and the demo's summary (loadgen.ServerCounts).
+type tally struct{ admitted, quota, overload, tap, exempt atomic.Uint64 }
+
+func (t *tally) observe(e middleware.Event) {
+	switch {
+	case e.Reason == middleware.ReasonExempt:
+		t.exempt.Add(1)
+	case e.Tap:
+		t.tap.Add(1)
+	case e.Reason == middleware.ReasonAdmitted && e.Allowed: // by the quota and the controller
+		t.admitted.Add(1)
+	case e.Reason == middleware.ReasonQuota:
+		t.quota.Add(1)
+	case e.Reason == middleware.ReasonGate, e.Reason == middleware.ReasonOverload:
+		t.overload.Add(1)
+	}
+}
+
+// load returns the counts so far. Each is read atomically; together they
+// are not a consistent snapshot.
+func (t *tally) load() loadgen.ServerCounts {
+	return loadgen.ServerCounts{Admitted: t.admitted.Load(), Quota: t.quota.Load(), Overload: t.overload.Load(),
+		Tap: t.tap.Load(), Exempt: t.exempt.Load()}
+}
+
 // statusLoop logs the server's admission counters every interval, with the
 // overload controller's state, or the gate's.
 func statusLoop(ctx context.Context, srv *server, log *slog.Logger, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	prev := srv.limiter.Stats()
+	prev := srv.counts.load()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		st, g := srv.limiter.Stats(), srv.gate.Snapshot()
+		st, g := srv.counts.load(), srv.gate.Snapshot()
 		rate := func(a, b uint64) string { return fmt.Sprintf("%.1f/s", float64(a-b)/every.Seconds()) }
-		attrs := []any{"admitted", rate(st.Admitted-st.Shed, prev.Admitted-prev.Shed), "quota", rate(st.Quota, prev.Quota),
-			"overload", rate(st.Overload+st.Shed, prev.Overload+prev.Shed), "tap", rate(st.Tap, prev.Tap)}
+		attrs := []any{"admitted", rate(st.Admitted, prev.Admitted), "quota", rate(st.Quota, prev.Quota),
+			"overload", rate(st.Overload, prev.Overload), "tap", rate(st.Tap, prev.Tap)}
 		if srv.ctrl != nil {
 			// The controller's own names for its signals, as in its log
 			// lines and metrics.

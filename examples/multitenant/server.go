@@ -83,6 +83,7 @@ type server struct {
 	redis        *redis.Client               // nil with buckets in memory
 	redisMetrics *promfloodgate.RedisMetrics // nil without Redis or Metrics
 	obs          *observability              // nil without Metrics
+	counts       tally                       // the Limiter's decisions, for the status lines
 }
 
 // newServer builds the server and listens on cfg.Addr; it serves from run.
@@ -129,21 +130,26 @@ func newServer(cfg serverConfig) (*server, error) {
 	default:
 		protect = middleware.WithGate(s.gate) // scales every quota while the CPU is saturated
 	}
-	opts := []middleware.Option{protect, middleware.WithAPIKeyHeaders(apiKeyHeader), middleware.WithDomain(rejectionDomain)}
+	// The Limiter reports each decision to its observer: the status
+	// lines' counts, and with Metrics the series and the offenders.
+	observe := s.counts.observe
 	if cfg.Metrics != "" {
 		if s.obs, err = newObservability(s, cfg.Metrics); err != nil {
 			return nil, s.fail(fmt.Errorf("metrics: %w", err))
 		}
-		opts = append(opts, middleware.WithObserver(s.obs.observer()), middleware.WithRejectedSubjects(s.obs.offenders.RecordSubject))
+		metrics := s.obs.observer()
+		observe = func(e middleware.Event) {
+			s.counts.observe(e)
+			metrics(e)
+		}
 	}
+	opts := []middleware.Option{protect, middleware.WithAPIKeyHeaders(apiKeyHeader), middleware.WithDomain(rejectionDomain),
+		middleware.WithObserver(observe)}
 	// The Limiter: identity, the tenant's quota in the store, then the
 	// controller. Health checks and reflection are exempt by default, so an
 	// overloaded server still answers its load balancer and its operators.
 	if s.limiter, err = middleware.New(s.store, s.reg, opts...); err != nil {
 		return nil, s.fail(err)
-	}
-	if s.obs != nil {
-		s.obs.setLimiter(s.limiter)
 	}
 	s.inv = newInventory(s.skus, cfg.Units, cfg.Cost, cfg.burner)
 	// The tap handle first, then the interceptors, first in their chains:

@@ -21,7 +21,6 @@ import (
 	"github.com/floodgate-go/floodgate/cpugate"
 	"github.com/floodgate-go/floodgate/examples/multitenant/internal/loadgen"
 	"github.com/floodgate-go/floodgate/internal/redistest"
-	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -263,8 +262,8 @@ func testQuotaRejection(t *testing.T, opts ...func(*serverConfig)) {
 	if info == nil || info.GetReason() != "RATE_LIMITED" {
 		t.Errorf("rejection details %v, want an ErrorInfo with reason RATE_LIMITED", status.Convert(rejected).Details())
 	}
-	if len(trailer.Get(middleware.PushbackKey)) != 1 {
-		t.Errorf("trailer %v, want one %s", trailer, middleware.PushbackKey)
+	if len(trailer.Get("grpc-retry-pushback-ms")) != 1 {
+		t.Errorf("trailer %v, want one grpc-retry-pushback-ms", trailer)
 	}
 }
 
@@ -278,8 +277,8 @@ func TestProbeCapacity(t *testing.T) {
 		t.Errorf("probeCapacity = %+v, want a positive capacity from 2 callers", p)
 	}
 	// The unlimited tenant was never limited while probing.
-	if st := srv.limiter.Stats(); st.Quota+st.Overload+st.Shed+st.Tap != 0 {
-		t.Errorf("limiter stats %+v after probing, want no rejection", st)
+	if st := srv.counts.load(); st.Quota+st.Overload+st.Tap != 0 {
+		t.Errorf("limiter counts %+v after probing, want no rejection", st)
 	}
 	// A tenant with a quota is limited: the probe reports the rejection.
 	if _, err := loadgen.ProbeCapacity(context.Background(), srv.addr(), "demo-key-noisy", srv.skus[0], 2, 300*time.Millisecond); status.Code(err) != codes.ResourceExhausted {
@@ -389,14 +388,14 @@ func TestDefaultServerUsesTheOverloadController(t *testing.T) {
 	if info == nil || info.GetReason() != "OVERLOADED" {
 		t.Errorf("rejection details %v, want an ErrorInfo with reason OVERLOADED", status.Convert(err).Details())
 	}
-	if len(trailer.Get(middleware.PushbackKey)) != 1 {
-		t.Errorf("trailer %v, want one %s", trailer, middleware.PushbackKey)
+	if len(trailer.Get("grpc-retry-pushback-ms")) != 1 {
+		t.Errorf("trailer %v, want one grpc-retry-pushback-ms", trailer)
 	}
 	if got := srv.ctrl.Snapshot().ShedTotal(); got != 1 {
 		t.Errorf("controller shed %d calls, want 1", got)
 	}
-	if st := srv.limiter.Stats(); st.Shed != 1 {
-		t.Errorf("limiter stats %+v, want 1 call shed by the controller", st)
+	if st := srv.counts.load(); st.Overload != 1 {
+		t.Errorf("limiter counts %+v, want 1 call shed by the controller", st)
 	}
 
 	// Slots free again: the same call is served.

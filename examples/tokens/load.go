@@ -48,7 +48,7 @@ func classify(err error) outcome {
 		return failed
 	}
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == middleware.ErrorReasonInDebt {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == middleware.ReasonDebt.ErrorReason() {
 			return rejectedDebt
 		}
 	}

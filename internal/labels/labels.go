@@ -135,6 +135,7 @@ func Valid(s string) string {
 // out alike have equal Series, and share a counter.
 type Series struct {
 	Reason               middleware.Reason
+	Code                 codes.Code // the rejection's, OK for a call that runs
 	Allowed, DryRun, Tap bool
 	Source               int // index in Sources
 	Tier, Method, Tenant int // label ids
@@ -148,7 +149,6 @@ type Values struct{ Tier, Method, Tenant string }
 type Config struct {
 	Methods              []string
 	MaxTiers, MaxTenants int // MaxTenants 0: no tenant label
-	Quota, Overload      codes.Code
 }
 
 // Check returns an error wrapping floodgate.ErrInvalidOption that names
@@ -169,14 +169,9 @@ func (c Config) Check(pkg string) error {
 		return invalid("WithMaxTiers", c.MaxTiers, fmt.Sprintf("in [1, %d]", MaxTiers))
 	case c.MaxTenants < 0 || c.MaxTenants > MaxTenants:
 		return invalid("WithTenantLabels", c.MaxTenants, fmt.Sprintf("in [0, %d]", MaxTenants))
-	case !RejectionCode(c.Quota) || !RejectionCode(c.Overload):
-		return invalid("WithCodes", fmt.Sprintf("%v, %v", c.Quota, c.Overload), "codes other than OK")
 	}
 	return nil
 }
-
-// RejectionCode reports whether c is a status code other than OK.
-func RejectionCode(c codes.Code) bool { return c != codes.OK && c <= codes.Unauthenticated }
 
 // A Labeler labels decisions. It is safe for concurrent use.
 type Labeler struct {
@@ -211,21 +206,29 @@ func (l *Labeler) Method(method string) Label {
 }
 
 // Series returns the series of e and its tier, method and tenant values,
-// or false for an event that is no decision (a metered call's settle,
+// or false for an event that is no limiting decision (an exempt call,
+// middleware.ReasonExempt, and a metered call's settle,
 // middleware.ReasonSettled) and for a reason newer than the Labeler, which
-// are not counted. It allocates nothing but a tier's or tenant's first
+// are not counted. Its code is the rejection's (Event.Rejection), OK for a
+// call that runs. It allocates nothing but a tier's or tenant's first
 // label.
 func (l *Labeler) Series(e middleware.Event) (Series, Values, bool) {
-	if e.Reason > middleware.ReasonInvalidEstimate {
+	switch e.Reason {
+	case middleware.ReasonAdmitted, middleware.ReasonQuota, middleware.ReasonOverload, middleware.ReasonStoreError,
+		middleware.ReasonDebt, middleware.ReasonInvalidEstimate, middleware.ReasonGate:
+	default:
 		return Series{}, Values{}, false
 	}
 	tier, method, tenant := l.tiers.label(e.Tier), l.Method(e.Method), l.tenant(e.Tenant)
-	k := Series{Reason: e.Reason, Allowed: e.Allowed, DryRun: e.DryRun, Tap: e.Tap,
+	k := Series{Reason: e.Reason, Code: codes.OK, Allowed: e.Allowed, DryRun: e.DryRun, Tap: e.Tap,
 		Tier: tier.ID, Method: method.ID, Tenant: tenant.ID}
-	// Only the interceptors' decisions were made by a store: the call
-	// limit's, or a metered quota's (a debt).
+	if e.Rejection != nil {
+		k.Code = e.Rejection.Code
+	}
+	// Only the interceptors' decisions were made by a store: a bucket's
+	// answer, scaled by the CPU gate or not, or a metered quota's debt.
 	switch e.Reason {
-	case middleware.ReasonAdmitted, middleware.ReasonQuota, middleware.ReasonOverload, middleware.ReasonDebt:
+	case middleware.ReasonAdmitted, middleware.ReasonQuota, middleware.ReasonOverload, middleware.ReasonDebt, middleware.ReasonGate:
 		if !e.Tap {
 			k.Source = 1 + min(int(e.Source), len(Sources)-2)
 		}
@@ -249,22 +252,18 @@ var Names = []string{"outcome", "reason", "code", "source", "tier", "method", "s
 // Labels returns the label values of series k, whose tier, method and
 // tenant values are v, in the order of Names.
 func (l *Labeler) Labels(k Series, v Values) []string {
-	outcome, code, stage := "admitted", codes.OK, "interceptor"
+	outcome, stage := "admitted", "interceptor"
 	switch {
 	case k.Allowed:
 	case k.DryRun:
 		outcome = "dry_run_rejected"
-	case k.Reason == middleware.ReasonQuota, k.Reason == middleware.ReasonDebt:
-		outcome, code = "rejected", l.cfg.Quota
-	case k.Reason == middleware.ReasonInvalidEstimate:
-		outcome, code = "rejected", codes.InvalidArgument
 	default:
-		outcome, code = "rejected", l.cfg.Overload
+		outcome = "rejected"
 	}
 	if k.Tap {
 		stage = "tap"
 	}
-	labels := []string{outcome, k.Reason.String(), code.String(), Sources[k.Source], v.Tier, v.Method, stage}
+	labels := []string{outcome, k.Reason.String(), k.Code.String(), Sources[k.Source], v.Tier, v.Method, stage}
 	if l.cfg.MaxTenants > 0 {
 		labels = append(labels, v.Tenant)
 	}

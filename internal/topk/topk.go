@@ -89,6 +89,21 @@ func (s *Summary) AddPrefixed(prefix, key string, n uint64) {
 	}
 }
 
+// AddBytes is Add(string(key), n) without building the string unless the
+// key is new: a tracked key costs no allocation.
+func (s *Summary) AddBytes(key []byte, n uint64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[string(key)]; ok {
+		s.bump(i, n)
+		return
+	}
+	s.insert(string(key), n)
+}
+
 // bump counts n more of the item at i. It is called with mu held.
 func (s *Summary) bump(i int, n uint64) {
 	s.total += n

@@ -138,3 +138,27 @@ func TestAddPrefixedAllocs(t *testing.T) {
 		t.Errorf("AddPrefixed allocates %v times, want 0", n)
 	}
 }
+
+func TestAddBytes(t *testing.T) {
+	s, _ := New(2)
+	buf := []byte("a:x")
+	s.AddBytes(buf, 2)
+	buf[2] = 'y' // the summary keeps a copy
+	s.AddBytes(buf, 1)
+	s.Add("a:x", 1)
+	s.AddBytes(buf, 0)
+	want := []Item{{"a:x", 3, 0}, {"a:y", 1, 0}}
+	if diff := cmp.Diff(want, s.Top(0)); diff != "" {
+		t.Errorf("Top (-want +got):\n%s", diff)
+	}
+}
+
+// TestAddBytesAllocs: adding to a tracked key builds no string.
+func TestAddBytesAllocs(t *testing.T) {
+	s, _ := New(4)
+	key := []byte("a:0123456789ab")
+	s.AddBytes(key, 1)
+	if n := testing.AllocsPerRun(200, func() { s.AddBytes(key, 3) }); n != 0 {
+		t.Errorf("AddBytes allocates %v times, want 0", n)
+	}
+}

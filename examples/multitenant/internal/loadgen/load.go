@@ -26,7 +26,6 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/floodgate-go/floodgate/cpugate"
-	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 	inventoryv1 "github.com/floodgate-go/floodgate/proto/inventory/v1"
 )
@@ -192,13 +191,14 @@ func (g *Generator) offeredAt(t time.Duration) float64 {
 // RunOptions says where [Generator.Run] prints and what of the server it
 // shows besides the callers. The zero value prints nothing.
 type RunOptions struct {
-	// Gate, Ctrl and Limiter are the server's when it runs in this process:
+	// Gate, Ctrl and Counts are the server's when it runs in this process:
 	// the tables and the chart then show the gate's CPU reading (its scale
 	// too, without a controller) and the controller's state, and the
-	// summary the limiter's counts. Nil when the server is elsewhere.
-	Gate    *cpugate.Gate
-	Ctrl    *overload.Controller
-	Limiter *middleware.Limiter
+	// summary the counts of the server's decisions. Nil when the server is
+	// elsewhere.
+	Gate   *cpugate.Gate
+	Ctrl   *overload.Controller
+	Counts func() ServerCounts
 	// Out receives the tables; nil discards them. Live redraws each table
 	// over the last (for a terminal).
 	Out  io.Writer
@@ -241,7 +241,7 @@ func (g *Generator) Run(ctx context.Context, o RunOptions) *Summary {
 			if now := time.Now(); now.Sub(last) > o.Tick/10 {
 				mon.sample(now.Sub(start), now.Sub(last))
 			}
-			return summarize(g, mon.points, o.Limiter)
+			return summarize(g, mon.points, o.Counts)
 		case now := <-ticker.C:
 			mon.sample(now.Sub(start), now.Sub(last))
 			last = now

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/floodgate-go/floodgate/cpugate"
-	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
 )
 
@@ -255,16 +254,23 @@ type Summary struct {
 	Ctrl                         *overload.Snapshot
 	LimitMin, LimitMed, LimitMax float64
 	CompletedMed                 float64
-	// Server is the limiter's counts, nil when the server is elsewhere.
-	Server *middleware.Stats
+	// Server is the server's counts, nil when the server is elsewhere.
+	Server *ServerCounts
 	// Points are the run's sampling intervals, for WriteChart.
 	Points []Point
 	// ChartPath, when set, is printed as where the chart is.
 	ChartPath string
 }
 
-// summarize builds the summary of a finished run.
-func summarize(gen *Generator, pts []Point, lim *middleware.Limiter) *Summary {
+// ServerCounts are the decisions of the server's Limiter, as its observer
+// counts them: calls that ran, and the calls it refused over quota, for
+// overload (by the CPU gate or the overload controller) and at the tap
+// handle; and the calls to exempt methods.
+type ServerCounts struct{ Admitted, Quota, Overload, Tap, Exempt uint64 }
+
+// summarize builds the summary of a finished run, with the server's counts
+// when counts is not nil.
+func summarize(gen *Generator, pts []Point, counts func() ServerCounts) *Summary {
 	s := &Summary{Length: gen.length, Capacity: gen.capacity, Ramp: gen.prof.Ramp, MinScale: math.NaN(), Points: pts}
 	for _, c := range gen.callers {
 		cnt, h := c.stats.totals()
@@ -307,8 +313,8 @@ func summarize(gen *Generator, pts []Point, lim *middleware.Limiter) *Summary {
 	if n > 0 {
 		s.Overload = sum / float64(n)
 	}
-	if lim != nil {
-		st := lim.Stats()
+	if counts != nil {
+		st := counts()
 		s.Server = &st
 	}
 	return s
@@ -394,9 +400,8 @@ func (s *Summary) Write(w io.Writer) {
 		b.WriteString("\n")
 	}
 	if st := s.Server; st != nil {
-		// The controller's sheds are calls the quota admitted (Stats).
 		fmt.Fprintf(&b, "server: admitted %d, over quota %d, overload %d, tap handle %d, exempt %d\n",
-			st.Admitted-st.Shed, st.Quota, st.Overload+st.Shed, st.Tap, st.Exempt)
+			st.Admitted, st.Quota, st.Overload, st.Tap, st.Exempt)
 	}
 	if s.ChartPath != "" {
 		fmt.Fprintf(&b, "chart: %s\n", s.ChartPath)
