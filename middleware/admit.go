@@ -151,7 +151,11 @@ func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 // controller counts as untapped).
 func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, enter bool, a *Admission) error {
 	a.ctx = ctx
-	if l.exempt(c.Method) {
+	dc, _ := ctx.Value(decisionKey{}).(*decisionCtx)
+	if dc != nil && (!dc.tap || dc.decided || dc.v.method != c.Method) {
+		dc = nil // an outer call's decision: this call is not the tap's
+	}
+	if dc == nil && l.exempt(c.Method) { // the tap makes no context for an exempt call
 		if obs := l.o.observer; obs != nil {
 			obs(Event{Decision: Decision{Allowed: true, Reason: ReasonExempt}, Method: c.Method, Context: ctx})
 		}
@@ -159,10 +163,6 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 	}
 	if l.o.dryRun {
 		ctl = nil
-	}
-	dc, _ := ctx.Value(decisionKey{}).(*decisionCtx)
-	if dc != nil && (!dc.tap || dc.decided || dc.v.method != c.Method) {
-		dc = nil // an outer call's decision: this call is not the tap's
 	}
 	if dc != nil && c.Header == nil {
 		c.md = dc.md // grpc-go's own, as the tap handle got it

@@ -168,7 +168,7 @@ func BenchmarkTapOpen(b *testing.B) {
 	b.ReportAllocs()
 	reportCPU(b, func() {
 		for b.Loop() {
-			sink, _ = l.TapHandle(ctx, nil)
+			sink, _ = l.TapHandle(ctx, &tap.Info{FullMethodName: methodGet})
 		}
 	})
 }

@@ -59,10 +59,9 @@ func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) 
 	c.top.set(now, max(c.top.value(now), fl.entered.v/fl.weight))
 	c.indexHoldingLocked(fl)
 	c.mu.Unlock()
-	t := &ticket{c: c, f: fl}
-	ctx = context.WithValue(ctx, ticketKey{}, t)
-	t.stop = context.AfterFunc(ctx, t.expire)
-	return ctx, true
+	t := &ticket{Context: ctx, c: c, f: fl}
+	t.stop = context.AfterFunc(t, t.expire)
+	return t, true
 }
 
 // Leave gives back the place Enter counted for the call of ctx, for a call
@@ -80,12 +79,21 @@ func (c *Controller) Leave(ctx context.Context) {
 // an unknown method, a stream reset before its handler ran) gives it back
 // when its stream's context ends.
 type ticket struct {
-	c    *Controller
-	f    *flow
-	stop func() bool // stops the context's release; true when it had not run
+	context.Context // the call's, which the ticket extends
+	c               *Controller
+	f               *flow
+	stop            func() bool // stops the context's release; true when it had not run
 }
 
 type ticketKey struct{}
+
+// Value returns the ticket for ticketKey, else the call context's value.
+func (t *ticket) Value(key any) any {
+	if key == (ticketKey{}) {
+		return t
+	}
+	return t.Context.Value(key)
+}
 
 // claim returns the flow the call of ctx holds a place of, the one Enter
 // counted it in, taking over its release from the context; or nil.
