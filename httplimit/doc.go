@@ -12,7 +12,7 @@
 // # Identity
 //
 // A request's caller is found as a gRPC call's is (see package
-// middleware): a KeyFunc, given the request's context; the tenant a
+// middleware): a WithKeyFunc hook, given the request's context; the tenant a
 // verified TLS client certificate names (http.Request.TLS); an API key in
 // X-Api-Key or Authorization: Bearer; else the client's address. The
 // address is the connection's peer (http.Request.RemoteAddr), or, when the

@@ -207,7 +207,8 @@ func percentEncode(s string) string {
 // quota.
 func setRateLimit(h http.Header, d middleware.Decision) {
 	rule, res := d.Rule, d.Result
-	if d.Reason == middleware.ReasonStoreError || d.Reason == middleware.ReasonInvalidEstimate || rule.Limit.IsInf() || rule.Cost < 1 {
+	if d.Reason == middleware.ReasonStoreError || d.Reason == middleware.ReasonInvalidEstimate || rule.Limit.IsInf() || rule.Cost < 1 ||
+		res.Limit.IsZero() { // no bucket answered: turned away as it entered the overload controller
 		return
 	}
 	// Both fields in one string and their values in one slice: two

@@ -87,6 +87,7 @@ func (a *Admission) Context() context.Context { return a.ctx }
 // reservation, and nothing more when called again.
 func (a *Admission) Done() {
 	a.permit.Done()
+	a.permit = overload.Permit{}
 	if a.m != nil {
 		a.m.settle()
 	}
@@ -152,7 +153,7 @@ func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, enter bool, a *Admission) error {
 	a.ctx = ctx
 	dc, _ := ctx.Value(decisionKey{}).(*decisionCtx)
-	if dc != nil && (!dc.tap || dc.decided || dc.v.method != c.Method) {
+	if dc != nil && (!dc.tap || dc.decided.Load() || dc.v.method != c.Method) {
 		dc = nil // an outer call's decision: this call is not the tap's
 	}
 	if dc == nil && l.exempt(c.Method) { // the tap makes no context for an exempt call
@@ -183,10 +184,15 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 		// place goes back now.
 		l.o.overload.Leave(ctx)
 	case ctl != nil && !entered && enter:
-		var e *Rejection
-		if ctx, e = l.enter(ctx, ctl, v); e != nil {
-			a.ctx, a.e = ctx, e
-			return e
+		var in bool
+		if ctx, in = l.enter(ctx, ctl, v); !in {
+			// Turned away as it entered, as the tap handle turns calls
+			// away: no quota was consulted.
+			v.allowed, v.reason = false, ReasonOverload
+			a.e = l.rej.lookup(ReasonOverload, ctl.RetryAfter(), v.note, nil)
+			l.observe(v, ReasonOverload, false, Event{Context: ctx, Rejection: a.e, Shed: true, Cause: overload.ShedTap})
+			a.ctx = ctx
+			return a.e
 		}
 	}
 	var rsv floodgate.Reservation
@@ -196,37 +202,41 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 		}
 		return a.e
 	}
-	switch {
-	case rsv.Result.Allowed:
+	if rsv.Result.Allowed {
 		mc := l.metered(ctx, v, &rsv, c, nil)
 		a.ctx, a.m = mc, &mc.m
-	case dc != nil:
-		// The tap's context carries the decision.
-		dc.v, dc.decided = *v, true
-	default:
-		a.ctx = &decisionCtx{Context: ctx, v: *v, decided: true}
 	}
-	if ctl == nil {
-		return nil
-	}
-	var err error
-	a.permit, a.e, err = l.acquire(ctx, ctl, v)
-	if a.permit == (overload.Permit{}) {
-		ctl.Leave(ctx) // shed, or its context ended: its place goes back now
-	}
-	if a.m != nil && (a.e != nil || err != nil) {
-		a.m.release() // the call does not run: its estimate goes back
-		a.m = nil
-	}
-	if a.e != nil {
-		a.v.allowed, a.v.reason = false, ReasonOverload
-		if dc != nil {
-			dc.decided = false
+	if ctl != nil {
+		var err error
+		a.permit, a.e, err = l.acquire(ctx, ctl, v)
+		if a.permit == (overload.Permit{}) {
+			ctl.Leave(ctx) // shed, or its context ended: its place goes back now
 		}
-		a.ctx = ctx
-		return a.e
+		if a.e != nil || err != nil {
+			if a.m != nil {
+				a.m.release() // the call does not run: its estimate goes back
+				a.m = nil
+			}
+			a.ctx = ctx
+			if a.e != nil {
+				a.v.allowed, a.v.reason = false, ReasonOverload
+				return a.e
+			}
+			return err
+		}
 	}
-	return err
+	// The call runs (a refusal in dry-run mode too): its context carries
+	// the decision, and so does the tap handle's, for what derives from it.
+	if dc != nil {
+		dc.v = *v
+		dc.decided.Store(true)
+	}
+	if a.m == nil && dc == nil {
+		d := &decisionCtx{Context: ctx, v: *v}
+		d.decided.Store(true)
+		a.ctx = d
+	}
+	return nil
 }
 
 // acquire takes a slot of the overload controller for a call its quota
@@ -241,6 +251,7 @@ func (l *Limiter) acquire(ctx context.Context, c *overload.Controller, v *verdic
 	if err != nil && !errors.As(err, &shed) {
 		// The caller's context ended while the call waited: neither
 		// admitted nor shed.
+		l.observe(v, v.reason, false, Event{Context: ctx, Err: err})
 		return p, nil, status.FromContextError(err).Err()
 	}
 	if shed == nil {

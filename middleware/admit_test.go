@@ -236,4 +236,87 @@ func TestAdmitContextEndsWhileWaiting(t *testing.T) {
 	if d, _ := a.Decision(); !d.Allowed || errors.As(err, &rej) {
 		t.Errorf("Decision() = %+v, rejection %+v: want the quota's admission, no rejection", d, rej)
 	}
+	if e := f.tally.last(); e.Allowed || e.Rejection != nil || !errors.Is(e.Err, context.Canceled) || e.Reason != middleware.ReasonAdmitted {
+		t.Errorf("event of the call whose context ended while it waited: %+v, want not allowed, no rejection, Err canceled, its quota's reason", e)
+	}
+}
+
+// TestAdmitTurnedAwayAsItEnters: Admit counts a call into the controller
+// as the tap handle would; one the controller turns away as it enters is
+// a shed of cause tap, with the overload reason in its decision, reported
+// as Admit's, not the tap handle's, and it takes no place.
+func TestAdmitTurnedAwayAsItEnters(t *testing.T) {
+	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithQueueTarget(time.Minute),
+		overload.WithLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, middleware.WithOverload(ctrl))
+	c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
+	held, err := f.l.Admit(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rest wait for the one slot, until the controller holds all it
+	// lets wait and turns the next away as it enters.
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var waiting int
+	var turned middleware.Admission
+	for i := 0; i < 64; i++ {
+		before := f.tally.len()
+		a, err := admitAsync(ctx, f.l, c, done)
+		if err == nil {
+			waiting++
+			continue
+		}
+		if f.tally.len() == before {
+			t.Fatalf("refused call %d reported no event: %v", i, err)
+		}
+		turned = a
+		break
+	}
+	if waiting == 0 {
+		t.Fatal("no call waited: the fixture turns calls away at once")
+	}
+	e := f.tally.last()
+	if e.Tap || !e.Shed || e.Cause != overload.ShedTap || e.Reason != middleware.ReasonOverload || e.Context == nil || e.Rejection == nil {
+		t.Errorf("event of the call turned away as it entered: %+v, want Admit's shed of cause tap, with its context and rejection", e)
+	}
+	if d, ok := turned.Decision(); !ok || d.Allowed || d.Reason != middleware.ReasonOverload || d.Tenant != "acme" {
+		t.Errorf("Decision() of the call turned away = %+v, %v; want acme, refused for overload", d, ok)
+	}
+	cancel()
+	for range waiting {
+		<-done
+	}
+	held.Done()
+	waitFor(t, func() bool { return ctrl.Snapshot().Inside == 0 }, "every place to come back")
+}
+
+// admitAsync admits c from a goroutine of its own and returns its
+// admission once it is decided, or err nil once it waits: a waiting call
+// signals done when its context ends.
+func admitAsync(ctx context.Context, l *middleware.Limiter, c middleware.Call, done chan struct{}) (middleware.Admission, error) {
+	type result struct {
+		a   middleware.Admission
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		a, err := l.Admit(ctx, c)
+		a.Done()
+		out <- result{a, err}
+		done <- struct{}{}
+	}()
+	select {
+	case r := <-out:
+		<-done
+		if r.err == nil {
+			r.err = errors.New("admitted")
+		}
+		return r.a, r.err
+	case <-time.After(50 * time.Millisecond):
+		return middleware.Admission{}, nil
+	}
 }

@@ -258,7 +258,8 @@ func (d *detached) Value(key any) any         { return d.parent.Value(key) }
 // rsv, carrying its decision v and its meter, for call c by route v.r of
 // table (nil: unknown, found again at the first chunk).
 func (l *Limiter) metered(ctx context.Context, v *verdict, rsv *floodgate.Reservation, c *Call, table *tenant.Table) *meteredCtx {
-	mc := &meteredCtx{decisionCtx: decisionCtx{Context: ctx, v: *v, decided: true}}
+	mc := &meteredCtx{decisionCtx: decisionCtx{Context: ctx, v: *v}}
+	mc.decided.Store(true)
 	m := &mc.m
 	m.l, m.v, m.ctx, m.call = l, &mc.v, mc, *c
 	m.done.parent = mc

@@ -635,7 +635,7 @@ func (s *subjects) take() []string {
 // TestRejectedSubjects checks that every rejection, the tap handle's too,
 // names the subject the call was charged to: a caller rotating made-up
 // keys is its address, a tenant its ID.
-func TestRejectedSubjects(t *testing.T) {
+func TestRejectedSubjectsInEvents(t *testing.T) {
 	for _, nw := range networks {
 		t.Run(nw.name, func(t *testing.T) {
 			var got subjects

@@ -110,8 +110,8 @@ func newFixture(t testing.TB, opts ...middleware.Option) fixture {
 // counts are a Limiter's decisions as its events tell them, by kind.
 // Admitted counts the calls their quota admitted, those the overload
 // controller then shed included; StoreErrors the store's failures, those
-// failing open that the controller then admitted (reported as admitted,
-// with Err) or shed included; Gate the quota's refusals while the CPU gate
+// failing open that the controller then admitted (reported as store
+// errors, allowed) or shed (reported as sheds, with Err) included; Gate the quota's refusals while the CPU gate
 // scales limits down, and the tap handle's while the gate sheds; Overload
 // the controller's, Shed and its refusals at the tap included; Tap the tap
 // handle's rejections, of either reason.
@@ -121,10 +121,27 @@ type counts struct {
 	Settled, SettleErrors, Uncharged, InvalidCosts                          uint64
 }
 
-// tally counts events into counts; it is safe for concurrent use.
+// tally counts events into counts, and keeps the last; it is safe for
+// concurrent use.
 type tally struct {
-	mu sync.Mutex
-	c  counts
+	mu    sync.Mutex
+	c     counts
+	n     int
+	lastE middleware.Event
+}
+
+// last returns the last event.
+func (t *tally) last() middleware.Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lastE
+}
+
+// len returns the events seen.
+func (t *tally) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
 }
 
 // option returns the observer option that counts each event, then passes
@@ -141,6 +158,8 @@ func (t *tally) option(next func(middleware.Event)) middleware.Option {
 func (t *tally) observe(e middleware.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.n++
+	t.lastE = e
 	c := &t.c
 	if e.Reason == middleware.ReasonSettled {
 		c.Settled++

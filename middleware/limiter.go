@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -191,8 +192,10 @@ type Event struct {
 	// WithActualCost returned or ReportCost was given, in its
 	// ReasonSettled event. Each is reported once.
 	InvalidCosts int
-	// Err is the store's error: of a ReasonStoreError decision, or of a
-	// settle that failed, which leaves the call's reservations charged.
+	// Err is the store's error, of a ReasonStoreError decision or of a
+	// settle that failed, which leaves the call's reservations charged; or
+	// the context's error of a call whose context ended while it waited
+	// for the overload controller's slot (Allowed false, no Rejection).
 	Err error
 	// Context is the call's context, for what it carries, such as a trace
 	// span; the observer must not keep it. It is nil in the tap handle's
@@ -348,8 +351,10 @@ type decisionCtx struct {
 	table    *tenant.Table
 	resolved bool
 	entered  bool
-	// decided: v is the call's decision (FromContext).
-	decided bool
+	// decided: v is the call's decision (FromContext). It is stored after
+	// v is written, on the handler's goroutine, and loaded before v is
+	// read, by what derives from the tap's context on any goroutine.
+	decided atomic.Bool
 }
 
 type decisionKey struct{}
@@ -366,7 +371,7 @@ func (c *decisionCtx) Value(key any) any {
 // there is one. Exempt calls carry none.
 func FromContext(ctx context.Context) (Decision, bool) {
 	dc, ok := ctx.Value(decisionKey{}).(*decisionCtx)
-	if !ok || !dc.decided {
+	if !ok || !dc.decided.Load() {
 		return Decision{}, false
 	}
 	return dc.v.decision(), true
@@ -377,8 +382,8 @@ var onResolve func()
 
 // resolve resolves call c in table into v: the caller's tenant, or the
 // anonymous policy and its address; its route; its priority; and why an
-// API key header was ignored. At the tap handle (tap
-// true) it calls no WithKeyFunc hook and hashes no API key, and reports false when
+// API key header was ignored. At the tap handle (tap true) it calls no
+// WithKeyFunc hook and hashes no API key, and reports false when
 // it could not tell the caller without: then v holds the route of the
 // caller's address.
 func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap bool, v *verdict) bool {
@@ -399,8 +404,8 @@ func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap
 // anonymous policy and false, with the reason an API key header was
 // ignored. At the tap handle (tap true) it resolves only API keys already
 // cached, without a SHA-256 under the transport's lock, and reports ok
-// false when it cannot tell what the interceptor would say: a WithKeyFunc hook is
-// set (it may name any caller, and may expect the interceptor chain's
+// false when it cannot tell what the interceptor would say: a WithKeyFunc
+// hook is set (it may name any caller, and may expect the interceptor chain's
 // context), or the caller presents a key the cache does not hold.
 func (l *Limiter) identify(ctx context.Context, c *Call, table *tenant.Table, tap bool) (ten *tenant.Tenant, found, ok bool, note keyNote) {
 	if l.o.keyFunc != nil {
@@ -460,7 +465,10 @@ func (l *Limiter) observe(v *verdict, reason Reason, allowed bool, e Event) {
 func (l *Limiter) event(v *verdict, reason Reason, allowed bool, e *Event) {
 	e.Decision = v.decision()
 	e.Reason, e.Allowed = reason, allowed
-	e.Method, e.Source, e.Err, e.InvalidCosts = v.method, v.res.Source, v.err, v.invalid
+	e.Method, e.Source, e.InvalidCosts = v.method, v.res.Source, v.invalid
+	if e.Err == nil {
+		e.Err = v.err
+	}
 	if v.byMeter {
 		e.Source = v.mres.Source
 	}

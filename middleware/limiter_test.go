@@ -681,7 +681,7 @@ func TestLimitImplementsRatelimit(t *testing.T) {
 // TestTapPassesWhomItCannotIdentify: a caller that shares its address with
 // an anonymous neighbour under a retry delay is turned away at the tap only
 // when the tap knows it is that neighbour. A tenant whose API key the tap has
-// not seen yet, and any caller while a KeyFunc names tenants, pass to the
+// not seen yet, and any caller while a WithKeyFunc hook names tenants, pass to the
 // interceptor, which admits them.
 func TestTapPassesWhomItCannotIdentify(t *testing.T) {
 	keyFunc := middleware.WithKeyFunc(func(ctx context.Context, _ string) (string, bool) {

@@ -161,15 +161,16 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // WithOverload puts an overload controller in front of the handlers of
 // unary calls: a call admitted by its tenant's quota then takes one of the
 // controller's slots for as long as its handler runs, waits briefly for
-// one, or is shed with the overload code (UNAVAILABLE by default), reason
-// ErrorReasonOverloaded and the controller's retry delay. Each tenant is
+// one, or is shed with the overload code (UNAVAILABLE by default), ErrorInfo
+// reason "OVERLOADED" and the controller's retry delay. Each tenant is
 // one flow of its tier's weight and priority (a method entry's priority
 // overrides it); anonymous callers are one flow per address prefix, of the
 // anonymous policy's weight. The tap handle counts every call into the
 // controller as it enters (so install it: grpc.InTapHandle), and while the
 // server holds all it can run and queue, turns away callers at their share
-// before their request is read. Install the stream interceptor too: it
-// gives a stream's place back at once.
+// before their request is read. Install the stream interceptor too: the
+// controller does not hold streams, and once it has seen a stream method
+// the tap handle stops counting that method's calls in.
 //
 // This is the recommended overload protection: the controller finds how
 // many calls the server runs at once from their service times, and sheds the tenants over
@@ -279,8 +280,8 @@ func WithKeyFunc(f func(ctx context.Context, fullMethod string) (tenantID string
 // WithCodes sets the status codes of rejections: quota for a caller over its
 // quota at full limits (ReasonQuota; default RESOURCE_EXHAUSTED), overload
 // for the rest (default UNAVAILABLE): a call the overload controller sheds
-// or the tap handle turns away, a caller over its quota while the CPU gate
-// scales limits down (ReasonOverload), and a failed store under
+// or the tap handle turns away (ReasonOverload), a caller over its quota
+// while the CPU gate scales limits down (ReasonGate), and a failed store under
 // WithFailClosed. Neither may be OK. A repeated call replaces both.
 func WithCodes(quota, overload codes.Code) Option {
 	return func(o *options) { o.quotaCode, o.overCode = quota, overload }
@@ -352,7 +353,8 @@ func WithPerMessage(on bool) Option { return func(o *options) { o.perMessage = o
 
 // WithTapFloor sets the gate scale, in (0, 1], at or below which the tap
 // handle rejects callers still inside a retry delay the interceptor gave
-// them, with a CPU gate (WithGate) and no overload controller. The
+// them, with a CPU gate (WithGate): without an overload controller, or for
+// the calls the controller does not hold (streams). The
 // default, 1, lets the tap reject them whenever the gate sheds: such a
 // caller would find its bucket empty and be rejected by the interceptor
 // anyway, at the cost of a stream, a goroutine and a trailer. A lower

@@ -43,9 +43,10 @@ const (
 // in the domain of WithDomain, RetryInfo, and QuotaFailure or BadRequest),
 // and what that status says, for other transports and observers to read
 // without parsing it. A remote client finds Unit in the ErrorInfo's
-// metadata under "quota_unit", and KeyIgnored under "api_key_ignored". Rejections are shared and immutable, one for each
-// reason, retry delay, unit and ignored key; compare them with errors.As,
-// never by identity.
+// metadata under "quota_unit", and KeyIgnored under "api_key_ignored".
+// Rejections are shared, one for each reason, retry delay, unit and
+// ignored key: read one, never modify it; find one with errors.As, never
+// compare by identity.
 type Rejection struct {
 	// Reason is why: ReasonQuota, ReasonGate, ReasonOverload,
 	// ReasonStoreError (with WithFailClosed), ReasonDebt or
@@ -80,6 +81,8 @@ func (r *Rejection) Error() string {
 
 // GRPCStatus returns the rejection's status, details included.
 func (r *Rejection) GRPCStatus() *status.Status { return r.st }
+
+var _ interface{ GRPCStatus() *status.Status } = (*Rejection)(nil)
 
 // Rejection messages: short and static, so that they never carry a key, an
 // address, a method or a backend's error text, and cost nothing to build.

@@ -29,10 +29,12 @@ var errNotServerCall = errors.New("middleware: Limit needs a server call's conte
 
 // UnaryServerInterceptor returns an interceptor that admits each unary call
 // or rejects it before the handler runs. An admitted call's context carries
-// its Decision (FromContext). Install it after recovery, logging and
-// promfloodgate's Offenders interceptor, and before anything that sets
-// header metadata, so that a rejection is a Trailers-Only response whose
-// pushback grpc-go's retry honours.
+// its Decision (FromContext). Install it after recovery and logging, and
+// before anything that sets header metadata, so that a rejection is a
+// Trailers-Only response whose pushback grpc-go's retry honours. Headers
+// are read as the call sent them (the tap handle keeps them): an earlier
+// interceptor that rewrites the incoming metadata does not change who the
+// caller is; name such identities with WithKeyFunc.
 //
 // A call under a metered quota (tenant.Meter) reserves its estimate as it
 // is admitted and settles when its handler returns, panics included, at
@@ -142,7 +144,7 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			defer a.m.settle()
 		}
 		if l.o.perMessage {
-			st.l, st.table, st.r = l, table, a.v.r
+			st.l, st.table, st.r, st.prio, st.note = l, table, a.v.r, a.v.prio, a.v.note
 		}
 		return handler(srv, st)
 	}
@@ -161,6 +163,8 @@ type stream struct {
 	dc    *decisionCtx
 	table *tenant.Table // the table r was resolved in
 	r     *route
+	prio  floodgate.Priority // with r
+	note  keyNote            // with r
 	m     *meter
 }
 
@@ -189,14 +193,15 @@ func (s *stream) RecvMsg(m any) error {
 		c := serverCall(ctx, s.dc.v.method)
 		var v verdict
 		s.l.resolve(ctx, &c, t, false, &v)
-		s.r, s.table = v.r, t
+		s.r, s.prio, s.note, s.table = v.r, v.prio, v.note, t
 	}
 	// The decision in the context stays the stream's start; a message's
 	// decision is reported to the observer and counted. It takes from the
 	// call limit only: the metered quota is the stream's chunks.
 	v := s.dc.v
-	v.r = s.r
+	v.r, v.prio, v.note = s.r, s.prio, s.note
 	v.badEst, v.mres, v.reserved, v.byMeter = false, floodgate.Result{}, 0, false
+	v.est, v.err, v.invalid = 0, nil, 0
 	if e := s.l.take(ctx, &v, nil); e != nil {
 		return s.l.reject(ctx, e, e)
 	}
@@ -230,16 +235,16 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // gate is shedding (at or below WithTapFloor's scale, by default at any
 // scale) and the caller is over its share. A caller is over its share
 // while a retry delay the interceptor gave it under the gate has not yet
-// run out: for each overload rejection, the interceptor remembers, per
+// run out: for each of the gate's rejections (ReasonGate), the interceptor remembers, per
 // bucket subject (a tenant, or an anonymous address), until when it told
 // the caller to wait, for the 4096 subjects it penalized last. The tap
 // resolves the subject from the connection's address, the forwarding
 // headers of trusted proxies, a TLS client certificate and API keys: those
 // it has already seen, and, for a caller whose address is under a retry
 // delay, any other key, hashed then (a key that names no tenant leaves the
-// caller judged by its address). With a WithKeyFunc hook set every caller passes:
-// the tap cannot tell whose bucket they take from, and must not judge them
-// by a neighbour's penalty on the same address. Everything else passes to
+// caller judged by its address). With a WithKeyFunc hook set every caller
+// passes: the tap cannot tell whose bucket they take from, and must not
+// judge them by a neighbour's penalty on the same address. Everything else passes to
 // the interceptor, which decides exactly.
 //
 // A rejection carries the overload status with its details; the tap cannot
@@ -267,9 +272,9 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	dc.table = l.tables.Table()
 	dc.resolved = l.resolve(ctx, &c, dc.table, true, &dc.v)
 	if ctl != nil {
-		ctx, e := l.enter(ctx, ctl, &dc.v)
-		if e != nil {
-			return ctx, e
+		ctx, in := l.enter(ctx, ctl, &dc.v)
+		if !in {
+			return ctx, l.tapReject(&dc.v, ReasonOverload, ctl.RetryAfter())
 		}
 		dc.Context, dc.entered = ctx, true
 		return dc, nil
@@ -315,15 +320,12 @@ func (l *Limiter) tapReject(v *verdict, reason Reason, retry time.Duration) *Rej
 
 // enter counts the call resolved into v into the overload controller c as
 // it enters the server (overload.Controller.Enter), returning the context
-// that carries its place; or turns it away, returning the rejection.
-func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict) (context.Context, *Rejection) {
+// that carries its place and true; or false when the controller turns it
+// away.
+func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict) (context.Context, bool) {
 	f := v.r.flow
 	f.Priority = v.prio
-	ctx, in := c.Enter(ctx, f)
-	if in {
-		return ctx, nil
-	}
-	return ctx, l.tapReject(v, ReasonOverload, c.RetryAfter())
+	return c.Enter(ctx, f)
 }
 
 // streamMethods are the stream methods the stream interceptor has seen
@@ -356,8 +358,9 @@ func (s *streamMethods) add(method string) {
 // context ctx is, finding the method with grpc.Method, and sets the
 // pushback trailer on a rejection. Through that interceptor every rejection
 // becomes RESOURCE_EXHAUSTED with the interceptor's own message and without
-// details, and the decision is not left in the handler's context: prefer
-// UnaryServerInterceptor unless the chain must use the ratelimit package.
+// details, and the handler's context carries the decision only when the
+// tap handle made it: prefer UnaryServerInterceptor unless the chain must
+// use the ratelimit package.
 //
 // A context that is not a server call's (the ratelimit package's client
 // interceptors pass one) names no method, peer or caller: Limit returns

@@ -12,7 +12,8 @@ import (
 // the server already holds as many calls as it runs at once and lets wait
 // (the limit plus the queue's cap) and f holds at least its fair share of
 // them, counts the call as shed (ShedTap) and returns false. A gRPC tap
-// handle calls it for every call (middleware.Limiter.TapHandle does).
+// handle calls it for every call the controller holds
+// (middleware.Limiter.TapHandle does: all but exempt calls and streams).
 //
 // Calls wait to be started in places the controller cannot see: in the Go
 // scheduler, a CPU-bound handler runs to its end before the next call's
