@@ -30,7 +30,7 @@ func Exempt(l *Limiter, fullMethod string) bool { return l.exempt(fullMethod) }
 
 var (
 	DefaultExemptions = defaultExemptions
-	WalkForwarded = func(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
+	WalkForwarded     = func(peer netip.Addr, values []string, trusted func(netip.Addr) bool) netip.Addr {
 		return walkForwarded(peer, values, trusted, parseHop)
 	}
 	ParseForwarded = parseForwarded
