@@ -213,7 +213,11 @@ func TestCountsOnlyGrow(t *testing.T) {
 
 // A call whose context ends while it waits for a slot is neither admitted
 // nor shed: Admit returns the context's status.
-func TestAdmitContextEndsWhileWaiting(t *testing.T) {
+// oneSlot returns a fixture whose overload controller runs one call at a
+// time and lets calls wait a minute, with that one slot held by acme's
+// call c until the test ends.
+func oneSlot(t *testing.T) (*overload.Controller, fixture, middleware.Call, middleware.Admission) {
+	t.Helper()
 	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithQueueTarget(time.Minute),
 		overload.WithLimits(1, 1))
 	if err != nil {
@@ -225,6 +229,11 @@ func TestAdmitContextEndsWhileWaiting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctrl, f, c, held
+}
+
+func TestAdmitContextEndsWhileWaiting(t *testing.T) {
+	_, f, c, held := oneSlot(t)
 	defer held.Done()
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -246,17 +255,7 @@ func TestAdmitContextEndsWhileWaiting(t *testing.T) {
 // a shed of cause tap, with the overload reason in its decision, reported
 // as Admit's, not the tap handle's, and it takes no place.
 func TestAdmitTurnedAwayAsItEnters(t *testing.T) {
-	ctrl, err := overload.New(overload.WithClock(newClock()), overload.WithQueueTarget(time.Minute),
-		overload.WithLimits(1, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixture(t, middleware.WithOverload(ctrl))
-	c := middleware.Call{Method: methodGet, Header: http.Header{"X-Api-Key": {acmeKey}}}
-	held, err := f.l.Admit(t.Context(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctrl, f, c, held := oneSlot(t)
 	// The rest wait for the one slot, until the controller holds all it
 	// lets wait and turns the next away as it enters.
 	ctx, cancel := context.WithCancel(t.Context())
