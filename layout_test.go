@@ -58,7 +58,7 @@ var allowed = map[string][]string{
 	// gRPC, Prometheus and the tenant config, over any floodgate.Reserver.
 	// It names no store (the binary chooses keyed or redisstore) and sits
 	// beside the middleware, not on it.
-	"rls": {module, module + "/tenant", module + "/internal/topk", "github.com/envoyproxy/go-control-plane",
+	"rls": {module, module + "/tenant", module + "/internal/topk", module + "/rls/internal/share", "github.com/envoyproxy/go-control-plane",
 		"github.com/prometheus/client_golang", "go.yaml.in/yaml/v3", "google.golang.org/grpc",
 		"google.golang.org/protobuf"},
 }

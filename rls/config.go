@@ -141,7 +141,10 @@ type domain struct {
 // then by value.
 type node struct {
 	keys map[string]*keyNode
-	rule *rule
+	// order is keys' names in config order, for RLQS, whose BucketIds
+	// have no order of their own (quotamatch.go).
+	order []string
+	rule  *rule
 }
 
 // keyNode holds the descriptors of one key at one level: by exact value,

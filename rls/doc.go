@@ -148,6 +148,45 @@
 // floodgate_rls_over_limit_top): at most [WithTopK] entries, named by
 // configured path, or by their values when detailed_metric.
 //
+// # Quotas (RLQS)
+//
+// [QuotaServer] serves Envoy's rate-limit quota service
+// (envoy.service.rate_limit_quota.v3.RateLimitQuotaService), in memory for
+// one replica, from a Service's config and its reloads. Envoy streams a
+// usage report per bucket every interval (5 s); the server divides each
+// limit among the buckets that share it and answers with token buckets,
+// which Envoy enforces locally.
+//
+// A report's domain is the config's domain. Its BucketId, a map, matches
+// the descriptor path whose keys are exactly the map's keys, the config tree
+// supplying the order (config order breaks ties), each value matched as a
+// descriptor entry's is; the rule at the last key's level is the limit, and
+// the path's bucket key (as a descriptor with those entries would have it)
+// names the quota that every bucket reporting it shares. No match, an
+// unknown domain, a tenant-config domain, a path without a rate_limit,
+// unlimited and shadow_mode get a blanket ALLOW_ALL, and a limit of 0 a
+// DENY_ALL, refreshed like any assignment.
+//
+// The subscribers of a quota are its (stream, BucketId) pairs. Demand is
+// the requests reported (allowed and denied) over the time between two
+// reports by the server's clock (Envoy's time_elapsed is whole seconds,
+// often 0, so it is not used), smoothed; the capacity is the limit less a
+// 2% reserve for newcomers, less the shares still held by subscribers that
+// left and by newcomers not yet measured; it is divided by proportional
+// share with 10% headroom, in whole tokens per fill interval (1 s while the
+// limit gives each subscriber one request a second, else the config's
+// unit up to 60 s), at least 1 token, with a burst of half a second's
+// rate. A new bucket is answered at once with a newcomer's share; every
+// report is answered; a change pushed at once, on a report or on
+// [QuotaServer.Tick] ([QuotaServer.Run] ticks every interval), when it moves
+// more than a token and 5%. Every assignment lives 2I + 2 s (whole seconds;
+// Envoy reads nothing finer and drops a TTL of 0 at once), and a subscriber
+// that stops reporting, or whose stream ends, holds its share until then.
+//
+// [QuotaServer.Close] ends every stream with UNAVAILABLE and sends nothing:
+// Envoys keep their assignments until they lapse and reconnect on their
+// next report.
+//
 // # Reload
 //
 // [Service.SetConfig], [Service.Load] and [Service.Watch] replace the

@@ -270,6 +270,7 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 	if kn == nil {
 		kn = &keyNode{}
 		level.keys[key] = kn
+		level.order = append(level.order, key)
 	}
 	child := &node{}
 	wild := strings.Contains(value, "*")

@@ -23,6 +23,13 @@
 //	-watch D        poll the config for changes every D (default 1s; 0 off); SIGHUP reloads too
 //	-grace D        how long shutdown waits for calls in flight (default 10s)
 //	-pprof          with -metrics, serve Go's profiles (net/http/pprof) under /debug/pprof/ too
+//	-rlqs-interval D  Envoy's RLQS report interval (default 5s, as Envoy's): quotas are divided again every D, and last 2D+2s
+//
+// In memory, it also serves Envoy's rate-limit quota service
+// (envoy.service.rate_limit_quota.v3.RateLimitQuotaService, RLQS) on the
+// same port from the same config: each limit is divided among the Envoys
+// that report its bucket. With -redis it does not yet (a division shared by
+// replicas is still to come), and says so in its log.
 //
 // Once listening, it prints one line per listener to standard output,
 // "floodgate-rls: grpc listening on HOST:PORT" and, with -metrics,
@@ -87,7 +94,7 @@ type flags struct {
 	config, addr, metrics, redis, lease string
 	prefix                              string
 	batch, capacity, denyCache          int
-	deadline, watch, grace              time.Duration
+	deadline, watch, grace, rlqsEvery   time.Duration
 	headers, pprof                      bool
 }
 
@@ -109,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.DurationVar(&f.watch, "watch", time.Second, "config poll interval (0 off; SIGHUP reloads too)")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "how long shutdown waits for calls in flight")
 	fs.BoolVar(&f.pprof, "pprof", false, "with -metrics, serve Go's profiles under /debug/pprof/")
+	fs.DurationVar(&f.rlqsEvery, "rlqs-interval", 5*time.Second, "Envoy's RLQS report `interval`: quotas are divided again each interval")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -120,6 +128,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	}
 	if f.denyCache < 0 {
 		return f, fmt.Errorf("-deny-cache %d: want 0 (off) or a number of buckets", f.denyCache)
+	}
+	if f.rlqsEvery <= 0 {
+		return f, fmt.Errorf("-rlqs-interval %v: want a positive duration", f.rlqsEvery)
 	}
 	if f.pprof && f.metrics == "" {
 		return f, errors.New("-pprof needs -metrics, the address it serves on")
@@ -244,6 +255,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	healthpb.RegisterHealthServer(gs, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
+	// RLQS divides in memory: with Redis, each replica would divide the
+	// whole limit, so it is not served until replicas share a division.
+	var qs *rls.QuotaServer
+	if f.redis == "" {
+		qs, err = rls.NewQuotaServer(svc, rls.WithReportInterval(f.rlqsEvery))
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		qs.Register(gs)
+		hs.SetServingStatus(rls.QuotaServiceName, healthpb.HealthCheckResponse_SERVING)
+	} else {
+		log.Info("floodgate-rls: RLQS (" + rls.QuotaServiceName + ") is not served with -redis: its division is in memory, for one replica")
+	}
 	reflection.Register(gs)
 
 	var ms *http.Server
@@ -279,6 +304,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	if f.watch > 0 {
 		go func() { _ = svc.Watch(wctx, f.config, f.watch) }()
 	}
+	if qs != nil {
+		go func() { _ = qs.Run(wctx) }()
+	}
 
 	for {
 		select {
@@ -294,6 +322,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	log.Info("floodgate-rls: shutting down", "grace", f.grace.String())
 	hs.Shutdown()
 	cancelWatch()
+	if qs != nil {
+		// Streams end with UNAVAILABLE and no TTL of 0: Envoys keep their
+		// assignments until they lapse, and reconnect on their next report.
+		qs.Close()
+	}
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	t := time.NewTimer(f.grace)

@@ -14,13 +14,18 @@ import (
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/floodgate-go/floodgate/internal/redistest"
+	"github.com/floodgate-go/floodgate/rls"
 )
 
 const config1 = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
@@ -86,6 +91,30 @@ func TestCommand(t *testing.T) {
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v, %v", h, err)
 	}
+	h, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: rls.QuotaServiceName})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("RLQS health: %v, %v", h, err)
+	}
+	// RLQS on the same port, from the same config: 1 a minute is a token
+	// bucket filled every 60 s.
+	qstream, err := rlqspb.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bid := &rlqspb.BucketId{Bucket: map[string]string{"k": "v"}}
+	if err := qstream.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		{BucketId: bid, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	qr, err := qstream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa := qr.GetBucketAction()[0].GetQuotaAssignmentAction()
+	if tb := qa.GetRateLimitStrategy().GetTokenBucket(); tb.GetFillInterval().AsDuration() != time.Minute ||
+		tb.GetTokensPerFill().GetValue() < 1 || qa.GetAssignmentTimeToLive().AsDuration() != 12*time.Second {
+		t.Errorf("RLQS assignment = %v, want a token bucket filled every minute, TTL 12s", qa)
+	}
 	rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +171,9 @@ func TestCommand(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Errorf("graceful stop: %v", err)
+	}
+	if _, err := qstream.Recv(); status.Code(err) != grpccodes.Unavailable {
+		t.Errorf("RLQS stream after stop: %v, want Unavailable", err)
 	}
 }
 
@@ -208,6 +240,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
 		{[]string{"-config", "x", "-pprof"}, "-pprof needs -metrics"},
 		{[]string{"-config", "x", "-deny-cache", "-1"}, "-deny-cache -1"},
+		{[]string{"-config", "x", "-rlqs-interval", "0s"}, "-rlqs-interval 0s"},
 		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-prefix", "a{b"}, "WithPrefix(\"a{b\")"},
 		{[]string{"-config", "/nonexistent.yaml"}, "/nonexistent.yaml"},
 		{[]string{"-config", "x.yaml", "-redis", "127.0.0.1:1", "-lease", "sometimes"}, "-lease"},

@@ -1,0 +1,704 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/floodgate-go/floodgate/rls/internal/share"
+)
+
+// QuotaServiceName is the gRPC service a [QuotaServer] serves, also its
+// name for grpc.health.v1.
+const QuotaServiceName = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
+
+// A QuotaServer answers envoy.service.rate_limit_quota.v3 (RLQS): Envoys
+// stream usage reports for their buckets, and the server divides each
+// configured limit among the buckets that share it, sending each its share
+// as a token bucket. It serves the config of a [Service] and follows its
+// reloads; see the package doc, "Quotas (RLQS)", for the matching, the
+// division and what Envoy does with the answers.
+//
+// The division is in memory, for one replica: two QuotaServers on one
+// limit would each divide the whole of it.
+//
+// A QuotaServer is safe for concurrent use. Each stream runs on its RPC's
+// goroutine and one more that receives, both ending with the stream;
+// [QuotaServer.Run] is the periodic recomputation, on the caller's
+// goroutine.
+type QuotaServer struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+
+	svc   *Service
+	o     quotaOptions
+	clock func() time.Time
+	m     *quotaMetrics
+
+	closeOnce sync.Once
+	done      chan struct{}
+
+	mu      sync.Mutex
+	closed  bool
+	cfg     *Config // the config the groups were built under
+	groups  map[string]*quotaGroup
+	streams map[*quotaStream]struct{}
+	subs    int // subscriptions held by open streams, for the gauge
+
+	onReport func() // for tests: called after each report is taken
+}
+
+// quotaGroup is one global bucket: a rule and a bucket key, divided among
+// its subscribers.
+type quotaGroup struct {
+	key  string
+	rule *rule
+	fill int64 // fill_interval in whole seconds, fixed while it fits
+	subs []*quotaSub
+}
+
+// quotaStream is one RLQS stream: its subscriptions and the actions waiting
+// to be sent on it.
+type quotaStream struct {
+	subs    map[string]*quotaSub
+	pending map[string]*rlqspb.RateLimitQuotaResponse_BucketAction
+	order   []string // pending's keys in the order they came
+	notify  chan struct{}
+	closed  bool
+}
+
+// quotaSub is a subscriber: one BucketId on one stream.
+type quotaSub struct {
+	st  *quotaStream // nil once its stream is gone
+	key string
+	id  *rlqspb.BucketId
+	g   *quotaGroup // nil: a blanket rule, outside any division
+
+	ewma      share.EWMA
+	hasDemand bool
+	carry     float64 // requests reported since sampleAt, not yet a sample
+
+	sampleAt   time.Time // the end of the last demand sample
+	reportedAt time.Time // its last report
+	activeAt   time.Time // its last report of at least one request
+	sentAt     time.Time // its last assignment (0: none)
+
+	// What it was last sent.
+	blanket typev3.RateLimitStrategy_BlanketRule
+	toks    uint32 // tokens_per_fill; 0 with a blanket rule
+	maxToks uint32
+	fill    int64
+}
+
+// rate is the subscriber's assigned rate, in requests per second, as
+// counted against its group's limit.
+func (u *quotaSub) rate() float64 {
+	if u.toks == 0 || u.fill == 0 {
+		return 0
+	}
+	return float64(u.toks) / float64(u.fill)
+}
+
+var errQuotaShutdown = status.Error(codes.Unavailable, "rls: quota server shutting down")
+
+// NewQuotaServer returns a QuotaServer dividing the limits of svc's config,
+// the one in force at each report and tick, so that svc's reloads apply to
+// quotas too. Its metrics are registered with svc's registerer
+// ([WithRegisterer]), if any. The error wraps floodgate.ErrInvalidOption for
+// an invalid option, or is the registerer's.
+func NewQuotaServer(svc *Service, opts ...QuotaOption) (*QuotaServer, error) {
+	if svc == nil {
+		return nil, errors.New("rls: NewQuotaServer: nil Service")
+	}
+	o := quotaDefaults()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	s := &QuotaServer{svc: svc, o: o, clock: time.Now, m: newQuotaMetrics(), done: make(chan struct{}),
+		groups: map[string]*quotaGroup{}, streams: map[*quotaStream]struct{}{}}
+	if o.clock != nil {
+		s.clock = o.clock.Now
+	}
+	if reg := svc.o.registerer; reg != nil {
+		for _, c := range s.m.collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// Register registers the server on g.
+func (s *QuotaServer) Register(g *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(g, s) }
+
+// Collectors returns the server's Prometheus metrics, for a registry of the
+// caller's choosing.
+func (s *QuotaServer) Collectors() []prometheus.Collector { return s.m.collectors() }
+
+// TTL returns the time to live of the server's assignments.
+func (s *QuotaServer) TTL() time.Duration { return s.o.ttl }
+
+// Run calls [QuotaServer.Tick] every report interval until ctx ends or the
+// server is closed, and returns ctx's error or nil.
+func (s *QuotaServer) Run(ctx context.Context) error {
+	t := time.NewTicker(s.o.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return nil
+		case <-t.C:
+			s.Tick()
+		}
+	}
+}
+
+// Tick does what [QuotaServer.Run] does each interval, at the server's
+// clock's time: it applies a reloaded config, lets subscribers whose leases
+// have lapsed leave their division, abandons buckets idle for long, divides
+// every limit anew and pushes the assignments that changed.
+func (s *QuotaServer) Tick() {
+	now := s.clock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.reconfig(now)
+	for st := range s.streams {
+		for k, u := range st.subs {
+			switch {
+			case now.Sub(u.reportedAt) >= s.o.ttl:
+				// Not reported for T: its last assignment has lapsed or is
+				// about to; it holds its share in the group until then.
+				delete(st.subs, k)
+				s.subs--
+				u.st = nil
+			case now.Sub(u.activeAt) >= s.o.idle:
+				delete(st.subs, k)
+				s.subs--
+				s.enqueue(st, k, abandonAction(u.id))
+				s.m.abandon.Inc()
+				s.leave(u)
+			}
+		}
+	}
+	for k, g := range s.groups {
+		s.expire(g, now)
+		if len(g.subs) == 0 {
+			delete(s.groups, k)
+			continue
+		}
+		s.divide(g, now)
+	}
+	streams := s.notifyList()
+	s.m.subscribers.Set(float64(s.subs))
+	s.mu.Unlock()
+	notify(streams)
+}
+
+// Close ends every stream with UNAVAILABLE, and those that start after it.
+// It sends nothing first: Envoys keep their assignments until their TTL and
+// open a new stream on their next report (Envoy never answers a TTL of 0
+// but by dropping its assignment at once, so none is ever sent). Close is
+// idempotent.
+func (s *QuotaServer) Close() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.done)
+	})
+}
+
+// StreamRateLimitQuotas serves one RLQS stream: each report is answered at
+// once for its buckets, and changed assignments are pushed whenever a
+// division changes them. It returns UNAVAILABLE when the server closes.
+func (s *QuotaServer) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	st := &quotaStream{subs: map[string]*quotaSub{}, pending: map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{},
+		notify: make(chan struct{}, 1)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errQuotaShutdown
+	}
+	s.streams[st] = struct{}{}
+	s.mu.Unlock()
+	defer s.endStream(st)
+
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			rep, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			s.report(st, rep)
+		}
+	}()
+	ctx := stream.Context()
+	for {
+		select {
+		case <-st.notify:
+			if err := s.flush(st, stream); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-s.done:
+			return errQuotaShutdown
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// flush sends the actions waiting on st in one response.
+func (s *QuotaServer) flush(st *quotaStream, stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	s.mu.Lock()
+	if len(st.order) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	resp := &rlqspb.RateLimitQuotaResponse{BucketAction: make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(st.order))}
+	for _, k := range st.order {
+		resp.BucketAction = append(resp.BucketAction, st.pending[k])
+	}
+	clear(st.pending)
+	st.order = st.order[:0]
+	s.mu.Unlock()
+	for _, a := range resp.BucketAction {
+		switch {
+		case a.GetAbandonAction() != nil:
+		case a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() != nil:
+			s.m.sentBucket.Inc()
+		default:
+			s.m.sentBlanket.Inc()
+		}
+	}
+	return stream.Send(resp)
+}
+
+// endStream takes a finished stream's subscribers out: each keeps its share
+// counted in its group until its assignment lapses.
+func (s *QuotaServer) endStream(st *quotaStream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.closed = true
+	delete(s.streams, st)
+	for _, u := range st.subs {
+		u.st = nil
+		s.subs--
+	}
+	st.subs = nil
+	s.m.subscribers.Set(float64(s.subs))
+}
+
+// report takes one usage report: a bucket seen for the first time on the
+// stream is a subscription, answered at once; every bucket's demand is
+// sampled, the groups they belong to divided again, and every reported
+// bucket answered (changed, or the same assignment to refresh its TTL).
+func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageReports) {
+	now := s.clock()
+	s.mu.Lock()
+	if s.closed || st.closed {
+		s.mu.Unlock()
+		if s.onReport != nil {
+			s.onReport()
+		}
+		return
+	}
+	s.reconfig(now)
+	dom := rep.GetDomain()
+	var touched []*quotaGroup
+	var answer []*quotaSub
+	for _, use := range rep.GetBucketQuotaUsages() {
+		id := use.GetBucketId().GetBucket()
+		if len(id) == 0 {
+			continue // Envoy ignores an action for an empty BucketId
+		}
+		k := bucketIDKey(dom, id)
+		n := float64(use.GetNumRequestsAllowed()) + float64(use.GetNumRequestsDenied())
+		u := st.subs[k]
+		if u == nil {
+			if len(st.subs) >= s.o.maxBuckets {
+				s.enqueue(st, k, abandonAction(use.GetBucketId()))
+				s.m.abandon.Inc()
+				continue
+			}
+			u = &quotaSub{st: st, key: k, id: proto.Clone(use.GetBucketId()).(*rlqspb.BucketId),
+				sampleAt: now, reportedAt: now, activeAt: now}
+			// A returning Envoy's first report on a new stream covers
+			// about one interval: a demand worth starting from.
+			if el := use.GetTimeElapsed().AsDuration(); el >= time.Second {
+				u.ewma.Observe(n / el.Seconds())
+				u.hasDemand = true
+			}
+			st.subs[k] = u
+			s.subs++
+			s.join(u, dom, now)
+			continue
+		}
+		u.reportedAt = now
+		if n > 0 {
+			u.activeAt = now
+		}
+		u.carry += n
+		// Time is the server's: Envoy's time_elapsed is whole seconds,
+		// often 0. A sample shorter than half a second carries over.
+		if dt := now.Sub(u.sampleAt); dt >= time.Second/2 {
+			u.ewma.Observe(u.carry / dt.Seconds())
+			u.hasDemand = true
+			u.carry, u.sampleAt = 0, now
+		}
+		if u.g != nil && !slices.Contains(touched, u.g) {
+			touched = append(touched, u.g)
+		}
+		answer = append(answer, u)
+	}
+	for _, g := range touched {
+		s.divide(g, now)
+	}
+	// Each answer replaces what waits for its bucket, so that its lease
+	// counts from now.
+	for _, u := range answer {
+		s.send(u, now)
+	}
+	streams := s.notifyList()
+	s.m.subscribers.Set(float64(s.subs))
+	s.mu.Unlock()
+	notify(streams)
+	if s.onReport != nil {
+		s.onReport()
+	}
+}
+
+// join resolves a new subscriber's BucketId under the config in force and
+// sends its first assignment: a newcomer's share of its group's limit, or a
+// blanket rule.
+func (s *QuotaServer) join(u *quotaSub, domain string, now time.Time) {
+	g, blanket := s.resolveGroup(domain, u.id.GetBucket())
+	if g == nil {
+		u.blanket, u.toks, u.maxToks, u.fill = blanket, 0, 0, 0
+		s.send(u, now)
+		return
+	}
+	s.expire(g, now)
+	live := 0
+	for _, v := range g.subs {
+		if v.st != nil {
+			live++
+		}
+	}
+	u.g = g
+	g.subs = append(g.subs, u)
+	lim := g.rule.limit.Rate
+	g.fill = fillFor(g.rule, live+1)
+	r := share.Newcomer(lim, lim*(1-quotaReserve), quotaReserve, live)
+	u.setRate(uint32(max(1, math.Floor(r*float64(g.fill)))), g.fill)
+	s.send(u, now)
+}
+
+// resolveGroup finds the group of a BucketId, creating it; with no group,
+// the blanket rule that answers it: ALLOW_ALL for no match, an unknown
+// domain, a rule without a limit, unlimited or shadow_mode, DENY_ALL for a
+// limit of 0.
+func (s *QuotaServer) resolveGroup(domain string, id map[string]string) (*quotaGroup, typev3.RateLimitStrategy_BlanketRule) {
+	dom := s.cfg.domains[domain]
+	if dom == nil {
+		return nil, typev3.RateLimitStrategy_ALLOW_ALL
+	}
+	entries := dom.lookupBucket(id)
+	if entries == nil {
+		return nil, typev3.RateLimitStrategy_ALLOW_ALL
+	}
+	r, shared := dom.lookup(entries)
+	switch {
+	case r == nil, r.unlimited, r.shadow:
+		return nil, typev3.RateLimitStrategy_ALLOW_ALL
+	case r.limit.Rate <= 0:
+		return nil, typev3.RateLimitStrategy_DENY_ALL
+	}
+	key := bucketKey(dom.name, entries, shared)
+	g := s.groups[key]
+	if g == nil {
+		g = &quotaGroup{key: key, rule: r}
+		s.groups[key] = g
+	}
+	return g, 0
+}
+
+// reconfig moves every subscriber to its group under the config in force,
+// when it is not the one the groups were built under. A subscriber that is
+// gone keeps its lease in a group of the same key, if the new config has
+// one.
+func (s *QuotaServer) reconfig(now time.Time) {
+	cfg := s.svc.Config()
+	if cfg == s.cfg {
+		return
+	}
+	s.cfg = cfg
+	old := s.groups
+	s.groups = map[string]*quotaGroup{}
+	for st := range s.streams {
+		for _, u := range st.subs {
+			domain := u.domain()
+			u.g = nil
+			g, blanket := s.resolveGroup(domain, u.id.GetBucket())
+			if g == nil {
+				if u.toks != 0 || u.blanket != blanket {
+					u.blanket, u.toks, u.maxToks, u.fill = blanket, 0, 0, 0
+					s.send(u, now)
+				}
+				continue
+			}
+			u.g = g
+			g.subs = append(g.subs, u)
+		}
+	}
+	for _, og := range old {
+		g := s.groups[og.key]
+		for _, u := range og.subs {
+			if u.st == nil && g != nil {
+				u.g = g
+				g.subs = append(g.subs, u)
+			}
+		}
+	}
+	for _, g := range s.groups {
+		s.divide(g, now)
+	}
+}
+
+// domain returns the domain of u's key, which starts with it.
+func (u *quotaSub) domain() string {
+	// bucketIDKey writes the domain first, length-prefixed.
+	i := 0
+	n := 0
+	for ; i < len(u.key) && u.key[i] != ':'; i++ {
+		n = n*10 + int(u.key[i]-'0')
+	}
+	return u.key[i+1 : i+1+n]
+}
+
+// expire drops from g the subscribers that are gone and whose last
+// assignment has lapsed.
+func (s *QuotaServer) expire(g *quotaGroup, now time.Time) {
+	g.subs = slices.DeleteFunc(g.subs, func(u *quotaSub) bool {
+		if u.st == nil && !u.sentAt.Add(s.o.ttl).After(now) {
+			u.g = nil
+			return true
+		}
+		return false
+	})
+}
+
+// leave takes u out of its group at once: its bucket was abandoned.
+func (s *QuotaServer) leave(u *quotaSub) {
+	if g := u.g; g != nil {
+		g.subs = slices.DeleteFunc(g.subs, func(v *quotaSub) bool { return v == u })
+		u.g = nil
+	}
+	u.st = nil
+}
+
+// divide shares g's limit among its subscribers and sends each one whose
+// share changed enough (share.Changed) its new assignment.
+//
+// The capacity is the limit less the reserve for newcomers, less the
+// shares still held by subscribers that are gone (until they lapse) and by
+// newcomers not yet measured (until their next report). The rest is
+// divided by smoothed demand with headroom (share.Divide) and quantized to
+// whole tokens per fill interval (share.Quantize), at least 1 each.
+func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
+	lim := g.rule.limit.Rate
+	held := 0.0
+	var act []*quotaSub
+	live := 0
+	for _, u := range g.subs {
+		if u.st != nil {
+			live++
+		}
+		if u.st == nil || !u.hasDemand {
+			held += u.rate()
+			continue
+		}
+		act = append(act, u)
+	}
+	fill := fillFor(g.rule, max(live, 1))
+	refill := fill != g.fill
+	g.fill = fill
+	if len(act) == 0 {
+		return
+	}
+	c := max(0, lim*(1-quotaReserve)-held)
+	d := make([]float64, len(act))
+	for i, u := range act {
+		d[i] = max(0, u.ewma.Value())
+	}
+	r := make([]float64, len(act))
+	share.Divide(c, d, quotaHeadroom, r)
+	toks := make([]uint32, len(act))
+	share.Quantize(c, float64(fill), r, toks)
+	// Hysteresis: keep a share that moved little, unless the kept shares
+	// would exceed the capacity; then take every decrease.
+	final := make([]uint32, len(act))
+	var sumFinal, sumNew float64
+	for i, u := range act {
+		toks[i] = max(toks[i], 1)
+		final[i] = toks[i]
+		if !refill && u.toks != 0 && u.fill == fill && !share.Changed(u.toks, toks[i], quotaHysteresis) {
+			final[i] = u.toks
+		}
+		sumFinal += float64(final[i])
+		sumNew += float64(toks[i])
+	}
+	if limit := math.Floor(c * float64(fill)); sumFinal > limit && sumFinal > sumNew {
+		for i := range act {
+			final[i] = min(final[i], toks[i])
+		}
+	}
+	for i, u := range act {
+		if u.toks == final[i] && u.fill == fill {
+			continue
+		}
+		u.setRate(final[i], fill)
+		s.send(u, now)
+	}
+}
+
+// setRate sets u's token bucket: toks per fill seconds, with a burst of
+// max(1, ⌈rate·β⌉).
+func (u *quotaSub) setRate(toks uint32, fill int64) {
+	u.blanket = 0
+	u.toks, u.fill = toks, fill
+	u.maxToks = uint32(max(1, math.Ceil(float64(toks)/float64(fill)*quotaBurst)))
+}
+
+// fillFor returns a group's fill interval in whole seconds for n
+// subscribers: 1 s while the limit gives each at least one request a
+// second, else the config's unit capped at 60 s. It changes only when the
+// subscribers cross L/n = 1/s; a change re-sends every share (Envoy
+// compares only fill_interval's nanos, so a change of seconds alone would
+// go unseen: tokens_per_fill changes with it in all but rare cases).
+func fillFor(r *rule, n int) int64 {
+	want := int64(1)
+	if r.limit.Rate/float64(n) < 1 {
+		want = int64(min(unitSeconds[r.unit], 60))
+		if want < 1 {
+			want = 1
+		}
+	}
+	return want
+}
+
+// send queues u's assignment on its stream, replacing any not yet sent.
+func (s *QuotaServer) send(u *quotaSub, now time.Time) {
+	if u.st == nil {
+		return
+	}
+	u.sentAt = now
+	strat := &typev3.RateLimitStrategy{}
+	if u.toks == 0 {
+		strat.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: u.blanket}
+	} else {
+		strat.Strategy = &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+			MaxTokens:     u.maxToks,
+			TokensPerFill: wrapperspb.UInt32(u.toks),
+			FillInterval:  durationpb.New(time.Duration(u.fill) * time.Second),
+		}}
+	}
+	s.enqueue(u.st, u.key, &rlqspb.RateLimitQuotaResponse_BucketAction{
+		BucketId: u.id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(s.o.ttl),
+				RateLimitStrategy:    strat,
+			}},
+	})
+}
+
+func abandonAction(id *rlqspb.BucketId) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{BucketId: id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+			AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
+}
+
+func (s *QuotaServer) enqueue(st *quotaStream, key string, a *rlqspb.RateLimitQuotaResponse_BucketAction) {
+	if _, ok := st.pending[key]; !ok {
+		st.order = append(st.order, key)
+	}
+	st.pending[key] = a
+}
+
+// notifyList returns the streams with actions waiting.
+func (s *QuotaServer) notifyList() []*quotaStream {
+	var out []*quotaStream
+	for st := range s.streams {
+		if len(st.order) > 0 {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+func notify(streams []*quotaStream) {
+	for _, st := range streams {
+		select {
+		case st.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// quotaMetrics are the server's Prometheus metrics.
+type quotaMetrics struct {
+	subscribers prometheus.Gauge
+	sent        *prometheus.CounterVec
+	sentBucket  prometheus.Counter
+	sentBlanket prometheus.Counter
+	abandon     prometheus.Counter
+}
+
+func newQuotaMetrics() *quotaMetrics {
+	m := &quotaMetrics{
+		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "floodgate_rls_quota_subscribers",
+			Help: "RLQS subscriptions (a BucketId on a stream) held by open streams."}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "floodgate_rls_quota_actions_total",
+			Help: "RLQS bucket actions sent, by kind: token_bucket, blanket (ALLOW_ALL or DENY_ALL), abandon."},
+			[]string{"kind"}),
+	}
+	m.sentBucket = m.sent.WithLabelValues("token_bucket")
+	m.sentBlanket = m.sent.WithLabelValues("blanket")
+	m.abandon = m.sent.WithLabelValues("abandon")
+	return m
+}
+
+func (m *quotaMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.subscribers, m.sent}
+}

@@ -1,0 +1,152 @@
+package rls_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/rls"
+	"github.com/floodgate-go/floodgate/rls/rlqstest"
+)
+
+// TestQuotaWithEnvoys drives the quota server with three clients that
+// behave as Envoy's rate_limit_quota filter does (rlqstest), each on its
+// own connection, all asking for one tenant's quota of 100 a second: one
+// wants 10 a second, one 100, one 300, four times the quota together. On
+// a fake clock, in steps of 10 ms, for 20 s with a report every second:
+// after the first seconds, the fleet admits at most the quota plus the
+// buckets' bursts, and at least 90% of it, and the client that wants less
+// than an equal part gets what it wants.
+func TestQuotaWithEnvoys(t *testing.T) {
+	const limit = 100
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := make(chan struct{}, 1024)
+	rls.SetQuotaReportHook(qs, func() { reports <- struct{}{} })
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	qs.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(func() { qs.Close(); gs.Stop() })
+
+	demands := []float64{10, 100, 300}
+	envoys := make([]*rlqstest.Envoy, len(demands))
+	for i := range envoys {
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { envoys[i].Close() })
+	}
+	bucket := map[string]string{"api": "orders", "tenant": "acme"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// settle waits until the server took n reports and every client
+	// received an answer after seen[i], so that the clock moves on only once
+	// the assignments are in force.
+	settle := func(n int, seen []int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-reports:
+			case <-ctx.Done():
+				t.Fatal("the server took no report")
+			}
+		}
+		for i, e := range envoys {
+			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
+				t.Fatalf("client %d: no answer: %v", i, err)
+			}
+		}
+	}
+	received := func() []int {
+		seen := make([]int, len(envoys))
+		for i, e := range envoys {
+			seen[i] = e.Received()
+		}
+		return seen
+	}
+
+	const (
+		step     = 10 * time.Millisecond
+		duration = 20 * time.Second
+		warm     = 5 * time.Second
+	)
+	owed := make([]float64, len(envoys))
+	admitted := make([]int, len(envoys)) // after the warm-up
+	offered := make([]int, len(envoys))
+	// The first requests subscribe: each client reports its new bucket at
+	// once, and the server answers it at once.
+	seen := received()
+	for _, e := range envoys {
+		e.Request(bucket)
+	}
+	settle(len(envoys), seen)
+	for now := step; now <= duration; now += step {
+		clock.Advance(step)
+		for i, e := range envoys {
+			owed[i] += demands[i] * step.Seconds()
+			for ; owed[i] >= 1; owed[i]-- {
+				ok := e.Request(bucket)
+				if now > warm {
+					offered[i]++
+					if ok {
+						admitted[i]++
+					}
+				}
+			}
+		}
+		if now%time.Second == 0 {
+			seen := received()
+			for _, e := range envoys {
+				if err := e.Report(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			settle(len(envoys), seen)
+			qs.Tick()
+		}
+	}
+	window := (duration - warm).Seconds()
+	total := 0
+	burst := 0
+	for i, e := range envoys {
+		total += admitted[i]
+		st := e.Stats()[rlqstest.Key(bucket)]
+		burst += int(st.Burst)
+		t.Logf("client %d: wants %.0f/s, offered %d, admitted %d (%.1f/s), assignment %.1f/s burst %d", i, demands[i], offered[i], admitted[i], float64(admitted[i])/window, st.Rate, st.Burst)
+	}
+	bound := float64(limit)*window + float64(2*burst)
+	if float64(total) > bound {
+		t.Errorf("the fleet admitted %d in %.0f s, over the quota plus the buckets' bursts, %.0f", total, window, bound)
+	}
+	if float64(total) < 0.9*limit*window {
+		t.Errorf("the fleet admitted %d in %.0f s with 4× the quota asked for, under 90%% of the quota (%.0f)", total, window, 0.9*limit*window)
+	}
+	if got, want := float64(admitted[0]), 0.95*float64(offered[0]); got < want {
+		t.Errorf("the client wanting 10/s had %d of its %d admitted, under 95%%", admitted[0], offered[0])
+	}
+}

@@ -1,0 +1,100 @@
+package rls
+
+import (
+	"time"
+
+	"github.com/floodgate-go/floodgate"
+)
+
+// A QuotaOption configures a [QuotaServer]. [NewQuotaServer] applies the
+// options in order to a copy of the defaults, skipping nil ones, then
+// validates the result (the convention of floodgate.ErrInvalidOption).
+type QuotaOption func(*quotaOptions)
+
+type quotaOptions struct {
+	interval   time.Duration
+	ttl        time.Duration // 0: 2×interval + 2 s, rounded up to whole seconds
+	clock      floodgate.Clock
+	maxBuckets int
+	idle       time.Duration
+}
+
+// Division constants. A subscriber's burst is half a second of its share:
+// an Envoy's token bucket that holds less denies requests that arrive a
+// little early, so a subscriber under its equal part would not get what it
+// wants (a tenth of a second, tried first, let a 10/s client through 60%
+// of its requests spaced 90–110 ms apart); the bursts together stay at
+// most half a second of the limit plus one token a subscriber.
+const (
+	quotaReserve    = 0.02 // ρ: the share of each limit held back for newcomers
+	quotaHeadroom   = 0.10 // h: a subscriber under its equal part gets d(1+h)
+	quotaBurst      = 0.5  // β, in seconds: max_tokens = max(1, ⌈rate·β⌉)
+	quotaHysteresis = 0.05 // a share is re-sent changed only past max(1 token, 5%)
+)
+
+func quotaDefaults() quotaOptions {
+	return quotaOptions{interval: 5 * time.Second, maxBuckets: 10000, idle: 10 * time.Minute}
+}
+
+// WithReportInterval sets the interval I at which Envoy reports, 5 s by
+// default as Envoy's filter hard-codes it (its bucket's reporting_interval
+// is ignored). The server recomputes its shares every I ([QuotaServer.Run])
+// and, unless [WithAssignmentTTL] says otherwise, gives assignments a TTL of
+// 2I + 2 s in whole seconds. It must be positive; a repeated call replaces
+// it.
+func WithReportInterval(d time.Duration) QuotaOption {
+	return func(o *quotaOptions) { o.interval = d }
+}
+
+// WithAssignmentTTL sets the time to live of every assignment, which is also
+// how long a subscriber that stops reporting, or whose stream ends, keeps its
+// share counted against the limit. By default 2I + 2 s (I the report
+// interval) rounded up to whole seconds: 12 s for Envoy's 5 s. Envoy reads
+// only whole seconds and expires a TTL of 0 at once, so ttl must be a whole
+// number of seconds, at least 1. A repeated call replaces it.
+func WithAssignmentTTL(ttl time.Duration) QuotaOption {
+	return func(o *quotaOptions) { o.ttl = ttl }
+}
+
+// WithQuotaClock sets the clock that times reports, leases and idleness,
+// the system clock by default (nil). [QuotaServer.Run] ticks on real time;
+// a test driving a fake clock calls [QuotaServer.Tick] instead. A repeated
+// call replaces it.
+func WithQuotaClock(c floodgate.Clock) QuotaOption {
+	return func(o *quotaOptions) { o.clock = c }
+}
+
+// WithMaxBucketsPerStream sets how many buckets one stream may hold, 10000 by
+// default: a report's new bucket past it is answered with an abandon action
+// and not tracked. Each bucket a stream holds is reported every interval,
+// forever, so the bound is the server's defence against a stream that names
+// a bucket per request. It must be ≥ 1; a repeated call replaces it.
+func WithMaxBucketsPerStream(n int) QuotaOption {
+	return func(o *quotaOptions) { o.maxBuckets = n }
+}
+
+// WithIdleAbandon sets how long a bucket may report no request at all before
+// the server abandons it (Envoy erases it, and subscribes again with its
+// next request): 10 minutes by default. It must be at least the assignment
+// TTL; a repeated call replaces it.
+func WithIdleAbandon(d time.Duration) QuotaOption {
+	return func(o *quotaOptions) { o.idle = d }
+}
+
+func (o *quotaOptions) validate() error {
+	switch {
+	case o.interval <= 0:
+		return invalid("WithReportInterval(%v): not positive", o.interval)
+	case o.ttl < 0 || (o.ttl != 0 && (o.ttl < time.Second || o.ttl%time.Second != 0)):
+		return invalid("WithAssignmentTTL(%v): not a whole number of seconds ≥ 1s", o.ttl)
+	case o.maxBuckets < 1:
+		return invalid("WithMaxBucketsPerStream(%d): below 1", o.maxBuckets)
+	}
+	if o.ttl == 0 {
+		o.ttl = (2*o.interval + 2*time.Second + time.Second - 1).Truncate(time.Second)
+	}
+	if o.idle < o.ttl {
+		return invalid("WithIdleAbandon(%v): below the assignment TTL %v", o.idle, o.ttl)
+	}
+	return nil
+}
