@@ -290,29 +290,30 @@ func (l *Limiter) exempt(fullMethod string) bool {
 // from it only when FromContext asks. The route holds the tenant and the
 // rule.
 type verdict struct {
-	r       *route
-	method  string
-	allowed bool
-	dryRun  bool
+	r      *route
+	method string
+	res    floodgate.Result
+	err    error // the store's, for ReasonStoreError
+	// invalid counts the negative costs the estimate function returned.
+	invalid int
+	// The metered quota's part, when the rule has a Meter: the estimate
+	// and whether the header that stated it was invalid (badEst), the
+	// bucket's answer, the estimate reserved when it admitted the call,
+	// and whether the metered bucket refused it (byMeter).
+	est      int64
+	mres     floodgate.Result
+	reserved int64
+	allowed  bool
+	dryRun   bool
 	// gated: the overload controller decides an allowed call next, and
 	// reports it to the observer then, so that a shed call is one event.
 	gated  bool
 	reason Reason
 	// note says why the caller's API key was ignored, for its rejection.
-	note keyNote
-	res  floodgate.Result
-	err  error // the store's, for ReasonStoreError
-	// invalid counts the negative costs the estimate function returned.
-	invalid int
+	note    keyNote
 	prio    floodgate.Priority
-	// The metered quota's part, when the rule has a Meter: the estimate
-	// and whether the header that stated it was invalid, the bucket's
-	// answer, and the estimate reserved when it admitted the call.
-	est      int64
-	badEst   bool
-	mres     floodgate.Result
-	reserved int64
-	byMeter  bool // the metered bucket refused the call
+	badEst  bool
+	byMeter bool
 }
 
 func (v *verdict) decision() Decision {
@@ -343,14 +344,13 @@ func (v *verdict) decision() Decision {
 type decisionCtx struct {
 	context.Context
 	v verdict
-	// The tap handle's: the table it resolved the call in, whether it
-	// resolved it (it may not hash an API key), and whether it counted the
-	// call into the overload controller.
-	tap      bool
-	md       metadata.MD // the call's headers, as the tap handle got them
-	table    *tenant.Table
-	resolved bool
-	entered  bool
+	// The tap handle's: the call's headers as it got them, the table it
+	// resolved the call in, whether it made this context, resolved the
+	// call (it may not hash an API key), and counted it into the overload
+	// controller.
+	md                     metadata.MD
+	table                  *tenant.Table
+	tap, resolved, entered bool
 	// decided: v is the call's decision (FromContext). It is stored after
 	// v is written, on the handler's goroutine, and loaded before v is
 	// read, by what derives from the tap's context on any goroutine.
