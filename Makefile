@@ -84,3 +84,4 @@ rlsbench: deps
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz FuzzTake -fuzztime 30s ./keyed
 	cd redisstore && $(GO) test -run '^$$' -fuzz FuzzLeases -fuzztime 30s .
+	cd rls && $(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s .

@@ -127,11 +127,14 @@ func (c *Config) Files() []string { return slices.Clone(c.files) }
 
 // domain is one domain's compiled descriptors, or its tenant table.
 type domain struct {
-	name    string
-	file    string
-	policy  FailurePolicy
-	root    node
-	tenants *tenant.Table // non-nil for a domain read from a tenant config
+	name   string
+	file   string // the first file that names it
+	policy FailurePolicy
+	// policyAt is where failure_policy was set ("file:line"), empty when
+	// no file sets it: merged files must not set it differently.
+	policyAt string
+	root     node
+	tenants  *tenant.Table // non-nil for a domain read from a tenant config
 	// tenantRules caches, by the tenant table's rule identity, the rule
 	// each tenant rule is served under (metrics and responses).
 	tenantRule *rule
@@ -145,6 +148,10 @@ type node struct {
 	// have no order of their own (quotamatch.go).
 	order []string
 	rule  *rule
+	// file and line say where the descriptor was configured, so that a
+	// duplicate names both places, across the files of a merged domain.
+	file string
+	line int
 }
 
 // keyNode holds the descriptors of one key at one level: by exact value,
@@ -210,7 +217,25 @@ func bucketLimit(rpu uint32, unit pb.RateLimitResponse_RateLimit_Unit, burst int
 // anonymous, no domain) serves the domain named by its file's base name
 // without extension. Every problem is reported at once, each with its file
 // and line, in a [*ConfigError].
-func LoadConfig(path string) (*Config, error) {
+//
+// Two files that name one domain are refused, unless [WithMergeDomains]
+// is among opts. LoadConfig reads only that option, and ignores the others
+// (they configure a [Service]); an invalid one is an error that wraps
+// floodgate.ErrInvalidOption.
+func LoadConfig(path string, opts ...Option) (*Config, error) {
+	o := defaults()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return loadConfig(path, o.merge)
+}
+
+func loadConfig(path string, merge bool) (*Config, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, &ConfigError{Problems: []Problem{{File: path, Msg: err.Error()}}}
@@ -245,7 +270,7 @@ func LoadConfig(path string) (*Config, error) {
 		}
 		srcs = append(srcs, source{name: f, data: data})
 	}
-	cfg, err := compileSources(srcs)
+	cfg, err := compileSources(srcs, merge)
 	if err != nil {
 		var ce *ConfigError
 		if errors.As(err, &ce) {
@@ -274,7 +299,7 @@ func readFile(name string) ([]byte, error) {
 // name, for errors, for the domain of a tenant config, and to read a
 // ".json" tenant config as JSON.
 func ParseConfig(name string, data []byte) (*Config, error) {
-	return compileSources([]source{{name: name, data: data}})
+	return compileSources([]source{{name: name, data: data}}, false)
 }
 
 type source struct {
@@ -282,17 +307,31 @@ type source struct {
 	data []byte
 }
 
-func compileSources(srcs []source) (*Config, error) {
+// compileSources compiles the files in order. With merge, a file whose
+// domain an earlier file named adds its descriptors to that domain
+// (parser.root); else it is refused.
+func compileSources(srcs []source, merge bool) (*Config, error) {
 	cfg := &Config{domains: map[string]*domain{}}
 	var probs []Problem
 	for _, s := range srcs {
-		d, ps := parseFile(s.name, s.data, cfg)
+		d, ps := parseFile(s.name, s.data, cfg, merge)
 		probs = append(probs, ps...)
 		if d == nil {
 			continue
 		}
 		if prev, ok := cfg.domains[d.name]; ok {
-			probs = append(probs, Problem{File: s.name, Msg: "duplicate domain " + strconv.Quote(d.name) + ", also in " + prev.file})
+			if prev == d { // merged into
+				cfg.files = append(cfg.files, s.name)
+				continue
+			}
+			msg := "duplicate domain " + strconv.Quote(d.name) + ", also in " + prev.file
+			switch {
+			case !merge:
+				msg += " (merging is off: rls.WithMergeDomains, floodgate-rls -merge-domains)"
+			case d.tenants != nil || prev.tenants != nil:
+				msg += " (a tenant config's domain is not merged)"
+			}
+			probs = append(probs, Problem{File: s.name, Msg: msg})
 			continue
 		}
 		cfg.domains[d.name] = d

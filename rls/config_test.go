@@ -23,6 +23,8 @@ func TestBadConfigs(t *testing.T) {
 	}{
 		{"bad yaml", "domain: d\n\tdescriptors: []\n", ":2: invalid YAML"},
 		{"empty", "", "config is empty"},
+		{"not UTF-8", "domain: d\ndescriptors:\n  - key: \xff\n", ":3: invalid YAML: invalid leading UTF-8 octet"},
+		{"control character", "domain: d\n\ndescriptors: \x01\n", ":3: invalid YAML: control characters are not allowed"},
 		{"not a mapping", "- a\n- b\n", ":1: config must be a mapping"},
 		{"no domain", "descriptors:\n  - key: a\n", ":1: config has no domain"},
 		{"empty domain", "domain: \"\"\n", ":1: domain must not be empty"},

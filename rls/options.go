@@ -26,6 +26,7 @@ type options struct {
 	logger     *slog.Logger
 	clock      floodgate.Clock
 	onReload   func(path string, cfg *Config, err error)
+	merge      bool
 }
 
 func defaults() options {
@@ -79,6 +80,17 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 func WithOnReload(f func(path string, cfg *Config, err error)) Option {
 	return func(o *options) { o.onReload = f }
 }
+
+// WithMergeDomains sets whether the files of a config directory that name
+// one domain are merged into it, as envoyproxy/ratelimit does with
+// MERGE_DOMAIN_CONFIG=true: each file's top-level descriptors join the
+// domain's, in file name order. A descriptor (key and value) at the top
+// level of two files is still refused, naming both; the descriptors below
+// it are not merged. The files must not set failure_policy differently;
+// a tenant config's domain is never merged. Off by default (a second file
+// naming a domain is refused); it applies to [Service.Load],
+// [Service.Watch] and [LoadConfig]. A repeated call replaces the setting.
+func WithMergeDomains(on bool) Option { return func(o *options) { o.merge = on } }
 
 // WithClock sets the clock that times reservations, the system clock by
 // default (nil). Buckets are timed by the store. A repeated call replaces

@@ -1,10 +1,13 @@
 package rls
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
@@ -18,6 +21,7 @@ type parser struct {
 	file  string
 	cfg   *Config
 	dom   *domain
+	merge bool // add to a domain an earlier file named (WithMergeDomains)
 	probs []Problem
 }
 
@@ -31,13 +35,13 @@ func (p *parser) add(n *yaml.Node, msg string) {
 
 // parseFile compiles one file: envoyproxy/ratelimit's format, or a tenant
 // config. It returns nil and the problems when the file is rejected.
-func parseFile(name string, data []byte, cfg *Config) (*domain, []Problem) {
+func parseFile(name string, data []byte, cfg *Config, merge bool) (*domain, []Problem) {
 	if len(data) > MaxConfigSize {
 		return nil, []Problem{{File: name, Msg: "file is larger than " + strconv.Itoa(MaxConfigSize) + " bytes"}}
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, []Problem{yamlProblem(name, err)}
+		return nil, []Problem{yamlProblem(name, data, err)}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, []Problem{{File: name, Msg: "config is empty"}}
@@ -49,7 +53,7 @@ func parseFile(name string, data []byte, cfg *Config) (*domain, []Problem) {
 	if isTenantConfig(root) {
 		return tenantDomain(name, data, cfg)
 	}
-	p := &parser{file: name, cfg: cfg, dom: &domain{file: name}}
+	p := &parser{file: name, cfg: cfg, dom: &domain{file: name}, merge: merge}
 	p.root(root)
 	if len(p.probs) > 0 {
 		return nil, p.probs
@@ -57,8 +61,11 @@ func parseFile(name string, data []byte, cfg *Config) (*domain, []Problem) {
 	return p.dom, nil
 }
 
-// yamlProblem turns a YAML syntax error into a problem at its line.
-func yamlProblem(name string, err error) Problem {
+// yamlProblem turns a YAML syntax error into a problem at its line: the
+// decoder's, or for bytes it cannot read (which it reports without one)
+// the line of the first such byte. Only errors that concern the document
+// as a whole (excessive aliasing, say) are left without a line.
+func yamlProblem(name string, data []byte, err error) Problem {
 	msg := err.Error()
 	line := 0
 	var te *yaml.TypeError
@@ -73,7 +80,72 @@ func yamlProblem(name string, err error) Problem {
 			}
 		}
 	}
+	if line == 0 && readerError(msg) {
+		// The decoder's reader refuses bytes (not UTF-8, or a control
+		// character) without saying where: find the first such byte's line.
+		line = unreadableLine(data)
+		msg = "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")
+	}
 	return Problem{File: name, Line: line, Msg: msg}
+}
+
+// readerError reports whether a decoder's error is its reader's: bytes it
+// could not read as characters.
+func readerError(msg string) bool {
+	for _, s := range []string{"UTF-8", "UTF-16", "surrogate", "control characters"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// unreadableLine returns the 1-based line of data's first character that
+// YAML cannot read (invalid UTF-8 or UTF-16, or a character outside YAML's
+// printable set), or 0 when there is none. Like the decoder, it reads
+// UTF-16 after its byte order mark, and UTF-8 otherwise.
+func unreadableLine(data []byte) int {
+	var next func([]byte) (rune, int) = utf8.DecodeRune
+	var order binary.ByteOrder
+	if len(data) >= 2 && data[0] == 0xFF && data[1] == 0xFE {
+		order = binary.LittleEndian
+	} else if len(data) >= 2 && data[0] == 0xFE && data[1] == 0xFF {
+		order = binary.BigEndian
+	}
+	if order != nil {
+		data = data[2:]
+		next = func(b []byte) (rune, int) {
+			if len(b) < 2 {
+				return utf8.RuneError, 1
+			}
+			r1 := rune(order.Uint16(b))
+			if !utf16.IsSurrogate(r1) {
+				return r1, 2
+			}
+			if len(b) < 4 {
+				return utf8.RuneError, 1
+			}
+			r := utf16.DecodeRune(r1, rune(order.Uint16(b[2:])))
+			if r == utf8.RuneError {
+				return r, 1
+			}
+			return r, 4
+		}
+	}
+	line := 1
+	for i := 0; i < len(data); {
+		r, n := next(data[i:])
+		printable := r == '\t' || r == '\n' || r == '\r' || (r >= 0x20 && r <= 0x7E) || r == 0x85 ||
+			(r >= 0xA0 && r <= 0xD7FF) || (r >= 0xE000 && r <= 0xFFFD) || (r >= 0x10000 && r <= 0x10FFFF)
+		if r == utf8.RuneError && n <= 1 || !printable {
+			return line
+		}
+		if r == '\n' {
+			line++
+		}
+		i += n
+	}
+	return 0
 }
 
 // isTenantConfig reports whether a top-level mapping is a floodgate tenant
@@ -155,8 +227,9 @@ func (p *parser) uint(n *yaml.Node, what string, maxv uint64) (uint64, bool) {
 var rootKeys = []string{"domain", "descriptors", "failure_policy"}
 
 func (p *parser) root(n *yaml.Node) {
-	var descs *yaml.Node
+	var descs, policyNode *yaml.Node
 	sawDomain := false
+	policy := FailureLocal
 	p.fields(n, "config", rootKeys, func(k string, key, v *yaml.Node) {
 		switch k {
 		case "domain":
@@ -170,14 +243,15 @@ func (p *parser) root(n *yaml.Node) {
 		case "descriptors":
 			descs = v
 		case "failure_policy":
+			policyNode = v
 			s, _ := p.str(v, "failure_policy")
 			switch s {
 			case "local":
-				p.dom.policy = FailureLocal
+				policy = FailureLocal
 			case "open":
-				p.dom.policy = FailureOpen
+				policy = FailureOpen
 			case "closed":
-				p.dom.policy = FailureClosed
+				policy = FailureClosed
 			default:
 				p.add(v, "failure_policy must be local, open or closed")
 			}
@@ -185,6 +259,27 @@ func (p *parser) root(n *yaml.Node) {
 	})
 	if !sawDomain {
 		p.add(n, "config has no domain")
+	}
+	// Merging follows envoyproxy/ratelimit (src/config/config_impl.go,
+	// rateLimitConfigImpl.loadConfig): with mergeDomainConfigs, a file
+	// whose domain is already loaded has its descriptors loaded into that
+	// domain's top level (loadDescriptors on the existing domain), where a
+	// key_value already present panics "duplicate descriptor composite
+	// key"; without it, "duplicate domain '%s' in config file". So only the
+	// top level merges: a descriptor in two files is a duplicate even when
+	// their children differ. A tenant domain has no descriptors to merge
+	// into; compileSources refuses it as a duplicate.
+	if prev := p.cfg.domains[p.dom.name]; p.merge && prev != nil && prev.tenants == nil && p.dom.name != "" {
+		if policyNode != nil {
+			if prev.policyAt != "" && prev.policy != policy {
+				p.add(policyNode, "failure_policy "+policy.String()+" differs from "+prev.policy.String()+
+					" set for domain "+strconv.Quote(prev.name)+" at "+prev.policyAt)
+			}
+			prev.policy, prev.policyAt = policy, p.file+":"+strconv.Itoa(policyNode.Line)
+		}
+		p.dom = prev
+	} else if policyNode != nil {
+		p.dom.policy, p.dom.policyAt = policy, p.file+":"+strconv.Itoa(policyNode.Line)
 	}
 	if descs != nil {
 		p.descriptors(descs, &p.dom.root, "")
@@ -272,21 +367,21 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 		level.keys[key] = kn
 		level.order = append(level.order, key)
 	}
-	child := &node{}
+	child := &node{file: p.file, line: n.Line}
 	wild := strings.Contains(value, "*")
 	switch {
 	case shr && !wild:
 		p.add(n, "descriptor "+path+": share_threshold needs a wildcard value (containing '*')")
 	case value == "":
 		if kn.any != nil {
-			p.add(n, "duplicate descriptor "+path)
+			p.duplicate(n, path, kn.any)
 			return
 		}
 		kn.any = child
 	case wild:
 		for _, w := range kn.wild {
 			if w.pattern == value {
-				p.add(n, "duplicate descriptor "+path)
+				p.duplicate(n, path, w.node)
 				return
 			}
 		}
@@ -295,8 +390,8 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 		if kn.values == nil {
 			kn.values = map[string]*node{}
 		}
-		if _, dup := kn.values[value]; dup {
-			p.add(n, "duplicate descriptor "+path)
+		if prev, dup := kn.values[value]; dup {
+			p.duplicate(n, path, prev)
 			return
 		}
 		kn.values[value] = child
@@ -307,6 +402,17 @@ func (p *parser) descriptor(n *yaml.Node, level *node, parent string) {
 	if children != nil {
 		p.descriptors(children, child, path)
 	}
+}
+
+// duplicate reports the descriptor at n, whose path prev already holds,
+// naming where prev was configured: its line, and its file when another
+// file of a merged domain holds it.
+func (p *parser) duplicate(n *yaml.Node, path string, prev *node) {
+	at := "line " + strconv.Itoa(prev.line)
+	if prev.file != p.file {
+		at = prev.file + ":" + strconv.Itoa(prev.line)
+	}
+	p.add(n, "duplicate descriptor "+path+", also at "+at)
 }
 
 // rateLimit reads a rate_limit mapping n, whose key is at; problems of the

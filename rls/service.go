@@ -143,7 +143,7 @@ func (s *Service) Load(path string) error {
 	// next check.
 	fp := fingerprint(path)
 	s.seen.Store(&fp)
-	cfg, err := LoadConfig(path)
+	cfg, err := loadConfig(path, s.o.merge)
 	if err != nil {
 		s.m.loads.WithLabelValues("error").Inc()
 		if s.o.logger != nil {

@@ -10,6 +10,7 @@
 // Flags:
 //
 //	-config PATH    config file, or a directory of them (one domain each); required
+//	-merge-domains  merge the files of -config that name one domain, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true (default: refuse them)
 //	-addr ADDR      gRPC listen address (default 127.0.0.1:8081; port 0 picks one)
 //	-metrics ADDR   serve Prometheus /metrics (and /debug/rls/top) on ADDR; off when empty
 //	-redis ADDRS    Redis address; for a Cluster, its nodes comma-separated ("host:7000," for one seed); in memory when empty
@@ -95,7 +96,7 @@ type flags struct {
 	prefix                              string
 	batch, capacity, denyCache          int
 	deadline, watch, grace, rlqsEvery   time.Duration
-	headers, pprof                      bool
+	headers, pprof, mergeDomains        bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -103,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs := flag.NewFlagSet("floodgate-rls", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.config, "config", "", "config `path`: a file, or a directory of files (one domain each)")
+	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "merge the config files that name one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true); refused when off")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "gRPC listen `address` (port 0 picks a free one)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on `address`; off when empty")
 	fs.StringVar(&f.redis, "redis", "", "Redis `address`; a Cluster's nodes comma-separated (a trailing comma for one seed); in memory when empty")
@@ -235,7 +237,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 			log.Info("floodgate-rls: config reloaded", "path", path, "domains", cfg.Domains())
 		}
 	}
-	opts := []rls.Option{rls.WithRegisterer(reg), rls.WithResponseHeaders(f.headers), rls.WithOnReload(onReload)}
+	opts := []rls.Option{rls.WithRegisterer(reg), rls.WithResponseHeaders(f.headers), rls.WithOnReload(onReload),
+		rls.WithMergeDomains(f.mergeDomains)}
 	svc, err := rls.New(store, nil, opts...)
 	if err != nil {
 		return err

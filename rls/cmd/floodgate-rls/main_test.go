@@ -263,3 +263,42 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandMergeDomains checks -merge-domains: two files of one domain
+// are refused without it and served as one domain with it.
+func TestCommandMergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"a.yaml": config1,
+		"b.yaml": "domain: d\ndescriptors:\n  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := run(context.Background(), []string{"-config", dir, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), `duplicate domain "d"`) {
+		t.Fatalf("run without -merge-domains = %v, want a duplicate domain error", err)
+	}
+	addrs, stop := started(t, []string{"-config", dir, "-addr", "127.0.0.1:0", "-watch", "0", "-merge-domains"}, nil)
+	conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for key, want := range map[string]uint32{"k": 1, "other": 2} {
+		r, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "d",
+			Descriptors: []*rlpb.RateLimitDescriptor{{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: key, Value: "v"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != want {
+			t.Errorf("descriptor %s: limit %d a minute, want %d", key, got, want)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
