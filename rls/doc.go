@@ -14,7 +14,9 @@
 // shadow_mode, detailed_metric, wildcard values ('*' matches any bytes:
 // "foo*", "a*b"), and share_threshold; value_to_metric and metadata are
 // accepted and have no effect; quota_mode is refused. A path may be one
-// file or a directory of them, one domain each. Validation is strict: an
+// file or a directory of them, one domain each, or with [WithMergeDomains]
+// a domain split across files, merged at its top level as
+// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does. Validation is strict: an
 // unknown or duplicate key, a value of the wrong type, a duplicate
 // descriptor or domain, a bad unit, unlimited with a unit, an empty or
 // self-naming replaces: every problem is reported at once, each with its
@@ -163,9 +165,24 @@
 // descriptor entry's is; the rule at the last key's level is the limit, and
 // the path's bucket key (as a descriptor with those entries would have it)
 // names the quota that every bucket reporting it shares. No match, an
-// unknown domain, a tenant-config domain, a path without a rate_limit,
-// unlimited and shadow_mode get a blanket ALLOW_ALL, and a limit of 0 a
-// DENY_ALL, refreshed like any assignment.
+// tenant-config domain, a path without a rate_limit, unlimited and
+// shadow_mode get a blanket ALLOW_ALL, and a limit of 0 a DENY_ALL,
+// refreshed like any assignment.
+//
+// A report no Envoy would send ends its stream with InvalidArgument, its
+// message naming the field: a line without a bucket_id, a time_elapsed that
+// is negative or not a valid Duration, or counts of more than 10⁹ requests
+// a second over the time the line covers (2^63 allowed, say). None of the
+// report is taken; the stream's buckets hold their shares until they lapse,
+// as any ended stream's. Lines an Envoy may send but that name nothing to
+// divide are skipped unanswered, leaving Envoy on its no_assignment_behavior,
+// and counted by floodgate_rls_quota_reports_ignored_total{reason}: an empty
+// BucketId (empty_bucket_id; Envoy ignores any answer for it), a domain the
+// config does not have (unknown_domain: the operator's fallback rather than an
+// ALLOW_ALL, and nothing held for a domain nobody configured), and a new
+// bucket past [WithMaxBucketsPerStream] (too_many_buckets: an abandon would
+// have Envoy resubscribe it on every request). The rest of the report, and
+// other streams, are taken as usual.
 //
 // The subscribers of a quota are its (stream, BucketId) pairs. Demand is
 // the requests reported (allowed and denied) over the time between two
@@ -186,6 +203,21 @@
 // [QuotaServer.Close] ends every stream with UNAVAILABLE and sends nothing:
 // Envoys keep their assignments until they lapse and reconnect on their
 // next report.
+//
+// # Restart
+//
+// A new QuotaServer cannot see the assignments a previous one handed out,
+// which Envoys enforce until their TTL. For one TTL from its construction,
+// by its clock, it learns (Doorman's learning mode): a returning
+// subscriber, one whose first report on its stream covers a second or more,
+// gets back the allowed rate that report shows, as far as the capacity not
+// yet handed out allows; a new one gets a newcomer's share from the reserve;
+// and a division shares among the measured subscribers at most what they
+// already hold. The capacity no one has shown stays held until the window
+// ends, when every earlier assignment has lapsed or been replaced. The cost
+// is the quota left unused by Envoys that do not come back, for one TTL; a
+// bucket created while its Envoy's stream was down reports its allow-all
+// traffic as held, within the capacity left.
 //
 // # Reload
 //

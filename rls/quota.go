@@ -47,6 +47,7 @@ type QuotaServer struct {
 	o     quotaOptions
 	clock func() time.Time
 	m     *quotaMetrics
+	start time.Time // the learning window runs one TTL from here
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -137,6 +138,7 @@ func NewQuotaServer(svc *Service, opts ...QuotaOption) (*QuotaServer, error) {
 	if o.clock != nil {
 		s.clock = o.clock.Now
 	}
+	s.start = s.clock()
 	if reg := svc.o.registerer; reg != nil {
 		for _, c := range s.m.collectors() {
 			if err := reg.Register(c); err != nil {
@@ -255,7 +257,10 @@ func (s *QuotaServer) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_
 				recvErr <- err
 				return
 			}
-			s.report(st, rep)
+			if err := s.report(st, rep); err != nil {
+				recvErr <- err
+				return
+			}
 		}
 	}()
 	ctx := stream.Context()
@@ -323,7 +328,17 @@ func (s *QuotaServer) endStream(st *quotaStream) {
 // stream is a subscription, answered at once; every bucket's demand is
 // sampled, the groups they belong to divided again, and every reported
 // bucket answered (changed, or the same assignment to refresh its TTL).
-func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageReports) {
+//
+// A report that no Envoy would send (see checkReport) is refused whole,
+// before any of it is taken, and the error ends the stream. Lines an Envoy
+// may send but that name nothing to divide are skipped and counted.
+func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageReports) error {
+	if err := checkReport(rep); err != nil {
+		if s.onReport != nil {
+			s.onReport()
+		}
+		return err
+	}
 	now := s.clock()
 	s.mu.Lock()
 	if s.closed || st.closed {
@@ -331,37 +346,50 @@ func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageRep
 		if s.onReport != nil {
 			s.onReport()
 		}
-		return
+		return nil
 	}
 	s.reconfig(now)
 	dom := rep.GetDomain()
+	uses := rep.GetBucketQuotaUsages()
+	if s.cfg.domains[dom] == nil {
+		// Envoy applies its own no_assignment_behavior to what it is not
+		// answered: the operator's choice, rather than an ALLOW_ALL here.
+		s.m.ignoredDomain.Add(float64(len(uses)))
+		uses = nil
+	}
 	var touched []*quotaGroup
 	var answer []*quotaSub
-	for _, use := range rep.GetBucketQuotaUsages() {
+	for _, use := range uses {
 		id := use.GetBucketId().GetBucket()
 		if len(id) == 0 {
-			continue // Envoy ignores an action for an empty BucketId
+			s.m.ignoredEmpty.Inc() // Envoy ignores an action for an empty BucketId
+			continue
 		}
 		k := bucketIDKey(dom, id)
 		n := float64(use.GetNumRequestsAllowed()) + float64(use.GetNumRequestsDenied())
 		u := st.subs[k]
 		if u == nil {
 			if len(st.subs) >= s.o.maxBuckets {
-				s.enqueue(st, k, abandonAction(use.GetBucketId()))
-				s.m.abandon.Inc()
+				// Unanswered, the bucket stays on Envoy's no-assignment
+				// behaviour; an abandon would have it resubscribe, a report,
+				// on its next request.
+				s.m.ignoredBuckets.Inc()
 				continue
 			}
 			u = &quotaSub{st: st, key: k, id: proto.Clone(use.GetBucketId()).(*rlqspb.BucketId),
 				sampleAt: now, reportedAt: now, activeAt: now}
 			// A returning Envoy's first report on a new stream covers
-			// about one interval: a demand worth starting from.
+			// about one interval: a demand worth starting from, and, while
+			// the server learns, the rate it held.
+			held := -1.0
 			if el := use.GetTimeElapsed().AsDuration(); el >= time.Second {
 				u.ewma.Observe(n / el.Seconds())
 				u.hasDemand = true
+				held = float64(use.GetNumRequestsAllowed()) / el.Seconds()
 			}
 			st.subs[k] = u
 			s.subs++
-			s.join(u, dom, now)
+			s.join(u, dom, held, now)
 			continue
 		}
 		u.reportedAt = now
@@ -396,12 +424,58 @@ func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageRep
 	if s.onReport != nil {
 		s.onReport()
 	}
+	return nil
+}
+
+// quotaMaxRate bounds a plausible report: more requests than this a second,
+// over the time a line covers, is a client's bug, not traffic.
+const quotaMaxRate = 1e9
+
+// checkReport returns an InvalidArgument error naming the first field of rep
+// that no Envoy sends: a line without a bucket_id, a time_elapsed that is
+// negative or not a valid Duration, or counts over quotaMaxRate a second
+// for the time the line covers (time_elapsed is truncated to whole seconds,
+// so up to a second more).
+func checkReport(rep *rlqspb.RateLimitQuotaUsageReports) error {
+	for i, use := range rep.GetBucketQuotaUsages() {
+		if use.GetBucketId() == nil {
+			return status.Errorf(codes.InvalidArgument, "rls: RLQS report: bucket_quota_usages[%d].bucket_id: missing", i)
+		}
+		el := use.GetTimeElapsed()
+		if el != nil {
+			if err := el.CheckValid(); err != nil {
+				return status.Errorf(codes.InvalidArgument, "rls: RLQS report: bucket_quota_usages[%d].time_elapsed: %v", i, err)
+			}
+			if d := el.AsDuration(); d < 0 {
+				return status.Errorf(codes.InvalidArgument, "rls: RLQS report: bucket_quota_usages[%d].time_elapsed: negative (%v)", i, d)
+			}
+		}
+		most := quotaMaxRate * (el.AsDuration().Seconds() + 1)
+		a, d := use.GetNumRequestsAllowed(), use.GetNumRequestsDenied()
+		field := ""
+		switch {
+		case float64(a) > most:
+			field = "num_requests_allowed"
+		case float64(d) > most:
+			field = "num_requests_denied"
+		case float64(a)+float64(d) > most:
+			field = "num_requests_allowed+num_requests_denied"
+		}
+		if field != "" {
+			return status.Errorf(codes.InvalidArgument,
+				"rls: RLQS report: bucket_quota_usages[%d].%s: %d allowed, %d denied in time_elapsed %v: over %g a second",
+				i, field, a, d, el.AsDuration(), quotaMaxRate)
+		}
+	}
+	return nil
 }
 
 // join resolves a new subscriber's BucketId under the config in force and
 // sends its first assignment: a newcomer's share of its group's limit, or a
-// blanket rule.
-func (s *QuotaServer) join(u *quotaSub, domain string, now time.Time) {
+// blanket rule. While the server learns, a returning subscriber (held ≥ 0:
+// the allowed rate its first report showed) gets that rate back instead, as
+// far as the capacity not already handed out allows.
+func (s *QuotaServer) join(u *quotaSub, domain string, held float64, now time.Time) {
 	g, blanket := s.resolveGroup(domain, u.id.GetBucket())
 	if g == nil {
 		u.blanket, u.toks, u.maxToks, u.fill = blanket, 0, 0, 0
@@ -410,23 +484,34 @@ func (s *QuotaServer) join(u *quotaSub, domain string, now time.Time) {
 	}
 	s.expire(g, now)
 	live := 0
+	given := 0.0
 	for _, v := range g.subs {
 		if v.st != nil {
 			live++
 		}
+		given += v.rate()
 	}
 	u.g = g
 	g.subs = append(g.subs, u)
 	lim := g.rule.limit.Rate
 	g.fill = fillFor(g.rule, live+1)
 	r := share.Newcomer(lim, lim*(1-quotaReserve), quotaReserve, live)
+	if held >= 0 && s.learning(now) {
+		r = min(held, max(0, lim*(1-quotaReserve)-given))
+	}
 	u.setRate(uint32(max(1, math.Floor(r*float64(g.fill)))), g.fill)
 	s.send(u, now)
 }
 
+// learning reports whether now is within one TTL of the server's start:
+// Envoys subscribed to a previous instance may still enforce its
+// assignments, which this one has not seen, until then.
+func (s *QuotaServer) learning(now time.Time) bool { return now.Sub(s.start) < s.o.ttl }
+
 // resolveGroup finds the group of a BucketId, creating it; with no group,
-// the blanket rule that answers it: ALLOW_ALL for no match, an unknown
-// domain, a rule without a limit, unlimited or shadow_mode, DENY_ALL for a
+// the blanket rule that answers it: ALLOW_ALL for no match, a domain gone
+// in a reload (a report for an unknown domain is ignored before this), a
+// rule without a limit, unlimited or shadow_mode, DENY_ALL for a
 // limit of 0.
 func (s *QuotaServer) resolveGroup(domain string, id map[string]string) (*quotaGroup, typev3.RateLimitStrategy_BlanketRule) {
 	dom := s.cfg.domains[domain]
@@ -532,7 +617,8 @@ func (s *QuotaServer) leave(u *quotaSub) {
 //
 // The capacity is the limit less the reserve for newcomers, less the
 // shares still held by subscribers that are gone (until they lapse) and by
-// newcomers not yet measured (until their next report). The rest is
+// newcomers not yet measured (until their next report); while the server
+// learns, at most what the measured subscribers already hold. The rest is
 // divided by smoothed demand with headroom (share.Divide) and quantized to
 // whole tokens per fill interval (share.Quantize), at least 1 each.
 func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
@@ -557,6 +643,16 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 		return
 	}
 	c := max(0, lim*(1-quotaReserve)-held)
+	if s.learning(now) {
+		// Capacity no subscriber has shown may still be enforced by an
+		// Envoy of a previous instance: those measured share what they
+		// hold, and no more, until it has lapsed.
+		seen := 0.0
+		for _, u := range act {
+			seen += u.rate()
+		}
+		c = min(c, seen)
+	}
 	d := make([]float64, len(act))
 	for i, u := range act {
 		d[i] = max(0, u.ewma.Value())
@@ -683,6 +779,11 @@ type quotaMetrics struct {
 	sentBucket  prometheus.Counter
 	sentBlanket prometheus.Counter
 	abandon     prometheus.Counter
+
+	ignored        *prometheus.CounterVec
+	ignoredEmpty   prometheus.Counter
+	ignoredDomain  prometheus.Counter
+	ignoredBuckets prometheus.Counter
 }
 
 func newQuotaMetrics() *quotaMetrics {
@@ -692,7 +793,13 @@ func newQuotaMetrics() *quotaMetrics {
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "floodgate_rls_quota_actions_total",
 			Help: "RLQS bucket actions sent, by kind: token_bucket, blanket (ALLOW_ALL or DENY_ALL), abandon."},
 			[]string{"kind"}),
+		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "floodgate_rls_quota_reports_ignored_total",
+			Help: "Lines of RLQS usage reports (one bucket each) skipped unanswered, by reason: empty_bucket_id, unknown_domain, too_many_buckets."},
+			[]string{"reason"}),
 	}
+	m.ignoredEmpty = m.ignored.WithLabelValues("empty_bucket_id")
+	m.ignoredDomain = m.ignored.WithLabelValues("unknown_domain")
+	m.ignoredBuckets = m.ignored.WithLabelValues("too_many_buckets")
 	m.sentBucket = m.sent.WithLabelValues("token_bucket")
 	m.sentBlanket = m.sent.WithLabelValues("blanket")
 	m.abandon = m.sent.WithLabelValues("abandon")
@@ -700,5 +807,5 @@ func newQuotaMetrics() *quotaMetrics {
 }
 
 func (m *quotaMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.subscribers, m.sent}
+	return []prometheus.Collector{m.subscribers, m.sent, m.ignored}
 }

@@ -2,10 +2,13 @@ package rls_test
 
 import (
 	"context"
+	"math"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
@@ -40,6 +43,7 @@ func TestQuotaWithEnvoys(t *testing.T) {
 	}
 	reports := make(chan struct{}, 1024)
 	rls.SetQuotaReportHook(qs, func() { reports <- struct{}{} })
+	clock.Advance(qs.TTL()) // past the learning window: no earlier instance
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	qs.Register(gs)
@@ -148,5 +152,198 @@ func TestQuotaWithEnvoys(t *testing.T) {
 	}
 	if got, want := float64(admitted[0]), 0.95*float64(offered[0]); got < want {
 		t.Errorf("the client wanting 10/s had %d of its %d admitted, under 95%%", admitted[0], offered[0])
+	}
+}
+
+// quotaSwitch serves RLQS with whichever QuotaServer is current, so that a
+// test can restart the server while the clients' connections stay up.
+type quotaSwitch struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+	cur atomic.Pointer[rls.QuotaServer]
+}
+
+func (w *quotaSwitch) StreamRateLimitQuotas(st rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	return w.cur.Load().StreamRateLimitQuotas(st)
+}
+
+// TestQuotaRestartWithEnvoys runs TestQuotaWithEnvoys's three clients
+// against a server that is closed and replaced by a new one at 20 s. The
+// clients keep enforcing the old assignments and come back to the new
+// server 1, 2 and 3 s later; while it learns, it gives each back what it
+// held, so that what they enforce, old assignments and new, stays within
+// the quota at every report. No
+// 10 s window admits more than 3% over the quota, and once the learning
+// window has passed the division is back within 95–103% of it.
+func TestQuotaRestartWithEnvoys(t *testing.T) {
+	const limit = 100
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := make(chan struct{}, 1024)
+	start := func() *rls.QuotaServer {
+		qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rls.SetQuotaReportHook(qs, func() { reports <- struct{}{} })
+		t.Cleanup(qs.Close)
+		return qs
+	}
+	qs := start()
+	clock.Advance(qs.TTL()) // the first server has no predecessor
+	var sw quotaSwitch
+	sw.cur.Store(qs)
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	rlqspb.RegisterRateLimitQuotaServiceServer(gs, &sw)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+
+	demands := []float64{10, 100, 300}
+	envoys := make([]*rlqstest.Envoy, len(demands))
+	for i := range envoys {
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { envoys[i].Close() })
+	}
+	bucket := map[string]string{"api": "orders", "tenant": "acme"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	received := func() []int {
+		seen := make([]int, len(envoys))
+		for i, e := range envoys {
+			seen[i] = e.Received()
+		}
+		return seen
+	}
+	// answered waits until every client handled an event after seen[i].
+	answered := func(seen []int) {
+		t.Helper()
+		for i, e := range envoys {
+			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
+				t.Fatalf("client %d: no answer: %v", i, err)
+			}
+		}
+	}
+	settle := func(n int, seen []int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-reports:
+			case <-ctx.Done():
+				t.Fatal("the server took no report")
+			}
+		}
+		answered(seen)
+	}
+
+	const (
+		step      = 10 * time.Millisecond
+		duration  = 40 * time.Second
+		warm      = 5 * time.Second
+		restartAt = 20 * time.Second
+		window    = 10 * time.Second
+	)
+	owed := make([]float64, len(envoys))
+	steps := int(duration / step)
+	admitted := make([]int, steps+1) // the fleet's, by step
+	seen := received()
+	for _, e := range envoys {
+		e.Request(bucket)
+	}
+	settle(len(envoys), seen)
+	for k := 1; k <= steps; k++ {
+		now := time.Duration(k) * step
+		clock.Advance(step)
+		for i, e := range envoys {
+			owed[i] += demands[i] * step.Seconds()
+			for ; owed[i] >= 1; owed[i]-- {
+				if e.Request(bucket) {
+					admitted[k]++
+				}
+			}
+		}
+		if now%time.Second != 0 {
+			continue
+		}
+		// After the restart, client i comes back i seconds late: real
+		// Envoys report on timers of their own.
+		seen := received()
+		n := 0
+		for i, e := range envoys {
+			if now > restartAt && now < restartAt+time.Duration(i+1)*time.Second {
+				seen[i]-- // nothing to wait for
+				continue
+			}
+			if err := e.Report(); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		settle(n, seen)
+		qs.Tick()
+		// What the clients enforce, old assignments and new, adds up to no
+		// more than the quota once the first division has settled.
+		enforced := 0.0
+		for i, e := range envoys {
+			st := e.Stats()[rlqstest.Key(bucket)]
+			if st.Source != rlqstest.Assigned {
+				t.Fatalf("%v: client %d enforces %v, want an assignment", now, i, st.Source)
+			}
+			enforced += st.Rate
+		}
+		if now > warm && enforced > limit {
+			t.Errorf("%v: the clients enforce %.0f/s together, over the quota", now, enforced)
+		}
+		if now == restartAt {
+			// The streams end; the clients keep their assignments and
+			// open a stream to the new server on their next report.
+			seen := received()
+			qs.Close()
+			answered(seen)
+			qs = start()
+			sw.cur.Store(qs)
+		}
+	}
+	per := int(window / step)
+	learnt := restartAt + qs.TTL() + 2*time.Second // and two rounds to measure demand
+	worst, low, high := 0, math.MaxInt, 0
+	for from := int(warm / step); from+per <= steps; from++ {
+		n := 0
+		for k := from + 1; k <= from+per; k++ {
+			n += admitted[k]
+		}
+		worst = max(worst, n)
+		if float64(n) > 1.03*limit*window.Seconds() {
+			t.Errorf("the fleet admitted %d in the 10 s from %v, over 103%% of the quota", n, time.Duration(from)*step)
+		}
+		if time.Duration(from)*step >= learnt {
+			low, high = min(low, n), max(high, n)
+			if float64(n) < 0.95*limit*window.Seconds() {
+				t.Errorf("the fleet admitted %d in the 10 s from %v, after learning, under 95%% of the quota", n, time.Duration(from)*step)
+			}
+		}
+	}
+	t.Logf("10 s windows: at most %d; after learning %d–%d (quota %d)", worst, low, high, limit*int(window.Seconds()))
+	for i, e := range envoys {
+		st := e.Stats()[rlqstest.Key(bucket)]
+		t.Logf("client %d: wants %.0f/s, assignment %.1f/s burst %d", i, demands[i], st.Rate, st.Burst)
+		if got, want := e.Reconnects(), 1; got != want {
+			t.Errorf("client %d: Reconnects() = %d, want %d", i, got, want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -47,7 +49,8 @@ descriptors:
 `
 
 // quotaEnv is a QuotaServer over bufconn, on a fake clock, with a 1 s
-// report interval (so a 4 s TTL).
+// report interval (so a 4 s TTL), past its learning window unless
+// newLearningQuotaEnv made it.
 type quotaEnv struct {
 	svc       *rls.Service
 	qs        *rls.QuotaServer
@@ -57,6 +60,14 @@ type quotaEnv struct {
 }
 
 func newQuotaEnv(t *testing.T, cfg string, opts ...rls.QuotaOption) *quotaEnv {
+	t.Helper()
+	e := newLearningQuotaEnv(t, cfg, opts...)
+	e.clock.Advance(e.qs.TTL())
+	return e
+}
+
+// newLearningQuotaEnv is newQuotaEnv at the server's start.
+func newLearningQuotaEnv(t *testing.T, cfg string, opts ...rls.QuotaOption) *quotaEnv {
 	t.Helper()
 	clock := newFakeClock()
 	m, err := keyed.New(keyed.WithClock(clock))
@@ -186,6 +197,12 @@ func (c *quotaClient) report(us ...usage) {
 			BucketId: &rlqspb.BucketId{Bucket: u.id}, TimeElapsed: durationpb.New(u.elapsed),
 			NumRequestsAllowed: u.allowed})
 	}
+	c.send(rep)
+}
+
+// send sends rep as it is and waits until the server has taken it.
+func (c *quotaClient) send(rep *rlqspb.RateLimitQuotaUsageReports) {
+	c.t.Helper()
 	if err := c.stream.Send(rep); err != nil {
 		c.t.Fatalf("Send: %v", err)
 	}
@@ -255,7 +272,6 @@ func TestQuotaFirstReportAndMatching(t *testing.T) {
 		{"wrong value", "edge", map[string]string{"api": "users", "tenant": "t1"}, false},
 		{"shadow mode", "edge", map[string]string{"shadow": "s"}, false},
 		{"unlimited", "edge", map[string]string{"open": "o"}, false},
-		{"unknown domain", "nowhere", map[string]string{"api": "orders", "tenant": "t1"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := e.open(t, tc.domain)
@@ -479,16 +495,212 @@ func TestQuotaOptionConvention(t *testing.T) {
 	})
 }
 
-func TestQuotaMaxBucketsPerStream(t *testing.T) {
-	e := newQuotaEnv(t, quotaConfig, rls.WithMaxBucketsPerStream(1))
+var syncID = map[string]string{"open": "sync"}
+
+// sync reports an ALLOW_ALL bucket and waits for its answer: every action
+// the server queued on the stream before it has then been received.
+func (c *quotaClient) sync() {
+	c.t.Helper()
+	c.mu.Lock()
+	before := c.latest[idName(syncID)]
+	c.mu.Unlock()
+	c.send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		{BucketId: &rlqspb.BucketId{Bucket: syncID}, TimeElapsed: &durationpb.Duration{}}}})
+	c.await(syncID, "the sync answer", func(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool { return a != before })
+}
+
+// actions returns the last action for each bucket the client received,
+// the sync bucket left out.
+func (c *quotaClient) actions() map[string]*rlqspb.RateLimitQuotaResponse_BucketAction {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}
+	for k, a := range c.latest {
+		if k != idName(syncID) {
+			out[k] = a
+		}
+	}
+	return out
+}
+
+func isTokenBucket(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool {
+	_, _, ok := tokens(a)
+	return ok
+}
+
+func line(id map[string]string, allowed, denied uint64, elapsed *durationpb.Duration) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	u := &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{TimeElapsed: elapsed, NumRequestsAllowed: allowed, NumRequestsDenied: denied}
+	if id != nil {
+		u.BucketId = &rlqspb.BucketId{Bucket: id}
+	}
+	return u
+}
+
+// TestQuotaInvalidReports sends reports no Envoy sends: each ends its stream
+// with InvalidArgument naming the field, and none of it is taken. The
+// stream's buckets keep their shares held as any ended stream's, and other
+// streams go on.
+func TestQuotaInvalidReports(t *testing.T) {
+	t2 := map[string]string{"api": "orders", "tenant": "t2"}
+	sec := durationpb.New(time.Second)
+	for _, tc := range []struct {
+		name  string
+		bad   *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		field string
+	}{
+		{"nil bucket_id", line(nil, 1, 0, sec), "bucket_quota_usages[1].bucket_id: missing"},
+		{"negative time_elapsed", line(t2, 1, 0, &durationpb.Duration{Seconds: -5}), "bucket_quota_usages[1].time_elapsed: negative"},
+		{"invalid time_elapsed", line(t2, 1, 0, &durationpb.Duration{Seconds: 1, Nanos: -1}), "bucket_quota_usages[1].time_elapsed"},
+		{"allowed 2^63", line(t2, 1<<63, 0, durationpb.New(5*time.Second)), "bucket_quota_usages[1].num_requests_allowed"},
+		{"denied over 1e9/s", line(t2, 0, 3e9, sec), "bucket_quota_usages[1].num_requests_denied"},
+		{"sum over 1e9/s", line(t2, 1.6e9, 1.6e9, durationpb.New(2*time.Second)), "bucket_quota_usages[1].num_requests_allowed+num_requests_denied"},
+		{"over 1e9/s in 0 s", line(t2, 2e9, 0, nil), "bucket_quota_usages[1].num_requests_allowed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newQuotaEnv(t, quotaConfig)
+			good, bad := e.open(t, "edge"), e.open(t, "edge")
+			good.report(usage{id: orders, allowed: 1})
+			bad.report(usage{id: orders, allowed: 1}, usage{id: t2, allowed: 1})
+			bad.sync()
+			before := bad.actions()
+			for _, a := range before {
+				if !isTokenBucket(a) {
+					t.Fatalf("before the bad report: %v, want token buckets", a)
+				}
+			}
+			e.clock.Advance(time.Second)
+			bad.send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge",
+				BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{line(orders, 50, 0, sec), tc.bad}})
+			<-bad.done
+			if got := status.Code(bad.err); got != codes.InvalidArgument {
+				t.Fatalf("stream ended with %v, want InvalidArgument", bad.err)
+			}
+			if msg := status.Convert(bad.err).Message(); !strings.Contains(msg, tc.field) || !strings.HasPrefix(msg, "rls: ") {
+				t.Errorf("error message %q, want one starting with %q and naming %q", msg, "rls: ", tc.field)
+			}
+			if diff := cmp.Diff(before, bad.actions(), cmp.Comparer(func(a, b *rlqspb.RateLimitQuotaResponse_BucketAction) bool { return a == b })); diff != "" {
+				t.Errorf("actions after the bad report (-before +after):\n%s", diff)
+			}
+			// The other stream is answered, its share counted beside the
+			// bad stream's, held until it lapses.
+			good.report(usage{id: orders, allowed: 100, elapsed: time.Second})
+			good.sync()
+			n, _, ok := tokens(good.actions()[idName(orders)])
+			held, _, _ := tokens(before[idName(orders)])
+			if !ok || n+held > 98 {
+				t.Errorf("the other stream holds %d tokens beside the %d held for the ended one, want a token bucket, together ≤ 98", n, held)
+			}
+		})
+	}
+}
+
+// TestQuotaIgnoredReports sends report lines that an Envoy may send but that
+// name nothing to divide: each is left unanswered and counted, and the
+// report's other lines and other streams are answered as usual.
+func TestQuotaIgnoredReports(t *testing.T) {
+	t2 := map[string]string{"api": "orders", "tenant": "t2"}
+	e := newQuotaEnv(t, quotaConfig, rls.WithMaxBucketsPerStream(3)) // syncID, orders and t2
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.qs.Collectors()...)
+	ignored := func(reason string) float64 {
+		return gather(t, reg)["floodgate_rls_quota_reports_ignored_total{reason="+reason+"}"]
+	}
+	other := e.open(t, "edge")
+	other.report(usage{id: orders, allowed: 1})
+
 	c := e.open(t, "edge")
-	other := map[string]string{"api": "orders", "tenant": "t2"}
-	c.report(usage{id: orders, allowed: 1}, usage{id: other, allowed: 1})
-	c.await(orders, "an assignment", func(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool {
-		_, _, ok := tokens(a)
-		return ok
-	})
-	c.await(other, "an abandon action", func(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool {
-		return a.GetAbandonAction() != nil
-	})
+	c.sync()
+	lines := []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		line(orders, 1, 0, nil), line(map[string]string{}, 5, 0, nil), line(t2, 1, 0, nil)}
+	for i := range 2000 {
+		lines = append(lines, line(map[string]string{"api": "orders", "tenant": fmt.Sprint("x", i)}, 1, 0, nil))
+	}
+	c.send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: lines})
+	// A domain the config does not have: orders there would be a bucket
+	// of its own, and is not answered.
+	c.send(&rlqspb.RateLimitQuotaUsageReports{Domain: "nowhere", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		line(map[string]string{"api": "orders", "tenant": "nowhere"}, 1, 0, nil)}})
+	c.sync()
+	got := c.actions()
+	if len(got) != 2 || !isTokenBucket(got[idName(orders)]) || !isTokenBucket(got[idName(t2)]) {
+		t.Errorf("actions = %v, want token buckets for orders and t2 only", got)
+	}
+	for _, tc := range []struct {
+		reason string
+		want   float64
+	}{{"empty_bucket_id", 1}, {"too_many_buckets", 2000}, {"unknown_domain", 1}} {
+		if got := ignored(tc.reason); got != tc.want {
+			t.Errorf("ignored{reason=%s} = %v, want %v", tc.reason, got, tc.want)
+		}
+	}
+	// Reported again, the buckets past the bound are not answered either,
+	// so Envoy does not resubscribe them.
+	e.clock.Advance(time.Second)
+	c.send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: lines})
+	c.sync()
+	if got, want := ignored("too_many_buckets"), 4000.0; got != want {
+		t.Errorf("ignored{reason=too_many_buckets} = %v after a second report, want %v", got, want)
+	}
+	if got := len(c.actions()); got != 2 {
+		t.Errorf("%d buckets answered after a second report, want 2", got)
+	}
+	other.report(usage{id: orders, allowed: 1, elapsed: time.Second})
+	other.sync()
+	if a := other.actions()[idName(orders)]; !isTokenBucket(a) {
+		t.Errorf("the other stream's orders: %v, want a token bucket", a)
+	}
+}
+
+// TestQuotaLearning starts a server as Envoys of a previous instance come
+// back: for one TTL, a returning subscriber gets back the rate it showed it
+// held, within the capacity, a newcomer a newcomer's share, and what no one
+// has shown stays held; then the whole limit is divided again.
+func TestQuotaLearning(t *testing.T) {
+	e := newLearningQuotaEnv(t, quotaConfig)
+	t2 := map[string]string{"api": "orders", "tenant": "t2"}
+	a, b, c := e.open(t, "edge"), e.open(t, "edge"), e.open(t, "edge")
+	// Returning: a first report on the stream covering a second or more.
+	a.report(usage{id: orders, allowed: 30, elapsed: time.Second}, usage{id: t2, allowed: 90, elapsed: time.Second})
+	b.report(usage{id: t2, allowed: 180, elapsed: 2 * time.Second})
+	c.report(usage{id: orders, allowed: 1})
+	for _, tc := range []struct {
+		c    *quotaClient
+		id   map[string]string
+		want uint32
+	}{{a, orders, 30}, {a, t2, 90}, {b, t2, 98 - 90}, {c, orders, 1}} {
+		tc.c.sync()
+		if n, _, _ := tokens(tc.c.actions()[idName(tc.id)]); n != tc.want {
+			t.Errorf("first assignment for %v: %d tokens, want %d", tc.id, n, tc.want)
+		}
+	}
+	// What no one showed of orders' limit, 67 a second, stays held while
+	// a and c want 100 a second each.
+	ttl := e.qs.TTL()
+	for el := time.Second; el < ttl; el += time.Second {
+		e.clock.Advance(time.Second)
+		e.qs.Tick()
+		a.report(usage{id: orders, allowed: 100, elapsed: time.Second})
+		c.report(usage{id: orders, allowed: 100, elapsed: time.Second})
+		a.sync()
+		c.sync()
+		na, _, _ := tokens(a.actions()[idName(orders)])
+		nc, _, _ := tokens(c.actions()[idName(orders)])
+		if na+nc > 31 {
+			t.Errorf("%v after start: a holds %d, c %d, over the 31 they held", el, na, nc)
+		}
+	}
+	// One TTL after start: the whole capacity.
+	for range 3 {
+		e.clock.Advance(time.Second)
+		e.qs.Tick()
+		a.report(usage{id: orders, allowed: 100, elapsed: time.Second})
+		c.report(usage{id: orders, allowed: 100, elapsed: time.Second})
+	}
+	a.sync()
+	c.sync()
+	na, _, _ := tokens(a.actions()[idName(orders)])
+	nc, _, _ := tokens(c.actions()[idName(orders)])
+	if na+nc < 95 || na+nc > 98 {
+		t.Errorf("after learning: a holds %d, c %d, want together 95–98", na, nc)
+	}
 }

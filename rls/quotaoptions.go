@@ -65,8 +65,10 @@ func WithQuotaClock(c floodgate.Clock) QuotaOption {
 }
 
 // WithMaxBucketsPerStream sets how many buckets one stream may hold, 10000 by
-// default: a report's new bucket past it is answered with an abandon action
-// and not tracked. Each bucket a stream holds is reported every interval,
+// default: a report's new bucket past it is not answered nor tracked, and
+// counted (floodgate_rls_quota_reports_ignored_total{reason="too_many_buckets"});
+// Envoy keeps it on its no-assignment behaviour, where an abandon would have
+// it resubscribe on its next request. Each bucket a stream holds is reported every interval,
 // forever, so the bound is the server's defence against a stream that names
 // a bucket per request. It must be ≥ 1; a repeated call replaces it.
 func WithMaxBucketsPerStream(n int) QuotaOption {
