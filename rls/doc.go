@@ -152,6 +152,9 @@
 //
 // # Quotas (RLQS)
 //
+// Package rlqsclient makes a gRPC server a subscriber too: a Store for
+// the middleware that decides locally at its assigned share.
+//
 // [QuotaServer] serves Envoy's rate-limit quota service
 // (envoy.service.rate_limit_quota.v3.RateLimitQuotaService), in memory for
 // one replica, from a Service's config and its reloads. Envoy streams a
