@@ -60,9 +60,9 @@ var allowed = map[string][]string{
 	// beside the middleware, not on it.
 	// A gRPC server's RLQS subscription: floodgate.Store over quotas a
 	// floodgate-rls assigns, decided in a keyed map.
-	"rls/rlqsclient": {module, module + "/keyed", "github.com/envoyproxy/go-control-plane",
+	"rls/rlqsclient": {module, module + "/keyed", module + "/rls/internal/bucketid", "github.com/envoyproxy/go-control-plane",
 		"google.golang.org/grpc", "google.golang.org/protobuf"},
-	"rls": {module, module + "/tenant", module + "/internal/topk", module + "/rls/internal/share", "github.com/envoyproxy/go-control-plane",
+	"rls": {module, module + "/tenant", module + "/internal/topk", module + "/rls/internal/share", module + "/rls/internal/bucketid", "github.com/envoyproxy/go-control-plane",
 		"github.com/prometheus/client_golang", "go.yaml.in/yaml/v3", "google.golang.org/grpc",
 		"google.golang.org/protobuf"},
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/rls/rlqstest"
 	"math"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -167,19 +167,8 @@ func (c *quotaClient) recv() {
 	}
 }
 
-// idName names a BucketId: its keys sorted.
-func idName(id map[string]string) string {
-	keys := make([]string, 0, len(id))
-	for k := range id {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k + "=" + id[k] + ";")
-	}
-	return b.String()
-}
+// idName names a BucketId, as the test client does.
+func idName(id map[string]string) string { return rlqstest.Key(id) }
 
 // usage is one bucket's line of a report.
 type usage struct {

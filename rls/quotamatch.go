@@ -1,9 +1,8 @@
 package rls
 
 import (
-	"slices"
+	"github.com/floodgate-go/floodgate/rls/internal/bucketid"
 	"strconv"
-	"strings"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -66,27 +65,10 @@ func (kn *keyNode) next(v string) *node {
 	return kn.any
 }
 
-// bucketIDKey is a canonical name for a BucketId within a domain: its
-// keys sorted, each part length-prefixed, so that equal maps name one
-// subscription and no two maps share a name.
+// bucketIDKey is a canonical name for a BucketId within a domain: the
+// domain, length-prefixed (quotaSub.domain reads it back), then the map's
+// name, so that equal maps name one subscription and no two maps share a
+// name.
 func bucketIDKey(domain string, id map[string]string) string {
-	keys := make([]string, 0, len(id))
-	for k := range id {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	part := func(s string) {
-		b.WriteString(strconv.Itoa(len(s)))
-		b.WriteByte(':')
-		b.WriteString(s)
-	}
-	part(domain)
-	for _, k := range keys {
-		b.WriteByte('|')
-		part(k)
-		b.WriteByte('=')
-		part(id[k])
-	}
-	return b.String()
+	return strconv.Itoa(len(domain)) + ":" + domain + bucketid.Name(id)
 }

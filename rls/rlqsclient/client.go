@@ -3,9 +3,8 @@ package rlqsclient
 import (
 	"context"
 	"errors"
+	"github.com/floodgate-go/floodgate/rls/internal/bucketid"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -216,7 +215,7 @@ func (c *Client) subscribe(key string, lim floodgate.Limit) *bucket {
 	m := c.o.bucketID(key, lim)
 	var name string
 	if len(m) > 0 {
-		name = idName(m)
+		name = bucketid.Name(m)
 	}
 	c.mu.Lock()
 	if b := c.keys[key]; b != nil {
@@ -248,25 +247,6 @@ func (c *Client) subscribe(key string, lim floodgate.Limit) *bucket {
 		}
 	}
 	return b
-}
-
-// idName is a BucketId's canonical form: its keys sorted, each key and
-// value length-prefixed.
-func idName(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var sb strings.Builder
-	for _, k := range keys {
-		for _, s := range [2]string{k, m[k]} {
-			sb.WriteString(strconv.Itoa(len(s)))
-			sb.WriteByte(':')
-			sb.WriteString(s)
-		}
-	}
-	return sb.String()
 }
 
 // Run reports every bucket's usage at once, then every report interval,
@@ -448,7 +428,7 @@ func (c *Client) apply(resp *rlqspb.RateLimitQuotaResponse) {
 		if len(id) == 0 {
 			continue
 		}
-		name := idName(id)
+		name := bucketid.Name(id)
 		c.mu.RLock()
 		b := c.ids[name]
 		c.mu.RUnlock()

@@ -3,9 +3,9 @@ package rlqstest
 import (
 	"context"
 	"errors"
+	"github.com/floodgate-go/floodgate/rls/internal/bucketid"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -249,29 +249,11 @@ func checkBlanket(s *typev3.RateLimitStrategy) error {
 	return nil
 }
 
-// Key is the canonical string of a BucketId map, the key of Stats: its entries
-// sorted by key, quoted. Envoy keys buckets by a hash of the BucketId proto
-// (filter.cc:126 (F@1736899), global_client_impl.cc:304 (GC@c33e7f8)), which
-// likewise ignores map order.
-func Key(bucket map[string]string) string {
-	keys := make([]string, 0, len(bucket))
-	for k := range bucket {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Quote(k))
-		b.WriteByte(':')
-		b.WriteString(strconv.Quote(bucket[k]))
-	}
-	b.WriteByte('}')
-	return b.String()
-}
+// Key is the canonical string of a BucketId map, the key of Stats: its
+// entries sorted by key, quoted, as {"api":"orders","tenant":"acme"}. Envoy
+// keys buckets by a hash of the BucketId proto (filter.cc:126 (F@1736899),
+// global_client_impl.cc:304 (GC@c33e7f8)), which likewise ignores map order.
+func Key(bucket map[string]string) string { return bucketid.Name(bucket) }
 
 // mono is the simulated monotonic clock of TB, in seconds since boot.
 func (e *Envoy) mono(t time.Time) float64 { return t.Sub(e.boot).Seconds() }
