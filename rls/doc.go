@@ -190,16 +190,19 @@
 // The subscribers of a quota are its (stream, BucketId) pairs. Demand is
 // the requests reported (allowed and denied) over the time between two
 // reports by the server's clock (Envoy's time_elapsed is whole seconds,
-// often 0, so it is not used), smoothed; the capacity is the limit less a
-// 2% reserve for newcomers, less the shares still held by subscribers that
+// often 0, so it is not used), smoothed (a subscriber denied nothing that
+// asks for less than half its smoothed demand is taken at its word at
+// once); the capacity is the limit less a
+// 1% reserve for newcomers, less the shares still held by subscribers that
 // left and by newcomers not yet measured; it is divided by proportional
-// share with 10% headroom, in whole tokens per fill interval (1 s while the
+// share with 5% headroom, in whole tokens per fill interval (1 s while the
 // limit gives each subscriber one request a second, else the config's
 // unit up to 60 s), at least 1 token, with a burst of half a second's
 // rate. A new bucket is answered at once with a newcomer's share; every
 // report is answered; a change pushed at once, on a report or on
 // [QuotaServer.Tick] ([QuotaServer.Run] ticks every interval), when it moves
-// more than a token and 5%. Every assignment lives 2I + 2 s (whole seconds;
+// more than a token and 5%, or up at all for a subscriber that reported
+// denials. Every assignment lives 2I + 2 s (whole seconds;
 // Envoy reads nothing finer and drops a TTL of 0 at once), and a subscriber
 // that stops reporting, or whose stream ends, holds its share until then.
 //

@@ -88,9 +88,14 @@ type quotaSub struct {
 	id  *rlqspb.BucketId
 	g   *quotaGroup // nil: a blanket rule, outside any division
 
-	ewma      share.EWMA
-	hasDemand bool
-	carry     float64 // requests reported since sampleAt, not yet a sample
+	ewma share.EWMA
+	// carryDenied counts the denied requests of the sample being gathered;
+	// capped says the last sample had some: the share held the subscriber
+	// back.
+	carryDenied uint64
+	capped      bool
+	hasDemand   bool
+	carry       float64 // requests reported since sampleAt, not yet a sample
 
 	sampleAt   time.Time // the end of the last demand sample
 	reportedAt time.Time // its last report
@@ -397,12 +402,21 @@ func (s *QuotaServer) report(st *quotaStream, rep *rlqspb.RateLimitQuotaUsageRep
 			u.activeAt = now
 		}
 		u.carry += n
+		u.carryDenied += use.GetNumRequestsDenied()
 		// Time is the server's: Envoy's time_elapsed is whole seconds,
 		// often 0. A sample shorter than half a second carries over.
 		if dt := now.Sub(u.sampleAt); dt >= time.Second/2 {
-			u.ewma.Observe(u.carry / dt.Seconds())
+			x := u.carry / dt.Seconds()
+			if u.carryDenied == 0 && x < u.ewma.Value()/2 {
+				// Nothing was denied: x is all the subscriber wanted, not
+				// what its share let through. A share it has stopped using
+				// goes back at once rather than decaying over reports.
+				u.ewma = share.EWMA{}
+			}
+			u.ewma.Observe(x)
 			u.hasDemand = true
-			u.carry, u.sampleAt = 0, now
+			u.capped = u.carryDenied > 0
+			u.carry, u.carryDenied, u.sampleAt = 0, 0, now
 		}
 		if u.g != nil && !slices.Contains(touched, u.g) {
 			touched = append(touched, u.g)
@@ -668,7 +682,10 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 	for i, u := range act {
 		toks[i] = max(toks[i], 1)
 		final[i] = toks[i]
-		if !refill && u.toks != 0 && u.fill == fill && !share.Changed(u.toks, toks[i], quotaHysteresis) {
+		// A subscriber its share holds back gets any increase: the
+		// hysteresis would otherwise keep it a token under what it wants.
+		grow := u.capped && toks[i] > u.toks
+		if !refill && !grow && u.toks != 0 && u.fill == fill && !share.Changed(u.toks, toks[i], quotaHysteresis) {
 			final[i] = u.toks
 		}
 		sumFinal += float64(final[i])

@@ -26,8 +26,8 @@ type quotaOptions struct {
 // of its requests spaced 90–110 ms apart); the bursts together stay at
 // most half a second of the limit plus one token a subscriber.
 const (
-	quotaReserve    = 0.02 // ρ: the share of each limit held back for newcomers
-	quotaHeadroom   = 0.10 // h: a subscriber under its equal part gets d(1+h)
+	quotaReserve    = 0.01 // ρ: the share of each limit held back for newcomers
+	quotaHeadroom   = 0.05 // h: a subscriber under its equal part gets d(1+h)
 	quotaBurst      = 0.5  // β, in seconds: max_tokens = max(1, ⌈rate·β⌉)
 	quotaHysteresis = 0.05 // a share is re-sent changed only past max(1 token, 5%)
 )

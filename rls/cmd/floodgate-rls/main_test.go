@@ -153,12 +153,20 @@ func TestCommand(t *testing.T) {
 		t.Errorf("after SIGHUP the limit is %d a minute, want 3", got)
 	}
 
-	resp, err := http.Get("http://" + addrs["metrics"] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The second SIGHUP is taken as the first reload ends; its own reload
+	// may still be running: poll until it is counted.
+	var body []byte
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get("http://" + addrs["metrics"] + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "floodgate_rls_config_loads_total{result=\"success\"} 3") || time.Now().After(deadline) {
+			break
+		}
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	for _, m := range []string{"floodgate_rls_requests_total", "floodgate_rls_config_loads_total{result=\"success\"} 3", "go_goroutines"} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("/metrics lacks %s", m)
