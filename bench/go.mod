@@ -7,6 +7,7 @@ replace (
 	github.com/floodgate-go/floodgate/internal/plot => ../internal/plot
 	github.com/floodgate-go/floodgate/promfloodgate => ../promfloodgate
 	github.com/floodgate-go/floodgate/redisstore => ../redisstore
+	github.com/floodgate-go/floodgate/rls => ../rls
 )
 
 require (
@@ -14,6 +15,7 @@ require (
 	github.com/floodgate-go/floodgate v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/internal/plot v0.0.0-00010101000000-000000000000
 	github.com/floodgate-go/floodgate/redisstore v0.0.0-00010101000000-000000000000
+	github.com/floodgate-go/floodgate/rls v0.0.0-00010101000000-000000000000
 	github.com/go-kratos/aegis v0.2.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/google/go-cmp v0.7.0
@@ -26,6 +28,16 @@ require (
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
 )
 
 require (
@@ -60,5 +72,4 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

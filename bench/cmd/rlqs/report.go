@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"os"
+	"strings"
+	"text/template"
+)
+
+//go:embed page.md.tmpl
+var pageText string
+
+var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
+	"f3":    func(v float64) string { return fmt.Sprintf("%.3f", v) },
+	"f2":    func(v float64) string { return fmt.Sprintf("%.2f", v) },
+	"name":  variantName,
+	"inter": func(r *Result) string { return intervalText(r.Interval) },
+	"back":  func(r *Result) string { return backCell(r) },
+	"conf":  func() string { return confText },
+	"join":  joinFloats,
+	"first": func(ws []Window) []float64 { return ws[len(ws)-1].Envoys },
+	"met": func(cs []Check) int {
+		n := 0
+		for _, c := range cs {
+			if c.OK {
+				n++
+			}
+		}
+		return n
+	},
+	"last": func(vs []float64) float64 { return vs[len(vs)-1] },
+}).Parse(pageText))
+
+func variantName(v string) string {
+	switch v {
+	case vFloodgate:
+		return "floodgate RLQS"
+	case vStatic:
+		return "static split (as jukie/rlqs)"
+	case vEven:
+		return "even split (limit/N)"
+	case vRLS:
+		return "RLS v3, a call a request"
+	}
+	return v
+}
+
+func intervalText(iv float64) string {
+	if iv == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%g s", iv)
+}
+
+func backCell(r *Result) string {
+	switch {
+	case r.Scenario == sSteady:
+		return "—"
+	case r.Back < 0:
+		return "never"
+	}
+	return fmt.Sprintf("%.2f s", r.Back)
+}
+
+func joinFloats(vs []float64, format string) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(parts, " ")
+}
+
+// page renders the results as markdown: the answer first, then each run's
+// windows, then how to run it again.
+func page(res *Results) ([]byte, error) {
+	var b bytes.Buffer
+	if err := pageTmpl.Execute(&b, res); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+func writePage(res *Results, path string) error {
+	b, err := page(res)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
