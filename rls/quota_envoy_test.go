@@ -51,20 +51,7 @@ func TestQuotaWithEnvoys(t *testing.T) {
 	t.Cleanup(func() { qs.Close(); gs.Stop() })
 
 	demands := []float64{10, 100, 300}
-	envoys := make([]*rlqstest.Envoy, len(demands))
-	for i := range envoys {
-		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { envoys[i].Close() })
-	}
+	envoys := dialEnvoys(t, lis, clock, len(demands))
 	bucket := map[string]string{"api": "orders", "tenant": "acme"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -86,13 +73,7 @@ func TestQuotaWithEnvoys(t *testing.T) {
 			}
 		}
 	}
-	received := func() []int {
-		seen := make([]int, len(envoys))
-		for i, e := range envoys {
-			seen[i] = e.Received()
-		}
-		return seen
-	}
+	received := func() []int { return handled(envoys) }
 
 	const (
 		step     = 10 * time.Millisecond
@@ -206,30 +187,11 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 	t.Cleanup(gs.Stop)
 
 	demands := []float64{10, 100, 300}
-	envoys := make([]*rlqstest.Envoy, len(demands))
-	for i := range envoys {
-		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { envoys[i].Close() })
-	}
+	envoys := dialEnvoys(t, lis, clock, len(demands))
 	bucket := map[string]string{"api": "orders", "tenant": "acme"}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	received := func() []int {
-		seen := make([]int, len(envoys))
-		for i, e := range envoys {
-			seen[i] = e.Received()
-		}
-		return seen
-	}
+	received := func() []int { return handled(envoys) }
 	// answered waits until every client handled an event after seen[i].
 	answered := func(seen []int) {
 		t.Helper()
@@ -346,4 +308,35 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 			t.Errorf("client %d: Reconnects() = %d, want %d", i, got, want)
 		}
 	}
+}
+
+// dialEnvoys connects n Envoy-faithful clients to the quota server on
+// lis, each on a connection of its own, in domain edge, on clock.
+func dialEnvoys(t *testing.T, lis *bufconn.Listener, clock *fakeClock, n int) []*rlqstest.Envoy {
+	t.Helper()
+	envoys := make([]*rlqstest.Envoy, n)
+	for i := range envoys {
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { envoys[i].Close() })
+	}
+	return envoys
+}
+
+// handled returns how many of the server's events each client has
+// handled.
+func handled(envoys []*rlqstest.Envoy) []int {
+	seen := make([]int, len(envoys))
+	for i, e := range envoys {
+		seen[i] = e.Received()
+	}
+	return seen
 }
