@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/floodgate-go/floodgate/bench/internal/fair"
 	"math"
 	"slices"
 	"time"
@@ -515,37 +516,6 @@ func swings(xs []float64, hyst float64) int {
 	return n
 }
 
-// maxMinFair returns the max-min fair shares of capacity among demands:
-// every demand below the equal split of what is left gets all of it, and
-// the rest share the remainder equally.
-func maxMinFair(capacity float64, demands []float64) []float64 {
-	shares := make([]float64, len(demands))
-	idx := make([]int, 0, len(demands))
-	for i, d := range demands {
-		if d > 0 {
-			idx = append(idx, i)
-		}
-	}
-	slices.SortFunc(idx, func(a, b int) int { return cmpFloat(demands[a], demands[b]) })
-	left := max(capacity, 0)
-	for k, i := range idx {
-		eq := left / float64(len(idx)-k)
-		shares[i] = min(demands[i], eq)
-		left -= shares[i]
-	}
-	return shares
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // fairJain is Jain's index over the tenants' goodput as shares of their
 // max-min fair share of capacity given their demand (what they sent),
 // each capped at 1: 1 when every tenant got its fair share. Tenants that
@@ -554,9 +524,9 @@ func fairJain(capacity float64, sent, good []float64) float64 {
 	if len(sent) == 0 || len(sent) != len(good) || capacity <= 0 {
 		return -1
 	}
-	fair := maxMinFair(capacity, sent)
+	fairShares := fair.MaxMin(capacity, sent)
 	var xs []float64
-	for i, f := range fair {
+	for i, f := range fairShares {
 		if f > 0 {
 			xs = append(xs, min(good[i]/f, 1))
 		}

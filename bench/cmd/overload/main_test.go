@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"github.com/floodgate-go/floodgate/bench/internal/fair"
 	"math"
 	"os"
 	"path/filepath"
@@ -234,7 +235,7 @@ func TestMaxMinFair(t *testing.T) {
 		{100, []float64{0, 50}, []float64{0, 50}},
 		{0, []float64{5, 5}, []float64{0, 0}},
 	} {
-		got := maxMinFair(c.capacity, c.demands)
+		got := fair.MaxMin(c.capacity, c.demands)
 		for i := range got {
 			if !near(got[i], c.want[i]) {
 				t.Errorf("maxMinFair(%v, %v) = %v, want %v", c.capacity, c.demands, got, c.want)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/floodgate-go/floodgate/bench/internal/fair"
 	"slices"
 	"time"
 )
@@ -148,11 +149,11 @@ func (res *Results) reversals(v string) (n int, secs float64) {
 
 // heavyFair returns the heavy tenant's goodput in a window and its max-min
 // fair share of capacity, 0 when the window has no tenants' rates.
-func heavyFair(w *Window, capacity float64) (good, fair float64) {
+func heavyFair(w *Window, capacity float64) (good, share float64) {
 	if len(w.TenantSent) != numTenants {
 		return 0, 0
 	}
-	return w.TenantGood[heavyTenant], maxMinFair(capacity, w.TenantSent)[heavyTenant]
+	return w.TenantGood[heavyTenant], fair.MaxMin(capacity, w.TenantSent)[heavyTenant]
 }
 
 // stormReference returns variant v's window at the retry storm's load

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"github.com/floodgate-go/floodgate/bench/internal/fair"
 	"os"
 	"strings"
 	"testing"
@@ -57,7 +58,7 @@ func TestQuick(t *testing.T) {
 // TestMaxMinFair: whoever wants less than an equal part of what is left
 // gets it; the rest share equally.
 func TestMaxMinFair(t *testing.T) {
-	got := maxMinFair([]float64{600, 10, 300, 100}, 1000)
+	got := fair.MaxMin(1000, []float64{600, 10, 300, 100})
 	want := []float64{590, 10, 300, 100}
 	for i := range want {
 		if d := got[i] - want[i]; d > 1e-9 || d < -1e-9 {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/floodgate-go/floodgate/bench/internal/fair"
 	"math"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,36 +94,6 @@ func zipf(n int, s, total float64) []float64 {
 		w[i] *= total / sum
 	}
 	return w
-}
-
-// maxMinFair returns the max-min fair shares of capacity among demands:
-// whoever wants less than an equal part of what is left gets what it wants,
-// and the rest share what remains equally. It is the reference each
-// Envoy's admissions are measured against.
-func maxMinFair(demands []float64, capacity float64) []float64 {
-	idx := make([]int, len(demands))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortFunc(idx, func(a, b int) int { return cmpFloat(demands[a], demands[b]) })
-	out := make([]float64, len(demands))
-	left := capacity
-	for k, i := range idx {
-		part := left / float64(len(idx)-k)
-		out[i] = min(demands[i], part)
-		left -= out[i]
-	}
-	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // run is one variant under one scenario at one report interval.
@@ -215,7 +185,7 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 			demands[0], demands[last] = demands[last], demands[0]
 		}
 		if tr.fair[w] == nil {
-			tr.fair[w] = maxMinFair(demands, limit)
+			tr.fair[w] = fair.MaxMin(limit, demands)
 		}
 		clock.Advance(step)
 		for i := range owed {
