@@ -48,6 +48,10 @@ type Call struct {
 	// through grpc-go's accessor.
 	md  metadata.MD
 	ctx context.Context
+	// peer, when set, is the gRPC context whose peer gives Addr and Cert:
+	// read as the call is resolved, so that a call whose resolution the
+	// tap handle made reads it once.
+	peer context.Context
 }
 
 // values returns the values of the header named key, in lower case.

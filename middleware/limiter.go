@@ -390,6 +390,10 @@ func (l *Limiter) resolve(ctx context.Context, c *Call, table *tenant.Table, tap
 	if onResolve != nil {
 		onResolve()
 	}
+	if c.peer != nil {
+		withPeer(c.peer, c)
+		c.peer = nil
+	}
 	ten, found, ok, note := l.identify(ctx, c, table, tap)
 	if !ok {
 		ten, found = table.Anonymous(), false

@@ -69,11 +69,10 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // serverCall describes the gRPC server call to method whose context ctx
-// is: its headers are read from ctx's incoming metadata.
+// is: its headers are read from ctx's incoming metadata, its peer when the
+// call is resolved.
 func serverCall(ctx context.Context, method string) Call {
-	c := Call{Method: method, ctx: ctx}
-	withPeer(ctx, &c)
-	return c
+	return Call{Method: method, ctx: ctx, peer: ctx}
 }
 
 // withPeer sets c's address and client certificate from ctx's gRPC peer.
@@ -267,8 +266,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 		// for the interceptor, which resolves it.
 		return dc, nil
 	}
-	c := Call{Method: info.FullMethodName, md: info.Header}
-	withPeer(ctx, &c)
+	c := Call{Method: info.FullMethodName, md: info.Header, peer: ctx}
 	dc.table = l.tables.Table()
 	dc.resolved = l.resolve(ctx, &c, dc.table, true, &dc.v)
 	if ctl != nil {
