@@ -21,10 +21,9 @@ type quotaOptions struct {
 
 // Division constants. A subscriber's burst is half a second of its share:
 // an Envoy's token bucket that holds less denies requests that arrive a
-// little early, so a subscriber under its equal part would not get what it
-// wants (a tenth of a second, tried first, let a 10/s client through 60%
-// of its requests spaced 90–110 ms apart); the bursts together stay at
-// most half a second of the limit plus one token a subscriber.
+// little early, so a steady subscriber would not get its share; the bursts
+// together stay at most half a second of the limit plus one token a
+// subscriber.
 const (
 	quotaReserve    = 0.01 // ρ: the share of each limit held back for newcomers
 	quotaHeadroom   = 0.05 // h: a subscriber under its equal part gets d(1+h)
