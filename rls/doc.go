@@ -225,6 +225,38 @@
 // bucket created while its Envoy's stream was down reports its allow-all
 // traffic as held, within the capacity left.
 //
+// # Replicas on Redis
+//
+// With [WithQuotaStore] (floodgate-rls's -redis), replicas that share a
+// Redis and a prefix divide each limit together. Each quota is a hash on
+// Redis with a field a replica: its grant, the rates of its subscribers
+// that are not divided again (held), and its measured subscribers'
+// demands. Every quarter of the report interval (within 100 ms and 1 s),
+// and at once for a new quota, a replica takes one round a quota: it
+// publishes what it has, and asks for its part of the fleet's division,
+// the same proportional share run over its own subscribers and every other
+// replica's as they last published them. Redis grants min(part, limit less
+// the 1% reserve less the other replicas' grants), in one script, so the
+// grants never sum above the limit; a replica hands out at most its grant,
+// and a part that grows is granted as the other replicas come round and
+// give theirs back, within two rounds. A grant lives on Redis the TTL plus
+// two rounds past the round that set it, so that a replica that crashes
+// holds its share until every assignment it handed out has lapsed; a
+// replica that stops serving a quota gives its grant back. The learning
+// of a restart is not needed: the previous instance's grant covers the
+// assignments it handed out.
+//
+// The bound: the assignments in force across all replicas add up to at
+// most the limit, plus the newcomers' shares not yet measured and the
+// decreases still on their way to Envoys. When a round fails (Redis down
+// or slower than a round), the replica keeps dividing the grant it last
+// held, among its own subscribers, and counts the failure
+// (floodgate_rls_quota_share_errors_total): with Redis down for every
+// replica the fleet stays within the limit; a replica cut off from Redis
+// alone keeps its grant while the others, after its hold, divide it again,
+// so the fleet may admit up to that grant over the limit until the
+// replica reaches Redis again.
+//
 // # Reload
 //
 // [Service.SetConfig], [Service.Load] and [Service.Watch] replace the

@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"math"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/rls/internal/share"
 )
 
@@ -33,13 +35,13 @@ const QuotaServiceName = "envoy.service.rate_limit_quota.v3.RateLimitQuotaServic
 // reloads; see the package doc, "Quotas (RLQS)", for the matching, the
 // division and what Envoy does with the answers.
 //
-// The division is in memory, for one replica: two QuotaServers on one
-// limit would each divide the whole of it.
+// The division is in memory, for one replica, unless [WithQuotaStore]
+// has replicas on one Redis divide each limit together.
 //
 // A QuotaServer is safe for concurrent use. Each stream runs on its RPC's
 // goroutine and one more that receives, both ending with the stream;
-// [QuotaServer.Run] is the periodic recomputation, on the caller's
-// goroutine.
+// [QuotaServer.Run] is the periodic recomputation (and, with a store, the
+// rounds on Redis), on the caller's goroutine.
 type QuotaServer struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
 
@@ -48,6 +50,13 @@ type QuotaServer struct {
 	clock func() time.Time
 	m     *quotaMetrics
 	start time.Time // the learning window runs one TTL from here
+
+	// With a store: the replica's name on it, a signal that a new group
+	// wants its first grant, and (under mu) the keys of groups gone whose
+	// grants go back at the next round.
+	member  string
+	kick    chan struct{}
+	release []string
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -69,6 +78,18 @@ type quotaGroup struct {
 	rule *rule
 	fill int64 // fill_interval in whole seconds, fixed while it fits
 	subs []*quotaSub
+
+	// With a store: this replica's grant of the limit, what its last
+	// division asks Redis for and publishes (the rates of its subscribers
+	// that are not divided again, and its measured subscribers' demands),
+	// and what the other replicas published at the last round.
+	granted    bool
+	grant      float64
+	want       float64
+	held       float64
+	demands    []float64
+	others     []float64
+	othersHeld float64
 }
 
 // quotaStream is one RLQS stream: its subscriptions and the actions waiting
@@ -139,7 +160,10 @@ func NewQuotaServer(svc *Service, opts ...QuotaOption) (*QuotaServer, error) {
 		return nil, err
 	}
 	s := &QuotaServer{svc: svc, o: o, clock: time.Now, m: newQuotaMetrics(), done: make(chan struct{}),
-		groups: map[string]*quotaGroup{}, streams: map[*quotaStream]struct{}{}}
+		groups: map[string]*quotaGroup{}, streams: map[*quotaStream]struct{}{}, kick: make(chan struct{}, 1)}
+	if o.store != nil {
+		s.member = rand.Text()
+	}
 	if o.clock != nil {
 		s.clock = o.clock.Now
 	}
@@ -165,10 +189,19 @@ func (s *QuotaServer) Collectors() []prometheus.Collector { return s.m.collector
 func (s *QuotaServer) TTL() time.Duration { return s.o.ttl }
 
 // Run calls [QuotaServer.Tick] every report interval until ctx ends or the
-// server is closed, and returns ctx's error or nil.
+// server is closed, and returns ctx's error or nil. With a store
+// ([WithQuotaStore]) it also takes the replica's rounds on Redis: every
+// quarter of the interval (within 100 ms and 1 s), and at once for a
+// group's first grant.
 func (s *QuotaServer) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.interval)
 	defer t.Stop()
+	var rounds <-chan time.Time
+	if s.o.store != nil {
+		r := time.NewTicker(s.o.sharePeriod())
+		defer r.Stop()
+		rounds = r.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -177,6 +210,10 @@ func (s *QuotaServer) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			s.Tick()
+		case <-rounds:
+			s.Round(ctx)
+		case <-s.kick:
+			s.Round(ctx)
 		}
 	}
 }
@@ -215,6 +252,9 @@ func (s *QuotaServer) Tick() {
 		s.expire(g, now)
 		if len(g.subs) == 0 {
 			delete(s.groups, k)
+			if g.granted {
+				s.release = append(s.release, k)
+			}
 			continue
 		}
 		s.divide(g, now)
@@ -508,6 +548,7 @@ func (s *QuotaServer) join(u *quotaSub, domain string, held float64, now time.Ti
 	u.g = g
 	g.subs = append(g.subs, u)
 	lim := g.rule.limit.Rate
+	live += len(g.others) // with a store, the other replicas' subscribers
 	g.fill = fillFor(g.rule, live+1)
 	r := share.Newcomer(lim, lim*(1-quotaReserve), quotaReserve, live)
 	if held >= 0 && s.learning(now) {
@@ -519,8 +560,12 @@ func (s *QuotaServer) join(u *quotaSub, domain string, held float64, now time.Ti
 
 // learning reports whether now is within one TTL of the server's start:
 // Envoys subscribed to a previous instance may still enforce its
-// assignments, which this one has not seen, until then.
-func (s *QuotaServer) learning(now time.Time) bool { return now.Sub(s.start) < s.o.ttl }
+// assignments, which this one has not seen, until then. With a store, a
+// previous instance's grant covers them on Redis until they lapse, and the
+// server does not learn.
+func (s *QuotaServer) learning(now time.Time) bool {
+	return s.o.store == nil && now.Sub(s.start) < s.o.ttl
+}
 
 // resolveGroup finds the group of a BucketId, creating it; with no group,
 // the blanket rule that answers it: ALLOW_ALL for no match, a domain gone
@@ -548,6 +593,10 @@ func (s *QuotaServer) resolveGroup(domain string, id map[string]string) (*quotaG
 	if g == nil {
 		g = &quotaGroup{key: key, rule: r}
 		s.groups[key] = g
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
 	}
 	return g, 0
 }
@@ -582,6 +631,11 @@ func (s *QuotaServer) reconfig(now time.Time) {
 	}
 	for _, og := range old {
 		g := s.groups[og.key]
+		if g != nil {
+			g.granted, g.grant, g.others, g.othersHeld = og.granted, og.grant, og.others, og.othersHeld
+		} else if og.granted {
+			s.release = append(s.release, og.key)
+		}
 		for _, u := range og.subs {
 			if u.st == nil && g != nil {
 				u.g = g
@@ -635,6 +689,13 @@ func (s *QuotaServer) leave(u *quotaSub) {
 // learns, at most what the measured subscribers already hold. The rest is
 // divided by smoothed demand with headroom (share.Divide) and quantized to
 // whole tokens per fill interval (share.Quantize), at least 1 each.
+//
+// With a store, the division is the fleet's: this replica's measured
+// subscribers beside the other replicas' (as they published them at the
+// last round), in the capacity that all replicas' held shares leave. What
+// this replica's part comes to is what it asks Redis for at its next
+// round; what it hands out is that part, cut down to the grant Redis gave
+// it. Until its first grant it hands out nothing but newcomers' shares.
 func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 	lim := g.rule.limit.Rate
 	held := 0.0
@@ -650,29 +711,50 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 		}
 		act = append(act, u)
 	}
-	fill := fillFor(g.rule, max(live, 1))
+	fill := fillFor(g.rule, max(live+len(g.others), 1))
 	refill := fill != g.fill
 	g.fill = fill
-	if len(act) == 0 {
-		return
-	}
-	c := max(0, lim*(1-quotaReserve)-held)
-	if s.learning(now) {
-		// Capacity no subscriber has shown may still be enforced by an
-		// Envoy of a previous instance: those measured share what they
-		// hold, and no more, until it has lapsed.
-		seen := 0.0
-		for _, u := range act {
-			seen += u.rate()
-		}
-		c = min(c, seen)
-	}
-	d := make([]float64, len(act))
+	d := make([]float64, len(act), len(act)+len(g.others))
 	for i, u := range act {
 		d[i] = max(0, u.ewma.Value())
 	}
-	r := make([]float64, len(act))
-	share.Divide(c, d, quotaHeadroom, r)
+	var c float64
+	r := make([]float64, len(d))
+	if s.o.store != nil {
+		all := append(d, g.others...)
+		fleet := make([]float64, len(all))
+		share.Divide(max(0, lim*(1-quotaReserve)-held-g.othersHeld), all, quotaHeadroom, fleet)
+		part := 0.0
+		for _, x := range fleet[:len(d)] {
+			part += x
+		}
+		g.want, g.held, g.demands = held+part, held, d
+		if !g.granted || len(act) == 0 {
+			return
+		}
+		c = max(0, min(part, g.grant-held))
+		if part > 0 {
+			for i := range r {
+				r[i] = fleet[i] * (c / part)
+			}
+		}
+	} else {
+		if len(act) == 0 {
+			return
+		}
+		c = max(0, lim*(1-quotaReserve)-held)
+		if s.learning(now) {
+			// Capacity no subscriber has shown may still be enforced by an
+			// Envoy of a previous instance: those measured share what they
+			// hold, and no more, until it has lapsed.
+			seen := 0.0
+			for _, u := range act {
+				seen += u.rate()
+			}
+			c = min(c, seen)
+		}
+		share.Divide(c, d, quotaHeadroom, r)
+	}
 	toks := make([]uint32, len(act))
 	share.Quantize(c, float64(fill), r, toks)
 	// Hysteresis: keep a share that moved little, unless the kept shares
@@ -704,6 +786,86 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 		s.send(u, now)
 	}
 }
+
+// Round takes the replica's round on its store ([WithQuotaStore]), as
+// [QuotaServer.Run] does every quarter interval, at the server's clock's
+// time; without a store it does nothing. A test or simulation driving a
+// fake clock calls it instead of Run.
+//
+// A round is one call a quota the replica divides, each bounded by the
+// round's period and ctx: it publishes what the quota's last division asks
+// for and measured, takes the grant Redis answers and the other replicas'
+// publications, divides the quota again with them and pushes what
+// changed, and gives back the grants of quotas it no longer serves. A
+// quota whose call fails keeps its last grant until a later round
+// succeeds; the failure is counted (floodgate_rls_quota_share_errors_total).
+func (s *QuotaServer) Round(ctx context.Context) {
+	if s.o.store == nil {
+		return
+	}
+	type round struct {
+		key string
+		req redisstore.ShareRequest
+	}
+	hold := s.o.shareHold()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	rounds := make([]round, 0, len(s.groups)+len(s.release))
+	for k, g := range s.groups {
+		if !g.granted && g.demands == nil {
+			s.divide(g, s.clock()) // a new group: its first want
+		}
+		rounds = append(rounds, round{k, redisstore.ShareRequest{Member: s.member,
+			Limit: g.rule.limit.Rate * (1 - quotaReserve), Want: g.want, Hold: hold,
+			Held: g.held, Demands: g.demands}})
+	}
+	for _, k := range s.release {
+		if s.groups[k] == nil {
+			rounds = append(rounds, round{k, redisstore.ShareRequest{Member: s.member}})
+		}
+	}
+	s.release = s.release[:0]
+	s.mu.Unlock()
+
+	// One round trip a group, none under the lock: a slow Redis delays
+	// the rounds, never a report.
+	replies := make([]redisstore.ShareReply, len(rounds))
+	errs := make([]error, len(rounds))
+	for i, r := range rounds {
+		cctx, cancel := context.WithTimeout(ctx, s.o.sharePeriod())
+		replies[i], errs[i] = s.o.store.Share(cctx, shareKey(r.key), r.req)
+		cancel()
+	}
+
+	now := s.clock()
+	s.mu.Lock()
+	for i, r := range rounds {
+		if errs[i] != nil {
+			s.m.shareErrors.Inc()
+			continue
+		}
+		g := s.groups[r.key]
+		if g == nil || r.req.Hold == 0 {
+			continue
+		}
+		g.granted, g.grant = true, replies[i].Granted
+		g.others, g.othersHeld = g.others[:0], 0
+		for _, o := range replies[i].Others {
+			g.others = append(g.others, o.Demands...)
+			g.othersHeld += o.Held
+		}
+		s.divide(g, now)
+	}
+	streams := s.notifyList()
+	s.mu.Unlock()
+	notify(streams)
+}
+
+// shareKey is a group's key on the store, beside the RLS buckets.
+func shareKey(group string) string { return "rlqs:" + group }
 
 // setRate sets u's token bucket: toks per fill seconds, with a burst of
 // max(1, ⌈rate·β⌉).
@@ -801,6 +963,8 @@ type quotaMetrics struct {
 	ignoredEmpty   prometheus.Counter
 	ignoredDomain  prometheus.Counter
 	ignoredBuckets prometheus.Counter
+
+	shareErrors prometheus.Counter
 }
 
 func newQuotaMetrics() *quotaMetrics {
@@ -814,6 +978,8 @@ func newQuotaMetrics() *quotaMetrics {
 			Help: "Lines of RLQS usage reports (one bucket each) skipped unanswered, by reason: empty_bucket_id, unknown_domain, too_many_buckets."},
 			[]string{"reason"}),
 	}
+	m.shareErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "floodgate_rls_quota_share_errors_total",
+		Help: "Rounds on Redis (one a divided limit, with -redis) that failed: the replica kept its last grant."})
 	m.ignoredEmpty = m.ignored.WithLabelValues("empty_bucket_id")
 	m.ignoredDomain = m.ignored.WithLabelValues("unknown_domain")
 	m.ignoredBuckets = m.ignored.WithLabelValues("too_many_buckets")
@@ -824,5 +990,5 @@ func newQuotaMetrics() *quotaMetrics {
 }
 
 func (m *quotaMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.subscribers, m.sent, m.ignored}
+	return []prometheus.Collector{m.subscribers, m.sent, m.ignored, m.shareErrors}
 }

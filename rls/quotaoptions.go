@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/redisstore"
 )
 
 // A QuotaOption configures a [QuotaServer]. [NewQuotaServer] applies the
@@ -17,6 +18,7 @@ type quotaOptions struct {
 	clock      floodgate.Clock
 	maxBuckets int
 	idle       time.Duration
+	store      *redisstore.Store // nil: one replica, in memory
 }
 
 // Division constants. A subscriber's burst is half a second of its share:
@@ -81,6 +83,30 @@ func WithMaxBucketsPerStream(n int) QuotaOption {
 func WithIdleAbandon(d time.Duration) QuotaOption {
 	return func(o *quotaOptions) { o.idle = d }
 }
+
+// WithQuotaStore has the server divide each limit with every other replica
+// that shares st's Redis (and prefix): each replica holds a grant of the
+// limit on Redis (redisstore's Store.Share) and divides it among its own
+// subscribers, so that Envoys connected to different replicas share one
+// quota by their demand, as if one server divided it. Without it (nil, the
+// default) the division is in memory, and two servers on one limit each
+// divide the whole of it. See the package doc, "Replicas on Redis", for
+// what a replica sends Redis and the bound. A repeated call replaces it.
+func WithQuotaStore(st *redisstore.Store) QuotaOption {
+	return func(o *quotaOptions) { o.store = st }
+}
+
+// sharePeriod returns how often a replica on a store takes its round on
+// Redis: a quarter of the report interval, within [100 ms, 1 s].
+func (o *quotaOptions) sharePeriod() time.Duration {
+	return min(max(o.interval/4, 100*time.Millisecond), time.Second)
+}
+
+// shareHold returns how long a replica's grant lives on Redis past its
+// latest round: the assignment TTL, which the last assignment handed out
+// of the grant may still run, plus two rounds, the longest a replica may
+// go on handing out between rounds that Redis answers.
+func (o *quotaOptions) shareHold() time.Duration { return o.ttl + 2*o.sharePeriod() }
 
 func (o *quotaOptions) validate() error {
 	switch {

@@ -26,11 +26,11 @@
 //	-pprof          with -metrics, serve Go's profiles (net/http/pprof) under /debug/pprof/ too
 //	-rlqs-interval D  Envoy's RLQS report interval (default 5s, as Envoy's): quotas are divided again every D, and last 2D+2s
 //
-// In memory, it also serves Envoy's rate-limit quota service
+// It also serves Envoy's rate-limit quota service
 // (envoy.service.rate_limit_quota.v3.RateLimitQuotaService, RLQS) on the
 // same port from the same config: each limit is divided among the Envoys
-// that report its bucket. With -redis it does not yet (a division shared by
-// replicas is still to come), and says so in its log.
+// that report its bucket. With -redis, the replicas that share a Redis and
+// -prefix divide each limit together, among all their Envoys.
 //
 // Once listening, it prints one line per listener to standard output,
 // "floodgate-rls: grpc listening on HOST:PORT" and, with -metrics,
@@ -258,20 +258,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	healthpb.RegisterHealthServer(gs, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
-	// RLQS divides in memory: with Redis, each replica would divide the
-	// whole limit, so it is not served until replicas share a division.
-	var qs *rls.QuotaServer
-	if f.redis == "" {
-		qs, err = rls.NewQuotaServer(svc, rls.WithReportInterval(f.rlqsEvery))
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		qs.Register(gs)
-		hs.SetServingStatus(rls.QuotaServiceName, healthpb.HealthCheckResponse_SERVING)
-	} else {
-		log.Info("floodgate-rls: RLQS (" + rls.QuotaServiceName + ") is not served with -redis: its division is in memory, for one replica")
+	// With Redis, the replicas on it divide each limit together.
+	rs, _ := store.(*redisstore.Store)
+	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(f.rlqsEvery), rls.WithQuotaStore(rs))
+	if err != nil {
+		lis.Close()
+		return err
 	}
+	qs.Register(gs)
+	hs.SetServingStatus(rls.QuotaServiceName, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(gs)
 
 	var ms *http.Server
@@ -307,9 +302,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	if f.watch > 0 {
 		go func() { _ = svc.Watch(wctx, f.config, f.watch) }()
 	}
-	if qs != nil {
-		go func() { _ = qs.Run(wctx) }()
-	}
+	go func() { _ = qs.Run(wctx) }()
 
 	for {
 		select {
@@ -325,11 +318,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	log.Info("floodgate-rls: shutting down", "grace", f.grace.String())
 	hs.Shutdown()
 	cancelWatch()
-	if qs != nil {
-		// Streams end with UNAVAILABLE and no TTL of 0: Envoys keep their
-		// assignments until they lapse, and reconnect on their next report.
-		qs.Close()
-	}
+	// Streams end with UNAVAILABLE and no TTL of 0: Envoys keep their
+	// assignments until they lapse, and reconnect on their next report.
+	// A replica on Redis leaves its grants held until they lapse too.
+	qs.Close()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	t := time.NewTimer(f.grace)

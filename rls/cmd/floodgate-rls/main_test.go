@@ -194,11 +194,13 @@ func TestCommandRedis(t *testing.T) {
 	if err := os.WriteFile(path, []byte(config1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// Two replicas on one Redis share the bucket.
+	// Two replicas on one Redis share the bucket, and divide its quota.
 	var clients []pb.RateLimitServiceClient
+	var quotas []rlqspb.RateLimitQuotaServiceClient
 	var metrics string
 	for range 2 {
-		addrs, _ := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-redis", srv.Addr, "-lease", "on"}, nil)
+		addrs, _ := started(t, []string{"-config", path, "-addr", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-redis", srv.Addr, "-lease", "on",
+			"-rlqs-interval", "1s"}, nil)
 		metrics = addrs["metrics"]
 		conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -206,6 +208,7 @@ func TestCommandRedis(t *testing.T) {
 		}
 		t.Cleanup(func() { conn.Close() })
 		clients = append(clients, pb.NewRateLimitServiceClient(conn))
+		quotas = append(quotas, rlqspb.NewRateLimitQuotaServiceClient(conn))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -220,6 +223,38 @@ func TestCommandRedis(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "OK OVER_LIMIT" {
 		t.Errorf("one token a minute across two replicas: %v", got)
+	}
+	// Each replica answers a subscription with a token bucket, and takes
+	// its rounds on Redis: the quota's hash there names both.
+	for i, q := range quotas {
+		qs, err := q.StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qs.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: &rlqspb.BucketId{Bucket: map[string]string{"k": "v"}}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		qr, err := qs.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tb := qr.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb == nil {
+			t.Errorf("replica %d: RLQS answer %v, want a token bucket", i, qr)
+		}
+	}
+	var members string
+	for ctx.Err() == nil {
+		keys, _ := redistest.Do(srv.Addr, "KEYS", "floodgate:{rlqs:*")
+		if keys != "" {
+			if members, _ = redistest.Do(srv.Addr, "HLEN", keys); members == "2" {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if members != "2" {
+		t.Errorf("the quota's hash on Redis has %q members, want 2 replicas", members)
 	}
 	if resp, err := http.Get("http://" + metrics + "/debug/pprof/cmdline"); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Errorf("without -pprof, /debug/pprof/cmdline answered %v, %v; want 404", resp, err)

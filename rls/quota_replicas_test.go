@@ -1,0 +1,279 @@
+package rls_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/floodgate-go/floodgate/internal/redistest"
+	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/rls"
+	"github.com/floodgate-go/floodgate/rls/rlqstest"
+)
+
+// TestQuotaReplicasWithEnvoys runs three quota servers on one Redis, each
+// with two of six Envoy-faithful clients, all asking for one tenant's quota
+// of 100 a second with Zipf-skewed demands (82 down to 14 a second, twice
+// the quota together). On a fake clock, with a report every second and a
+// round on Redis every quarter second, the replicas divide the quota as
+// one server would: what the clients enforce together never exceeds it, no
+// 10 s window admits more than 3% over it, windows after the first
+// reports admit at least 95% of it, and the client wanting less than an
+// equal part gets what it wants although the clients wanting most are on
+// other replicas. At 20 s replica 0 crashes (it closes without a word);
+// its clients come back on replica 1, and the bound holds through the
+// crash while replica 0's grant, held on Redis for its hold, covers the
+// assignments its clients still enforce.
+func TestQuotaReplicasWithEnvoys(t *testing.T) {
+	const limit = 100
+	clock := newFakeClock()
+	st, _ := sharedStore(t, clock)
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := make(chan struct{}, 1024)
+	replicas := make([]*rls.QuotaServer, 3)
+	switches := make([]*quotaSwitch, 3)
+	envoys := make([]*rlqstest.Envoy, 0, 6)
+	for r := range replicas {
+		qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock), rls.WithQuotaStore(st))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rls.SetQuotaReportHook(qs, func() { reports <- struct{}{} })
+		t.Cleanup(qs.Close)
+		replicas[r] = qs
+		switches[r] = &quotaSwitch{}
+		switches[r].cur.Store(qs)
+		lis := bufconn.Listen(1 << 20)
+		gs := grpc.NewServer()
+		rlqspb.RegisterRateLimitQuotaServiceServer(gs, switches[r])
+		go func() { _ = gs.Serve(lis) }()
+		t.Cleanup(gs.Stop)
+		envoys = append(envoys, dialEnvoys(t, lis, clock, 2)...)
+	}
+	// Client i is on replica i/2; the demands go to replicas 0, 0, 1, 1, 2, 2
+	// as 82, 20, 41, 16, 27, 14: each replica has a large and a small one.
+	demands := []float64{82, 20, 41, 16, 27, 14}
+	const smallest = 5
+	bucket := map[string]string{"api": "orders", "tenant": "acme"}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	received := func() []int { return handled(envoys) }
+	settle := func(n int, seen []int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-reports:
+			case <-ctx.Done():
+				t.Fatal("the servers took no report")
+			}
+		}
+		for i, e := range envoys {
+			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
+				t.Fatalf("client %d: no answer: %v", i, err)
+			}
+		}
+	}
+	crashed := false
+	rounds := func() {
+		for r, qs := range replicas {
+			if r == 0 && crashed {
+				continue
+			}
+			qs.Round(bg)
+		}
+	}
+
+	const (
+		step     = 10 * time.Millisecond
+		duration = 40 * time.Second
+		warm     = 3 * time.Second // the first two reports
+		crashAt  = 20 * time.Second
+		window   = 10 * time.Second
+	)
+	owed := make([]float64, len(envoys))
+	steps := int(duration / step)
+	admitted := make([]int, steps+1) // the fleet's, by step
+	offered := make([]int, len(envoys))
+	got := make([]int, len(envoys))
+	seen := received()
+	for _, e := range envoys {
+		e.Request(bucket)
+	}
+	settle(len(envoys), seen)
+	rounds()
+	for k := 1; k <= steps; k++ {
+		now := time.Duration(k) * step
+		clock.Advance(step)
+		for i, e := range envoys {
+			owed[i] += demands[i] * step.Seconds()
+			for ; owed[i] >= 1; owed[i]-- {
+				ok := e.Request(bucket)
+				if ok {
+					admitted[k]++
+				}
+				if now > warm && now <= crashAt {
+					offered[i]++
+					if ok {
+						got[i]++
+					}
+				}
+			}
+		}
+		if now%(time.Second/4) == 0 {
+			rounds()
+		}
+		if now%time.Second != 0 {
+			continue
+		}
+		seen := received()
+		for _, e := range envoys {
+			if err := e.Report(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		settle(len(envoys), seen)
+		for r, qs := range replicas {
+			if r != 0 || !crashed {
+				qs.Tick()
+			}
+		}
+		enforced := 0.0
+		for _, e := range envoys {
+			enforced += e.Stats()[rlqstest.Key(bucket)].Rate
+		}
+		if now > warm && enforced > limit {
+			t.Errorf("%v: the clients enforce %.1f/s together, over the quota", now, enforced)
+		}
+		if now == crashAt {
+			// Replica 0 ends its streams; its clients keep their
+			// assignments and reach replica 1 on their next report.
+			seen := received()
+			replicas[0].Close()
+			crashed = true
+			for i := range 2 {
+				if err := envoys[i].WaitReceived(ctx, seen[i]+1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			switches[0].cur.Store(replicas[1])
+		}
+	}
+	per := int(window / step)
+	// After the crash: replica 0's grant is held for the TTL and two rounds,
+	// then divided again within two reports.
+	settled := crashAt + replicas[1].TTL() + time.Second/2 + 2*time.Second
+	low, high := math.MaxInt, 0
+	for from := int(warm / step); from+per <= steps; from++ {
+		n := 0
+		for k := from + 1; k <= from+per; k++ {
+			n += admitted[k]
+		}
+		at := time.Duration(from) * step
+		if float64(n) > 1.03*limit*window.Seconds() {
+			t.Errorf("the fleet admitted %d in the 10 s from %v, over 103%% of the quota", n, at)
+		}
+		if at+window <= crashAt || at >= settled {
+			low, high = min(low, n), max(high, n)
+			if float64(n) < 0.95*limit*window.Seconds() {
+				t.Errorf("the fleet admitted %d in the 10 s from %v, under 95%% of the quota", n, at)
+			}
+		}
+	}
+	t.Logf("10 s windows outside the crash: %d–%d (quota %d)", low, high, limit*int(window.Seconds()))
+	for i := range envoys {
+		t.Logf("client %d (replica %d): wants %.0f/s, admitted %d of %d before the crash", i, i/2, demands[i], got[i], offered[i])
+	}
+	if float64(got[smallest]) < 0.95*float64(offered[smallest]) {
+		t.Errorf("the client wanting %.0f/s, under an equal part, had %d of its %d admitted, under 95%%",
+			demands[smallest], got[smallest], offered[smallest])
+	}
+}
+
+// TestQuotaReplicaRedisDown: a replica whose Redis stops answering keeps
+// dividing the grant it last held, answers every report as before, counts
+// each failed round and blocks on none longer than a round's timeout; once
+// Redis is back, its next round holds its grant there again.
+func TestQuotaReplicaRedisDown(t *testing.T) {
+	skipWithoutRedis(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	st, err := redisstore.New(c, redisstore.WithPrefix(prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newQuotaEnv(t, quotaConfig, rls.WithQuotaStore(st))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.qs.Collectors()...)
+	failed := func() float64 { return gather(t, reg)["floodgate_rls_quota_share_errors_total{}"] }
+
+	q := e.open(t, "edge")
+	q.report(usage{id: orders, allowed: 1})
+	e.qs.Round(bg)
+	e.clock.Advance(time.Second)
+	q.report(usage{id: orders, allowed: 60, elapsed: time.Second})
+	e.qs.Round(bg)
+	q.await(orders, "a share of the grant", func(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool {
+		n, _, ok := tokens(a)
+		return ok && n >= 60
+	})
+	if got := failed(); got != 0 {
+		t.Fatalf("%v failed rounds with Redis up", got)
+	}
+
+	srv.Kill()
+	start := time.Now()
+	e.qs.Round(bg)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("a round with Redis down took %v", d)
+	}
+	if got := failed(); got != 1 {
+		t.Errorf("%v failed rounds counted after one with Redis down, want 1", got)
+	}
+	// The next report is answered from the grant held before.
+	e.clock.Advance(time.Second)
+	q.report(usage{id: orders, allowed: 70, elapsed: time.Second})
+	q.await(orders, "a share of the last grant", func(a *rlqspb.RateLimitQuotaResponse_BucketAction) bool {
+		n, _, ok := tokens(a)
+		return ok && n >= 60
+	})
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		before := failed()
+		e.qs.Round(bg)
+		if failed() == before {
+			break // the pool may need a round to redial
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no round succeeded within 10 s of Redis's restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	keys, err := redistest.Do(srv.Addr, "KEYS", "*rlqs:*")
+	if err != nil || keys == "" {
+		t.Fatalf("no quota hash on the restarted Redis: %q, %v", keys, err)
+	}
+	if n, err := redistest.Do(srv.Addr, "HLEN", keys); n != "1" {
+		t.Errorf("the quota's hash on the restarted Redis has %q members (%v), want this replica", n, err)
+	}
+}
