@@ -10,12 +10,14 @@
 // They report every second, then every 5 s as Envoy does. Variants:
 //
 //	floodgate  rls.QuotaServer: the limit divided by demand
+//	replicas   three rls.QuotaServers on one Redis (a redis-server the run starts), Envoy i on replica i mod 3
 //	static     a server answering every bucket with the whole limit, as jukie/rlqs does
 //	even       a server answering every bucket with limit/N
 //	rls        RLS v3, rls.Service.ShouldRateLimit on every request (one call a request)
 //
 // Scenarios: steady demand; at 60 s the top and bottom Envoys swap demands
-// (shift); at 60 s floodgate's server is closed and replaced (restart).
+// (shift); at 60 s floodgate's server (the first replica) is closed and
+// replaced (restart).
 //
 // Run it from the bench module:
 //
@@ -52,7 +54,7 @@ type Config struct {
 // fullConfig is issue 45's experiment.
 func fullConfig() Config {
 	return Config{Envoys: 20, Seconds: 120, EventAt: 60, Skew: 1.1, Demand: 2, Intervals: []float64{1, 5},
-		Variants: []string{vFloodgate, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart}}
+		Variants: []string{vFloodgate, vReplicas, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart}}
 }
 
 // quickConfig checks the pipeline in seconds.
@@ -75,13 +77,13 @@ type Results struct {
 	Checks  []Check   `json:"checks"`
 }
 
-// runs lists the runs of cfg: the restart is floodgate's alone, and RLS,
-// with no reports, runs once.
+// runs lists the runs of cfg: the restart is floodgate's alone (and its
+// replicas'), and RLS, with no reports, runs once.
 func (cfg Config) runs() []run {
 	var out []run
 	for _, v := range cfg.Variants {
 		for _, s := range cfg.Scenarios {
-			if s == sRestart && v != vFloodgate {
+			if s == sRestart && v != vFloodgate && v != vReplicas {
 				continue
 			}
 			for j, iv := range cfg.Intervals {
@@ -162,6 +164,7 @@ func mainErr(quick bool, out, pagePath, render string, logf func(string, ...any)
 	if out == "" {
 		out = "results/rlqs.json"
 	}
+	defer stopRedis()
 	res, err := experiment(context.Background(), cfg, logf)
 	if err != nil {
 		return err

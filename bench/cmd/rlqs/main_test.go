@@ -17,6 +17,7 @@ import (
 func TestQuick(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	defer stopRedis()
 	res, err := experiment(ctx, quickConfig(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
@@ -30,20 +31,20 @@ func TestQuick(t *testing.T) {
 				t.Errorf("%s %s: no request offered in the window from %g s", r.Variant, r.Scenario, w.From)
 			}
 		}
-		if r.Variant != vFloodgate {
+		if r.Variant != vFloodgate && r.Variant != vReplicas {
 			continue
 		}
 		switch r.Scenario {
 		case sSteady:
 			if r.FleetMin < bandLow || r.FleetMax > bandHigh {
-				t.Errorf("floodgate steady: 10 s windows admitted %.3f–%.3f of the limit, want within %.2f–%.2f", r.FleetMin, r.FleetMax, bandLow, bandHigh)
+				t.Errorf("%s steady: 10 s windows admitted %.3f–%.3f of the limit, want within %.2f–%.2f", r.Variant, r.FleetMin, r.FleetMax, bandLow, bandHigh)
 			}
 			if r.RPCs <= 0 || r.RPCs >= 1 {
-				t.Errorf("floodgate steady: %.3f RPC a request, want in (0, 1)", r.RPCs)
+				t.Errorf("%s steady: %.3f RPC a request, want in (0, 1)", r.Variant, r.RPCs)
 			}
 		case sRestart:
 			if r.SlidingMax > bandHigh {
-				t.Errorf("floodgate restart: a 10 s window admitted %.3f of the limit, want ≤ %.2f", r.SlidingMax, bandHigh)
+				t.Errorf("%s restart: a 10 s window admitted %.3f of the limit, want ≤ %.2f", r.Variant, r.SlidingMax, bandHigh)
 			}
 		}
 	}

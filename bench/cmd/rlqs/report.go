@@ -37,6 +37,8 @@ func variantName(v string) string {
 	switch v {
 	case vFloodgate:
 		return "floodgate RLQS"
+	case vReplicas:
+		return "floodgate RLQS, 3 replicas on Redis"
 	case vStatic:
 		return "static split (as jukie/rlqs)"
 	case vEven:

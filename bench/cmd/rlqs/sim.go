@@ -22,9 +22,13 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/floodgate-go/floodgate/keyed"
+	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/rls"
 	"github.com/floodgate-go/floodgate/rls/rlqstest"
 )
+
+// replicas is how many floodgate servers the replicas variant runs.
+const replicas = 3
 
 // The quota every variant divides, in floodgate-rls's config: one tenant's
 // 1000 a second, shared by every Envoy that sees its traffic.
@@ -51,6 +55,7 @@ var bucket = map[string]string{"api": "orders", "tenant": "acme"}
 // Variants.
 const (
 	vFloodgate = "floodgate"
+	vReplicas  = "replicas" // floodgate, three replicas on one Redis
 	vStatic    = "static"
 	vEven      = "even"
 	vRLS       = "rls"
@@ -172,6 +177,9 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 	due := make([]int, r.envoys)
 	offset := make([]int, r.envoys) // each Envoy's report phase, in steps
 	every := int(r.interval / step)
+	// The replicas' rounds on Redis, as QuotaServer.Run takes them: every
+	// quarter interval, within 100 ms and 1 s.
+	rounds := int(min(max(r.interval/4, 100*time.Millisecond), time.Second) / step)
 	for i := range offset {
 		if every > 0 {
 			offset[i] = i * every / r.envoys
@@ -223,11 +231,21 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 			if err := h.report(i); err != nil {
 				return nil, fmt.Errorf("%v: envoy %d: %w", now, i, err)
 			}
-			if i == 0 && h.qs != nil {
-				h.qs.Tick()
+			if i == 0 && len(h.qss) > 0 {
+				for _, qs := range h.qss {
+					qs.Tick()
+				}
 				if err := h.quiesce(); err != nil {
 					return nil, fmt.Errorf("%v: tick: %w", now, err)
 				}
+			}
+		}
+		if r.variant == vReplicas && k%rounds == 0 {
+			for _, qs := range h.qss {
+				qs.Round(ctx)
+			}
+			if err := h.quiesce(); err != nil {
+				return nil, fmt.Errorf("%v: round: %w", now, err)
 			}
 		}
 		if r.scenario == sRestart && now == r.eventAt {
@@ -246,51 +264,75 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 }
 
 // harness is the RLQS side of a run: a server behind a switch, over
-// bufconn, and N Envoys, each on its own connection.
+// bufconn (three for the replicas variant, Envoy i on replica i mod 3),
+// and N Envoys, each on its own connection.
 type harness struct {
-	ctx    context.Context
-	r      run
-	svc    *rls.Service
-	clock  *fakeClock
-	sw     *quotaSwitch
-	qs     *rls.QuotaServer // floodgate's; nil for a fake
-	gs     *grpc.Server
-	conns  []*grpc.ClientConn
-	envoys []*rlqstest.Envoy
-	ends   int // streams that ended, each an event an Envoy counts
-	rpcs   int // reports sent, since the last takeRPCs
-	sent0  int64
+	ctx        context.Context
+	r          run
+	svc        *rls.Service
+	clock      *fakeClock
+	sws        []*quotaSwitch
+	qss        []*rls.QuotaServer // floodgate's; none for a fake
+	store      *redisstore.Store  // the replicas' Redis
+	closeStore func()
+	gss        []*grpc.Server
+	conns      []*grpc.ClientConn
+	envoys     []*rlqstest.Envoy
+	ends       int // streams that ended, each an event an Envoy counts
+	rpcs       int // reports sent, since the last takeRPCs
+	sent0      int64
 }
 
 func newHarness(ctx context.Context, r run, svc *rls.Service, clock *fakeClock) (*harness, error) {
-	h := &harness{ctx: ctx, r: r, svc: svc, clock: clock, sw: &quotaSwitch{}}
+	h := &harness{ctx: ctx, r: r, svc: svc, clock: clock}
+	n := 1
 	switch r.variant {
 	case vFloodgate:
-		qs, err := h.newQuotaServer()
+	case vReplicas:
+		n = replicas
+		st, closeStore, err := replicaStore(clock)
 		if err != nil {
 			return nil, err
 		}
-		clock.Advance(qs.TTL()) // past the learning window: no earlier instance
-		h.qs = qs
-		h.sw.set(qs)
-	case vStatic:
-		h.sw.set(&fixedServer{rate: limit, ttl: ttlFor(r.interval)})
-	case vEven:
-		h.sw.set(&fixedServer{rate: limit / r.envoys, ttl: ttlFor(r.interval)})
+		h.store, h.closeStore = st, closeStore
+	case vStatic, vEven:
 	default:
 		return nil, fmt.Errorf("unknown variant %q", r.variant)
 	}
-	lis := bufconn.Listen(1 << 20)
-	h.gs = grpc.NewServer()
-	rlqspb.RegisterRateLimitQuotaServiceServer(h.gs, h.sw)
-	go func() { _ = h.gs.Serve(lis) }()
+	var lis []*bufconn.Listener
+	for range n {
+		sw := &quotaSwitch{}
+		switch r.variant {
+		case vFloodgate, vReplicas:
+			qs, err := h.newQuotaServer()
+			if err != nil {
+				h.close()
+				return nil, err
+			}
+			h.qss = append(h.qss, qs)
+			sw.set(qs)
+		case vStatic:
+			sw.set(&fixedServer{rate: limit, ttl: ttlFor(r.interval)})
+		case vEven:
+			sw.set(&fixedServer{rate: limit / r.envoys, ttl: ttlFor(r.interval)})
+		}
+		l := bufconn.Listen(1 << 20)
+		gs := grpc.NewServer()
+		rlqspb.RegisterRateLimitQuotaServiceServer(gs, sw)
+		go func() { _ = gs.Serve(l) }()
+		h.sws, h.gss, lis = append(h.sws, sw), append(h.gss, gs), append(lis, l)
+	}
+	if r.variant == vFloodgate {
+		clock.Advance(h.qss[0].TTL()) // past the learning window: no earlier instance
+	}
 	// Envoy's filter as docs/rlqs.md configures it: allow all before the
 	// first assignment, 50 a second for an hour once one lapses.
 	fallback := &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
 		MaxTokens: 50, TokensPerFill: wrapperspb.UInt32(50), FillInterval: durationpb.New(time.Second)}}}
-	for range r.envoys {
+	for i := range r.envoys {
+		l := lis[i%len(lis)]
 		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
 			grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			h.close()
@@ -309,7 +351,7 @@ func newHarness(ctx context.Context, r run, svc *rls.Service, clock *fakeClock) 
 }
 
 func (h *harness) newQuotaServer() (*rls.QuotaServer, error) {
-	return rls.NewQuotaServer(h.svc, rls.WithReportInterval(h.r.interval), rls.WithQuotaClock(h.clock))
+	return rls.NewQuotaServer(h.svc, rls.WithReportInterval(h.r.interval), rls.WithQuotaClock(h.clock), rls.WithQuotaStore(h.store))
 }
 
 // ttlFor is floodgate's default TTL, 2I + 2 s in whole seconds, which the
@@ -325,10 +367,15 @@ func (h *harness) close() {
 	for _, c := range h.conns {
 		c.Close()
 	}
-	if h.qs != nil {
-		h.qs.Close()
+	for _, qs := range h.qss {
+		qs.Close()
 	}
-	h.gs.Stop()
+	for _, gs := range h.gss {
+		gs.Stop()
+	}
+	if h.closeStore != nil {
+		h.closeStore()
+	}
 }
 
 // subscribe sends each Envoy's first request, which subscribes its bucket
@@ -377,7 +424,7 @@ func (h *harness) quiesce() error {
 	var since time.Time
 	last := int64(-1)
 	for {
-		sent := h.sw.sent.Load()
+		sent := h.sent()
 		got := int64(-h.ends)
 		for _, e := range h.envoys {
 			got += int64(e.Received())
@@ -395,38 +442,50 @@ func (h *harness) quiesce() error {
 	}
 }
 
-// restart closes floodgate's server and puts a new one behind the switch,
-// as TestQuotaRestartWithEnvoys does: every stream ends with UNAVAILABLE,
-// and each Envoy keeps its assignment and opens a stream to the new server
-// on its next report.
+// restart closes floodgate's server (the first replica's) and puts a new
+// one behind its switch, as TestQuotaRestartWithEnvoys does: every stream
+// of it ends with UNAVAILABLE, and each of its Envoys keeps its assignment
+// and opens a stream to the new server on its next report.
 func (h *harness) restart() error {
-	if h.qs == nil {
+	if len(h.qss) == 0 {
 		return errors.New("a restart is floodgate's alone")
 	}
 	seen := make([]int, len(h.envoys))
 	for i, e := range h.envoys {
 		seen[i] = e.Received()
 	}
-	h.qs.Close()
+	h.qss[0].Close()
 	for i, e := range h.envoys {
+		if i%len(h.qss) != 0 {
+			continue
+		}
 		if err := e.WaitReceived(h.ctx, seen[i]+1); err != nil {
 			return fmt.Errorf("envoy %d: its stream did not end: %w", i, err)
 		}
+		h.ends++
 	}
-	h.ends += len(h.envoys)
 	qs, err := h.newQuotaServer()
 	if err != nil {
 		return err
 	}
-	h.qs = qs
-	h.sw.set(qs)
+	h.qss[0] = qs
+	h.sws[0].set(qs)
 	return h.quiesce()
+}
+
+// sent returns the responses every server has sent.
+func (h *harness) sent() int64 {
+	var n int64
+	for _, sw := range h.sws {
+		n += sw.sent.Load()
+	}
+	return n
 }
 
 // takeRPCs returns the reports sent and the responses received since its
 // last call.
 func (h *harness) takeRPCs() int {
-	sent := h.sw.sent.Load()
+	sent := h.sent()
 	n := h.rpcs + int(sent-h.sent0)
 	h.rpcs, h.sent0 = 0, sent
 	return n

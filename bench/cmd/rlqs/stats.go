@@ -171,17 +171,20 @@ func checks(rs []*Result, envoys int, demand float64) []Check {
 	}
 	band := func(r *Result) bool { return r.FleetMin >= bandLow && r.FleetMax <= bandHigh }
 	for _, iv := range intervals {
-		if r := find(vFloodgate, sSteady, iv); r != nil {
-			out = append(out, Check{fmt.Sprintf("floodgate, %g s reports, steady: every 10 s window after the first two reports within %.2f–%.2f × the limit", iv, bandLow, bandHigh),
-				fmt.Sprintf("%.3f–%.3f (sliding %.3f–%.3f)", r.FleetMin, r.FleetMax, r.SlidingMin, r.SlidingMax), band(r)})
-		}
-		if r := find(vFloodgate, sShift, iv); r != nil {
-			out = append(out, Check{fmt.Sprintf("floodgate, %g s reports, demand shift: back in band within two report intervals (%g s)", iv, 2*iv),
-				backText(r), r.Back >= 0 && r.Back <= 2*iv})
-		}
-		if r := find(vFloodgate, sRestart, iv); r != nil {
-			out = append(out, Check{fmt.Sprintf("floodgate, %g s reports, restart: no 10 s window over %.2f × the limit", iv, bandHigh),
-				fmt.Sprintf("at most %.3f; %s", r.SlidingMax, backText(r)), r.SlidingMax <= bandHigh})
+		for _, v := range []string{vFloodgate, vReplicas} {
+			name := map[string]string{vFloodgate: "floodgate", vReplicas: "floodgate, 3 replicas on Redis,"}[v]
+			if r := find(v, sSteady, iv); r != nil {
+				out = append(out, Check{fmt.Sprintf("%s %g s reports, steady: every 10 s window after the first two reports within %.2f–%.2f × the limit", name, iv, bandLow, bandHigh),
+					fmt.Sprintf("%.3f–%.3f (sliding %.3f–%.3f)", r.FleetMin, r.FleetMax, r.SlidingMin, r.SlidingMax), band(r)})
+			}
+			if r := find(v, sShift, iv); r != nil {
+				out = append(out, Check{fmt.Sprintf("%s %g s reports, demand shift: back in band within two report intervals (%g s)", name, iv, 2*iv),
+					backText(r), r.Back >= 0 && r.Back <= 2*iv})
+			}
+			if r := find(v, sRestart, iv); r != nil {
+				out = append(out, Check{fmt.Sprintf("%s %g s reports, restart: no 10 s window over %.2f × the limit", name, iv, bandHigh),
+					fmt.Sprintf("at most %.3f; %s", r.SlidingMax, backText(r)), r.SlidingMax <= bandHigh})
+			}
 		}
 		if r := find(vStatic, sSteady, iv); r != nil {
 			// Every Envoy holds the whole limit: the fleet's limit is N ×
