@@ -62,7 +62,7 @@ var allowed = map[string][]string{
 	// floodgate-rls assigns, decided in a keyed map.
 	"rls/rlqsclient": {module, module + "/keyed", module + "/rls/internal/bucketid", "github.com/envoyproxy/go-control-plane",
 		"google.golang.org/grpc", "google.golang.org/protobuf"},
-	"rls": {module, module + "/tenant", module + "/internal/topk", module + "/rls/internal/share", module + "/rls/internal/bucketid", "github.com/envoyproxy/go-control-plane",
+	"rls": {module, module + "/tenant", module + "/remote", module + "/internal/topk", module + "/rls/internal/share", module + "/rls/internal/bucketid", "github.com/envoyproxy/go-control-plane",
 		"github.com/prometheus/client_golang", "go.yaml.in/yaml/v3", "google.golang.org/grpc",
 		"google.golang.org/protobuf"},
 }

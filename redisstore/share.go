@@ -7,56 +7,11 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-go/floodgate/remote"
 )
-
-// A ShareRequest is one member's round in a rate divided among several
-// members through Redis: see [Store.Share].
-type ShareRequest struct {
-	// Member names the caller, unique among the members of a key for as
-	// long as its grant lives (a process's random name, so that a
-	// restarted process does not take over its predecessor's grant).
-	Member string
-	// Limit is the rate, in units per second, that the members' grants
-	// share: Redis never lets their sum exceed it.
-	Limit float64
-	// Want is the rate this member asks for.
-	Want float64
-	// Hold is how long the grant lives on Redis without another round:
-	// past it, it leaves the sum and its rate is free for the others.
-	// Hold = 0 gives back the member's grant at once (Want is then
-	// ignored).
-	Hold time.Duration
-	// Held and Demands are published for the other members' next rounds:
-	// the part of the grant this member cannot re-divide (rates its
-	// subscribers hold and have not yet been measured on), and its
-	// subscribers' demands. [Store.Share] stores them as they are.
-	Held    float64
-	Demands []float64
-}
-
-// A ShareReply is what Redis answered to a [ShareRequest].
-type ShareReply struct {
-	// Granted is the member's grant: min(Want, Limit − Σ the other
-	// members' live grants), at least 0.
-	Granted float64
-	// Others are the other members whose grants were live, in no
-	// particular order.
-	Others []ShareMember
-}
-
-// A ShareMember is another member's grant and what it published with its
-// last round.
-type ShareMember struct {
-	Granted float64
-	Held    float64
-	Demands []float64
-}
-
-// MaxShareDemands bounds the demands one [ShareRequest] publishes: 65,536.
-const MaxShareDemands = 1 << 16
 
 // shareLua records one member's round on a shared rate and returns what the
 // other live members hold and published.
@@ -64,15 +19,18 @@ const MaxShareDemands = 1 << 16
 // KEYS[1] is a hash, one field a member. ARGV[1] is the time in ms, or -1
 // to read the server's TIME; ARGV[2] the member; ARGV[3] the limit; ARGV[4]
 // what the member wants; ARGV[5] its hold in ms (0: give the grant back);
-// ARGV[6] its publication (opaque bytes). A field is two little-endian
-// doubles, the expiry in ms and the grant, then the publication.
+// ARGV[6] its publication (opaque bytes); ARGV[7] 1 if it is draining,
+// else 0; ARGV[8] the rate it claims. A field is three little-endian
+// doubles, the expiry in ms, the grant and the draining flag, then the
+// publication.
 //
-// The script drops members whose expiry has passed, then grants
+// The script drops members whose expiry has passed, takes the claim from
+// the grants of draining members (in the hash's order), then grants
 // min(want, limit − Σ the others' grants), at least 0, so the sum of live
 // grants never exceeds the limit of the latest round; a lower limit is
 // reached as the other members come round. The hash expires with its
-// latest member. It returns the grant as a little-endian double, then the
-// others' fields.
+// latest member. It returns the grant and the rate claimed as two
+// little-endian doubles, then the others' fields.
 const shareLua = `
 local now = tonumber(ARGV[1])
 if now < 0 then
@@ -80,15 +38,22 @@ if now < 0 then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local member, limit, want, hold = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local draining, claim, claimed = tonumber(ARGV[7]), tonumber(ARGV[8]), 0
 local all = redis.call('HGETALL', KEYS[1])
 local out, others, last = {''}, 0, 0
 for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
   if f ~= member then
-    local exp, g = struct.unpack('<dd', v)
+    local exp, g, dr = struct.unpack('<ddd', v)
     if exp <= now then
       redis.call('HDEL', KEYS[1], f)
     else
+      if dr == 1 and claimed < claim and g > 0 then
+        local t = math.min(claim - claimed, g)
+        claimed, g = claimed + t, g - t
+        v = struct.pack('<ddd', exp, g, dr) .. string.sub(v, 25)
+        redis.call('HSET', KEYS[1], f, v)
+      end
       others = others + g
       out[#out + 1] = v
       if exp > last then last = exp end
@@ -98,7 +63,7 @@ end
 local g = 0
 if hold > 0 then
   g = math.max(0, math.min(want, limit - others))
-  redis.call('HSET', KEYS[1], member, struct.pack('<dd', now + hold, g) .. ARGV[6])
+  redis.call('HSET', KEYS[1], member, struct.pack('<ddd', now + hold, g, draining) .. ARGV[6])
   if now + hold > last then last = now + hold end
 else
   redis.call('HDEL', KEYS[1], member)
@@ -106,7 +71,7 @@ end
 if last > now then
   redis.call('PEXPIRE', KEYS[1], math.ceil(last - now))
 end
-out[1] = struct.pack('<d', g)
+out[1] = struct.pack('<dd', g, claimed)
 return out
 `
 
@@ -128,13 +93,18 @@ var shareScript = redis.NewScript(shareLua)
 // grant req.Hold after it sent the round, and should hold a grant long
 // enough to cover whatever it handed out of it.
 //
+// A member that leaves while what it handed out is still in force marks
+// its last round req.Draining: its grant stays held, and the other
+// members take it over, a req.Claim at a time, as its subscribers come to
+// them (or it lapses with its hold).
+//
 // Share asks Redis only: no cache, lease, breaker or fallback, and no
 // deadline but ctx's. A bad request (an empty key or member, a negative or
-// non-finite rate, more than [MaxShareDemands] demands) is an error naming
+// non-finite rate, more than [remote.MaxShareDemands] demands) is an error naming
 // the field, and Redis failing to answer one wrapping [ErrUnavailable].
-func (s *Store) Share(ctx context.Context, key string, req ShareRequest) (ShareReply, error) {
+func (s *Store) Share(ctx context.Context, key string, req remote.ShareRequest) (remote.ShareReply, error) {
 	if err := checkShare(key, req); err != nil {
-		return ShareReply{}, err
+		return remote.ShareReply{}, err
 	}
 	pub := make([]byte, 8*(1+len(req.Demands)))
 	binary.LittleEndian.PutUint64(pub, math.Float64bits(req.Held))
@@ -149,10 +119,14 @@ func (s *Store) Share(ctx context.Context, key string, req ShareRequest) (ShareR
 	if req.Hold > 0 && hold == 0 {
 		hold = 1
 	}
+	draining := 0
+	if req.Draining {
+		draining = 1
+	}
 	v, err := shareScript.Run(ctx, s.client, []string{s.Key(key)},
-		now, req.Member, fmtRate(req.Limit), fmtRate(req.Want), hold, pub).Slice()
+		now, req.Member, fmtRate(req.Limit), fmtRate(req.Want), hold, pub, draining, fmtRate(req.Claim)).Slice()
 	if err != nil {
-		return ShareReply{}, &unavailableError{err}
+		return remote.ShareReply{}, &unavailableError{err}
 	}
 	return parseShare(v)
 }
@@ -162,24 +136,26 @@ func fmtRate(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 var errShareReply = errors.New("redisstore: Share: malformed reply")
 
 // parseShare decodes shareLua's reply.
-func parseShare(v []any) (ShareReply, error) {
+func parseShare(v []any) (remote.ShareReply, error) {
 	if len(v) == 0 {
-		return ShareReply{}, errShareReply
+		return remote.ShareReply{}, errShareReply
 	}
 	g, ok := v[0].(string)
-	if !ok || len(g) != 8 {
-		return ShareReply{}, errShareReply
+	if !ok || len(g) != 16 {
+		return remote.ShareReply{}, errShareReply
 	}
-	r := ShareReply{Granted: float(g)}
+	r := remote.ShareReply{Granted: float(g), Claimed: float(g[8:])}
 	for _, x := range v[1:] {
 		f, ok := x.(string)
-		// expiry, grant, held, then whole demands
-		if !ok || len(f) < 24 || len(f)%8 != 0 {
-			return ShareReply{}, errShareReply
+		// expiry, grant, draining, held, then whole demands
+		const head = 32
+		if !ok || len(f) < head || len(f)%8 != 0 {
+			return remote.ShareReply{}, errShareReply
 		}
-		m := ShareMember{Granted: float(f[8:]), Held: float(f[16:]), Demands: make([]float64, (len(f)-24)/8)}
+		m := remote.ShareMember{Granted: float(f[8:]), Draining: float(f[16:]) == 1, Held: float(f[24:]),
+			Demands: make([]float64, (len(f)-head)/8)}
 		for i := range m.Demands {
-			m.Demands[i] = float(f[24+8*i:])
+			m.Demands[i] = float(f[head+8*i:])
 		}
 		r.Others = append(r.Others, m)
 	}
@@ -190,7 +166,7 @@ func float(b string) float64 {
 	return math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[:8])))
 }
 
-func checkShare(key string, req ShareRequest) error {
+func checkShare(key string, req remote.ShareRequest) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -209,10 +185,12 @@ func checkShare(key string, req ShareRequest) error {
 		return bad("Want %v: not a finite rate ≥ 0", req.Want)
 	case !rate(req.Held):
 		return bad("Held %v: not a finite rate ≥ 0", req.Held)
+	case !rate(req.Claim):
+		return bad("Claim %v: not a finite rate ≥ 0", req.Claim)
 	case req.Hold < 0:
 		return bad("Hold %v: negative", req.Hold)
-	case len(req.Demands) > MaxShareDemands:
-		return bad("%d Demands: over %d", len(req.Demands), MaxShareDemands)
+	case len(req.Demands) > remote.MaxShareDemands:
+		return bad("%d Demands: over %d", len(req.Demands), remote.MaxShareDemands)
 	}
 	for i, d := range req.Demands {
 		if !rate(d) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/remote"
 )
 
 // TestShare: members' grants on one key never sum above the limit; a
@@ -26,9 +27,9 @@ func TestShare(t *testing.T) {
 	clock := newFakeClock()
 	c := newClient(t, sharedServer(t).Addr)
 	s := newStore(t, c, redisstore.WithClientClock(clock))
-	round := func(member string, want float64, hold time.Duration, demands ...float64) redisstore.ShareReply {
+	round := func(member string, want float64, hold time.Duration, demands ...float64) remote.ShareReply {
 		t.Helper()
-		r, err := s.Share(bg, "quota", redisstore.ShareRequest{Member: member, Limit: 100, Want: want, Hold: hold,
+		r, err := s.Share(bg, "quota", remote.ShareRequest{Member: member, Limit: 100, Want: want, Hold: hold,
 			Held: 1, Demands: demands})
 		if err != nil {
 			t.Fatal(err)
@@ -43,7 +44,7 @@ func TestShare(t *testing.T) {
 	if r.Granted != 30 {
 		t.Errorf("second member wanting 50 of the 30 left: granted %v", r.Granted)
 	}
-	if diff := cmp.Diff([]redisstore.ShareMember{{Granted: 70, Held: 1, Demands: []float64{30, 40}}}, r.Others); diff != "" {
+	if diff := cmp.Diff([]remote.ShareMember{{Granted: 70, Held: 1, Demands: []float64{30, 40}}}, r.Others); diff != "" {
 		t.Errorf("the second member's view of the first (-want +got):\n%s", diff)
 	}
 	// a gives 20 back; b gets it on its next round.
@@ -87,7 +88,7 @@ func TestShareLimitChange(t *testing.T) {
 	s := newStore(t, newClient(t, sharedServer(t).Addr))
 	share := func(member string, limit, want float64) float64 {
 		t.Helper()
-		r, err := s.Share(bg, "q", redisstore.ShareRequest{Member: member, Limit: limit, Want: want, Hold: time.Minute})
+		r, err := s.Share(bg, "q", remote.ShareRequest{Member: member, Limit: limit, Want: want, Hold: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,7 +123,7 @@ func TestShareConcurrent(t *testing.T) {
 			defer wg.Done()
 			name := fmt.Sprint("m", m)
 			for range rounds {
-				r, err := s.Share(bg, "race", redisstore.ShareRequest{Member: name, Limit: limit, Want: rand.Float64() * 400, Hold: time.Minute})
+				r, err := s.Share(bg, "race", remote.ShareRequest{Member: name, Limit: limit, Want: rand.Float64() * 400, Hold: time.Minute})
 				if err != nil {
 					t.Error(err)
 					return
@@ -163,7 +164,7 @@ func TestShareCluster(t *testing.T) {
 	for i := range 30 {
 		key := fmt.Sprint("group", i)
 		for _, m := range []string{"a", "b"} {
-			r, err := s.Share(bg, key, redisstore.ShareRequest{Member: m, Limit: 10, Want: 6, Hold: time.Minute, Demands: []float64{6}})
+			r, err := s.Share(bg, key, remote.ShareRequest{Member: m, Limit: 10, Want: 6, Hold: time.Minute, Demands: []float64{6}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,21 +188,22 @@ func TestShareCluster(t *testing.T) {
 func TestShareErrors(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, newClient(t, srv.Addr), redisstore.WithDeadline(50*time.Millisecond))
-	ok := redisstore.ShareRequest{Member: "m", Limit: 1, Want: 1, Hold: time.Second}
+	ok := remote.ShareRequest{Member: "m", Limit: 1, Want: 1, Hold: time.Second}
 	for _, tc := range []struct {
 		key  string
-		mod  func(*redisstore.ShareRequest)
+		mod  func(*remote.ShareRequest)
 		want string
 	}{
-		{"", func(*redisstore.ShareRequest) {}, "empty key"},
-		{"k", func(r *redisstore.ShareRequest) { r.Member = "" }, "empty Member"},
-		{"k", func(r *redisstore.ShareRequest) { r.Limit = math.NaN() }, "Limit NaN"},
-		{"k", func(r *redisstore.ShareRequest) { r.Want = -1 }, "Want -1"},
-		{"k", func(r *redisstore.ShareRequest) { r.Held = math.Inf(1) }, "Held +Inf"},
-		{"k", func(r *redisstore.ShareRequest) { r.Hold = -time.Second }, "Hold -1s"},
-		{"k", func(r *redisstore.ShareRequest) { r.Demands = []float64{1, -2} }, "Demands[1] -2"},
-		{"k", func(r *redisstore.ShareRequest) { r.Demands = make([]float64, redisstore.MaxShareDemands+1) }, "65537 Demands"},
-		{strings.Repeat("k", redisstore.MaxKeyLen+1), func(*redisstore.ShareRequest) {}, "more than"},
+		{"", func(*remote.ShareRequest) {}, "empty key"},
+		{"k", func(r *remote.ShareRequest) { r.Member = "" }, "empty Member"},
+		{"k", func(r *remote.ShareRequest) { r.Limit = math.NaN() }, "Limit NaN"},
+		{"k", func(r *remote.ShareRequest) { r.Want = -1 }, "Want -1"},
+		{"k", func(r *remote.ShareRequest) { r.Held = math.Inf(1) }, "Held +Inf"},
+		{"k", func(r *remote.ShareRequest) { r.Claim = -1 }, "Claim -1"},
+		{"k", func(r *remote.ShareRequest) { r.Hold = -time.Second }, "Hold -1s"},
+		{"k", func(r *remote.ShareRequest) { r.Demands = []float64{1, -2} }, "Demands[1] -2"},
+		{"k", func(r *remote.ShareRequest) { r.Demands = make([]float64, remote.MaxShareDemands+1) }, "65537 Demands"},
+		{strings.Repeat("k", redisstore.MaxKeyLen+1), func(*remote.ShareRequest) {}, "more than"},
 	} {
 		req := ok
 		tc.mod(&req)
@@ -218,5 +220,57 @@ func TestShareErrors(t *testing.T) {
 	defer cancel()
 	if _, err := s.Share(ctx, "k", ok); !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Errorf("Share with Redis down = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestShareDrainClaim: a draining member's grant stays held, and others
+// claim it: what they claim leaves it and is room for their grants, never
+// more than it holds, and a member that is not draining is never claimed
+// from.
+func TestShareDrainClaim(t *testing.T) {
+	s := newStore(t, newClient(t, sharedServer(t).Addr))
+	share := func(req remote.ShareRequest) remote.ShareReply {
+		t.Helper()
+		req.Limit, req.Hold = 100, time.Minute
+		r, err := s.Share(bg, "d", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	share(remote.ShareRequest{Member: "old", Want: 60})
+	share(remote.ShareRequest{Member: "live", Want: 40})
+	if r := share(remote.ShareRequest{Member: "new", Want: 30, Claim: 30}); r.Granted != 0 || r.Claimed != 0 {
+		t.Errorf("claiming with no member draining: %+v, want nothing granted or claimed", r)
+	}
+	r := share(remote.ShareRequest{Member: "old", Want: 60, Draining: true})
+	if r.Granted != 60 {
+		t.Errorf("the draining round: granted %v, want its 60 kept", r.Granted)
+	}
+	r = share(remote.ShareRequest{Member: "new", Want: 30, Claim: 25})
+	if r.Claimed != 25 || r.Granted != 25 {
+		t.Errorf("claiming 25 of the draining 60: %+v, want 25 claimed and granted", r)
+	}
+	var old remote.ShareMember
+	for _, o := range r.Others {
+		if o.Draining {
+			old = o
+		}
+	}
+	if old.Granted != 35 {
+		t.Errorf("the draining member after the claim: %+v, want 35 granted", old)
+	}
+	r = share(remote.ShareRequest{Member: "new", Want: 100, Claim: 80})
+	if r.Claimed != 35 || r.Granted != 60 {
+		t.Errorf("claiming 80 of the draining 35: %+v, want 35 claimed, 60 granted (the live member holds 40)", r)
+	}
+	r = share(remote.ShareRequest{Member: "live", Want: 40})
+	for _, o := range r.Others {
+		if o.Draining && o.Granted != 0 {
+			t.Errorf("the drained member still holds %v", o.Granted)
+		}
+	}
+	if r.Granted != 40 {
+		t.Errorf("the live member: granted %v, want its 40, never claimed", r.Granted)
 	}
 }

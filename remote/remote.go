@@ -1,8 +1,9 @@
 // Package remote is the vocabulary of stores that call a server to decide
-// (redisstore): how a call to the server failed, and the state of the
-// breaker that spares it. It lives apart from the stores so that a metrics
-// package (promfloodgate) can observe them without importing them or their
-// client library.
+// (redisstore): how a call to the server failed, the state of the breaker
+// that spares it, and the rounds of a rate shared among members
+// ([ShareRequest]). It lives apart from the stores so that a metrics
+// package (promfloodgate) can observe them, and the RLQS server (rls) share
+// its limits through them, without importing them or their client library.
 package remote
 
 // An ErrorKind classifies the error of a remote store's call to its server

@@ -212,8 +212,8 @@
 //
 // # Restart
 //
-// A new QuotaServer cannot see the assignments a previous one handed out,
-// which Envoys enforce until their TTL. For one TTL from its construction,
+// A new QuotaServer in memory cannot see the assignments a previous one
+// handed out, which Envoys enforce until their TTL. For one TTL from its construction,
 // by its clock, it learns (Doorman's learning mode): a returning
 // subscriber, one whose first report on its stream covers a second or more,
 // gets back the allowed rate that report shows, as far as the capacity not
@@ -232,30 +232,38 @@
 // Redis with a field a replica: its grant, the rates of its subscribers
 // that are not divided again (held), and its measured subscribers'
 // demands. Every quarter of the report interval (within 100 ms and 1 s),
-// and at once for a new quota, a replica takes one round a quota: it
-// publishes what it has, and asks for its part of the fleet's division,
-// the same proportional share run over its own subscribers and every other
-// replica's as they last published them. Redis grants min(part, limit less
-// the 1% reserve less the other replicas' grants), in one script, so the
-// grants never sum above the limit; a replica hands out at most its grant,
-// and a part that grows is granted as the other replicas come round and
-// give theirs back, within two rounds. A grant lives on Redis the TTL plus
-// two rounds past the round that set it, so that a replica that crashes
-// holds its share until every assignment it handed out has lapsed; a
-// replica that stops serving a quota gives its grant back. The learning
-// of a restart is not needed: the previous instance's grant covers the
-// assignments it handed out.
+// and at once for a new quota or a returning subscriber, a replica takes
+// one round a quota: it publishes what it has and asks for its part of the
+// fleet's division, the same proportional share run over its own
+// subscribers and every other replica's as they last published them.
+// Redis grants min(part, limit less the 1% reserve less the other
+// replicas' grants), in one script, so the grants never sum above the
+// limit; a replica hands out at most its grant, and a part that grows is
+// granted as the other replicas come round and give theirs back.
+//
+// A grant lives on Redis the TTL plus two rounds past the round that set
+// it: a replica that crashes holds its share until every assignment it
+// handed out has lapsed, and its Envoys get little where they reconnect
+// until then. A replica that shuts down ([QuotaServer.Close]) marks its
+// grants draining instead; a returning subscriber, one whose first report
+// on its new stream covers a second or more, has the replica it comes to
+// claim from draining grants the rate it held, so that a rolling restart
+// keeps the fleet at its limit. No learning window is needed: what a
+// previous instance handed out stays covered by its grant.
 //
 // The bound: the assignments in force across all replicas add up to at
 // most the limit, plus the newcomers' shares not yet measured and the
-// decreases still on their way to Envoys. When a round fails (Redis down
-// or slower than a round), the replica keeps dividing the grant it last
-// held, among its own subscribers, and counts the failure
-// (floodgate_rls_quota_share_errors_total): with Redis down for every
-// replica the fleet stays within the limit; a replica cut off from Redis
-// alone keeps its grant while the others, after its hold, divide it again,
-// so the fleet may admit up to that grant over the limit until the
-// replica reaches Redis again.
+// decreases still on their way to Envoys. A subscriber that returns from a
+// replica that did not drain (a crash, a dropped connection) while another
+// drains may claim what it held from the draining one: the fleet may then
+// admit that rate over the limit until the drained grant lapses. When a
+// round fails (Redis down or slower than a round), the replica keeps
+// dividing the grant it last held, among its own subscribers, and counts
+// the failure (floodgate_rls_quota_share_errors_total): with Redis down
+// for every replica the fleet stays within the limit; a replica cut off
+// from Redis alone keeps its grant while the others, after its hold,
+// divide it again, so the fleet may admit up to that grant over the limit
+// until the replica reaches Redis again.
 //
 // # Reload
 //

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/remote"
 	"github.com/floodgate-go/floodgate/rls/internal/share"
 )
 
@@ -54,9 +54,10 @@ type QuotaServer struct {
 	// With a store: the replica's name on it, a signal that a new group
 	// wants its first grant, and (under mu) the keys of groups gone whose
 	// grants go back at the next round.
-	member  string
-	kick    chan struct{}
-	release []string
+	member   string
+	kick     chan struct{}
+	release  []string
+	draining bool // the last round, Close's, has started
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -85,6 +86,7 @@ type quotaGroup struct {
 	// and what the other replicas published at the last round.
 	granted    bool
 	grant      float64
+	claim      float64 // what returning subscribers held at a draining replica, to claim
 	want       float64
 	held       float64
 	demands    []float64
@@ -268,10 +270,16 @@ func (s *QuotaServer) Tick() {
 // Close ends every stream with UNAVAILABLE, and those that start after it.
 // It sends nothing first: Envoys keep their assignments until their TTL and
 // open a new stream on their next report (Envoy never answers a TTL of 0
-// but by dropping its assignment at once, so none is ever sent). Close is
-// idempotent.
+// but by dropping its assignment at once, so none is ever sent). With a
+// store it first takes a last round that marks its grants draining: they
+// stay held while its Envoys' assignments may be in force, and the
+// replicas its Envoys come back to take them over (one call a quota, all
+// within a round's period). Close is idempotent.
 func (s *QuotaServer) Close() {
 	s.closeOnce.Do(func() {
+		if s.o.store != nil {
+			s.round(context.Background(), true)
+		}
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
@@ -547,6 +555,15 @@ func (s *QuotaServer) join(u *quotaSub, domain string, held float64, now time.Ti
 	}
 	u.g = g
 	g.subs = append(g.subs, u)
+	if held > 0 && s.o.store != nil {
+		// A returning subscriber: if it comes from a replica that
+		// drained, what it held there is this replica's to claim.
+		g.claim += held
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
 	lim := g.rule.limit.Rate
 	live += len(g.others) // with a store, the other replicas' subscribers
 	g.fill = fillFor(g.rule, live+1)
@@ -792,53 +809,62 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 // time; without a store it does nothing. A test or simulation driving a
 // fake clock calls it instead of Run.
 //
-// A round is one call a quota the replica divides, each bounded by the
-// round's period and ctx: it publishes what the quota's last division asks
+// A round is one call a quota the replica divides, all of them bounded by
+// the round's period and ctx: it publishes what the quota's last division asks
 // for and measured, takes the grant Redis answers and the other replicas'
 // publications, divides the quota again with them and pushes what
 // changed, and gives back the grants of quotas it no longer serves. A
 // quota whose call fails keeps its last grant until a later round
 // succeeds; the failure is counted (floodgate_rls_quota_share_errors_total).
 func (s *QuotaServer) Round(ctx context.Context) {
-	if s.o.store == nil {
-		return
+	if s.o.store != nil {
+		s.round(ctx, false)
 	}
+}
+
+// round is Round; draining, the last one, from Close: every grant is kept
+// as it is, held whole and marked draining.
+func (s *QuotaServer) round(ctx context.Context, draining bool) {
 	type round struct {
 		key string
-		req redisstore.ShareRequest
+		req remote.ShareRequest
 	}
 	hold := s.o.shareHold()
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.draining {
 		s.mu.Unlock()
 		return
 	}
+	s.draining = draining
 	rounds := make([]round, 0, len(s.groups)+len(s.release))
 	for k, g := range s.groups {
 		if !g.granted && g.demands == nil {
 			s.divide(g, s.clock()) // a new group: its first want
 		}
-		rounds = append(rounds, round{k, redisstore.ShareRequest{Member: s.member,
-			Limit: g.rule.limit.Rate * (1 - quotaReserve), Want: g.want, Hold: hold,
-			Held: g.held, Demands: g.demands}})
+		req := remote.ShareRequest{Member: s.member, Limit: g.rule.limit.Rate * (1 - quotaReserve),
+			Want: g.want, Hold: hold, Held: g.held, Demands: g.demands, Claim: g.claim}
+		if draining {
+			req.Want, req.Held, req.Demands, req.Claim, req.Draining = g.grant, g.grant, nil, 0, true
+		}
+		rounds = append(rounds, round{k, req})
 	}
 	for _, k := range s.release {
 		if s.groups[k] == nil {
-			rounds = append(rounds, round{k, redisstore.ShareRequest{Member: s.member}})
+			rounds = append(rounds, round{k, remote.ShareRequest{Member: s.member}})
 		}
 	}
 	s.release = s.release[:0]
 	s.mu.Unlock()
 
 	// One round trip a group, none under the lock: a slow Redis delays
-	// the rounds, never a report.
-	replies := make([]redisstore.ShareReply, len(rounds))
+	// the rounds, never a report. The round as a whole gets one period.
+	replies := make([]remote.ShareReply, len(rounds))
 	errs := make([]error, len(rounds))
+	cctx, cancel := context.WithTimeout(ctx, s.o.sharePeriod())
 	for i, r := range rounds {
-		cctx, cancel := context.WithTimeout(ctx, s.o.sharePeriod())
 		replies[i], errs[i] = s.o.store.Share(cctx, shareKey(r.key), r.req)
-		cancel()
 	}
+	cancel()
 
 	now := s.clock()
 	s.mu.Lock()
@@ -848,12 +874,21 @@ func (s *QuotaServer) Round(ctx context.Context) {
 			continue
 		}
 		g := s.groups[r.key]
-		if g == nil || r.req.Hold == 0 {
+		if g == nil || r.req.Hold == 0 || draining {
 			continue
 		}
+		// A claim is taken once: what found no draining grant came from a
+		// replica that did not drain, whose grant lapses with its hold.
+		g.claim = max(0, g.claim-r.req.Claim)
 		g.granted, g.grant = true, replies[i].Granted
 		g.others, g.othersHeld = g.others[:0], 0
 		for _, o := range replies[i].Others {
+			if o.Draining {
+				// What a draining replica handed out is in force until
+				// it is claimed or lapses: held, none of it divided.
+				g.othersHeld += o.Granted
+				continue
+			}
 			g.others = append(g.others, o.Demands...)
 			g.othersHeld += o.Held
 		}

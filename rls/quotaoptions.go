@@ -1,10 +1,11 @@
 package rls
 
 import (
+	"context"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
-	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/remote"
 )
 
 // A QuotaOption configures a [QuotaServer]. [NewQuotaServer] applies the
@@ -18,7 +19,7 @@ type quotaOptions struct {
 	clock      floodgate.Clock
 	maxBuckets int
 	idle       time.Duration
-	store      *redisstore.Store // nil: one replica, in memory
+	store      QuotaStore // nil: one replica, in memory
 }
 
 // Division constants. A subscriber's burst is half a second of its share:
@@ -84,15 +85,21 @@ func WithIdleAbandon(d time.Duration) QuotaOption {
 	return func(o *quotaOptions) { o.idle = d }
 }
 
+// A QuotaStore holds the grants of a limit divided among [QuotaServer]
+// replicas: a *redisstore.Store is one, and its Share states the contract.
+type QuotaStore interface {
+	Share(ctx context.Context, key string, req remote.ShareRequest) (remote.ShareReply, error)
+}
+
 // WithQuotaStore has the server divide each limit with every other replica
-// that shares st's Redis (and prefix): each replica holds a grant of the
-// limit on Redis (redisstore's Store.Share) and divides it among its own
+// that shares st (for a *redisstore.Store, its Redis and prefix): each
+// replica holds a grant of the limit there and divides it among its own
 // subscribers, so that Envoys connected to different replicas share one
 // quota by their demand, as if one server divided it. Without it (nil, the
 // default) the division is in memory, and two servers on one limit each
 // divide the whole of it. See the package doc, "Replicas on Redis", for
-// what a replica sends Redis and the bound. A repeated call replaces it.
-func WithQuotaStore(st *redisstore.Store) QuotaOption {
+// what a replica sends and the bound. A repeated call replaces it.
+func WithQuotaStore(st QuotaStore) QuotaOption {
 	return func(o *quotaOptions) { o.store = st }
 }
 

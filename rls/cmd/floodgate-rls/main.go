@@ -259,8 +259,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
 	// With Redis, the replicas on it divide each limit together.
-	rs, _ := store.(*redisstore.Store)
-	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(f.rlqsEvery), rls.WithQuotaStore(rs))
+	qopts := []rls.QuotaOption{rls.WithReportInterval(f.rlqsEvery)}
+	if rs, ok := store.(*redisstore.Store); ok {
+		qopts = append(qopts, rls.WithQuotaStore(rs))
+	}
+	qs, err := rls.NewQuotaServer(svc, qopts...)
 	if err != nil {
 		lis.Close()
 		return err
