@@ -17,7 +17,8 @@
 //
 // Scenarios: steady demand; at 60 s the top and bottom Envoys swap demands
 // (shift); at 60 s floodgate's server (the first replica) is closed and
-// replaced (restart).
+// replaced (restart), or, of the replicas, the first one's streams are cut
+// and it is replaced without a last round on Redis (crash).
 //
 // Run it from the bench module:
 //
@@ -54,7 +55,7 @@ type Config struct {
 // fullConfig is issue 45's experiment.
 func fullConfig() Config {
 	return Config{Envoys: 20, Seconds: 120, EventAt: 60, Skew: 1.1, Demand: 2, Intervals: []float64{1, 5},
-		Variants: []string{vFloodgate, vReplicas, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart}}
+		Variants: []string{vFloodgate, vReplicas, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart, sCrash}}
 }
 
 // quickConfig checks the pipeline in seconds.
@@ -78,12 +79,12 @@ type Results struct {
 }
 
 // runs lists the runs of cfg: the restart is floodgate's alone (and its
-// replicas'), and RLS, with no reports, runs once.
+// replicas'), the crash its replicas', and RLS, with no reports, runs once.
 func (cfg Config) runs() []run {
 	var out []run
 	for _, v := range cfg.Variants {
 		for _, s := range cfg.Scenarios {
-			if s == sRestart && v != vFloodgate && v != vReplicas {
+			if s == sRestart && v != vFloodgate && v != vReplicas || s == sCrash && v != vReplicas {
 				continue
 			}
 			for j, iv := range cfg.Intervals {

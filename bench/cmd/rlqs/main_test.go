@@ -42,7 +42,7 @@ func TestQuick(t *testing.T) {
 			if r.RPCs <= 0 || r.RPCs >= 1 {
 				t.Errorf("%s steady: %.3f RPC a request, want in (0, 1)", r.Variant, r.RPCs)
 			}
-		case sRestart:
+		case sRestart, sCrash:
 			if r.SlidingMax > bandHigh {
 				t.Errorf("%s restart: a 10 s window admitted %.3f of the limit, want ≤ %.2f", r.Variant, r.SlidingMax, bandHigh)
 			}

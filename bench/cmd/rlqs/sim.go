@@ -66,6 +66,7 @@ const (
 	sSteady  = "steady"
 	sShift   = "shift"
 	sRestart = "restart"
+	sCrash   = "crash" // the replicas': the first one stops without a last round
 )
 
 // fakeClock is the one clock of a run: servers, Envoys and the RLS store.
@@ -248,8 +249,8 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 				return nil, fmt.Errorf("%v: round: %w", now, err)
 			}
 		}
-		if r.scenario == sRestart && now == r.eventAt {
-			if err := h.restart(); err != nil {
+		if (r.scenario == sRestart || r.scenario == sCrash) && now == r.eventAt {
+			if err := h.restart(r.scenario == sCrash); err != nil {
 				return nil, fmt.Errorf("%v: restart: %w", now, err)
 			}
 		}
@@ -351,7 +352,11 @@ func newHarness(ctx context.Context, r run, svc *rls.Service, clock *fakeClock) 
 }
 
 func (h *harness) newQuotaServer() (*rls.QuotaServer, error) {
-	return rls.NewQuotaServer(h.svc, rls.WithReportInterval(h.r.interval), rls.WithQuotaClock(h.clock), rls.WithQuotaStore(h.store))
+	opts := []rls.QuotaOption{rls.WithReportInterval(h.r.interval), rls.WithQuotaClock(h.clock)}
+	if h.store != nil {
+		opts = append(opts, rls.WithQuotaStore(h.store))
+	}
+	return rls.NewQuotaServer(h.svc, opts...)
 }
 
 // ttlFor is floodgate's default TTL, 2I + 2 s in whole seconds, which the
@@ -445,8 +450,10 @@ func (h *harness) quiesce() error {
 // restart closes floodgate's server (the first replica's) and puts a new
 // one behind its switch, as TestQuotaRestartWithEnvoys does: every stream
 // of it ends with UNAVAILABLE, and each of its Envoys keeps its assignment
-// and opens a stream to the new server on its next report.
-func (h *harness) restart() error {
+// and opens a stream to the new server on its next report. With crash,
+// the server is not closed: its streams are cut, and it is called no more,
+// so that it takes no last round on Redis.
+func (h *harness) restart(crash bool) error {
 	if len(h.qss) == 0 {
 		return errors.New("a restart is floodgate's alone")
 	}
@@ -454,7 +461,11 @@ func (h *harness) restart() error {
 	for i, e := range h.envoys {
 		seen[i] = e.Received()
 	}
-	h.qss[0].Close()
+	if crash {
+		h.sws[0].cut()
+	} else {
+		h.qss[0].Close()
+	}
 	for i, e := range h.envoys {
 		if i%len(h.qss) != 0 {
 			continue
@@ -498,6 +509,9 @@ type quotaSwitch struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
 	cur  atomic.Pointer[current]
 	sent atomic.Int64
+
+	mu      sync.Mutex
+	cancels []context.CancelFunc // the streams', for cut
 }
 
 type current struct {
@@ -507,13 +521,31 @@ type current struct {
 func (w *quotaSwitch) set(s rlqspb.RateLimitQuotaServiceServer) { w.cur.Store(&current{s}) }
 
 func (w *quotaSwitch) StreamRateLimitQuotas(st rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	return w.cur.Load().StreamRateLimitQuotas(&countingStream{st, &w.sent})
+	ctx, cancel := context.WithCancel(st.Context())
+	defer cancel()
+	w.mu.Lock()
+	w.cancels = append(w.cancels, cancel)
+	w.mu.Unlock()
+	return w.cur.Load().StreamRateLimitQuotas(&countingStream{st, ctx, &w.sent})
+}
+
+// cut ends every stream served so far, as a crash of their server would.
+func (w *quotaSwitch) cut() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.cancels {
+		c()
+	}
+	w.cancels = nil
 }
 
 type countingStream struct {
 	rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer
+	ctx  context.Context
 	sent *atomic.Int64
 }
+
+func (s *countingStream) Context() context.Context { return s.ctx }
 
 func (s *countingStream) Send(r *rlqspb.RateLimitQuotaResponse) error {
 	err := s.RateLimitQuotaService_StreamRateLimitQuotasServer.Send(r)

@@ -181,9 +181,11 @@ func checks(rs []*Result, envoys int, demand float64) []Check {
 				out = append(out, Check{fmt.Sprintf("%s %g s reports, demand shift: back in band within two report intervals (%g s)", name, iv, 2*iv),
 					backText(r), r.Back >= 0 && r.Back <= 2*iv})
 			}
-			if r := find(v, sRestart, iv); r != nil {
-				out = append(out, Check{fmt.Sprintf("%s %g s reports, restart: no 10 s window over %.2f × the limit", name, iv, bandHigh),
-					fmt.Sprintf("at most %.3f; %s", r.SlidingMax, backText(r)), r.SlidingMax <= bandHigh})
+			for _, sc := range []string{sRestart, sCrash} {
+				if r := find(v, sc, iv); r != nil {
+					out = append(out, Check{fmt.Sprintf("%s %g s reports, %s: no 10 s window over %.2f × the limit", name, iv, sc, bandHigh),
+						fmt.Sprintf("at most %.3f; %s", r.SlidingMax, backText(r)), r.SlidingMax <= bandHigh})
+				}
 			}
 		}
 		if r := find(vStatic, sSteady, iv); r != nil {
