@@ -15,6 +15,10 @@
 //	even       a server answering every bucket with limit/N
 //	rls        RLS v3, rls.Service.ShouldRateLimit on every request (one call a request)
 //
+// Beside them, a sweep of operating points at steady demand: floodgate and
+// its replicas at 5, 20 and 100 Envoys, 0.5, 1, 2 and 4 × the limit
+// asked, 1 s and 5 s reports.
+//
 // Scenarios: steady demand; at 60 s the top and bottom Envoys swap demands
 // (shift); at 60 s floodgate's server (the first replica) is closed and
 // replaced (restart), or, of the replicas, the first one's streams are cut
@@ -50,18 +54,31 @@ type Config struct {
 	Intervals []float64 `json:"intervals_s"`
 	Variants  []string  `json:"variants"`
 	Scenarios []string  `json:"scenarios"`
+	Sweep     *Sweep    `json:"sweep,omitempty"`
+}
+
+// Sweep is the grid of operating points run at steady demand beside the
+// experiment: every variant at every fleet size, demand and interval.
+type Sweep struct {
+	Envoys    []int     `json:"envoys"`
+	Demands   []float64 `json:"demands"` // the fleet's, ÷ limit
+	Intervals []float64 `json:"intervals_s"`
+	Variants  []string  `json:"variants"`
+	Seconds   float64   `json:"seconds"`
 }
 
 // fullConfig is issue 45's experiment.
 func fullConfig() Config {
 	return Config{Envoys: 20, Seconds: 120, EventAt: 60, Skew: 1.1, Demand: 2, Intervals: []float64{1, 5},
-		Variants: []string{vFloodgate, vReplicas, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart, sCrash}}
+		Variants: []string{vFloodgate, vReplicas, vStatic, vEven, vRLS}, Scenarios: []string{sSteady, sShift, sRestart, sCrash},
+		Sweep: &Sweep{Envoys: []int{5, 20, 100}, Demands: []float64{0.5, 1, 2, 4}, Intervals: []float64{1, 5},
+			Variants: []string{vFloodgate, vReplicas}, Seconds: 60}}
 }
 
 // quickConfig checks the pipeline in seconds.
 func quickConfig() Config {
 	c := fullConfig()
-	c.Envoys, c.Seconds, c.EventAt, c.Intervals = 5, 30, 20, []float64{1}
+	c.Envoys, c.Seconds, c.EventAt, c.Intervals, c.Sweep = 5, 30, 20, []float64{1}, nil
 	return c
 }
 
@@ -75,6 +92,7 @@ type Results struct {
 	Limit   int       `json:"limit"`
 	Config  Config    `json:"config"`
 	Results []*Result `json:"results"`
+	Sweep   []*Cell   `json:"sweep,omitempty"`
 	Checks  []Check   `json:"checks"`
 }
 
@@ -120,7 +138,31 @@ func experiment(ctx context.Context, cfg Config, logf func(string, ...any)) (*Re
 			s.Variant, s.Scenario, s.Interval, s.FleetMin, s.FleetMax, s.SlidingMin, s.SlidingMax, s.Back, s.EnvoyMin, s.EnvoyMax, s.RPCs, time.Since(t0).Seconds())
 		res.Results = append(res.Results, s)
 	}
+	if sw := cfg.Sweep; sw != nil {
+		for _, v := range sw.Variants {
+			for _, iv := range sw.Intervals {
+				for _, n := range sw.Envoys {
+					for _, d := range sw.Demands {
+						r := run{variant: v, scenario: sSteady, envoys: n, skew: cfg.Skew, demand: d,
+							duration: time.Duration(sw.Seconds * float64(time.Second)), interval: time.Duration(iv * float64(time.Second))}
+						t0 := time.Now()
+						tr, err := simulate(ctx, r)
+						if err != nil {
+							return nil, fmt.Errorf("sweep %s %d Envoys %g× %gs: %w", v, n, d, iv, err)
+						}
+						c := cell(summarize(r, zipf(n, r.skew, d*limit), tr))
+						logf("sweep %-9s %3d Envoys %3g× %gs: admitted ÷ min(asked, limit) %.3f–%.3f (%.1f s)",
+							v, n, d, iv, c.Min, c.Max, time.Since(t0).Seconds())
+						res.Sweep = append(res.Sweep, c)
+					}
+				}
+			}
+		}
+	}
 	res.Checks = checks(res.Results, cfg.Envoys, cfg.Demand)
+	if len(res.Sweep) > 0 {
+		res.Checks = append(res.Checks, sweepCheck(res.Sweep))
+	}
 	res.Elapsed = math2(time.Since(started).Seconds())
 	return res, nil
 }

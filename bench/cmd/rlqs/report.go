@@ -30,8 +30,45 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 		}
 		return n
 	},
-	"last": func(vs []float64) float64 { return vs[len(vs)-1] },
+	"last":  func(vs []float64) float64 { return vs[len(vs)-1] },
+	"sweep": sweepTable,
 }).Parse(pageText))
+
+// sweepTable renders the sweep's cells as a Markdown table: a row per
+// fleet size and demand, a column per variant and interval.
+func sweepTable(sw *Sweep, cells []*Cell) string {
+	if sw == nil || len(cells) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("| Envoys | demand ÷ limit |")
+	sep := "|---:|---:|"
+	for _, v := range sw.Variants {
+		for _, iv := range sw.Intervals {
+			fmt.Fprintf(&b, " %s, %g s |", variantName(v), iv)
+			sep += "---:|"
+		}
+	}
+	b.WriteString("\n" + sep + "\n")
+	for _, n := range sw.Envoys {
+		for _, d := range sw.Demands {
+			fmt.Fprintf(&b, "| %d | %g |", n, d)
+			for _, v := range sw.Variants {
+				for _, iv := range sw.Intervals {
+					text := "—"
+					for _, c := range cells {
+						if c.Variant == v && c.Envoys == n && c.Demand == d && c.Interval == iv {
+							text = fmt.Sprintf("%.3f–%.3f", c.Min, c.Max)
+						}
+					}
+					fmt.Fprintf(&b, " %s |", text)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
 
 func variantName(v string) string {
 	switch v {

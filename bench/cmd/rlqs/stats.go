@@ -222,3 +222,44 @@ func containsFloat(vs []float64, v float64) bool {
 	}
 	return false
 }
+
+// Cell is one operating point of the sweep: what the fleet admitted in
+// each aligned 10 s window after the first two reports, ÷ what it could
+// admit, min(what it asked, the limit).
+type Cell struct {
+	Variant  string  `json:"variant"`
+	Envoys   int     `json:"envoys"`
+	Demand   float64 `json:"demand"`
+	Interval float64 `json:"interval_s"`
+	Min      float64 `json:"min"`
+	Max      float64 `json:"max"`
+}
+
+func cell(r *Result) *Cell {
+	c := &Cell{Variant: r.Variant, Envoys: r.Envoys, Demand: r.Demands[0], Interval: r.Interval, Min: math.Inf(1), Max: math.Inf(-1)}
+	total := 0.0
+	for _, d := range r.Demands {
+		total += d
+	}
+	c.Demand = math.Round(total/limit*10) / 10
+	per := float64(limit) * window.Seconds()
+	for _, w := range r.Windows {
+		if w.From < r.Warm {
+			continue
+		}
+		v := w.Fleet * per / min(float64(w.Offered), per)
+		c.Min, c.Max = min(c.Min, v), max(c.Max, v)
+	}
+	c.Min, c.Max = round3(c.Min), round3(c.Max)
+	return c
+}
+
+// sweepCheck holds every cell of the sweep to the band.
+func sweepCheck(cs []*Cell) Check {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, c := range cs {
+		lo, hi = min(lo, c.Min), max(hi, c.Max)
+	}
+	return Check{fmt.Sprintf("floodgate and its replicas across %d operating points (steady; fleet size, demand, interval): every 10 s window after the first two reports within %.2f–%.2f × min(asked, limit)", len(cs), bandLow, bandHigh),
+		fmt.Sprintf("%.3f–%.3f", lo, hi), lo >= bandLow && hi <= bandHigh}
+}
