@@ -9,9 +9,12 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/rls"
@@ -339,4 +342,128 @@ func handled(envoys []*rlqstest.Envoy) []int {
 		seen[i] = e.Received()
 	}
 	return seen
+}
+
+// TestQuotaServerDownWithEnvoys: with floodgate's server gone (closed, its
+// listener refusing every dial), Envoy-faithful clients keep enforcing
+// their assignments until the TTL, and no report or request blocks; then
+// each follows its configured behaviour: Envoy's default goes back to its
+// no-assignment behaviour, ALLOW_ALL, and one configured with an expired
+// fallback applies it for its timeout.
+func TestQuotaServerDownWithEnvoys(t *testing.T) {
+	clock := newFakeClock()
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(qs.TTL())
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	qs.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(func() { qs.Close(); gs.Stop() })
+
+	fallback := &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens: 5, TokensPerFill: wrapperspb.UInt32(5), FillInterval: durationpb.New(time.Second)}}}
+	settings := []rlqstest.Settings{
+		{ReportInterval: time.Second, Now: clock.Now}, // Envoy's defaults
+		{ReportInterval: time.Second, Now: clock.Now, ExpiredFallback: fallback, ExpiredTimeout: time.Hour},
+	}
+	bucket := map[string]string{"api": "orders", "tenant": "acme"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	envoys := make([]*rlqstest.Envoy, len(settings))
+	for i, s := range settings {
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { envoys[i].Close() })
+		seen := envoys[i].Received()
+		envoys[i].Request(bucket)
+		if err := envoys[i].WaitReceived(ctx, seen+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both hold a share of the quota of 100 a second.
+	assigned := make([]float64, len(envoys))
+	for i, e := range envoys {
+		st := e.Stats()[rlqstest.Key(bucket)]
+		if st.Source != rlqstest.Assigned || st.Rate <= 0 || st.Rate >= 100 {
+			t.Fatalf("client %d before the server goes: %+v, want an assignment under the quota", i, st)
+		}
+		assigned[i] = st.Rate
+	}
+
+	seen := handled(envoys)
+	qs.Close()
+	for i, e := range envoys {
+		if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
+			t.Fatalf("client %d: its stream did not end: %v", i, err)
+		}
+	}
+	gs.Stop()
+	_ = lis.Close() // every dial fails from now on
+
+	// drive sends 1000 requests a second for d, reporting every second,
+	// and returns what each client admitted.
+	drive := func(d time.Duration) []int {
+		t.Helper()
+		got := make([]int, len(envoys))
+		for k := time.Duration(0); k < d; k += 10 * time.Millisecond {
+			clock.Advance(10 * time.Millisecond)
+			for i, e := range envoys {
+				for range 10 {
+					if e.Request(bucket) {
+						got[i]++
+					}
+				}
+			}
+			if (k+10*time.Millisecond)%time.Second == 0 {
+				for i, e := range envoys {
+					start := time.Now()
+					if err := e.Report(); err == nil {
+						t.Errorf("client %d: a report with the server down succeeded", i)
+					}
+					if took := time.Since(start); took > 5*time.Second {
+						t.Errorf("client %d: a report with the server down took %v", i, took)
+					}
+				}
+			}
+		}
+		return got
+	}
+	ttl := qs.TTL()
+	got := drive(ttl - 2*time.Second) // within the TTL, counted from the last answer
+	for i, e := range envoys {
+		st := e.Stats()[rlqstest.Key(bucket)]
+		if st.Source != rlqstest.Assigned {
+			t.Errorf("client %d within the TTL: source %v, want its assignment", i, st.Source)
+		}
+		if most := assigned[i]*(ttl-2*time.Second).Seconds() + float64(st.Burst) + 1; float64(got[i]) > most {
+			t.Errorf("client %d within the TTL admitted %d of 1000/s, over its assignment of %.1f/s (at most %.0f)", i, got[i], assigned[i], most)
+		}
+	}
+	drive(3 * time.Second) // past the TTL
+	got = drive(2 * time.Second)
+	if st := envoys[0].Stats()[rlqstest.Key(bucket)]; st.Source != rlqstest.NoAssignment || got[0] != 2000 {
+		t.Errorf("Envoy's defaults past the TTL: source %v, admitted %d of 2000, want its no-assignment ALLOW_ALL", st.Source, got[0])
+	}
+	if st := envoys[1].Stats()[rlqstest.Key(bucket)]; st.Source != rlqstest.Fallback || got[1] > 2*5+5 || got[1] < 2*5 {
+		t.Errorf("the client with a fallback past the TTL: source %v, admitted %d in 2 s, want its fallback of 5/s", st.Source, got[1])
+	}
 }
