@@ -266,7 +266,9 @@ func BenchmarkRedisHung(b *testing.B) {
 			for _, k := range redisKeys[:64] { // warm the pool
 				s.TakeN(context.Background(), k, fgLimit, 1)
 			}
-			srv.Stop()
+			if err := srv.Stop(); err != nil {
+				b.Fatal(err)
+			}
 			defer srv.Cont()
 			stop := make(chan struct{})
 			stalled := make(chan time.Duration)

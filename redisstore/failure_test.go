@@ -138,7 +138,9 @@ func failureRun(t *testing.T, srv *redistest.Server, c redis.UniversalClient, fa
 	case "kill":
 		srv.Kill()
 	case "stop":
-		srv.Stop()
+		if err := srv.Stop(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	phase.Store(1)
 	time.Sleep(700 * time.Millisecond)
@@ -212,7 +214,9 @@ func TestShortCallerDeadline(t *testing.T) {
 			}
 			before := s.Stats()
 			warm, _, _ := rec.snapshot()
-			srv.Stop()
+			if err := srv.Stop(); err != nil {
+				t.Fatal(err)
+			}
 			const callers, calls = 8, 25
 			var wg sync.WaitGroup
 			var decided atomic.Int64

@@ -385,13 +385,21 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 	}
 	switch c.fault {
 	case "stop":
-		tg.srv.Stop()
+		if err := tg.srv.Stop(); err != nil {
+			t.Fatal(err)
+		}
 		d := 3 * time.Second
 		if c.ctxTime > 0 {
 			d = time.Second
 		}
 		hold(d)
+		// The harness's own check: a server that ran during the hold would
+		// make its answers look like decisions made during a hang.
+		running := tg.srv.Answers(100 * time.Millisecond)
 		tg.srv.Cont()
+		if running {
+			t.Fatal("redis-server answered PING at the end of its SIGSTOP: the fault did not hold")
+		}
 	case "kill":
 		tg.srv.Kill()
 		hold(time.Second)

@@ -248,7 +248,9 @@ func TestKindOfServerErrors(t *testing.T) {
 				if err := c.Ping(bg).Err(); err != nil { // a pooled connection
 					t.Fatal(err)
 				}
-				srv.Stop()
+				if err := srv.Stop(); err != nil {
+					t.Fatal(err)
+				}
 				t.Cleanup(srv.Cont)
 				return c
 			},

@@ -134,7 +134,9 @@ func TestNotABucketInBatch(t *testing.T) {
 		t.Fatal(res)
 	}
 	c.Set(bg, s.Key("bad"), "not a bucket", 0)
-	srv.Stop()
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	var good, bad floodgate.Result
 	wg.Go(func() { s.TakeN(bg, "lead", lim, 1) }) // on the wire while Redis is paused

@@ -201,32 +201,67 @@ func (s *Server) Kill() {
 }
 
 // Stop sends SIGSTOP and waits until the process is stopped: the server
-// keeps its sockets open but answers nothing, like a hung host.
-func (s *Server) Stop() {
+// keeps its sockets open but answers nothing, like a hung host. A signal
+// is delivered asynchronously, and a running server may answer a few more
+// commands after kill(2) returns, so Stop waits for /proc to show the
+// process stopped (state T), sending SIGSTOP again every 50 ms meanwhile.
+// It returns an error, naming the pid and the state /proc last showed, if
+// the process is not stopped within 5 s: a test that goes on would count a
+// running server's answers as decisions made during a hang. Where /proc is
+// not there (not Linux) it returns once the signal is sent.
+func (s *Server) Stop() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil && !s.stopped {
-		s.cmd.Process.Signal(syscall.SIGSTOP)
-		s.stopped = true
-		waitState(s.cmd.Process.Pid, 'T')
+	if s.cmd == nil || s.stopped {
+		return nil
 	}
+	s.stopped = true
+	pid := s.cmd.Process.Pid
+	last := byte('?')
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("redistest: SIGSTOP to redis-server (pid %d): %w", pid, err)
+		}
+		for next := time.Now().Add(50 * time.Millisecond); time.Now().Before(next); time.Sleep(time.Millisecond) {
+			st, ok := procState(pid)
+			if !ok || st == 'T' {
+				return nil
+			}
+			last = st
+		}
+	}
+	return fmt.Errorf("redistest: redis-server (pid %d) not stopped 5 s after SIGSTOP: /proc shows state %c", pid, last)
 }
 
-// waitState waits up to a second for /proc to show pid in state: a signal
-// is delivered asynchronously, and a running server may answer a few more
-// commands after kill(2) returns.
-func waitState(pid int, state byte) {
-	path := "/proc/" + strconv.Itoa(pid) + "/stat"
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return // not Linux, or gone
-		}
-		// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
-		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == state {
-			return
-		}
+// procState returns pid's state letter in /proc/PID/stat, and false if it
+// cannot be read (not Linux, or the process is gone).
+func procState(pid int) (byte, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
 	}
+	// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, false
+	}
+	return b[i+2], true
+}
+
+// Answers reports whether the server answers a PING, on a fresh
+// connection, within d: false while it is stopped, hung or down.
+func (s *Server) Answers(d time.Duration) bool {
+	c, err := net.DialTimeout("tcp", s.Addr, d)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(d))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
 // Cont sends SIGCONT to a server stopped by Stop.

@@ -69,3 +69,28 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("CLUSTER INFO after Restart = %q, %v", info, err)
 	}
 }
+
+// TestStopCont: a stopped server answers nothing until it is continued.
+func TestStopCont(t *testing.T) {
+	if !Installed() {
+		t.Skip("redis-server is not installed")
+	}
+	s := Start(t)
+	if !s.Answers(time.Second) {
+		t.Fatal("a started server does not answer PING")
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Answers(200 * time.Millisecond) {
+		t.Error("a stopped server answered PING")
+	}
+	s.Cont()
+	if !s.Answers(time.Second) {
+		t.Error("a continued server does not answer PING")
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+}
