@@ -89,9 +89,11 @@ var shareScript = redis.NewScript(shareLua)
 // come round and give theirs back. A grant lives req.Hold on Redis's clock
 // (the client clock's, with [WithClientClock]) and is renewed by the
 // member's next round; a member that stops (a crash) loses it then, and
-// req.Hold = 0 gives it back at once. A caller must therefore stop using a
-// grant req.Hold after it sent the round, and should hold a grant long
-// enough to cover whatever it handed out of it.
+// req.Hold = 0 gives it back at once. A grant is the caller's only until
+// req.Hold after it sent the round: one that goes on using it past that
+// without a round Redis answered (rls's QuotaServer does, while Redis is
+// unreachable) may see other members divide it again. A caller should hold
+// a grant long enough to cover whatever it handed out of it.
 //
 // A member that leaves while what it handed out is still in force marks
 // its last round req.Draining: its grant stays held, and the other

@@ -236,8 +236,9 @@
 // one round a quota: it publishes what it has and asks for its part of the
 // fleet's division, the same proportional share run over its own
 // subscribers and every other replica's as they last published them.
-// Redis grants min(part, limit less the 1% reserve less the other
-// replicas' grants), in one script, so the grants never sum above the
+// It asks for its held rates and its part; Redis grants that, at most the
+// limit less the 1% reserve less the other replicas' grants, in one
+// script, so the grants never sum above the
 // limit; a replica hands out at most its grant, and a part that grows is
 // granted as the other replicas come round and give theirs back.
 //
@@ -252,8 +253,13 @@
 // previous instance handed out stays covered by its grant.
 //
 // The bound: the assignments in force across all replicas add up to at
-// most the limit, plus the newcomers' shares not yet measured and the
-// decreases still on their way to Envoys. A subscriber that returns from a
+// most the limit, plus the newcomers' shares not yet measured, the one
+// token per fill interval every subscriber gets however little is left,
+// and the decreases still on their way to Envoys. A returning
+// subscriber's claim is its allowed count over its first report's span,
+// which may hold its bucket's burst: what that claims beyond its rate is
+// taken from Envoys of the drained replica still to return, within one
+// report interval. A subscriber that returns from a
 // replica that did not drain (a crash, a dropped connection) while another
 // drains may claim what it held from the draining one: the fleet may then
 // admit that rate over the limit until the drained grant lapses. When a

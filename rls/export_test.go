@@ -18,3 +18,6 @@ func Crash(s *QuotaServer) {
 		close(s.done)
 	})
 }
+
+// Publishable is publishable, for its test.
+var Publishable = publishable

@@ -1,8 +1,11 @@
 package rls
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"math"
@@ -57,7 +60,8 @@ type QuotaServer struct {
 	member   string
 	kick     chan struct{}
 	release  []string
-	draining bool // the last round, Close's, has started
+	draining bool       // the last round, Close's, has started
+	roundMu  sync.Mutex // one round at a time, Close's after any in flight
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -254,7 +258,9 @@ func (s *QuotaServer) Tick() {
 		s.expire(g, now)
 		if len(g.subs) == 0 {
 			delete(s.groups, k)
-			if g.granted {
+			if s.o.store != nil {
+				// Even before its first grant: a round in flight may
+				// record one after this.
 				s.release = append(s.release, k)
 			}
 			continue
@@ -557,7 +563,10 @@ func (s *QuotaServer) join(u *quotaSub, domain string, held float64, now time.Ti
 	g.subs = append(g.subs, u)
 	if held > 0 && s.o.store != nil {
 		// A returning subscriber: if it comes from a replica that
-		// drained, what it held there is this replica's to claim.
+		// drained, what it held there is this replica's to claim. Its
+		// allowed count may hold its bucket's burst besides the rate:
+		// what that over-claims is taken from Envoys of the drained
+		// replica still to return, within one report interval.
 		g.claim += held
 		select {
 		case s.kick <- struct{}{}:
@@ -650,7 +659,8 @@ func (s *QuotaServer) reconfig(now time.Time) {
 		g := s.groups[og.key]
 		if g != nil {
 			g.granted, g.grant, g.others, g.othersHeld = og.granted, og.grant, og.others, og.othersHeld
-		} else if og.granted {
+			g.claim += og.claim
+		} else if og.granted || s.o.store != nil {
 			s.release = append(s.release, og.key)
 		}
 		for _, u := range og.subs {
@@ -829,6 +839,10 @@ func (s *QuotaServer) round(ctx context.Context, draining bool) {
 		key string
 		req remote.ShareRequest
 	}
+	// Rounds in turn: two in flight would send one claim twice, and apply
+	// their grants in another order than Redis recorded them.
+	s.roundMu.Lock()
+	defer s.roundMu.Unlock()
 	hold := s.o.shareHold()
 	s.mu.Lock()
 	if s.closed || s.draining {
@@ -838,11 +852,13 @@ func (s *QuotaServer) round(ctx context.Context, draining bool) {
 	s.draining = draining
 	rounds := make([]round, 0, len(s.groups)+len(s.release))
 	for k, g := range s.groups {
-		if !g.granted && g.demands == nil {
-			s.divide(g, s.clock()) // a new group: its first want
+		if !draining && (!g.granted || g.claim > 0) {
+			// A new group's first want, or one that counts the
+			// returning subscribers whose claim it carries.
+			s.divide(g, s.clock())
 		}
 		req := remote.ShareRequest{Member: s.member, Limit: g.rule.limit.Rate * (1 - quotaReserve),
-			Want: g.want, Hold: hold, Held: g.held, Demands: g.demands, Claim: g.claim}
+			Want: g.want, Hold: hold, Held: g.held, Demands: publishable(g.demands), Claim: g.claim}
 		if draining {
 			req.Want, req.Held, req.Demands, req.Claim, req.Draining = g.grant, g.grant, nil, 0, true
 		}
@@ -871,6 +887,9 @@ func (s *QuotaServer) round(ctx context.Context, draining bool) {
 	for i, r := range rounds {
 		if errs[i] != nil {
 			s.m.shareErrors.Inc()
+			if r.req.Hold == 0 && s.groups[r.key] == nil {
+				s.release = append(s.release, r.key) // again next round
+			}
 			continue
 		}
 		g := s.groups[r.key]
@@ -899,8 +918,33 @@ func (s *QuotaServer) round(ctx context.Context, draining bool) {
 	notify(streams)
 }
 
-// shareKey is a group's key on the store, beside the RLS buckets.
-func shareKey(group string) string { return "rlqs:" + group }
+// shareKey is a group's key on the store, beside the RLS buckets: the
+// group's key, or its SHA-256 when that is longer than a store takes
+// (redisstore's MaxKeyLen is 1024 bytes).
+func shareKey(group string) string {
+	if len(group) > 512 {
+		sum := sha256.Sum256([]byte(group))
+		return "rlqs#" + hex.EncodeToString(sum[:])
+	}
+	return "rlqs:" + group
+}
+
+// publishable returns demands as a round publishes them: all of them up
+// to remote.MaxShareDemands, else the largest with the rest summed into
+// one, which keeps the fleet's total demand.
+func publishable(demands []float64) []float64 {
+	if len(demands) <= remote.MaxShareDemands {
+		return demands
+	}
+	d := slices.Clone(demands)
+	slices.SortFunc(d, func(a, b float64) int { return cmp.Compare(b, a) })
+	rest := 0.0
+	for _, x := range d[remote.MaxShareDemands-1:] {
+		rest += x
+	}
+	d[remote.MaxShareDemands-1] = rest
+	return d[:remote.MaxShareDemands]
+}
 
 // setRate sets u's token bucket: toks per fill seconds, with a burst of
 // max(1, ⌈rate·β⌉).

@@ -3,6 +3,8 @@ package rls_test
 import (
 	"context"
 	"math"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/redisstore"
+	"github.com/floodgate-go/floodgate/remote"
 	"github.com/floodgate-go/floodgate/rls"
 	"github.com/floodgate-go/floodgate/rls/rlqstest"
 )
@@ -291,5 +294,108 @@ func TestQuotaReplicaRedisDown(t *testing.T) {
 	}
 	if n, err := redistest.Do(srv.Addr, "HLEN", keys); n != "1" {
 		t.Errorf("the quota's hash on the restarted Redis has %q members (%v), want this replica", n, err)
+	}
+}
+
+// fakeShares is a QuotaStore that grants what is asked, records every
+// request, and notes whether two calls ever overlapped.
+type fakeShares struct {
+	mu       sync.Mutex
+	inFlight int
+	overlap  bool
+	reqs     []fakeShareCall
+}
+
+type fakeShareCall struct {
+	key string
+	req remote.ShareRequest
+}
+
+func (f *fakeShares) Share(_ context.Context, key string, req remote.ShareRequest) (remote.ShareReply, error) {
+	f.mu.Lock()
+	f.inFlight++
+	f.overlap = f.overlap || f.inFlight > 1
+	f.reqs = append(f.reqs, fakeShareCall{key, req})
+	f.mu.Unlock()
+	time.Sleep(time.Millisecond) // long enough for another round to start
+	f.mu.Lock()
+	f.inFlight--
+	f.mu.Unlock()
+	return remote.ShareReply{Granted: req.Want, Claimed: req.Claim}, nil
+}
+
+// TestQuotaRoundsInTurn: rounds called at once, and Close among them, run
+// one after another: a claim is sent once, and the draining round is the
+// last one Redis sees.
+func TestQuotaRoundsInTurn(t *testing.T) {
+	f := &fakeShares{}
+	e := newQuotaEnv(t, quotaConfig, rls.WithQuotaStore(f))
+	q := e.open(t, "edge")
+	// A returning subscriber: 100 allowed over its first report's 2 s.
+	q.report(usage{id: orders, allowed: 100, elapsed: 2 * time.Second})
+	q.await(orders, "an assignment", anyAction)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 20 {
+				e.qs.Round(bg)
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	e.qs.Close()
+	wg.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.overlap {
+		t.Error("two rounds called the store at once")
+	}
+	claimed := 0.0
+	for _, c := range f.reqs {
+		claimed += c.req.Claim
+	}
+	if claimed != 50 {
+		t.Errorf("claims sent add up to %v, want the 50 a second held, once", claimed)
+	}
+	if n := len(f.reqs); n == 0 || !f.reqs[n-1].req.Draining {
+		t.Errorf("the last of %d requests is not the draining one", n)
+	}
+}
+
+// TestQuotaShareKeys: a quota whose key is too long for a store is shared
+// under its hash; a round publishes at most remote.MaxShareDemands
+// demands, keeping their sum.
+func TestQuotaShareKeys(t *testing.T) {
+	f := &fakeShares{}
+	e := newQuotaEnv(t, quotaConfig, rls.WithQuotaStore(f))
+	long := map[string]string{"api": "orders", "tenant": strings.Repeat("x", 2000)}
+	q := e.open(t, "edge")
+	q.report(usage{id: long, allowed: 1})
+	q.await(long, "an assignment", anyAction)
+	e.qs.Round(bg)
+	f.mu.Lock()
+	for _, c := range f.reqs {
+		if !strings.HasPrefix(c.key, "rlqs#") || len(c.key) > 100 {
+			t.Errorf("a long quota shared under %.40q (%d bytes), want rlqs# and its hash", c.key, len(c.key))
+		}
+	}
+	f.mu.Unlock()
+
+	many := make([]float64, remote.MaxShareDemands+10)
+	sum := 0.0
+	for i := range many {
+		many[i] = float64(i % 7)
+		sum += many[i]
+	}
+	got := rls.Publishable(many)
+	gotSum := 0.0
+	for _, x := range got {
+		gotSum += x
+	}
+	if len(got) != remote.MaxShareDemands || gotSum != sum {
+		t.Errorf("publishable: %d demands summing to %v, want %d summing to %v", len(got), gotSum, remote.MaxShareDemands, sum)
+	}
+	if few := []float64{3, 1}; &rls.Publishable(few)[0] != &few[0] {
+		t.Error("publishable copied demands within the bound")
 	}
 }

@@ -98,7 +98,9 @@ type QuotaStore interface {
 // quota by their demand, as if one server divided it. Without it (nil, the
 // default) the division is in memory, and two servers on one limit each
 // divide the whole of it. See the package doc, "Replicas on Redis", for
-// what a replica sends and the bound. A repeated call replaces it.
+// what a replica sends and the bound. st must be nil or a working store:
+// a nil *redisstore.Store inside a non-nil QuotaStore is not detected. A
+// repeated call replaces it.
 func WithQuotaStore(st QuotaStore) QuotaOption {
 	return func(o *quotaOptions) { o.store = st }
 }
