@@ -32,14 +32,7 @@ import (
 func TestQuotaWithEnvoys(t *testing.T) {
 	const limit = 100
 	clock := newFakeClock()
-	m, err := keyed.New(keyed.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, mustParse(t, quotaConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, clock)
 	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -58,24 +51,7 @@ func TestQuotaWithEnvoys(t *testing.T) {
 	bucket := map[string]string{"api": "orders", "tenant": "acme"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// settle waits until the server took n reports and every client
-	// received an answer after seen[i], so that the clock moves on only once
-	// the assignments are in force.
-	settle := func(n int, seen []int) {
-		t.Helper()
-		for range n {
-			select {
-			case <-reports:
-			case <-ctx.Done():
-				t.Fatal("the server took no report")
-			}
-		}
-		for i, e := range envoys {
-			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
-				t.Fatalf("client %d: no answer: %v", i, err)
-			}
-		}
-	}
+	settle := func(n int, seen []int) { settled(t, ctx, reports, envoys, n, seen) }
 	received := func() []int { return handled(envoys) }
 
 	const (
@@ -161,14 +137,7 @@ func (w *quotaSwitch) StreamRateLimitQuotas(st rlqspb.RateLimitQuotaService_Stre
 func TestQuotaRestartWithEnvoys(t *testing.T) {
 	const limit = 100
 	clock := newFakeClock()
-	m, err := keyed.New(keyed.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, mustParse(t, quotaConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, clock)
 	reports := make(chan struct{}, 1024)
 	start := func() *rls.QuotaServer {
 		qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
@@ -195,26 +164,8 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	received := func() []int { return handled(envoys) }
-	// answered waits until every client handled an event after seen[i].
-	answered := func(seen []int) {
-		t.Helper()
-		for i, e := range envoys {
-			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
-				t.Fatalf("client %d: no answer: %v", i, err)
-			}
-		}
-	}
-	settle := func(n int, seen []int) {
-		t.Helper()
-		for range n {
-			select {
-			case <-reports:
-			case <-ctx.Done():
-				t.Fatal("the server took no report")
-			}
-		}
-		answered(seen)
-	}
+	answered := func(seen []int) { settled(t, ctx, nil, envoys, 0, seen) }
+	settle := func(n int, seen []int) { settled(t, ctx, reports, envoys, n, seen) }
 
 	const (
 		step      = 10 * time.Millisecond
@@ -352,14 +303,7 @@ func handled(envoys []*rlqstest.Envoy) []int {
 // fallback applies it for its timeout.
 func TestQuotaServerDownWithEnvoys(t *testing.T) {
 	clock := newFakeClock()
-	m, err := keyed.New(keyed.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, mustParse(t, quotaConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, clock)
 	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -465,5 +409,39 @@ func TestQuotaServerDownWithEnvoys(t *testing.T) {
 	}
 	if st := envoys[1].Stats()[rlqstest.Key(bucket)]; st.Source != rlqstest.Fallback || got[1] > 2*5+5 || got[1] < 2*5 {
 		t.Errorf("the client with a fallback past the TTL: source %v, admitted %d in 2 s, want its fallback of 5/s", st.Source, got[1])
+	}
+}
+
+// quotaService returns a Service of quotaConfig over buckets in memory on
+// clock.
+func quotaService(t *testing.T, clock *fakeClock) *rls.Service {
+	t.Helper()
+	m, err := keyed.New(keyed.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// settled waits until the servers took n reports (each a receive on
+// reports) and every client handled an event after seen[i], so that the
+// clock moves on only once the assignments are in force.
+func settled(t *testing.T, ctx context.Context, reports <-chan struct{}, envoys []*rlqstest.Envoy, n int, seen []int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-reports:
+		case <-ctx.Done():
+			t.Fatal("the server took no report")
+		}
+	}
+	for i, e := range envoys {
+		if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
+			t.Fatalf("client %d: no answer: %v", i, err)
+		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/floodgate-go/floodgate/internal/redistest"
-	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/remote"
 	"github.com/floodgate-go/floodgate/rls"
@@ -48,14 +47,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 	const limit = 100
 	clock := newFakeClock()
 	st, _ := sharedStore(t, clock)
-	m, err := keyed.New(keyed.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, mustParse(t, quotaConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, clock)
 	reports := make(chan struct{}, 1024)
 	replicas := make([]*rls.QuotaServer, 3)
 	switches := make([]*quotaSwitch, 3)
@@ -85,21 +77,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	received := func() []int { return handled(envoys) }
-	settle := func(n int, seen []int) {
-		t.Helper()
-		for range n {
-			select {
-			case <-reports:
-			case <-ctx.Done():
-				t.Fatal("the servers took no report")
-			}
-		}
-		for i, e := range envoys {
-			if err := e.WaitReceived(ctx, seen[i]+1); err != nil {
-				t.Fatalf("client %d: no answer: %v", i, err)
-			}
-		}
-	}
+	settle := func(n int, seen []int) { settled(t, ctx, reports, envoys, n, seen) }
 	crashed := false
 	rounds := func() {
 		for r, qs := range replicas {
