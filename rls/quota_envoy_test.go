@@ -265,10 +265,21 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 }
 
 // dialEnvoys connects n Envoy-faithful clients to the quota server on
-// lis, each on a connection of its own, in domain edge, on clock.
+// lis, each on a connection of its own, in domain edge, on clock, with a
+// report every second.
 func dialEnvoys(t *testing.T, lis *bufconn.Listener, clock *fakeClock, n int) []*rlqstest.Envoy {
 	t.Helper()
-	envoys := make([]*rlqstest.Envoy, n)
+	settings := make([]rlqstest.Settings, n)
+	for i := range settings {
+		settings[i] = rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}
+	}
+	return dialEnvoysWith(t, lis, settings)
+}
+
+// dialEnvoysWith is dialEnvoys with each client's settings.
+func dialEnvoysWith(t *testing.T, lis *bufconn.Listener, settings []rlqstest.Settings) []*rlqstest.Envoy {
+	t.Helper()
+	envoys := make([]*rlqstest.Envoy, len(settings))
 	for i := range envoys {
 		conn, err := grpc.NewClient("passthrough:///bufnet",
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -277,7 +288,7 @@ func dialEnvoys(t *testing.T, lis *bufconn.Listener, clock *fakeClock, n int) []
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", rlqstest.Settings{ReportInterval: time.Second, Now: clock.Now}); err != nil {
+		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", settings[i]); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { envoys[i].Close() })
@@ -324,19 +335,8 @@ func TestQuotaServerDownWithEnvoys(t *testing.T) {
 	bucket := map[string]string{"api": "orders", "tenant": "acme"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	envoys := make([]*rlqstest.Envoy, len(settings))
-	for i, s := range settings {
-		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", s); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { envoys[i].Close() })
+	envoys := dialEnvoysWith(t, lis, settings)
+	for i := range envoys {
 		seen := envoys[i].Received()
 		envoys[i].Request(bucket)
 		if err := envoys[i].WaitReceived(ctx, seen+1); err != nil {
