@@ -723,7 +723,11 @@ func (s *QuotaServer) leave(u *quotaSub) {
 // this replica's part comes to is what it asks Redis for at its next
 // round; what it hands out is that part, cut down to the grant Redis gave
 // it. Until its first grant it hands out nothing but newcomers' shares.
-func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
+func (s *QuotaServer) divide(g *quotaGroup, now time.Time) { s.divideAs(g, now, true) }
+
+// divideAs is divide; with assign false, and a store, it only computes
+// what the replica asks Redis for and publishes, and assigns nothing.
+func (s *QuotaServer) divideAs(g *quotaGroup, now time.Time, assign bool) {
 	lim := g.rule.limit.Rate
 	held := 0.0
 	var act []*quotaSub
@@ -756,7 +760,7 @@ func (s *QuotaServer) divide(g *quotaGroup, now time.Time) {
 			part += x
 		}
 		g.want, g.held, g.demands = held+part, held, d
-		if !g.granted || len(act) == 0 {
+		if !assign || !g.granted || len(act) == 0 {
 			return
 		}
 		c = max(0, min(part, g.grant-held))
@@ -854,8 +858,9 @@ func (s *QuotaServer) round(ctx context.Context, draining bool) {
 	for k, g := range s.groups {
 		if !draining && (!g.granted || g.claim > 0) {
 			// A new group's first want, or one that counts the
-			// returning subscribers whose claim it carries.
-			s.divide(g, s.clock())
+			// returning subscribers whose claim it carries: they get
+			// their part with this round.
+			s.divideAs(g, s.clock(), false)
 		}
 		req := remote.ShareRequest{Member: s.member, Limit: g.rule.limit.Rate * (1 - quotaReserve),
 			Want: g.want, Hold: hold, Held: g.held, Demands: publishable(g.demands), Claim: g.claim}

@@ -117,13 +117,61 @@ func TestQuotaWithEnvoys(t *testing.T) {
 
 // quotaSwitch serves RLQS with whichever QuotaServer is current, so that a
 // test can restart the server while the clients' connections stay up.
+// It counts the responses sent (sent), so that a test can wait until its
+// clients have applied them (quiesce).
 type quotaSwitch struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
-	cur atomic.Pointer[rls.QuotaServer]
+	cur  atomic.Pointer[rls.QuotaServer]
+	sent atomic.Int64
 }
 
 func (w *quotaSwitch) StreamRateLimitQuotas(st rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	return w.cur.Load().StreamRateLimitQuotas(st)
+	return w.cur.Load().StreamRateLimitQuotas(&countingStream{st, &w.sent})
+}
+
+type countingStream struct {
+	rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer
+	sent *atomic.Int64
+}
+
+func (s *countingStream) Send(r *rlqspb.RateLimitQuotaResponse) error {
+	err := s.RateLimitQuotaService_StreamRateLimitQuotasServer.Send(r)
+	if err == nil {
+		s.sent.Add(1)
+	}
+	return err
+}
+
+// quiesce waits until the clients have handled every response the
+// switches sent, ends beyond (streams that ended, each an event a client
+// counts) aside, and nothing more was sent for half a millisecond: the
+// servers push changed shares from goroutines of their own, in a number a
+// test cannot know in advance, and a fake clock must not move on before
+// they are applied.
+func quiesce(t *testing.T, ctx context.Context, switches []*quotaSwitch, envoys []*rlqstest.Envoy, ends int) {
+	t.Helper()
+	var since time.Time
+	last := int64(-1)
+	for {
+		var sent int64
+		for _, w := range switches {
+			sent += w.sent.Load()
+		}
+		got := int64(-ends)
+		for _, e := range envoys {
+			got += int64(e.Received())
+		}
+		switch {
+		case sent != got || sent != last:
+			since, last = time.Now(), sent
+		case time.Since(since) >= 500*time.Microsecond:
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("responses sent %d, handled %d: %v", sent, got, ctx.Err())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
 }
 
 // TestQuotaRestartWithEnvoys runs TestQuotaWithEnvoys's three clients

@@ -39,14 +39,24 @@ import (
 // may still enforce: the bound holds, and the band is back once the hold
 // has passed.
 func TestQuotaReplicasWithEnvoys(t *testing.T) {
-	t.Run("shutdown", func(t *testing.T) { testQuotaReplicas(t, false) })
-	t.Run("crash", func(t *testing.T) { testQuotaReplicas(t, true) })
+	standalone := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
+		st, _ := sharedStore(t, clock)
+		return st
+	}
+	// The RLS tests' Cluster backend: a 3-master Cluster, the quota's hash
+	// on the master of its slot.
+	cluster := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
+		return backends[3].store(t, clock).(*redisstore.Store)
+	}
+	t.Run("shutdown", func(t *testing.T) { testQuotaReplicas(t, standalone, false) })
+	t.Run("crash", func(t *testing.T) { testQuotaReplicas(t, standalone, true) })
+	t.Run("cluster/shutdown", func(t *testing.T) { testQuotaReplicas(t, cluster, false) })
 }
 
-func testQuotaReplicas(t *testing.T, crash bool) {
+func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.QuotaStore, crash bool) {
 	const limit = 100
 	clock := newFakeClock()
-	st, _ := sharedStore(t, clock)
+	st := store(t, clock)
 	svc := quotaService(t, clock)
 	reports := make(chan struct{}, 1024)
 	replicas := make([]*rls.QuotaServer, 3)
@@ -79,6 +89,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 	received := func() []int { return handled(envoys) }
 	settle := func(n int, seen []int) { settled(t, ctx, reports, envoys, n, seen) }
 	crashed := false
+	ends := 0 // streams that ended, each an event a client counts
 	rounds := func() {
 		for r, qs := range replicas {
 			if r == 0 && crashed {
@@ -86,6 +97,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 			}
 			qs.Round(bg)
 		}
+		quiesce(t, ctx, switches, envoys, ends)
 	}
 
 	const (
@@ -142,6 +154,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 				qs.Tick()
 			}
 		}
+		quiesce(t, ctx, switches, envoys, ends)
 		enforced := 0.0
 		for _, e := range envoys {
 			enforced += e.Stats()[rlqstest.Key(bucket)].Rate
@@ -159,6 +172,7 @@ func testQuotaReplicas(t *testing.T, crash bool) {
 				replicas[0].Close()
 			}
 			crashed = true
+			ends += 2
 			for i := range 2 {
 				if err := envoys[i].WaitReceived(ctx, seen[i]+1); err != nil {
 					t.Fatal(err)
