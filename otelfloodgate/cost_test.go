@@ -2,7 +2,6 @@ package otelfloodgate
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,10 +10,14 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/floodgate-go/floodgate/internal/calltest"
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/tenant"
 )
+
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
 const methodGenerate = "/llm.v1.Completions/Generate"
 
@@ -42,23 +45,6 @@ func meteredTable(t testing.TB) *tenant.Table {
 	return tbl
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestCost drives metered calls through a real Limiter, as promfloodgate's
 // TestCost does: under the estimate, over it into debt, refused for the
 // debt, and past the debt limit once repaid; and reads the instruments
@@ -72,7 +58,7 @@ func TestCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rec.Close() })
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := fakeclock.New(time.Unix(1000, 0))
 	store, err := keyed.New(keyed.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +84,7 @@ func TestCost(t *testing.T) {
 	if err := call(10); err == nil {
 		t.Fatal("a call while acme owes tokens was admitted")
 	}
-	clk.advance(9 * time.Second)
+	clk.Advance(9 * time.Second)
 	if err := call(50000); err != nil { // 26,000 past the debt limit
 		t.Fatal(err)
 	}
@@ -151,7 +137,7 @@ func TestCostDebt(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := fakeclock.New(time.Unix(1000, 0))
 	rec, err := New(mp, WithMethods(methodGenerate), WithTenantLabels(1), WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +178,7 @@ func TestCostDebt(t *testing.T) {
 		{time.Second, map[string]float64{acme: 2000}},
 		{2 * time.Second, map[string]float64{}},
 	} {
-		clk.advance(step.advance)
+		clk.Advance(step.advance)
 		if diff := cmp.Diff(step.want, floatPoints(t, collect(t, reader)["floodgate.cost.debt"])); diff != "" {
 			t.Errorf("%v on: floodgate.cost.debt (-want +got):\n%s", clk.Now().Sub(time.Unix(1000, 0)), diff)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,10 +14,14 @@ import (
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/calltest"
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/tenant"
 )
+
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
 const methodGenerate = "/llm.v1.Completions/Generate"
 
@@ -47,30 +50,12 @@ func meteredTable(t testing.TB) *tenant.Table {
 	return tbl
 }
 
-// fakeClock is a clock that moves when told.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // meteredLimiter is a Limiter over meteredTable on a keyed store and a
 // fake clock, observed by obs, and a func that makes one call of acme that
 // reports cost tokens and returns its error.
 func meteredLimiter(t *testing.T, obs func(middleware.Event)) (func(cost int64) error, *fakeClock) {
 	t.Helper()
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := fakeclock.New(time.Unix(1000, 0))
 	store, err := keyed.New(keyed.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +100,7 @@ func TestCost(t *testing.T) {
 	if err := call(10); err == nil {
 		t.Fatal("a call while acme owes tokens was admitted")
 	}
-	clk.advance(9 * time.Second)        // 15,000 tokens: the debt and an estimate
+	clk.Advance(9 * time.Second)        // 15,000 tokens: the debt and an estimate
 	if err := call(50000); err != nil { // reserves 4,000, charges 20,000 of 46,000 more
 		t.Fatal(err)
 	}
@@ -240,7 +225,7 @@ func debtTable(t testing.TB) (*tenant.Table, map[string]string) {
 // tenants past the label cap summed in "other"; refill repays it on the
 // collector's clock, and each series goes once its debt is repaid.
 func TestCostDebt(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := fakeclock.New(time.Unix(1000, 0))
 	c, err := New(WithMethods(methodGenerate), WithTenantLabels(1), WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
@@ -293,15 +278,15 @@ func TestCostDebt(t *testing.T) {
 	expect("in debt",
 		`floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 5000`,
 		`floodgate_cost_debt{tenant="other",tier="pro",unit="tokens"} 4000`)
-	clk.advance(2 * time.Second) // 2,000 repaid each: globex is clear
+	clk.Advance(2 * time.Second) // 2,000 repaid each: globex is clear
 	expect("after 2s",
 		`floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 3000`,
 		`floodgate_cost_debt{tenant="other",tier="pro",unit="tokens"} 1000`)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	expect("after 3s", `floodgate_cost_debt{tenant="acme",tier="pro",unit="tokens"} 2000`)
-	clk.advance(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	expect("after 5s, repaid")
-	clk.advance(time.Second) // and an estimate
+	clk.Advance(time.Second) // and an estimate
 	if err := call("acme", 1000); err != nil {
 		t.Fatalf("acme once repaid: %v", err)
 	}
@@ -315,7 +300,7 @@ func TestCostDebt(t *testing.T) {
 // buckets, dropping the one seen longest ago; a settle that leaves a
 // bucket owing nothing clears it; anonymous callers are not followed.
 func TestCostDebtBounded(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := fakeclock.New(time.Unix(1000, 0))
 	c, err := New(WithClock(clk))
 	if err != nil {
 		t.Fatal(err)

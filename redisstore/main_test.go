@@ -11,11 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/internal/redistest"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
+
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
 // shared is one standalone server for the tests that do not kill or hang
 // it; each test uses its own key prefix.
@@ -106,32 +110,6 @@ func newStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) 
 	return s
 }
 
-// fakeClock is a controlled client clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.now = t
-	c.mu.Unlock()
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return fakeclock.New(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)) }
 
 var bg = context.Background()

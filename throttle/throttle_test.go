@@ -3,32 +3,18 @@ package throttle_test
 import (
 	"errors"
 	"math"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/throttle"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *fakeClock { return fakeclock.New(time.Unix(1_700_000_000, 0)) }
 
 // fixed returns a random source that always draws v.
 func fixed(v float64) func() float64 { return func() float64 { return v } }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,12 +14,16 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/floodgate-go/floodgate"
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/rls"
 	"github.com/floodgate-go/floodgate/rls/rlqsclient"
 	"github.com/floodgate-go/floodgate/tenant"
 )
+
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
 // Every key is a bucket of its own with 100 a second, shared by the
 // processes that report it.
@@ -31,26 +34,7 @@ descriptors:
   rate_limit: {unit: second, requests_per_unit: 100}
 `
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return fakeclock.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) }
 
 // env is a QuotaServer over bufconn on a fake clock, with a 1 s report
 // interval (so a 4 s TTL).

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,29 +18,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/rls/rlqstest"
 )
+
+// fakeClock is the tests' controlled clock.
+type fakeClock = fakeclock.Clock
 
 // wait bounds every wait on the fake server or the client; it is a deadline
 // for a hung test, not a pause.
 const wait = 5 * time.Second
-
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // fakeServer is an RLQS server scripted by the test: each stream is handed to
 // the test, which reads its reports and tells it what to send or when to end.
@@ -109,7 +95,7 @@ func newHarness(t *testing.T, s rlqstest.Settings) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
 	s.Now = clock.Now
 	env, err := rlqstest.NewEnvoy(cc, "edge", s)
 	if err != nil {

@@ -21,11 +21,15 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/redisstore"
 	"github.com/floodgate-go/floodgate/rls"
 	"github.com/floodgate-go/floodgate/rls/rlqstest"
 )
+
+// fakeClock is the one clock of a run: servers, Envoys and the RLS store.
+type fakeClock = fakeclock.Clock
 
 // replicas is how many floodgate servers the replicas variant runs.
 const replicas = 3
@@ -68,24 +72,6 @@ const (
 	sRestart = "restart"
 	sCrash   = "crash" // the replicas': the first one stops without a last round
 )
-
-// fakeClock is the one clock of a run: servers, Envoys and the RLS store.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // zipf returns n demands, in requests a second, ∝ 1/rank^s and summing to
 // total; the first is the top.
@@ -131,7 +117,7 @@ type trace struct {
 // timers of their own; the server ticks with Envoy 0. Before the clock
 // moves on, every answer and push the server sent has been applied.
 func simulate(ctx context.Context, r run) (*trace, error) {
-	clock := &fakeClock{now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
+	clock := fakeclock.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	cfg, err := rls.ParseConfig("edge.yaml", []byte(confText))
 	if err != nil {
 		return nil, err
