@@ -32,7 +32,7 @@ import (
 func TestQuotaWithEnvoys(t *testing.T) {
 	const limit = 100
 	clock := newFakeClock()
-	svc := quotaService(t, clock)
+	svc := quotaService(t, clock, quotaConfig)
 	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func quiesce(t *testing.T, ctx context.Context, switches []*quotaSwitch, envoys 
 func TestQuotaRestartWithEnvoys(t *testing.T) {
 	const limit = 100
 	clock := newFakeClock()
-	svc := quotaService(t, clock)
+	svc := quotaService(t, clock, quotaConfig)
 	reports := make(chan struct{}, 1024)
 	start := func() *rls.QuotaServer {
 		qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
@@ -329,14 +329,8 @@ func dialEnvoysWith(t *testing.T, lis *bufconn.Listener, settings []rlqstest.Set
 	t.Helper()
 	envoys := make([]*rlqstest.Envoy, len(settings))
 	for i := range envoys {
-		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		if envoys[i], err = rlqstest.NewEnvoy(conn, "edge", settings[i]); err != nil {
+		var err error
+		if envoys[i], err = rlqstest.NewEnvoy(dialBufconn(t, lis), "edge", settings[i]); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { envoys[i].Close() })
@@ -362,7 +356,7 @@ func handled(envoys []*rlqstest.Envoy) []int {
 // fallback applies it for its timeout.
 func TestQuotaServerDownWithEnvoys(t *testing.T) {
 	clock := newFakeClock()
-	svc := quotaService(t, clock)
+	svc := quotaService(t, clock, quotaConfig)
 	qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -460,15 +454,15 @@ func TestQuotaServerDownWithEnvoys(t *testing.T) {
 	}
 }
 
-// quotaService returns a Service of quotaConfig over buckets in memory on
-// clock.
-func quotaService(t *testing.T, clock *fakeClock) *rls.Service {
+// quotaService returns a Service of the config text cfg over buckets in
+// memory on clock.
+func quotaService(t *testing.T, clock *fakeClock, cfg string) *rls.Service {
 	t.Helper()
 	m, err := keyed.New(keyed.WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := rls.New(m, mustParse(t, quotaConfig))
+	svc, err := rls.New(m, mustParse(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,4 +486,17 @@ func settled(t *testing.T, ctx context.Context, reports <-chan struct{}, envoys 
 			t.Fatalf("client %d: no answer: %v", i, err)
 		}
 	}
+}
+
+// dialBufconn returns a client connection to lis, closed at t's cleanup.
+func dialBufconn(t *testing.T, lis *bufconn.Listener) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -57,7 +57,7 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 	const limit = 100
 	clock := newFakeClock()
 	st := store(t, clock)
-	svc := quotaService(t, clock)
+	svc := quotaService(t, clock, quotaConfig)
 	reports := make(chan struct{}, 1024)
 	replicas := make([]*rls.QuotaServer, 3)
 	switches := make([]*quotaSwitch, 3)

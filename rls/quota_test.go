@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/floodgate-go/floodgate/rls/rlqstest"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -18,14 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/floodgate-go/floodgate"
 	"github.com/floodgate-go/floodgate/internal/optiontest"
-	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/rls"
 	"github.com/floodgate-go/floodgate/rls/internal/share"
 )
@@ -70,14 +67,7 @@ func newQuotaEnv(t *testing.T, cfg string, opts ...rls.QuotaOption) *quotaEnv {
 func newLearningQuotaEnv(t *testing.T, cfg string, opts ...rls.QuotaOption) *quotaEnv {
 	t.Helper()
 	clock := newFakeClock()
-	m, err := keyed.New(keyed.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, mustParse(t, cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, clock, cfg)
 	qs, err := rls.NewQuotaServer(svc, append([]rls.QuotaOption{rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -89,14 +79,7 @@ func newLearningQuotaEnv(t *testing.T, cfg string, opts ...rls.QuotaOption) *quo
 	qs.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(func() { qs.Close(); gs.Stop() })
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	e.client = rlqspb.NewRateLimitQuotaServiceClient(conn)
+	e.client = rlqspb.NewRateLimitQuotaServiceClient(dialBufconn(t, lis))
 	return e
 }
 
@@ -422,14 +405,7 @@ func TestQuotaShutdown(t *testing.T) {
 }
 
 func TestQuotaOptions(t *testing.T) {
-	m, err := keyed.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, newFakeClock(), quotaConfig)
 	for _, tc := range []struct {
 		name string
 		opt  rls.QuotaOption
@@ -466,14 +442,7 @@ func TestQuotaOptions(t *testing.T) {
 // TestQuotaOptionConvention checks the option convention of
 // floodgate.ErrInvalidOption on NewQuotaServer.
 func TestQuotaOptionConvention(t *testing.T) {
-	m, err := keyed.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := rls.New(m, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := quotaService(t, newFakeClock(), quotaConfig)
 	optiontest.Check(t, func(opts ...rls.QuotaOption) error {
 		_, err := rls.NewQuotaServer(svc, opts...)
 		return err
