@@ -194,11 +194,16 @@ func (s *QuotaServer) Collectors() []prometheus.Collector { return s.m.collector
 // TTL returns the time to live of the server's assignments.
 func (s *QuotaServer) TTL() time.Duration { return s.o.ttl }
 
+// RoundPeriod returns how often [QuotaServer.Run] takes the replica's
+// round on its store ([WithQuotaStore]): a quarter of the report interval,
+// within 100 ms and 1 s. A grant lives the TTL plus two periods.
+func (s *QuotaServer) RoundPeriod() time.Duration { return s.o.sharePeriod() }
+
 // Run calls [QuotaServer.Tick] every report interval until ctx ends or the
 // server is closed, and returns ctx's error or nil. With a store
 // ([WithQuotaStore]) it also takes the replica's rounds on Redis: every
-// quarter of the interval (within 100 ms and 1 s), and at once for a
-// group's first grant.
+// [QuotaServer.RoundPeriod], and at once for a new quota or a returning
+// subscriber.
 func (s *QuotaServer) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.interval)
 	defer t.Stop()
@@ -819,8 +824,8 @@ func (s *QuotaServer) divideAs(g *quotaGroup, now time.Time, assign bool) {
 }
 
 // Round takes the replica's round on its store ([WithQuotaStore]), as
-// [QuotaServer.Run] does every quarter interval, at the server's clock's
-// time; without a store it does nothing. A test or simulation driving a
+// [QuotaServer.Run] does every [QuotaServer.RoundPeriod], at the server's
+// clock's time; without a store it does nothing. A test or simulation driving a
 // fake clock calls it instead of Run.
 //
 // A round is one call a quota the replica divides, all of them bounded by

@@ -136,7 +136,7 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 				}
 			}
 		}
-		if now%(time.Second/4) == 0 {
+		if now%replicas[1].RoundPeriod() == 0 {
 			rounds()
 		}
 		if now%time.Second != 0 {
@@ -186,7 +186,7 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 	// then divided again within two reports.
 	settled := crashAt
 	if crash {
-		settled += replicas[1].TTL() + time.Second/2 + 2*time.Second
+		settled += replicas[1].TTL() + 2*replicas[1].RoundPeriod() + 2*time.Second
 	}
 	low, high := math.MaxInt, 0
 	for from := int(warm / step); from+per <= steps; from++ {

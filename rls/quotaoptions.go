@@ -105,8 +105,7 @@ func WithQuotaStore(st QuotaStore) QuotaOption {
 	return func(o *quotaOptions) { o.store = st }
 }
 
-// sharePeriod returns how often a replica on a store takes its round on
-// Redis: a quarter of the report interval, within [100 ms, 1 s].
+// sharePeriod is QuotaServer.RoundPeriod.
 func (o *quotaOptions) sharePeriod() time.Duration {
 	return min(max(o.interval/4, 100*time.Millisecond), time.Second)
 }

@@ -164,9 +164,10 @@ func simulate(ctx context.Context, r run) (*trace, error) {
 	due := make([]int, r.envoys)
 	offset := make([]int, r.envoys) // each Envoy's report phase, in steps
 	every := int(r.interval / step)
-	// The replicas' rounds on Redis, as QuotaServer.Run takes them: every
-	// quarter interval, within 100 ms and 1 s.
-	rounds := int(min(max(r.interval/4, 100*time.Millisecond), time.Second) / step)
+	rounds := 0 // the replicas' rounds on Redis, in steps, as QuotaServer.Run takes them
+	if h != nil && len(h.qss) > 0 {
+		rounds = int(h.qss[0].RoundPeriod() / step)
+	}
 	for i := range offset {
 		if every > 0 {
 			offset[i] = i * every / r.envoys
