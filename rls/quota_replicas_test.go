@@ -32,12 +32,16 @@ import (
 // equal part gets what it wants although the clients wanting most are on
 // other replicas.
 //
-// At 20 s replica 0 stops and its clients come back on replica 1. Shut
-// down (Close), it marks its grant draining, and replica 1 claims it as
-// the clients arrive: every window stays in the band. Crashed, its grant
-// stays held on Redis for its hold, covering the assignments its clients
-// may still enforce: the bound holds, and the band is back once the hold
-// has passed.
+// At 20 s one of three things happens:
+//   - shutdown: replica 0 closes, marking its grant draining; its clients
+//     come back on replica 1, which claims the grant as they arrive: every
+//     window stays in the band;
+//   - crash: replica 0 stops without a word; its grant stays held on Redis
+//     for its hold, covering the assignments its clients may still enforce:
+//     the bound holds, and the band is back once the hold has passed;
+//   - reload: each replica's config halves the quota, 300 ms apart, as
+//     replicas reloading one file do: every window holds the quota in force
+//     over it, and the band returns within 3 s.
 func TestQuotaReplicasWithEnvoys(t *testing.T) {
 	standalone := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
 		st, _ := sharedStore(t, clock)
@@ -48,22 +52,23 @@ func TestQuotaReplicasWithEnvoys(t *testing.T) {
 	cluster := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
 		return backends[3].store(t, clock).(*redisstore.Store)
 	}
-	t.Run("shutdown", func(t *testing.T) { testQuotaReplicas(t, standalone, false) })
-	t.Run("crash", func(t *testing.T) { testQuotaReplicas(t, standalone, true) })
-	t.Run("cluster/shutdown", func(t *testing.T) { testQuotaReplicas(t, cluster, false) })
+	t.Run("shutdown", func(t *testing.T) { testQuotaReplicas(t, standalone, "shutdown") })
+	t.Run("crash", func(t *testing.T) { testQuotaReplicas(t, standalone, "crash") })
+	t.Run("reload", func(t *testing.T) { testQuotaReplicas(t, standalone, "reload") })
+	t.Run("cluster/shutdown", func(t *testing.T) { testQuotaReplicas(t, cluster, "shutdown") })
 }
 
-func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.QuotaStore, crash bool) {
-	const limit = 100
+func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.QuotaStore, event string) {
 	clock := newFakeClock()
 	st := store(t, clock)
-	svc := quotaService(t, clock, quotaConfig)
 	reports := make(chan struct{}, 1024)
 	replicas := make([]*rls.QuotaServer, 3)
+	services := make([]*rls.Service, 3)
 	switches := make([]*quotaSwitch, 3)
 	envoys := make([]*rlqstest.Envoy, 0, 6)
 	for r := range replicas {
-		qs, err := rls.NewQuotaServer(svc, rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock), rls.WithQuotaStore(st))
+		services[r] = quotaService(t, clock, quotaConfig)
+		qs, err := rls.NewQuotaServer(services[r], rls.WithReportInterval(time.Second), rls.WithQuotaClock(clock), rls.WithQuotaStore(st))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,9 +109,20 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 		step     = 10 * time.Millisecond
 		duration = 40 * time.Second
 		warm     = 3 * time.Second // the first two reports
-		crashAt  = 20 * time.Second
+		eventAt  = 20 * time.Second
 		window   = 10 * time.Second
 	)
+	// limitAt is the quota in force at now: halved by the reload, once
+	// every replica has applied it (at its first report after its reload).
+	limitAt := func(now time.Duration) float64 {
+		if event == "reload" && now > eventAt+time.Second {
+			return 50
+		}
+		return 100
+	}
+	// The reload: replica r takes the halved quota at 20 s + r × stagger.
+	halved := mustParse(t, strings.Replace(quotaConfig, "requests_per_unit: 100", "requests_per_unit: 50", 1))
+	const stagger = 300 * time.Millisecond
 	owed := make([]float64, len(envoys))
 	steps := int(duration / step)
 	admitted := make([]int, steps+1) // the fleet's, by step
@@ -128,13 +144,16 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 				if ok {
 					admitted[k]++
 				}
-				if now > warm && now <= crashAt {
+				if now > warm && now <= eventAt {
 					offered[i]++
 					if ok {
 						got[i]++
 					}
 				}
 			}
+		}
+		if since := now - eventAt; event == "reload" && since >= 0 && since%stagger == 0 && since/stagger < 3 {
+			services[since/stagger].SetConfig(halved)
 		}
 		if now%replicas[1].RoundPeriod() == 0 {
 			rounds()
@@ -159,14 +178,14 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 		for _, e := range envoys {
 			enforced += e.Stats()[rlqstest.Key(bucket)].Rate
 		}
-		if now > warm && enforced > limit {
-			t.Errorf("%v: the clients enforce %.1f/s together, over the quota", now, enforced)
+		if lim := limitAt(now); now > warm && (now <= eventAt || now >= eventAt+2*time.Second) && enforced > lim {
+			t.Errorf("%v: the clients enforce %.1f/s together, over the quota of %.0f", now, enforced, lim)
 		}
-		if now == crashAt {
+		if now == eventAt && event != "reload" {
 			// Replica 0 ends its streams; its clients keep their
 			// assignments and reach replica 1 on their next report.
 			seen := received()
-			if crash {
+			if event == "crash" {
 				rls.Crash(replicas[0])
 			} else {
 				replicas[0].Close()
@@ -184,28 +203,32 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 	per := int(window / step)
 	// After a crash, replica 0's grant is held for the TTL and two rounds,
 	// then divided again within two reports.
-	settled := crashAt
-	if crash {
+	settled := eventAt
+	switch event {
+	case "crash":
 		settled += replicas[1].TTL() + 2*replicas[1].RoundPeriod() + 2*time.Second
+	case "reload":
+		settled += 3 * time.Second
 	}
-	low, high := math.MaxInt, 0
+	lowR, highR := math.Inf(1), 0.0 // admitted ÷ the quota in force, over the band's span
 	for from := int(warm / step); from+per <= steps; from++ {
-		n := 0
+		n, quota := 0, 0.0
 		for k := from + 1; k <= from+per; k++ {
 			n += admitted[k]
+			quota += limitAt(time.Duration(k)*step) * step.Seconds()
 		}
 		at := time.Duration(from) * step
-		if float64(n) > 1.03*limit*window.Seconds() {
-			t.Errorf("the fleet admitted %d in the 10 s from %v, over 103%% of the quota", n, at)
+		if float64(n) > 1.03*quota {
+			t.Errorf("the fleet admitted %d in the 10 s from %v, over 103%% of the quota in force (%.0f)", n, at, quota)
 		}
-		if at+window <= crashAt || at >= settled {
-			low, high = min(low, n), max(high, n)
-			if float64(n) < 0.95*limit*window.Seconds() {
-				t.Errorf("the fleet admitted %d in the 10 s from %v, under 95%% of the quota", n, at)
+		if at+window <= eventAt || at >= settled {
+			lowR, highR = min(lowR, float64(n)/quota), max(highR, float64(n)/quota)
+			if float64(n) < 0.95*quota {
+				t.Errorf("the fleet admitted %d in the 10 s from %v, under 95%% of the quota in force (%.0f)", n, at, quota)
 			}
 		}
 	}
-	t.Logf("10 s windows in the band's span: %d–%d (quota %d)", low, high, limit*int(window.Seconds()))
+	t.Logf("10 s windows in the band's span: %.3f–%.3f of the quota in force", lowR, highR)
 	for i := range envoys {
 		t.Logf("client %d (replica %d): wants %.0f/s, admitted %d of %d before the crash", i, i/2, demands[i], got[i], offered[i])
 	}
