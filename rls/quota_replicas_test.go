@@ -41,26 +41,30 @@ import (
 //     the bound holds, and the band is back once the hold has passed;
 //   - reload: each replica's config halves the quota, 300 ms apart, as
 //     replicas reloading one file do: every window holds the quota in force
-//     over it, and the band returns within 3 s.
+//     over it, and the band returns within 3 s;
+//   - flush: Redis loses every grant (FLUSHDB, as a restart without
+//     persistence does): the replicas' next rounds grant anew within the
+//     quota, and every window stays in the band.
 func TestQuotaReplicasWithEnvoys(t *testing.T) {
-	standalone := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
-		st, _ := sharedStore(t, clock)
-		return st
+	// The store, and a function that empties its Redis.
+	standalone := func(t *testing.T, clock *fakeClock) (rls.QuotaStore, func() error) {
+		st, c := sharedStore(t, clock)
+		return st, func() error { return c.FlushDB(bg).Err() }
 	}
 	// The RLS tests' Cluster backend: a 3-master Cluster, the quota's hash
 	// on the master of its slot.
-	cluster := func(t *testing.T, clock *fakeClock) rls.QuotaStore {
-		return backends[3].store(t, clock).(*redisstore.Store)
+	cluster := func(t *testing.T, clock *fakeClock) (rls.QuotaStore, func() error) {
+		return backends[3].store(t, clock).(*redisstore.Store), nil
 	}
-	t.Run("shutdown", func(t *testing.T) { testQuotaReplicas(t, standalone, "shutdown") })
-	t.Run("crash", func(t *testing.T) { testQuotaReplicas(t, standalone, "crash") })
-	t.Run("reload", func(t *testing.T) { testQuotaReplicas(t, standalone, "reload") })
+	for _, event := range []string{"shutdown", "crash", "reload", "flush"} {
+		t.Run(event, func(t *testing.T) { testQuotaReplicas(t, standalone, event) })
+	}
 	t.Run("cluster/shutdown", func(t *testing.T) { testQuotaReplicas(t, cluster, "shutdown") })
 }
 
-func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.QuotaStore, event string) {
+func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) (rls.QuotaStore, func() error), event string) {
 	clock := newFakeClock()
-	st := store(t, clock)
+	st, flush := store(t, clock)
 	reports := make(chan struct{}, 1024)
 	replicas := make([]*rls.QuotaServer, 3)
 	services := make([]*rls.Service, 3)
@@ -181,7 +185,12 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) rls.Quot
 		if lim := limitAt(now); now > warm && (now <= eventAt || now >= eventAt+2*time.Second) && enforced > lim {
 			t.Errorf("%v: the clients enforce %.1f/s together, over the quota of %.0f", now, enforced, lim)
 		}
-		if now == eventAt && event != "reload" {
+		if now == eventAt && event == "flush" {
+			if err := flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if now == eventAt && (event == "shutdown" || event == "crash") {
 			// Replica 0 ends its streams; its clients keep their
 			// assignments and reach replica 1 on their next report.
 			seen := received()
