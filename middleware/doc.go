@@ -29,9 +29,11 @@
 //	               rejected → the Rejection and its pushback trailer; the
 //	                          handler never runs
 //
-// A stream takes the same path, but is not held to the controller: once
-// the stream interceptor has seen a method, the tap stops counting its
-// calls in. Without the tap handle (the interceptors alone) the
+// The tap counts a call into the controller only once the unary
+// interceptor has seen its method: the tap cannot tell a stream from a
+// unary call. A method's first calls are counted in by the interceptor,
+// and a stream takes the same path but is never held to the controller.
+// Without the tap handle (the interceptors alone) the
 // interceptor resolves every call, and each header it reads is copied.
 //
 // The Limiter joins three parts built elsewhere: a floodgate.Store holding

@@ -31,6 +31,8 @@ const (
 	globexKey = "globex-0123456789abcdef"
 	methodGet = "/inventory.v1.Inventory/Get"
 	methodPut = "/inventory.v1.Inventory/Put"
+	// methodStream is a server-streaming method.
+	methodStream = "/inventory.v1.Inventory/Watch"
 )
 
 func hashKey(t testing.TB, key string) string {

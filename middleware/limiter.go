@@ -230,7 +230,7 @@ type Limiter struct {
 	keys     *keyCache
 	routes   *lru.Cache[routeKey, *route]
 	pen      *penalties
-	streams  streamMethods
+	unary    methodSet
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.

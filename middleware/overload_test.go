@@ -196,10 +196,14 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 	}
 }
 
-// The tap counts every call into the overload controller as it enters,
-// streams too; the stream interceptor gives a stream's place back at once,
-// so that a long stream does not hold it while it lasts.
-func TestStreamGivesItsOverloadPlaceBack(t *testing.T) {
+// The tap handle counts a call into the overload controller only once the
+// unary interceptor has seen its method: a method's first call takes its
+// place in the interceptor, later ones at the tap, and a stream, which the
+// controller does not hold, neither takes a place nor is turned away at
+// the tap while the server is full, from the server's first call on.
+func TestTapCountsKnownUnaryMethods(t *testing.T) {
+	// One slot and, before any call has completed, a queue of 4: five
+	// places.
 	ctrl, err := overload.New(overload.WithLimits(1, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -210,17 +214,56 @@ func TestStreamGivesItsOverloadPlaceBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := metadata.Pairs("x-api-key", acmeKey)
-	ctx, err := l.TapHandle(benchCtx(md), &tap.Info{FullMethodName: methodGet, Header: md})
+	var cancels []context.CancelFunc
+	t.Cleanup(func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	})
+	tapped := func(method string) (context.Context, error) {
+		ctx, cancel := context.WithCancel(benchCtx(md))
+		cancels = append(cancels, cancel)
+		return l.TapHandle(ctx, &tap.Info{FullMethodName: method, Header: md})
+	}
+	inside := func() int { return ctrl.Snapshot().Inside }
+
+	// The server's first call, of a method the tap does not know yet.
+	ctx, err := tapped(methodGet)
+	if err != nil || inside() != 0 {
+		t.Fatalf("tap of a new method: err %v, inside %d; want nil and 0", err, inside())
+	}
+	during := -1
+	_, err = l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet},
+		func(context.Context, any) (any, error) { during = inside(); return nil, nil })
+	if err != nil || during != 1 || inside() != 0 {
+		t.Fatalf("first unary call: err %v, inside while it ran %d, after %d; want nil, 1, 0", err, during, inside())
+	}
+
+	// Known now: the tap counts its calls in, until the server holds all
+	// it can run and queue, and turns acme, holding them all, away.
+	shed := false
+	for range 10 {
+		if _, err := tapped(methodGet); err != nil {
+			shed = true
+			break
+		}
+	}
+	if !shed || inside() != 5 {
+		t.Fatalf("tap of a known method: shed %v with %d inside; want shed at 5", shed, inside())
+	}
+
+	// A stream while the server is full: not turned away, not counted in.
+	sctx, err := tapped(methodStream)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("tap of a stream while the server is full: %v, want it left to the stream interceptor", err)
 	}
-	if got := ctrl.Snapshot().Inside; got != 1 {
-		t.Fatalf("inside after the tap = %d, want 1", got)
+	during = -1
+	err = l.StreamServerInterceptor()(nil, &serverStream{ctx: sctx}, &grpc.StreamServerInfo{FullMethod: methodStream},
+		func(any, grpc.ServerStream) error { during = inside(); return nil })
+	if err != nil || during != 5 {
+		t.Errorf("stream: err %v, inside while it ran %d; want nil and 5", err, during)
 	}
-	inside := -1
-	err = l.StreamServerInterceptor()(nil, &serverStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: methodGet},
-		func(any, grpc.ServerStream) error { inside = ctrl.Snapshot().Inside; return nil })
-	if err != nil || inside != 0 {
-		t.Errorf("stream: err %v, inside while it ran %d; want nil and 0", err, inside)
+	if _, err := tapped(methodStream); err != nil {
+		t.Errorf("the method's second stream: %v, want it left to the stream interceptor", err)
 	}
 }

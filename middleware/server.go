@@ -117,11 +117,6 @@ func (l *Limiter) reject(ctx context.Context, e *Rejection, err error) error {
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
-		if l.o.overload != nil {
-			// A stream is not held to the controller: the tap stops
-			// counting its method's calls in.
-			l.streams.add(info.FullMethod)
-		}
 		// The table is read before the decision: if a reload comes between
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.
@@ -225,10 +220,10 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // the context the call runs with, which keeps the call's headers, and the
 // resolution it made of the call, for the interceptors: they decide into
 // it, and resolve the call only when the tap did not or the tenant table
-// changed since. With an overload controller (WithOverload) it counts each
-// call into the controller as it enters (but a stream's, once the stream
-// interceptor has seen its method: the controller does not hold streams),
-// and turns a call away when the server holds all the calls it can run and
+// changed since. With an overload controller (WithOverload) it counts a
+// call into the controller as it enters once the unary interceptor has
+// seen the call's method (so never a stream: the controller does not hold
+// streams), and turns a call away when the server holds all the calls it can run and
 // queue and the caller's flow holds at least its share of them. Without
 // one, it rejects only callers the interceptor would reject too: the CPU
 // gate is shedding (at or below WithTapFloor's scale, by default at any
@@ -257,7 +252,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	dc := &decisionCtx{Context: ctx, tap: true, md: info.Header}
 	dc.v.method = info.FullMethodName
 	ctl := l.o.overload
-	if ctl != nil && (l.o.dryRun || l.streams.has(info.FullMethodName)) {
+	if ctl != nil && (l.o.dryRun || !l.unary.has(info.FullMethodName)) {
 		ctl = nil
 	}
 	g := l.o.gate
@@ -326,24 +321,26 @@ func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict)
 	return c.Enter(ctx, f)
 }
 
-// streamMethods are the stream methods the stream interceptor has seen
-// under an overload controller, at most maxStreamMethods of them (an
-// unknown-service handler sees any name): the tap handle does not count
-// their calls into the controller, which does not hold streams.
-type streamMethods struct {
+// methodSet holds the unary methods the unary interceptor has seen under an
+// overload controller, at most maxMethods of them: the tap handle counts
+// their calls into the controller. A method's first calls, and every
+// stream, which the controller does not hold, are not counted in at the
+// tap: the tap cannot tell a stream from a unary call, and a method it
+// does not know may be either.
+type methodSet struct {
 	m sync.Map // method → struct{}
 	n atomic.Int32
 }
 
-const maxStreamMethods = 1024
+const maxMethods = 1024
 
-func (s *streamMethods) has(method string) bool {
+func (s *methodSet) has(method string) bool {
 	_, ok := s.m.Load(method)
 	return ok
 }
 
-func (s *streamMethods) add(method string) {
-	if s.has(method) || s.n.Load() >= maxStreamMethods {
+func (s *methodSet) add(method string) {
+	if s.has(method) || s.n.Load() >= maxMethods {
 		return
 	}
 	if _, loaded := s.m.LoadOrStore(method, struct{}{}); !loaded {
