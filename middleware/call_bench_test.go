@@ -121,7 +121,8 @@ func BenchmarkCall(b *testing.B) {
 // bufconn, by pairs of blocks of calls without and with it, alternating
 // which goes first, so that both see the same machine (see pairs). admitted and admitted-overload compare an admitted call
 // with the same call on a server without the Limiter; rejected compares a
-// rejected call with a health check (exempt) on the same server.
+// rejected call with a health check (exempt) on the same server, and
+// rejected-nodetails the same without status details (WithDetails(false)).
 func BenchmarkShare(b *testing.B) {
 	in, out := new(emptypb.Empty), new(emptypb.Empty)
 	open := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "open-key-0123456789")
@@ -133,8 +134,8 @@ func BenchmarkShare(b *testing.B) {
 		req, resp := &healthpb.HealthCheckRequest{}, new(healthpb.HealthCheckResponse)
 		return func() { _ = cc.Invoke(open, "/grpc.health.v1.Health/Check", req, resp) }
 	}
-	limited := func(b *testing.B, ctl bool) *grpc.ClientConn {
-		var opts []middleware.Option
+	limited := func(b *testing.B, ctl bool, more ...middleware.Option) *grpc.ClientConn {
+		opts := more
 		if ctl {
 			c, err := overload.New()
 			if err != nil {
@@ -150,12 +151,17 @@ func BenchmarkShare(b *testing.B) {
 	b.Run("admitted-overload", func(b *testing.B) {
 		pairs(b, get(open, benchServer(b)), get(open, limited(b, true)))
 	})
-	b.Run("rejected", func(b *testing.B) {
-		cc := limited(b, false)
-		reject := get(closed, cc)
-		reject() // the closed tenant's one token
-		pairs(b, check(cc), reject)
-	})
+	for _, bc := range []struct {
+		name    string
+		details bool
+	}{{"rejected", true}, {"rejected-nodetails", false}} {
+		b.Run(bc.name, func(b *testing.B) {
+			cc := limited(b, false, middleware.WithDetails(bc.details))
+			reject := get(closed, cc)
+			reject() // the closed tenant's one token
+			pairs(b, check(cc), reject)
+		})
+	}
 }
 
 // pairs runs b's loop through without and with in pairs of blocks of
