@@ -150,11 +150,10 @@ func (l *Limiter) Admit(ctx context.Context, c Call) (Admission, error) {
 // none, for a stream and for Limit, which see no end of the call), filling
 // in a, which the interceptors keep on their stack. It reuses the tap
 // handle's resolution of the call, carried by ctx, when the tenant table
-// has not changed since. A call the tap handle did not count into ctl
-// enters it here when the tap handle saw it (its method was new to the
-// tap) or when enter is set (Admit); the interceptors' calls on a server
-// without the tap handle go to Acquire without, which the controller
-// counts as untapped.
+// has not changed since. enter says whether a call the tap handle did not
+// count into ctl enters it here (Admit), or goes to Acquire without
+// (the interceptors on a server without the tap handle, which the
+// controller counts as untapped).
 func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, enter bool, a *Admission) error {
 	a.ctx = ctx
 	dc, _ := ctx.Value(decisionKey{}).(*decisionCtx)
@@ -183,17 +182,17 @@ func (l *Limiter) admit(ctx context.Context, c *Call, ctl *overload.Controller, 
 	}
 	v.method, v.dryRun, v.gated = c.Method, l.o.dryRun, ctl != nil
 	entered := dc != nil && dc.entered
+	if entered && dc.learn && ctl != nil && !enter {
+		// The unary interceptor's call of a method new to the tap: from
+		// now on the tap may turn the method's calls away.
+		l.unary.add(c.Method)
+	}
 	switch {
 	case entered && ctl == nil:
 		// The tap counted the call in, and it will not be held: its
 		// place goes back now.
 		l.o.overload.Leave(ctx)
-	case ctl != nil && !entered && (enter || dc != nil):
-		// Admit's call, or a call the tap handle did not count in because
-		// it did not know the method yet: it will from now on.
-		if dc != nil {
-			l.unary.add(c.Method)
-		}
+	case ctl != nil && !entered && enter:
 		var in bool
 		if ctx, in = l.enter(ctx, ctl, v); !in {
 			// Turned away as it entered, as the tap handle turns calls

@@ -17,8 +17,9 @@
 //	               bucket key and flow ─► priority) in the tenant table in
 //	               force, counts the call into the controller (Enter) and
 //	               may reject it: server full and the caller's flow at its
-//	               fair share, or the caller inside a retry delay the gate
-//	               gave it. The call's body is never read then.
+//	               fair share (a unary method the interceptor has seen),
+//	               or the caller inside a retry delay the gate gave it.
+//	               The call's body is never read then.
 //	handler g. ─►  interceptor ─► Admit: the tap's resolution, when it made
 //	               one in the table still in force (else resolve, once) ─►
 //	               store.TakeN(key, limit (× gate scale), cost) ─►
@@ -29,12 +30,13 @@
 //	               rejected → the Rejection and its pushback trailer; the
 //	                          handler never runs
 //
-// The tap counts a call into the controller only once the unary
-// interceptor has seen its method: the tap cannot tell a stream from a
-// unary call. A method's first calls are counted in by the interceptor,
-// and a stream takes the same path but is never held to the controller.
-// Without the tap handle (the interceptors alone) the
-// interceptor resolves every call, and each header it reads is copied.
+// A stream takes the same path, but is not held to the controller. The tap
+// cannot tell a stream from a unary call: it counts in the calls of a
+// method neither interceptor has seen, but turns them away only once the
+// unary interceptor has seen the method, and stops counting a method's
+// calls in once the stream interceptor has. Without the tap handle (the
+// interceptors alone) the interceptor resolves every call, and each header
+// it reads is copied.
 //
 // The Limiter joins three parts built elsewhere: a floodgate.Store holding
 // the buckets (keyed in memory, redisstore across instances), the tenant

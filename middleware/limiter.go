@@ -231,6 +231,7 @@ type Limiter struct {
 	routes   *lru.Cache[routeKey, *route]
 	pen      *penalties
 	unary    methodSet
+	streams  methodSet
 }
 
 // New returns a Limiter taking tokens from store under the tables' rules.
@@ -346,11 +347,12 @@ type decisionCtx struct {
 	v verdict
 	// The tap handle's: the call's headers as it got them, the table it
 	// resolved the call in, whether it made this context, resolved the
-	// call (it may not hash an API key), and counted it into the overload
-	// controller.
-	md                     metadata.MD
-	table                  *tenant.Table
-	tap, resolved, entered bool
+	// call (it may not hash an API key), counted it into the overload
+	// controller, and did not know its method (the unary interceptor
+	// learns it).
+	md                            metadata.MD
+	table                         *tenant.Table
+	tap, resolved, entered, learn bool
 	// decided: v is the call's decision (FromContext). It is stored after
 	// v is written, on the handler's goroutine, and loaded before v is
 	// read, by what derives from the tap's context on any goroutine.

@@ -165,12 +165,13 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // reason "OVERLOADED" and the controller's retry delay. Each tenant is
 // one flow of its tier's weight and priority (a method entry's priority
 // overrides it); anonymous callers are one flow per address prefix, of the
-// anonymous policy's weight. The tap handle counts a call into the
-// controller as it enters (so install it: grpc.InTapHandle) once the unary
-// interceptor has seen the call's method, and while the server holds all
-// it can run and queue, turns away callers at their share before their
-// request is read; the unary interceptor counts in the first calls of a
-// method itself, and no stream is counted in.
+// anonymous policy's weight. The tap handle counts every call into the
+// controller as it enters (so install it: grpc.InTapHandle), and while the
+// server holds all it can run and queue, turns away callers at their share
+// before their request is read, once the unary interceptor has seen the
+// call's method. Install the stream interceptor too: the controller does
+// not hold streams, and once it has seen a stream method the tap handle
+// stops counting that method's calls in.
 //
 // This is the recommended overload protection: the controller finds how
 // many calls the server runs at once from their service times, and sheds the tenants over
@@ -289,7 +290,8 @@ func WithCodes(quota, overload codes.Code) Option {
 
 // WithDetails sets whether rejections carry status details (ErrorInfo,
 // RetryInfo, and QuotaFailure for quota rejections). The default is true;
-// without details a rejection is a prebuilt status and costs less. A
+// without details a rejection is a bare status, which costs less to send
+// and to parse, and its retry delay is only in the pushback trailer. A
 // repeated call replaces the setting.
 func WithDetails(on bool) Option { return func(o *options) { o.details = on } }
 

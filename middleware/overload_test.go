@@ -196,14 +196,15 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 	}
 }
 
-// The tap handle counts a call into the overload controller only once the
-// unary interceptor has seen its method: a method's first call takes its
-// place in the interceptor, later ones at the tap, and a stream, which the
-// controller does not hold, neither takes a place nor is turned away at
-// the tap while the server is full, from the server's first call on.
-func TestTapCountsKnownUnaryMethods(t *testing.T) {
-	// One slot and, before any call has completed, a queue of 4: five
-	// places.
+// The tap handle counts every call into the overload controller, but turns
+// away only the calls of a method the unary interceptor has seen: a
+// method it does not know may be a stream's, which the controller does not
+// hold. So from the server's first call on, a stream is never turned away
+// at the tap, and once the stream interceptor has seen its method, its
+// calls are no longer counted in.
+func TestTapShedsKnownUnaryMethods(t *testing.T) {
+	// One slot and, until the controller's first control step, a queue of
+	// 4: five places.
 	ctrl, err := overload.New(overload.WithLimits(1, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -227,10 +228,11 @@ func TestTapCountsKnownUnaryMethods(t *testing.T) {
 	}
 	inside := func() int { return ctrl.Snapshot().Inside }
 
-	// The server's first call, of a method the tap does not know yet.
+	// The server's first call, of a method the tap does not know yet:
+	// counted in at the tap, held by the interceptor.
 	ctx, err := tapped(methodGet)
-	if err != nil || inside() != 0 {
-		t.Fatalf("tap of a new method: err %v, inside %d; want nil and 0", err, inside())
+	if err != nil || inside() != 1 {
+		t.Fatalf("tap of a new method: err %v, inside %d; want nil and 1", err, inside())
 	}
 	during := -1
 	_, err = l.UnaryServerInterceptor()(ctx, nil, &grpc.UnaryServerInfo{FullMethod: methodGet},
@@ -239,8 +241,8 @@ func TestTapCountsKnownUnaryMethods(t *testing.T) {
 		t.Fatalf("first unary call: err %v, inside while it ran %d, after %d; want nil, 1, 0", err, during, inside())
 	}
 
-	// Known now: the tap counts its calls in, until the server holds all
-	// it can run and queue, and turns acme, holding them all, away.
+	// Known now: the tap turns acme away once the server holds all it
+	// can run and queue, all of it acme's.
 	shed := false
 	for range 10 {
 		if _, err := tapped(methodGet); err != nil {
@@ -249,13 +251,14 @@ func TestTapCountsKnownUnaryMethods(t *testing.T) {
 		}
 	}
 	if !shed || inside() != 5 {
-		t.Fatalf("tap of a known method: shed %v with %d inside; want shed at 5", shed, inside())
+		t.Fatalf("tap of a known unary method: shed %v with %d inside; want shed at 5", shed, inside())
 	}
 
-	// A stream while the server is full: not turned away, not counted in.
+	// A stream while the server is full: counted in, not turned away; the
+	// stream interceptor gives its place back at once.
 	sctx, err := tapped(methodStream)
-	if err != nil {
-		t.Fatalf("tap of a stream while the server is full: %v, want it left to the stream interceptor", err)
+	if err != nil || inside() != 6 {
+		t.Fatalf("tap of a new method while the server is full: err %v, inside %d; want nil and 6", err, inside())
 	}
 	during = -1
 	err = l.StreamServerInterceptor()(nil, &serverStream{ctx: sctx}, &grpc.StreamServerInfo{FullMethod: methodStream},
@@ -263,7 +266,11 @@ func TestTapCountsKnownUnaryMethods(t *testing.T) {
 	if err != nil || during != 5 {
 		t.Errorf("stream: err %v, inside while it ran %d; want nil and 5", err, during)
 	}
-	if _, err := tapped(methodStream); err != nil {
-		t.Errorf("the method's second stream: %v, want it left to the stream interceptor", err)
+	// The stream method is known now: its calls are not counted in.
+	if _, err := tapped(methodStream); err != nil || inside() != 5 {
+		t.Errorf("the method's second stream: err %v, inside %d; want nil and 5", err, inside())
+	}
+	if s := ctrl.Snapshot(); s.Untapped != 0 {
+		t.Errorf("untapped = %d, want 0: every call went through the tap", s.Untapped)
 	}
 }

@@ -117,6 +117,11 @@ func (l *Limiter) reject(ctx context.Context, e *Rejection, err error) error {
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
+		if l.o.overload != nil {
+			// A stream is not held to the controller: the tap stops
+			// counting its method's calls in.
+			l.streams.add(info.FullMethod)
+		}
 		// The table is read before the decision: if a reload comes between
 		// the two, the first message resolves the route again, needlessly
 		// but harmlessly.
@@ -220,14 +225,15 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // the context the call runs with, which keeps the call's headers, and the
 // resolution it made of the call, for the interceptors: they decide into
 // it, and resolve the call only when the tap did not or the tenant table
-// changed since. With an overload controller (WithOverload) it counts a
-// call into the controller as it enters once the unary interceptor has
-// seen the call's method (so never a stream: the controller does not hold
-// streams), and turns a call away when the server holds all the calls it can run and
-// queue and the caller's flow holds at least its share of them. Without
-// one, it rejects only callers the interceptor would reject too: the CPU
-// gate is shedding (at or below WithTapFloor's scale, by default at any
-// scale) and the caller is over its share. A caller is over its share
+// changed since. With an overload controller (WithOverload) it counts each
+// call into the controller as it enters (but a stream's, once the stream
+// interceptor has seen its method: the controller does not hold streams),
+// and turns a call away when the server holds all the calls it can run
+// and queue and the caller's flow holds at least its share of them, once
+// the unary interceptor has seen the call's method. Without a controller,
+// and for the streams it knows, it rejects only callers the interceptor
+// would reject too: the CPU gate is shedding (at or below WithTapFloor's
+// scale, by default at any scale) and the caller is over its share. A caller is over its share
 // while a retry delay the interceptor gave it under the gate has not yet
 // run out: for each of the gate's rejections (ReasonGate), the interceptor remembers, per
 // bucket subject (a tenant, or an anonymous address), until when it told
@@ -252,7 +258,7 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	dc := &decisionCtx{Context: ctx, tap: true, md: info.Header}
 	dc.v.method = info.FullMethodName
 	ctl := l.o.overload
-	if ctl != nil && (l.o.dryRun || !l.unary.has(info.FullMethodName)) {
+	if ctl != nil && (l.o.dryRun || l.streams.has(info.FullMethodName)) {
 		ctl = nil
 	}
 	g := l.o.gate
@@ -265,6 +271,13 @@ func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Contex
 	dc.table = l.tables.Table()
 	dc.resolved = l.resolve(ctx, &c, dc.table, true, &dc.v)
 	if ctl != nil {
+		if !l.unary.has(info.FullMethodName) {
+			// A method the interceptors have not seen may be a stream's,
+			// which the controller does not hold: counted in, not turned
+			// away, until the unary interceptor has seen it.
+			dc.Context, dc.entered, dc.learn = l.enterAlways(ctx, ctl, &dc.v), true, true
+			return dc, nil
+		}
 		ctx, in := l.enter(ctx, ctl, &dc.v)
 		if !in {
 			return ctx, l.tapReject(&dc.v, ReasonOverload, ctl.RetryAfter())
@@ -321,12 +334,20 @@ func (l *Limiter) enter(ctx context.Context, c *overload.Controller, v *verdict)
 	return c.Enter(ctx, f)
 }
 
-// methodSet holds the unary methods the unary interceptor has seen under an
-// overload controller, at most maxMethods of them: the tap handle counts
-// their calls into the controller. A method's first calls, and every
-// stream, which the controller does not hold, are not counted in at the
-// tap: the tap cannot tell a stream from a unary call, and a method it
-// does not know may be either.
+// enterAlways is enter for a call the controller must not turn away
+// (overload.Controller.EnterAlways).
+func (l *Limiter) enterAlways(ctx context.Context, c *overload.Controller, v *verdict) context.Context {
+	f := v.r.flow
+	f.Priority = v.prio
+	return c.EnterAlways(ctx, f)
+}
+
+// A methodSet holds methods the interceptors have seen under an overload
+// controller, at most maxMethods of them (an unknown-service handler sees
+// any name). The tap handle cannot tell a stream from a unary call: it
+// does not count in the calls of the stream methods (Limiter.streams), and
+// turns away only the calls of the unary ones (Limiter.unary). A method in
+// neither is counted in but not turned away.
 type methodSet struct {
 	m sync.Map // method → struct{}
 	n atomic.Int32

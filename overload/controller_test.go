@@ -436,6 +436,45 @@ func TestEnter(t *testing.T) {
 	})
 }
 
+// EnterAlways counts a call in as Enter does, but in a full server it
+// neither turns the call away nor takes another flow's place: it enters
+// beyond the places, and Leave gives its place back.
+func TestEnterAlways(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTest(t) // five places before any control step
+		heavy, light := Flow{Key: "heavy"}, Flow{Key: "light"}
+		var ctxs []context.Context
+		for range 5 {
+			ctx, in := c.Enter(t.Context(), heavy)
+			if !in {
+				t.Fatal("Enter(heavy) = false in a server with room")
+			}
+			ctxs = append(ctxs, ctx)
+		}
+		// Full, all of it heavy's: Enter would turn heavy away, and let
+		// light take a place of heavy's.
+		before := c.Snapshot()
+		hctx := c.EnterAlways(t.Context(), heavy)
+		lctx := c.EnterAlways(t.Context(), light)
+		after := c.Snapshot()
+		if after.Inside != before.Inside+2 || after.ShedBy(ShedTap) != before.ShedBy(ShedTap) {
+			t.Errorf("EnterAlways in a full server: inside %d → %d, tap sheds %d → %d; want two more inside and no shed",
+				before.Inside, after.Inside, before.ShedBy(ShedTap), after.ShedBy(ShedTap))
+		}
+		// heavy's first call keeps its place: light took none of heavy's.
+		p, err := c.Acquire(ctxs[0], heavy)
+		if err != nil {
+			t.Fatalf("heavy's Acquire after EnterAlways(light): %v, want its place kept", err)
+		}
+		p.Done()
+		c.Leave(hctx)
+		c.Leave(lctx)
+		if got := c.Snapshot().Inside; got != before.Inside-1 {
+			t.Errorf("inside = %d after heavy's call and two Leaves, want %d", got, before.Inside-1)
+		}
+	})
+}
+
 // A latency inflated by an overload must not shed every call that waits
 // by its deadline: nothing would complete to correct it.
 func TestDeadlineUsesTheBaseline(t *testing.T) {

@@ -12,8 +12,9 @@ import (
 // the server already holds as many calls as it runs at once and lets wait
 // (the limit plus the queue's cap) and f holds at least its fair share of
 // them, counts the call as shed (ShedTap) and returns false. A gRPC tap
-// handle calls it for every call the controller holds
-// (middleware.Limiter.TapHandle does: all but exempt calls and streams).
+// handle calls it, or EnterAlways, for every call the controller may hold
+// (middleware.Limiter.TapHandle does: all but exempt calls and the
+// streams it knows).
 //
 // Calls wait to be started in places the controller cannot see: in the Go
 // scheduler, a CPU-bound handler runs to its end before the next call's
@@ -21,12 +22,28 @@ import (
 // them where they enter bounds that queue too. A call gives its place back
 // when it ends, or when its context ends if it never reaches Acquire.
 func (c *Controller) Enter(ctx context.Context, f Flow) (context.Context, bool) {
+	return c.enter(ctx, f, true)
+}
+
+// EnterAlways counts a call of flow f as it enters, as Enter does, but
+// never turns it away nor takes another flow's place: past the places, it
+// enters beyond them. It is for a call its caller cannot shed yet, such as
+// one a tap handle cannot tell from a stream, which the controller does
+// not hold (Leave gives a stream's place back).
+func (c *Controller) EnterAlways(ctx context.Context, f Flow) context.Context {
+	ctx, _ = c.enter(ctx, f, false)
+	return ctx
+}
+
+// enter is Enter; only with refuse may it turn the call away or take a
+// place of another flow's.
+func (c *Controller) enter(ctx context.Context, f Flow, refuse bool) (context.Context, bool) {
 	now := c.o.now()
 	c.mu.Lock()
 	fl := c.flowLocked(f, now)
 	c.offered.add(now, 1)
 	fl.offered.add(now, 1)
-	if places := c.placesLocked(now); c.inside-c.owed >= places {
+	if places := c.placesLocked(now); refuse && c.inside-c.owed >= places {
 		// The call takes a place of v's: v's waiting call if it has one,
 		// else the next of v's calls to reach Acquire, else (all of v's
 		// calls are running) one beyond the places until one of v's ends.
