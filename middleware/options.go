@@ -171,7 +171,8 @@ func WithGate(g Gate) Option { return func(o *options) { o.gate = g } }
 // before their request is read, once the unary interceptor has seen the
 // call's method. Install the stream interceptor too: the controller does
 // not hold streams, and once it has seen a stream method the tap handle
-// stops counting that method's calls in.
+// stops counting that method's calls in; without it, every stream keeps
+// the place the tap counted for as long as it lasts.
 //
 // This is the recommended overload protection: the controller finds how
 // many calls the server runs at once from their service times, and sheds the tenants over
