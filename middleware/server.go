@@ -233,11 +233,12 @@ func rateHeaders(r floodgate.Result) metadata.MD {
 // the unary interceptor has seen the call's method. Without a controller,
 // and for the streams it knows, it rejects only callers the interceptor
 // would reject too: the CPU gate is shedding (at or below WithTapFloor's
-// scale, by default at any scale) and the caller is over its share. A caller is over its share
-// while a retry delay the interceptor gave it under the gate has not yet
-// run out: for each of the gate's rejections (ReasonGate), the interceptor remembers, per
-// bucket subject (a tenant, or an anonymous address), until when it told
-// the caller to wait, for the 4096 subjects it penalized last. The tap
+// scale, by default at any scale) and the caller is over its share. A
+// caller is over its share while a retry delay the interceptor gave it
+// under the gate has not yet run out: for each of the gate's rejections
+// (ReasonGate), the interceptor remembers, per bucket subject (a tenant,
+// or an anonymous address), until when it told the caller to wait, for
+// the 4096 subjects it penalized last. The tap
 // resolves the subject from the connection's address, the forwarding
 // headers of trusted proxies, a TLS client certificate and API keys: those
 // it has already seen, and, for a caller whose address is under a retry
