@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/tap"
 
+	"github.com/floodgate-go/floodgate/internal/fakeclock"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -68,24 +69,9 @@ func testTable(t testing.TB) *tenant.Table {
 }
 
 // clock is a fake clock shared by a keyed.Map and a Limiter.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type clock = fakeclock.Clock
 
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *clock { return fakeclock.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) }
 
 type fixture struct {
 	l     *middleware.Limiter
