@@ -59,7 +59,7 @@ func TestQuotaWithEnvoys(t *testing.T) {
 		duration = 20 * time.Second
 		warm     = 5 * time.Second
 	)
-	owed := make([]float64, len(envoys))
+	pace := newPacer(demands)
 	admitted := make([]int, len(envoys)) // after the warm-up
 	offered := make([]int, len(envoys))
 	// The first requests subscribe: each client reports its new bucket at
@@ -71,18 +71,14 @@ func TestQuotaWithEnvoys(t *testing.T) {
 	settle(len(envoys), seen)
 	for now := step; now <= duration; now += step {
 		clock.Advance(step)
-		for i, e := range envoys {
-			owed[i] += demands[i] * step.Seconds()
-			for ; owed[i] >= 1; owed[i]-- {
-				ok := e.Request(bucket)
-				if now > warm {
-					offered[i]++
-					if ok {
-						admitted[i]++
-					}
+		pace.step(envoys, bucket, step, func(i int, ok bool) {
+			if now > warm {
+				offered[i]++
+				if ok {
+					admitted[i]++
 				}
 			}
-		}
+		})
 		if now%time.Second == 0 {
 			seen := received()
 			for _, e := range envoys {
@@ -222,7 +218,7 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 		restartAt = 20 * time.Second
 		window    = 10 * time.Second
 	)
-	owed := make([]float64, len(envoys))
+	pace := newPacer(demands)
 	steps := int(duration / step)
 	admitted := make([]int, steps+1) // the fleet's, by step
 	seen := received()
@@ -233,14 +229,11 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 	for k := 1; k <= steps; k++ {
 		now := time.Duration(k) * step
 		clock.Advance(step)
-		for i, e := range envoys {
-			owed[i] += demands[i] * step.Seconds()
-			for ; owed[i] >= 1; owed[i]-- {
-				if e.Request(bucket) {
-					admitted[k]++
-				}
+		pace.step(envoys, bucket, step, func(_ int, ok bool) {
+			if ok {
+				admitted[k]++
 			}
-		}
+		})
 		if now%time.Second != 0 {
 			continue
 		}
@@ -308,6 +301,28 @@ func TestQuotaRestartWithEnvoys(t *testing.T) {
 		t.Logf("client %d: wants %.0f/s, assignment %.1f/s burst %d", i, demands[i], st.Rate, st.Burst)
 		if got, want := e.Reconnects(), 1; got != want {
 			t.Errorf("client %d: Reconnects() = %d, want %d", i, got, want)
+		}
+	}
+}
+
+// A pacer sends each Envoy's demand, in requests a second, as whole
+// requests spread evenly over the steps of a fake clock.
+type pacer struct {
+	demands, owed []float64
+}
+
+func newPacer(demands []float64) *pacer {
+	return &pacer{demands: demands, owed: make([]float64, len(demands))}
+}
+
+// step sends, for one step of length d, the requests each Envoy owes for
+// bucket, and calls done with the Envoy's index and whether it admitted
+// each.
+func (p *pacer) step(envoys []*rlqstest.Envoy, bucket map[string]string, d time.Duration, done func(i int, ok bool)) {
+	for i, e := range envoys {
+		p.owed[i] += p.demands[i] * d.Seconds()
+		for ; p.owed[i] >= 1; p.owed[i]-- {
+			done(i, e.Request(bucket))
 		}
 	}
 }

@@ -128,7 +128,7 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) (rls.Quo
 	// The reload: replica r takes the halved quota at 20 s + r × stagger.
 	halved := mustParse(t, strings.Replace(quotaConfig, "requests_per_unit: 100", "requests_per_unit: 50", 1))
 	const stagger = 300 * time.Millisecond
-	owed := make([]float64, len(envoys))
+	pace := newPacer(demands)
 	steps := int(duration / step)
 	admitted := make([]int, steps+1) // the fleet's, by step
 	offered := make([]int, len(envoys))
@@ -142,21 +142,17 @@ func testQuotaReplicas(t *testing.T, store func(*testing.T, *fakeClock) (rls.Quo
 	for k := 1; k <= steps; k++ {
 		now := time.Duration(k) * step
 		clock.Advance(step)
-		for i, e := range envoys {
-			owed[i] += demands[i] * step.Seconds()
-			for ; owed[i] >= 1; owed[i]-- {
-				ok := e.Request(bucket)
+		pace.step(envoys, bucket, step, func(i int, ok bool) {
+			if ok {
+				admitted[k]++
+			}
+			if now > warm && now <= eventAt {
+				offered[i]++
 				if ok {
-					admitted[k]++
-				}
-				if now > warm && now <= eventAt {
-					offered[i]++
-					if ok {
-						got[i]++
-					}
+					got[i]++
 				}
 			}
-		}
+		})
 		if since := now - eventAt; event == "reload" && since >= 0 && since%stagger == 0 && since/stagger < 3 {
 			services[since/stagger].SetConfig(halved)
 		}
