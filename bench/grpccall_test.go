@@ -5,12 +5,10 @@ import (
 	"net"
 	"testing"
 
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
-
+	"github.com/floodgate-go/floodgate/bench/internal/peers"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -60,8 +58,7 @@ var callVariants = []struct {
 		return []grpc.ServerOption{grpc.InTapHandle(l.TapHandle), grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor())}
 	}},
 	{"ratelimit", func(*testing.B) []grpc.ServerOption {
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(
-			&ipLimiter{m: map[string]*rate.Limiter{}, limit: 1e9, burst: 1e6}))}
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(peers.RatelimitInterceptor(1e9, 1e6))}
 	}},
 }
 

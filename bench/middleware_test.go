@@ -3,15 +3,13 @@ package bench
 import (
 	"context"
 	"net"
-	"sync"
 	"testing"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/floodgate-go/floodgate/bench/internal/peers"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/tenant"
@@ -23,46 +21,6 @@ import (
 // Both are called directly with a fake handler, for anonymous callers spread
 // over 1024 addresses, on the accepted path (limits never reached) and on
 // the rejected path (every bucket empty).
-
-// ipLimiter is what go-grpc-middleware users typically write: one
-// x/time/rate limiter per peer IP, created on first sight.
-type ipLimiter struct {
-	mu    sync.Mutex
-	m     map[string]*rate.Limiter
-	limit rate.Limit
-	burst int
-}
-
-func (l *ipLimiter) Limit(ctx context.Context) error {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return errNoPeer
-	}
-	host, _, err := net.SplitHostPort(p.Addr.String())
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	lim, ok := l.m[host]
-	if !ok {
-		lim = rate.NewLimiter(l.limit, l.burst)
-		l.m[host] = lim
-	}
-	l.mu.Unlock()
-	if !lim.Allow() {
-		return errLimited
-	}
-	return nil
-}
-
-type benchErr string
-
-func (e benchErr) Error() string { return string(e) }
-
-const (
-	errNoPeer  = benchErr("no peer")
-	errLimited = benchErr("rate limited")
-)
 
 type nopTransportStream struct{}
 
@@ -99,7 +57,7 @@ func floodgateInterceptor(b *testing.B, r float64, burst int) grpc.UnaryServerIn
 }
 
 func ratelimitInterceptor(r float64, burst int) grpc.UnaryServerInterceptor {
-	return ratelimit.UnaryServerInterceptor(&ipLimiter{m: map[string]*rate.Limiter{}, limit: rate.Limit(r), burst: burst})
+	return peers.RatelimitInterceptor(r, burst)
 }
 
 func BenchmarkInterceptor(b *testing.B) {
