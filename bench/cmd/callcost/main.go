@@ -3,22 +3,18 @@
 // ratelimit: what floodgate adds to an admitted call, and what a rejection
 // costs beside a health check on the same server.
 //
-// Each server runs in a process of its own under valgrind's callgrind,
-// which counts instructions, not seconds: the figures repeat to within a
-// few hundred instructions whatever else the machine is doing, where CPU
-// times of a ~100 µs call vary by more than floodgate's whole share. The
-// calls come from this process over loopback TCP, outside the count. A
-// case's figure is the server's instructions over warm-up plus n calls,
-// less those over the warm-up alone, divided by n: the start, the
-// connection and the exit cancel out. The median of -runs is reported.
-//
-// The server runs with GOMAXPROCS=1 and GODEBUG=asyncpreemptoff=1:
-// callgrind runs one thread at a time anyway, and it cannot follow the
-// signals of Go's asynchronous preemption.
+// Each server runs in a process of its own under valgrind's callgrind; the
+// calls come back to back, without deadlines, from this process over
+// loopback TCP, outside the count. A case's figure is the server's user-space instructions over
+// warm-up plus n calls, less those over the warm-up alone, divided by n:
+// the start, the connection and the exit cancel out. The servers run with
+// GOMAXPROCS=1 and GODEBUG=asyncpreemptoff=1, which callgrind needs. Each
+// run measures every case once, in turn; the median of the runs is
+// reported, with their range.
 //
 // Usage:
 //
-//	go run ./cmd/callcost [-n 5000] [-runs 3]
+//	go run ./cmd/callcost [-n 5000] [-warm 300] [-runs 3]
 //
 // It needs valgrind (apt-get install -y valgrind).
 package main
@@ -37,22 +33,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	ratelimit "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/floodgate-go/floodgate/bench/internal/peers"
 	"github.com/floodgate-go/floodgate/keyed"
 	"github.com/floodgate-go/floodgate/middleware"
 	"github.com/floodgate-go/floodgate/overload"
@@ -71,12 +64,17 @@ const (
 type server string
 
 const (
-	bare          server = "bare"           // no interceptor
-	limited       server = "floodgate"      // ServerOptions: the tap handle and the interceptors
-	limitedCtl    server = "floodgate+ctl"  // the same with the overload controller
-	limitedBare   server = "floodgate-bare" // the same with WithDetails(false)
-	ratelimitOpen server = "ratelimit"      // go-grpc-middleware's ratelimit, x/time/rate per peer IP, never limiting
-	ratelimitShut server = "ratelimit-shut" // the same, limiting every call
+	bare          server = "bare"                // no interceptor
+	limited       server = "floodgate"           // ServerOptions: the tap handle and the interceptors
+	limitedCtl    server = "floodgate+ctl"       // the same with the overload controller
+	limitedNoDet  server = "floodgate-nodetails" // the same as floodgate with WithDetails(false)
+	ratelimitOpen server = "ratelimit"           // go-grpc-middleware's ratelimit, a limiter per peer IP, never limiting
+	ratelimitShut server = "ratelimit-shut"      // the same, limiting every call
+)
+
+const (
+	startupTimeout = time.Minute           // how long a server under callgrind may take to listen
+	perCallTimeout = 50 * time.Millisecond // what a case's calls may take each, on average, under callgrind
 )
 
 // A call is what the driver sends.
@@ -84,28 +82,44 @@ type call string
 
 const (
 	get       call = "get"    // the open tenant's unary call
-	getClosed call = "closed" // the closed tenant's
-	check     call = "health" // a health check
+	getClosed call = "closed" // the closed tenant's, after its one call
+	check     call = "health" // a health check, with the closed tenant's key
 )
 
-// A kase is one measured figure: calls of one kind on one server.
+// A kase is one measured figure: calls of one kind on one server, each
+// ending with code want and, for a rejection, details status details.
 type kase struct {
-	name   string
-	server server
-	call   call
-	want   codes.Code
+	name    string
+	server  server
+	call    call
+	want    codes.Code
+	details int
 }
 
+// The cases' names that the ratios read.
+const (
+	caseBare        = "bare call"
+	caseAdmitted    = "floodgate, admitted"
+	caseCtl         = "floodgate with the overload controller, admitted"
+	caseRLAdmitted  = "ratelimit, admitted"
+	caseHealth      = "health check on floodgate's server"
+	caseRejected    = "floodgate, rejected"
+	caseNoDetails   = "floodgate WithDetails(false), rejected"
+	caseBareHealth  = "health check on the bare server"
+	caseRLRejected  = "ratelimit, rejected"
+	floodgateDetail = 3 // ErrorInfo, RetryInfo, QuotaFailure
+)
+
 var cases = []kase{
-	{"bare call", bare, get, codes.OK},
-	{"floodgate, admitted", limited, get, codes.OK},
-	{"floodgate with the overload controller, admitted", limitedCtl, get, codes.OK},
-	{"ratelimit, admitted", ratelimitOpen, get, codes.OK},
-	{"health check on floodgate's server", limited, check, codes.OK},
-	{"floodgate, rejected", limited, getClosed, codes.ResourceExhausted},
-	{"floodgate WithDetails(false), rejected", limitedBare, getClosed, codes.ResourceExhausted},
-	{"health check on the bare server", bare, check, codes.OK},
-	{"ratelimit, rejected", ratelimitShut, get, codes.ResourceExhausted},
+	{caseBare, bare, get, codes.OK, 0},
+	{caseAdmitted, limited, get, codes.OK, 0},
+	{caseCtl, limitedCtl, get, codes.OK, 0},
+	{caseRLAdmitted, ratelimitOpen, get, codes.OK, 0},
+	{caseHealth, limited, check, codes.OK, 0},
+	{caseRejected, limited, getClosed, codes.ResourceExhausted, floodgateDetail},
+	{caseNoDetails, limitedNoDet, getClosed, codes.ResourceExhausted, 0},
+	{caseBareHealth, bare, check, codes.OK, 0},
+	{caseRLRejected, ratelimitShut, get, codes.ResourceExhausted, 0},
 }
 
 func main() {
@@ -119,16 +133,16 @@ func run(args []string, w io.Writer) error {
 	fs := flag.NewFlagSet("callcost", flag.ContinueOnError)
 	serve := fs.String("serve", "", "internal: serve this server kind until stdin closes")
 	n := fs.Int("n", 5000, "measured calls per case")
-	warm := fs.Int("warm", 300, "warm-up calls per case")
-	runs := fs.Int("runs", 3, "runs per case; the median is reported")
+	warm := fs.Int("warm", 300, "warm-up calls per case, on the connection the measured calls use")
+	runs := fs.Int("runs", 3, "runs; each measures every case once")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *serve != "" {
 		return serveUntilEOF(server(*serve), os.Stdin, os.Stdout)
 	}
-	if *n <= 0 || *warm < 0 || *runs <= 0 {
-		return fmt.Errorf("-n %d, -warm %d, -runs %d: want n > 0, warm ≥ 0, runs > 0", *n, *warm, *runs)
+	if *n <= 0 || *warm <= 0 || *runs <= 0 {
+		return fmt.Errorf("-n %d, -warm %d, -runs %d: want each > 0", *n, *warm, *runs)
 	}
 	vg, err := exec.LookPath("valgrind")
 	if err != nil {
@@ -138,10 +152,9 @@ func run(args []string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	per := map[string]float64{}
-	for _, c := range cases {
-		var xs []float64
-		for range *runs {
+	per := map[string][]float64{}
+	for range *runs {
+		for _, c := range cases {
 			base, err := count(vg, self, c, *warm, 0)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -150,29 +163,49 @@ func run(args []string, w io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
-			xs = append(xs, float64(all-base)/float64(*n))
+			per[c.name] = append(per[c.name], float64(all-base)/float64(*n))
 		}
-		slices.Sort(xs)
-		per[c.name] = xs[len(xs)/2]
 	}
-	report(w, per, *n, *runs)
-	return nil
+	return report(w, per, *n)
 }
 
-// report writes the table and the ratios that the page cites.
-func report(w io.Writer, per map[string]float64, n, runs int) {
-	fmt.Fprintf(w, "server instructions per unary call, callgrind, median of %d runs of %d calls\n\n", runs, n)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\tinstructions\tover the bare call\t")
-	b := per[cases[0].name]
-	for _, c := range cases {
-		fmt.Fprintf(tw, "%s\t%.0f\t%+.0f (%+.1f%%)\t\n", c.name, per[c.name], per[c.name]-b, 100*(per[c.name]-b)/b)
+// median returns the median of xs, which it sorts.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 0 {
+		return (xs[m-1] + xs[m]) / 2
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "\nrejection / health check on the same server: floodgate %.3f, WithDetails(false) %.3f; ratelimit, which limits health checks too, / the bare server's %.3f\n",
-		per["floodgate, rejected"]/per["health check on floodgate's server"],
-		per["floodgate WithDetails(false), rejected"]/per["health check on floodgate's server"],
-		per["ratelimit, rejected"]/per["health check on the bare server"])
+	return xs[m]
+}
+
+// report writes the table and the ratios that the pages cite, from every
+// case's per-call figures; it fails if a case has none.
+func report(w io.Writer, per map[string][]float64, n int) error {
+	med := map[string]float64{}
+	runs := 0
+	for _, c := range cases {
+		xs := per[c.name]
+		if len(xs) == 0 {
+			return fmt.Errorf("no figure for %q", c.name)
+		}
+		runs = len(xs)
+		med[c.name] = median(slices.Clone(xs))
+	}
+	fmt.Fprintf(w, "server user-space instructions per unary call, back to back, callgrind, median of %d runs of %d calls\n\n", runs, n)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\tinstructions\trange\tover the bare call\t")
+	b := med[caseBare]
+	for _, c := range cases {
+		x := med[c.name]
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%+.0f (%+.1f%%)\t\n", c.name, x, slices.Min(per[c.name]), slices.Max(per[c.name]), x-b, 100*(x-b)/b)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nrejection / health check on the same server: floodgate %.3f, WithDetails(false) %.3f; ratelimit, which limits health checks too, / the bare server's %.3f\n",
+		med[caseRejected]/med[caseHealth], med[caseNoDetails]/med[caseHealth], med[caseRLRejected]/med[caseBareHealth])
+	return err
 }
 
 // collected is callgrind's total of instructions executed.
@@ -196,17 +229,33 @@ func count(vg, self string, c kase, warm, n int) (int64, error) {
 	if err := cmd.Start(); err != nil {
 		return 0, err
 	}
-	defer cmd.Process.Kill()
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		return 0, fmt.Errorf("the server did not start: %v\n%s", err, stderr.String())
+	// fail stops the server and returns err with what it wrote.
+	fail := func(err error) (int64, error) {
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return 0, fmt.Errorf("%w\n%s", err, stderr.String())
 	}
-	if err := drive(strings.TrimSpace(addr), c, warm+n); err != nil {
-		return 0, err
+	addr := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		addr <- strings.TrimSpace(line)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var a string
+	select {
+	case a = <-addr:
+	case <-time.After(startupTimeout):
+	}
+	if a == "" {
+		return fail(errors.New("the server did not start"))
+	}
+	if err := drive(a, c, warm+n); err != nil {
+		return fail(err)
 	}
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
-		return 0, fmt.Errorf("%v\n%s", err, stderr.String())
+		return 0, fmt.Errorf("%w\n%s", err, stderr.String())
 	}
 	return parseCollected(stderr.String())
 }
@@ -219,8 +268,8 @@ func parseCollected(out string) (int64, error) {
 	return strconv.ParseInt(m[1], 10, 64)
 }
 
-// drive sends n calls of c's kind to addr on one connection, and checks
-// that each ends with c's code.
+// drive sends n calls of c's kind to addr on one connection (the closed
+// tenant's first call before them), and checks that each ends as c says.
 func drive(addr string, c kase, n int) error {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -228,22 +277,32 @@ func drive(addr string, c kase, n int) error {
 	}
 	defer cc.Close()
 	key := openKey
-	if c.call == getClosed {
+	if c.call != get {
 		key = closedKey
 	}
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", key)
-	do := func() error { return cc.Invoke(ctx, method, new(emptypb.Empty), new(emptypb.Empty)) }
-	if c.call == check {
-		do = func() error {
+	// The calls carry no deadline, which would cost the server a timer
+	// each; a server that stops answering ends them all at once.
+	watchdog := time.AfterFunc(startupTimeout+time.Duration(n+1)*perCallTimeout, func() { cc.Close() })
+	defer watchdog.Stop()
+	do := func() error {
+		if c.call == check {
 			return cc.Invoke(ctx, "/grpc.health.v1.Health/Check", &healthpb.HealthCheckRequest{}, new(healthpb.HealthCheckResponse))
 		}
+		return cc.Invoke(ctx, method, new(emptypb.Empty), new(emptypb.Empty))
 	}
 	if c.call == getClosed {
-		_ = do() // the closed tenant's one call
+		if err := do(); err != nil {
+			return fmt.Errorf("%s: the closed tenant's one call: %v, want OK", c.name, err)
+		}
 	}
 	for i := range n {
-		if got := status.Code(do()); got != c.want {
-			return fmt.Errorf("%s: call %d ended %v, want %v", c.name, i, got, c.want)
+		st := status.Convert(do())
+		if st.Code() != c.want {
+			return fmt.Errorf("%s: call %d ended %v, want %v", c.name, i, st.Code(), c.want)
+		}
+		if got := len(st.Details()); st.Code() != codes.OK && got != c.details {
+			return fmt.Errorf("%s: call %d carried %d status details, want %d", c.name, i, got, c.details)
 		}
 	}
 	return nil
@@ -296,23 +355,33 @@ func serverOptions(s server) ([]grpc.ServerOption, error) {
 	case bare:
 		return nil, nil
 	case ratelimitOpen:
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(newIPLimiter(1e9, 1e6)))}, nil
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(peers.RatelimitInterceptor(1e9, 1e6))}, nil
 	case ratelimitShut:
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(newIPLimiter(1e-9, 0)))}, nil
-	case limited, limitedCtl, limitedBare:
-	default:
-		return nil, fmt.Errorf("unknown server %q", s)
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(peers.RatelimitInterceptor(1e-9, 0))}, nil
 	}
+	l, err := limiter(s)
+	if err != nil {
+		return nil, err
+	}
+	return l.ServerOptions(), nil
+}
+
+// limiter returns the Limiter of floodgate's server s: the open tenant and
+// the closed one, in memory.
+func limiter(s server) (*middleware.Limiter, error) {
 	var opts []middleware.Option
 	switch s {
+	case limited:
 	case limitedCtl:
 		c, err := overload.New()
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, middleware.WithOverload(c))
-	case limitedBare:
+	case limitedNoDet:
 		opts = append(opts, middleware.WithDetails(false))
+	default:
+		return nil, fmt.Errorf("unknown server %q", s)
 	}
 	open, err1 := tenant.HashKey(openKey)
 	closed, err2 := tenant.HashKey(closedKey)
@@ -332,46 +401,5 @@ func serverOptions(s server) ([]grpc.ServerOption, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := middleware.New(store, middleware.Static(tbl), opts...)
-	if err != nil {
-		return nil, err
-	}
-	return l.ServerOptions(), nil
-}
-
-// ipLimiter is ratelimit's Limiter over one x/time/rate limiter per peer
-// IP, as its README suggests.
-type ipLimiter struct {
-	mu    sync.Mutex
-	m     map[string]*rate.Limiter
-	limit rate.Limit
-	burst int
-}
-
-func newIPLimiter(r float64, burst int) *ipLimiter {
-	return &ipLimiter{m: map[string]*rate.Limiter{}, limit: rate.Limit(r), burst: burst}
-}
-
-var errLimited = errors.New("rate limited")
-
-func (l *ipLimiter) Limit(ctx context.Context) error {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return errors.New("no peer")
-	}
-	host, _, err := net.SplitHostPort(p.Addr.String())
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	lim, ok := l.m[host]
-	if !ok {
-		lim = rate.NewLimiter(l.limit, l.burst)
-		l.m[host] = lim
-	}
-	l.mu.Unlock()
-	if !lim.AllowN(time.Now(), 1) {
-		return errLimited
-	}
-	return nil
+	return middleware.New(store, middleware.Static(tbl), opts...)
 }
