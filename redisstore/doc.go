@@ -166,9 +166,9 @@
 //
 // Batching and leases add nothing to the bound: each decision is applied
 // alone and in order, and a leased token is a token taken. A process's
-// leased tokens are spent for up to the lease time after the bucket went
-// into debt elsewhere (the process that settled into debt drops its own):
-// they were taken before the debt.
+// leased tokens are spent for up to half the lease time after the bucket
+// went into debt elsewhere (the process that settled into debt drops its
+// own): they were taken before the debt.
 //
 // # Observability
 //
