@@ -7,7 +7,10 @@
 // Admit is the one path every call takes: the interceptors, Limit (the
 // go-grpc-middleware adapter) and package httplimit go through it, and the
 // tap handle does its first steps early. One gRPC call through
-// ServerOptions visits each step once:
+// ServerOptions visits each step once, but for a caller the tap cannot
+// tell without hashing an API key it has not seen or calling a
+// WithKeyFunc hook: the tap judges that caller by its address, and the
+// interceptor resolves it in full.
 //
 //	conn reader ─► TapHandle (constant work, no I/O; exempt methods pass
 //	               untouched): makes the call's context, which keeps its

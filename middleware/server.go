@@ -384,7 +384,10 @@ func (s *methodSet) add(method string) {
 // an error rather than judge every such call as one anonymous
 // caller. Use throttle.Quota to limit outgoing calls. Limit sees
 // no end of the call, so a metered quota (tenant.Meter) charges each call
-// its estimate and never settles it.
+// its estimate and never settles it. Nor does it hold the call to the
+// overload controller (WithOverload): the tap handle, when the server has
+// one, counts the call in, and Limit gives its place back at once; the
+// tap never turns away the calls of a method only Limit has decided.
 func (l *Limiter) Limit(ctx context.Context) error {
 	method, ok := grpc.Method(ctx)
 	if !ok {
