@@ -72,6 +72,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 					remote = append(remote, j)
 				}
 				s.peekAt(ctx, takes, rs, remote)
+				s.countSpent(spent)
 				for j := range takes[:i] {
 					if !rs[j].Result.Allowed {
 						return j, nil
@@ -83,6 +84,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 		remote = append(remote, i)
 	}
 	if len(remote) == 0 {
+		s.countSpent(spent)
 		return -1, nil
 	}
 	if s.br.isOpen() {
@@ -152,6 +154,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 			s.cache.insert(t.Key, t.Limit, r.tokens*unit, sent, res.RetryAfter)
 		}
 	}
+	s.countSpent(spent)
 	if refused < 0 {
 		return -1, nil
 	}
@@ -218,6 +221,18 @@ func (s *Store) undoTaken(ctx context.Context, remote []int, ops []op, out []res
 	}
 	if len(back) > 0 {
 		s.sendAll(back)
+	}
+}
+
+// countSpent counts the takes spent from leases as the leases' decisions:
+// ReserveAll counts them only once they stand, since a failure of Redis or
+// an open breaker hands every take, these too, to the failure policy,
+// which counts its own.
+func (s *Store) countSpent(spent []bool) {
+	for _, ok := range spent {
+		if ok {
+			s.decided(floodgate.SourceLease)
+		}
 	}
 }
 

@@ -131,6 +131,33 @@ func TestReserveAllLeases(t *testing.T) {
 	}
 }
 
+// TestReserveAllCountsOnce: when Redis cannot decide one take of a
+// request, the failure policy decides every take, the leased ones too, and
+// Stats counts each take once: a take spent from its lease, then given
+// back for the failure policy, is not also counted as the lease's.
+func TestReserveAllCountsOnce(t *testing.T) {
+	srv := sharedServer(t)
+	c := newClient(t, srv.Addr)
+	s := newStore(t, c, redisstore.WithPrefix(prefix(t)), redisstore.WithClientClock(newFakeClock()), redisstore.WithLeases(time.Second, 8))
+	lim := floodgate.PerSecond(1, 80)
+	s.TakeN(bg, "hot", lim, 1)
+	if res, _ := s.TakeN(bg, "hot", lim, 1); !res.Allowed {
+		t.Fatal(res) // leases 10 beyond its own
+	}
+	if err := c.Set(bg, s.Key("bad"), "not a bucket", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats()
+	reserveAll(t, s, floodgate.Take{Key: "hot", Limit: lim, N: 1}, floodgate.Take{Key: "bad", Limit: lim, N: 1})
+	after := s.Stats()
+	decided := func(st redisstore.Stats) uint64 {
+		return st.Redis + st.Cache + st.Lease + st.Fallback + st.FailOpen + st.FailClosed
+	}
+	if got := decided(after) - decided(before); got != 2 || after.Fallback == before.Fallback {
+		t.Fatalf("Stats before %+v, after %+v: %d decisions counted for 2 takes, want 2, one of them the fallback's", before, after, got)
+	}
+}
+
 // TestReserveAllCluster: takes in different slots of a Cluster are one
 // group per slot; what one slot took is given back when another refused.
 func TestReserveAllCluster(t *testing.T) {

@@ -96,7 +96,8 @@ func (e *lease) result(lim floodgate.Limit) floodgate.Result {
 }
 
 // spend takes n tokens of key's live lease under lim, and reports whether
-// it could: a decision made without a round trip.
+// it could: a decision made without a round trip, which the caller counts
+// (decided) once it stands.
 func (s *Store) spend(key string, lim floodgate.Limit, n int) (floodgate.Result, bool) {
 	l := s.leases
 	now := s.local()
@@ -110,7 +111,6 @@ func (s *Store) spend(key string, lim floodgate.Limit, n int) (floodgate.Result,
 	e.tokens -= n
 	res := e.result(lim)
 	l.mu.Unlock()
-	s.decided(floodgate.SourceLease)
 	return res, true
 }
 

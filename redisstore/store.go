@@ -279,6 +279,7 @@ func (s *Store) take(ctx context.Context, key string, lim floodgate.Limit, n int
 	if n > 0 && n <= lim.Burst {
 		if s.leases != nil {
 			if res, ok := s.spend(key, lim, n); ok {
+				s.decided(floodgate.SourceLease)
 				return res, s, nil
 			}
 		}
