@@ -81,8 +81,10 @@ func TestNoReflectionIntoGRPC(t *testing.T) {
 var statusReaders = []string{"middleware/", "throttle/", "examples/", "bench/"}
 
 // TestNoStatusParsing fails on a package that parses a status back into
-// what the middleware put in it: its details (a Details call), or an
-// ErrorInfo or RetryInfo type assertion. A floodgate rejection is a
+// what the middleware put in it: its details (a Details call, or an Any
+// unpacked with UnmarshalTo or UnmarshalNew), or an ErrorInfo or RetryInfo
+// type assertion. Re-encoding a status's details whole, as httplimit does
+// for its HTTP answers, parses nothing. A floodgate rejection is a
 // *middleware.Rejection, whose fields say it all.
 func TestNoStatusParsing(t *testing.T) {
 	sourceFiles(t, func(p string, file *ast.File) {
@@ -95,8 +97,13 @@ func TestNoStatusParsing(t *testing.T) {
 			var types []ast.Expr
 			switch n := n.(type) {
 			case *ast.CallExpr:
-				if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "Details" && len(n.Args) == 0 {
+				sel, ok := n.Fun.(*ast.SelectorExpr)
+				switch {
+				case !ok:
+				case sel.Sel.Name == "Details" && len(n.Args) == 0:
 					t.Errorf("%s: reads a status's details: read the *middleware.Rejection instead", p)
+				case sel.Sel.Name == "UnmarshalTo" || sel.Sel.Name == "UnmarshalNew":
+					t.Errorf("%s: unpacks an Any, as a status's details are: read the *middleware.Rejection instead", p)
 				}
 			case *ast.TypeAssertExpr:
 				types = append(types, n.Type)
