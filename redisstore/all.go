@@ -47,10 +47,11 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 	// In process: leases, and the deny cache's refusals.
 	var remote []int
 	spent := make([]bool, len(takes))
+	inf := make([]bool, len(takes))
 	for i, t := range takes {
 		switch {
 		case t.Limit.IsInf():
-			s.counts[floodgate.SourceRedis].Add(1)
+			inf[i] = true
 			rs[i] = floodgate.NewReservation(nil, t.Key, t.Limit, t.N,
 				floodgate.Result{Allowed: true, Limit: t.Limit, Remaining: t.Limit.Burst, Source: floodgate.SourceRedis})
 			continue
@@ -72,7 +73,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 					remote = append(remote, j)
 				}
 				s.peekAt(ctx, takes, rs, remote)
-				s.countSpent(spent)
+				s.countLocal(spent, inf)
 				for j := range takes[:i] {
 					if !rs[j].Result.Allowed {
 						return j, nil
@@ -84,7 +85,7 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 		remote = append(remote, i)
 	}
 	if len(remote) == 0 {
-		s.countSpent(spent)
+		s.countLocal(spent, inf)
 		return -1, nil
 	}
 	if s.br.isOpen() {
@@ -154,14 +155,15 @@ func (s *Store) ReserveAll(ctx context.Context, takes []floodgate.Take, rs []flo
 			s.cache.insert(t.Key, t.Limit, r.tokens*unit, sent, res.RetryAfter)
 		}
 	}
-	s.countSpent(spent)
 	if refused < 0 {
+		s.countLocal(spent, inf)
 		return -1, nil
 	}
 	// Refused: nothing holds tokens. Takes in other script calls (other
 	// Cluster slots) that Redis applied are given back.
 	s.undoTaken(ctx, remote, ops, out)
 	s.undoSpent(takes, rs, spent)
+	s.countLocal(spent, inf)
 	for k, i := range remote {
 		res := rs[i].Result
 		if out[k].r.allowed { // applied in another slot's call, and given back
@@ -224,14 +226,18 @@ func (s *Store) undoTaken(ctx context.Context, remote []int, ops []op, out []res
 	}
 }
 
-// countSpent counts the takes spent from leases as the leases' decisions:
-// ReserveAll counts them only once they stand, since a failure of Redis or
-// an open breaker hands every take, these too, to the failure policy,
-// which counts its own.
-func (s *Store) countSpent(spent []bool) {
-	for _, ok := range spent {
-		if ok {
+// countLocal counts the takes decided in process: those spent from leases
+// as the leases' decisions, those under floodgate.Inf as Redis's (which
+// admits them without a call). ReserveAll counts them only once they
+// stand, since a failure of Redis or an open breaker hands every take,
+// these too, to the failure policy, which counts its own.
+func (s *Store) countLocal(spent, inf []bool) {
+	for i := range spent {
+		switch {
+		case spent[i]:
 			s.decided(floodgate.SourceLease)
+		case inf[i]:
+			s.counts[floodgate.SourceRedis].Add(1)
 		}
 	}
 }

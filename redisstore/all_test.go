@@ -132,9 +132,10 @@ func TestReserveAllLeases(t *testing.T) {
 }
 
 // TestReserveAllCountsOnce: when Redis cannot decide one take of a
-// request, the failure policy decides every take, the leased ones too, and
-// Stats counts each take once: a take spent from its lease, then given
-// back for the failure policy, is not also counted as the lease's.
+// request, the failure policy decides every take, the leased ones and those
+// under floodgate.Inf too, and Stats counts each take once: a take decided
+// in process, then handed to the failure policy, is not also counted as
+// decided in process.
 func TestReserveAllCountsOnce(t *testing.T) {
 	srv := sharedServer(t)
 	c := newClient(t, srv.Addr)
@@ -148,13 +149,14 @@ func TestReserveAllCountsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := s.Stats()
-	reserveAll(t, s, floodgate.Take{Key: "hot", Limit: lim, N: 1}, floodgate.Take{Key: "bad", Limit: lim, N: 1})
+	reserveAll(t, s, floodgate.Take{Key: "hot", Limit: lim, N: 1}, floodgate.Take{Key: "free", Limit: floodgate.Inf, N: 1},
+		floodgate.Take{Key: "bad", Limit: lim, N: 1})
 	after := s.Stats()
 	decided := func(st redisstore.Stats) uint64 {
 		return st.Redis + st.Cache + st.Lease + st.Fallback + st.FailOpen + st.FailClosed
 	}
-	if got := decided(after) - decided(before); got != 2 || after.Fallback == before.Fallback {
-		t.Fatalf("Stats before %+v, after %+v: %d decisions counted for 2 takes, want 2, one of them the fallback's", before, after, got)
+	if got := decided(after) - decided(before); got != 3 || after.Lease-before.Lease != 1 || after.Fallback-before.Fallback != 1 {
+		t.Fatalf("Stats before %+v, after %+v: %d decisions counted for 3 takes, want 3: hot's from its lease, bad's by the fallback", before, after, got)
 	}
 }
 
