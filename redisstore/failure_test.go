@@ -166,8 +166,16 @@ func failureRun(t *testing.T, srv *redistest.Server, c redis.UniversalClient, fa
 	if redisAfter.Load() < 10 {
 		t.Errorf("Redis decided %d times within 3s of recovery, want ≥ 10", redisAfter.Load())
 	}
-	if s.Stats().Open {
-		t.Errorf("breaker still open after recovery")
+	// Under the suite's load a call after the recovery may still miss the
+	// 30 ms deadline, and a few in a row trip the breaker again: what must
+	// hold is that it closes again once its probe finds Redis.
+	closed := false
+	for end := time.Now().Add(3 * time.Second); !closed && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		res, _ := s.TakeN(context.Background(), "after", lim, 1)
+		closed = res.Source == floodgate.SourceRedis && !s.Stats().Open
+	}
+	if !closed {
+		t.Errorf("breaker still open 3s after the load stopped, Redis answering; stats %+v", s.Stats())
 	}
 	if awayDecisions.Load() == 0 {
 		t.Errorf("no decisions while Redis was away")
