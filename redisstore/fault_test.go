@@ -374,13 +374,16 @@ func faultRun(t *testing.T, c faultCase, tg faultTarget) {
 
 	time.Sleep(300 * time.Millisecond)
 	faultStart := time.Now()
-	// hold sets phase 1 shortly after the fault started (calls already on
-	// the wire may still be answered) and back to 0 once it is over, before
-	// Redis answers again.
+	// hold sets phase 1 a while after the fault started and back to 0 once
+	// it is over, before Redis answers again. The while covers calls
+	// already on the wire, which may still be answered, and a DEBUG SLEEP
+	// that a redis-server short of CPU under the suite's load reads late:
+	// 20 ms was once too short for it.
+	const settle = 150 * time.Millisecond
 	hold := func(d time.Duration) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(settle)
 		phase.Store(1)
-		time.Sleep(d - 20*time.Millisecond)
+		time.Sleep(d - settle)
 		phase.Store(0)
 	}
 	switch c.fault {
